@@ -1,0 +1,14 @@
+"""Ring collectives for data-parallel training.
+
+>>> import numpy as np, collectives as col          # run under mpiexec -n N
+>>> grads = np.ones(4, np.float32) * col.rank()
+>>> col.allreduce(grads, op="avg", out=grads)       # doctest: +SKIP
+
+See ``collectives.api`` for each call and ``collectives.world`` for the settings.
+"""
+from collectives.api import allgather, allreduce, barrier, broadcast, reduce_scatter
+from collectives.errors import CollectiveError, CollectiveUsageError
+from collectives.world import init, rank, size
+
+__all__ = ["init", "rank", "size", "allreduce", "reduce_scatter", "allgather", "broadcast", "barrier",
+           "CollectiveError", "CollectiveUsageError"]

@@ -1,0 +1,67 @@
+"""Argument checks shared by every collective. Each raises CollectiveUsageError naming
+the collective and the argument, and none of them touches a buffer."""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from collectives.errors import CollectiveUsageError
+
+OPS = ("sum", "avg", "min", "max", "prod")
+REDUCIBLE_DTYPES = tuple(np.dtype(t) for t in (
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"))
+
+
+def fail(collective: str, argument: str, problem: str):
+    raise CollectiveUsageError(f"{collective}: {argument}: {problem}")
+
+
+def array(collective: str, argument: str, x: Any) -> None:
+    if not isinstance(x, np.ndarray):
+        fail(collective, argument, f"expected a numpy.ndarray, got {type(x).__name__}")
+    if x.dtype.hasobject or x.dtype.fields is not None:
+        fail(collective, argument, f"dtype {x.dtype} has no fixed binary layout to send")
+
+
+def reducible(collective: str, argument: str, x: np.ndarray, op: Any) -> None:
+    """``x`` can be reduced with ``op``: a supported dtype and a known reduction that suits it."""
+    array(collective, argument, x)
+    if x.dtype not in REDUCIBLE_DTYPES:
+        names = ", ".join(str(d) for d in REDUCIBLE_DTYPES)
+        fail(collective, argument, f"unsupported dtype {x.dtype}; expected one of {names}")
+    if not isinstance(op, str) or op not in OPS:
+        fail(collective, "op", f"unknown reduction {op!r}; expected one of {', '.join(map(repr, OPS))}")
+    if op == "avg" and x.dtype.kind in "iu":
+        fail(collective, "op", f"'avg' needs a floating dtype, {argument} is {x.dtype} (use 'sum' and divide)")
+
+
+def writable(collective: str, argument: str, x: np.ndarray) -> None:
+    if not x.flags.writeable:
+        fail(collective, argument, "is read-only")
+
+
+def same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when ``a`` and ``b`` are the same elements in the same layout (``out=x``)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
+
+
+def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) -> None:
+    """``out`` can receive a result of ``shape`` and ``x``'s dtype, and is ``x`` itself or apart from it."""
+    array(collective, "out", out)
+    if out.shape != shape:
+        fail(collective, "out", f"shape {out.shape} does not match the result's shape {shape}")
+    if out.dtype != x.dtype:
+        fail(collective, "out", f"dtype {out.dtype} does not match x's dtype {x.dtype}")
+    writable(collective, "out", out)
+    if not same_array(out, x) and np.may_share_memory(out, x):
+        fail(collective, "out", "overlaps x; pass out=x for an in-place call, or a separate array")
+
+
+def root(collective: str, value: Any, size: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(collective, "root", f"expected an int rank, got {type(value).__name__}")
+    if not 0 <= value < size:
+        fail(collective, "root", f"rank {value} is out of range for a world of {size} (0..{size - 1})")

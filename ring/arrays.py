@@ -1,0 +1,78 @@
+"""Every difference between numpy (host) and cupy (device) arrays lives here.
+
+The executor and the algorithms call these helpers instead of naming an array
+library, so the same ring runs over both.
+"""
+from __future__ import annotations
+
+import threading
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+#: The elementwise ufunc that combines two contributions, per reduction name.
+#: "avg" sums here; the division by the world size is done once per element elsewhere.
+REDUCE_UFUNC_NAMES = {"sum": "add", "avg": "add", "prod": "multiply", "min": "minimum", "max": "maximum"}
+
+
+def xp_of(x: Any) -> ModuleType:
+    """The array module (numpy or cupy) that owns ``x``."""
+    if isinstance(x, np.ndarray):
+        return np
+    module = type(x).__module__.split(".")[0]
+    if module == "cupy":
+        import cupy
+        return cupy
+    raise TypeError(f"not a numpy or cupy array: {type(x).__name__}")
+
+
+def combiner(xp: ModuleType, op: str):
+    """``combine(out, mine, received)``: ``out = op(mine, received)`` elementwise, no temporaries.
+
+    >>> out = np.zeros(3); combiner(np, "max")(out, np.array([1., 5, 2]), np.array([4., 0, 2])); out
+    array([4., 5., 2.])
+    """
+    ufunc = getattr(xp, REDUCE_UFUNC_NAMES[op])
+
+    def combine(out, mine, received):
+        ufunc(mine, received, out=out)
+
+    return combine
+
+
+def divide_(x, divisor: int) -> None:
+    """``x /= divisor`` in place, in x's own dtype (floating types only)."""
+    xp_of(x).true_divide(x, divisor, out=x, casting="unsafe")
+
+
+def copy_(dst, src) -> None:
+    """``dst[...] = src`` for two arrays of one module."""
+    xp_of(dst).copyto(dst, src, casting="no")
+
+
+_scratch_pools = threading.local()   # per thread: two callers never share a receive buffer
+
+
+def scratch(like, elems: int, slot: int):
+    """A reusable receive buffer of ``elems`` elements of ``like``'s dtype, one per ``slot``.
+
+    Kept between calls (a fresh multi-MiB buffer per call costs page faults every
+    time). The pool holds at most one buffer per (module, slot), so memory stays
+    at two segments per thread however large the tensors are.
+    """
+    xp = xp_of(like)
+    nbytes = elems * like.dtype.itemsize
+    pool = _scratch_pools.__dict__
+    key = (xp.__name__, slot)
+    buf = pool.get(key)
+    if buf is None or buf.nbytes < nbytes:
+        buf = pool[key] = xp.empty(max(nbytes, 1), dtype=xp.uint8)
+    return buf[:nbytes].view(like.dtype)
+
+
+def synchronize(x) -> None:
+    """Block the host until work queued on ``x``'s device is done (no-op for numpy)."""
+    xp = xp_of(x)
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()

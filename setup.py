@@ -1,0 +1,21 @@
+"""Install: pip install -e ".[mpich,test]"  (see README.md for the system-MPI variant)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="ringcollectives",
+    version="0.1.0",
+    description="Bandwidth-optimal ring collectives over MPI and NCCL, with a data-parallel trainer",
+    python_requires=">=3.10",
+    packages=find_packages(include=["ring", "ring.*", "collectives", "collectives.*",
+                                    "trainer", "trainer.*", "bench", "bench.*"]),
+    package_data={"trainer": ["data/*.npz", "data/*.md"]},
+    install_requires=["numpy>=1.24", "mpi4py>=4.0"],
+    extras_require={
+        # A self-contained MPI from PyPI (mpiexec lands in the venv's bin/); leave it out to use the system's MPI.
+        "mpich": ["mpich>=4.2"],
+        "test": ["pytest>=8", "pytest-mpi>=0.6", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+        "plot": ["matplotlib>=3.7"],
+        "cuda12": ["cupy-cuda12x>=13", "nvidia-nccl-cu12>=2.20"],
+        "cuda13": ["cupy-cuda13x>=13.6", "nvidia-nccl-cu13>=2.27"],
+    },
+)
