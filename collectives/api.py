@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from collectives import validate
-from collectives.world import transport_failures, world
+from collectives.world import collective, world
 from ring import algorithms
 from ring.partition import chunk_bounds
 
@@ -25,11 +25,13 @@ def _flat_target(result: np.ndarray) -> np.ndarray:
 
 
 def _write_back(result: np.ndarray, flat: np.ndarray) -> np.ndarray:
-    if not np.shares_memory(result, flat):
+    """Copy ``flat`` into ``result`` unless it already is ``result``'s own memory (see _flat_target)."""
+    if not result.flags.c_contiguous:
         result[...] = flat.reshape(result.shape)
     return result
 
 
+@collective("allreduce")
 def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
     """Reduce ``x`` elementwise across all ranks; every rank gets the same bits.
 
@@ -47,11 +49,11 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> 
     source = _flat(x)
     in_place = out is not None and validate.same_array(out, x)
     target = source if in_place else _flat_target(result)
-    with transport_failures("allreduce"):
-        algorithms.allreduce(w.transport, source, target, op, w.segment_elems(x.dtype))
+    algorithms.allreduce(w.transport, source, target, op, w.segment_elems(x.dtype))
     return _write_back(result, target)
 
 
+@collective("reduce_scatter")
 def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
     """Reduce ``x`` across ranks; return this rank's block of the flattened result.
 
@@ -68,13 +70,13 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
         validate.out_array("reduce_scatter", out, x, (owned_stop - owned_start,))
     source = _flat(x)
     work = np.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
-    with transport_failures("reduce_scatter"):
-        owned = algorithms.reduce_scatter(w.transport, source, work, op, w.segment_elems(x.dtype))
+    owned = algorithms.reduce_scatter(w.transport, source, work, op, w.segment_elems(x.dtype))
     result = out if out is not None else np.empty(owned_stop - owned_start, x.dtype)
     result[...] = work[owned]
     return result
 
 
+@collective("allgather")
 def allgather(x: np.ndarray) -> np.ndarray:
     """Concatenate every rank's ``x`` along axis 0, in rank order; axis 0 may differ between ranks.
 
@@ -87,12 +89,11 @@ def allgather(x: np.ndarray) -> np.ndarray:
     if x.ndim == 0:
         validate.fail("allgather", "x", "is 0-dimensional; allgather concatenates along axis 0")
     w = world()
-    with transport_failures("allgather"):
-        lengths = _agreed_lengths(w, x)
-        result = np.empty((int(lengths.sum()),) + x.shape[1:], x.dtype)
-        row = int(np.prod(x.shape[1:], dtype=np.int64))
-        algorithms.allgather(w.transport, _flat(x), result.reshape(-1), [int(n) * row for n in lengths],
-                             w.segment_elems(x.dtype))
+    lengths = _agreed_lengths(w, x)
+    result = np.empty((int(lengths.sum()),) + x.shape[1:], x.dtype)
+    row = int(np.prod(x.shape[1:], dtype=np.int64))
+    algorithms.allgather(w.transport, _flat(x), result.reshape(-1), [int(n) * row for n in lengths],
+                         w.segment_elems(x.dtype))
     return result
 
 
@@ -116,6 +117,7 @@ def _agreed_lengths(w, x: np.ndarray) -> np.ndarray:
     return every[:, 1]
 
 
+@collective("broadcast")
 def broadcast(x: np.ndarray, root: int = 0) -> np.ndarray:
     """Overwrite ``x`` on every rank with ``root``'s ``x``, in place; returns ``x``.
 
@@ -130,13 +132,12 @@ def broadcast(x: np.ndarray, root: int = 0) -> np.ndarray:
     if w.rank != root:
         validate.writable("broadcast", "x", x)
     buffer = _flat(x) if w.rank == root else _flat_target(x)
-    with transport_failures("broadcast"):
-        algorithms.broadcast(w.transport, buffer, int(root), w.segment_elems(x.dtype))
+    algorithms.broadcast(w.transport, buffer, int(root), w.segment_elems(x.dtype))
     return _write_back(x, buffer) if w.rank != root else x
 
 
+@collective("barrier")
 def barrier() -> None:
     """Return once every rank has entered the barrier."""
     w = world()
-    with transport_failures("barrier"):
-        w.transport.barrier()
+    w.transport.barrier()

@@ -44,8 +44,8 @@ def writable(collective: str, argument: str, x: np.ndarray) -> None:
 
 def same_array(a: np.ndarray, b: np.ndarray) -> bool:
     """True when ``a`` and ``b`` are the same elements in the same layout (``out=x``)."""
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
+    return a is b or (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
+                      and np.may_share_memory(a, b) and a.ctypes.data == b.ctypes.data)
 
 
 def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -56,7 +56,7 @@ def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) 
     if out.dtype != x.dtype:
         fail(collective, "out", f"dtype {out.dtype} does not match x's dtype {x.dtype}")
     writable(collective, "out", out)
-    if not same_array(out, x) and np.may_share_memory(out, x):
+    if np.may_share_memory(out, x) and not same_array(out, x):
         fail(collective, "out", "overlaps x; pass out=x for an in-place call, or a separate array")
 
 

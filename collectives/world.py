@@ -3,22 +3,23 @@
 Settings (keyword arguments of :func:`init`, or environment variables):
 
 ``COLLECTIVES_SEGMENT_BYTES`` / ``segment_bytes``
-    Largest message the ring sends, default 1 MiB. Bounds the receive scratch to two
+    Largest message the ring sends, default 4 MiB. Bounds the receive scratch to two
     segments and sets how finely reduction overlaps transfer. Must be equal on every rank.
 """
 from __future__ import annotations
 
 import atexit
 import os
-from contextlib import contextmanager
-from typing import Iterator
+import functools
+from typing import Callable, TypeVar
 
 import numpy as np
 
 from collectives.errors import CollectiveError, CollectiveUsageError
 from ring.transport.base import TransportError
 
-DEFAULT_SEGMENT_BYTES = 1 << 20
+DEFAULT_SEGMENT_BYTES = 4 << 20
+F = TypeVar("F", bound=Callable)
 
 
 class World:
@@ -98,10 +99,15 @@ def size() -> int:
     return world().size
 
 
-@contextmanager
-def transport_failures(collective: str) -> Iterator[None]:
-    """Turn a transport failure inside ``collective`` into a CollectiveError that names the rank."""
-    try:
-        yield
-    except TransportError as e:
-        raise CollectiveError(f"{collective} (rank {_world.rank if _world else '?'}): {e}") from e
+def collective(name: str) -> Callable[[F], F]:
+    """Mark a public collective: a transport failure inside it becomes a CollectiveError naming it and the rank."""
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except TransportError as e:
+                where = f"rank {_world.rank}" if _world is not None else "rank ?"
+                raise CollectiveError(f"{name} ({where}): {e}") from e
+        return call
+    return decorate

@@ -19,23 +19,23 @@ def reduce_scatter(transport: Transport, input: Any, work: Any, op: str, segment
 
     After the call ``work[owned]`` holds the reduction of every rank's ``input[owned]``
     (the chunks are split like ``np.array_split``); the rest of ``work`` is scratch.
-    ``work`` may be ``input`` itself (in place).
+    ``work`` may be ``input`` itself (in place), or else must not overlap it.
 
     "avg" on float16 divides each contribution by n before summing, so partial sums
     stay in range wherever the true average is (4 ranks of 30000 give 30000, not inf);
     wider types sum first and divide the owned chunk once, which rounds only once.
     """
     n, rank = transport.size, transport.rank
-    bounds = tuple(chunk_bounds(work.size, n))
-    prescale = op == "avg" and work.dtype.itemsize == 2 and work.dtype.kind == "f"
+    xp = arrays.xp_of(work)
+    bounds = chunk_bounds(work.size, n)
+    prescale = op == "avg" and work.dtype == xp.float16
     if prescale:
-        xp = arrays.xp_of(work)
         xp.true_divide(input, n, out=work)
         input = work
     elif n == 1 and work is not input:
         arrays.copy_(work, input)
-    xp_combine = arrays.combiner(arrays.xp_of(work), op)
-    run(reduce_scatter_plan(rank, bounds, segment_elems), transport, work, input, xp_combine, segment_elems)
+    combine = arrays.combiner(xp, op)
+    run(reduce_scatter_plan(rank, bounds, segment_elems), transport, work, input, combine, segment_elems)
     owned = slice(*bounds[rank])
     if op == "avg" and not prescale and n > 1:
         arrays.divide_(work[owned], n)
@@ -49,13 +49,13 @@ def allreduce(transport: Transport, input: Any, output: Any, op: str, segment_el
     finished chunks around the ring, so every rank ends with the same bytes.
     """
     reduce_scatter(transport, input, output, op, segment_elems)
-    bounds = tuple(chunk_bounds(output.size, transport.size))
+    bounds = chunk_bounds(output.size, transport.size)
     run(allgather_plan(transport.rank, bounds, segment_elems), transport, output, segment_elems=segment_elems)
 
 
 def allgather(transport: Transport, input: Any, output: Any, counts: list[int], segment_elems: int) -> None:
     """``output`` = every rank's ``input`` laid end to end in rank order; rank r brings ``counts[r]`` elements."""
-    bounds = tuple(bounds_from_counts(counts))
+    bounds = bounds_from_counts(counts)
     start, stop = bounds[transport.rank]
     arrays.copy_(output[start:stop], input)
     run(allgather_plan(transport.rank, bounds, segment_elems), transport, output, segment_elems=segment_elems)

@@ -6,6 +6,7 @@ library, so the same ring runs over both.
 from __future__ import annotations
 
 import threading
+from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
@@ -27,6 +28,7 @@ def xp_of(x: Any) -> ModuleType:
     raise TypeError(f"not a numpy or cupy array: {type(x).__name__}")
 
 
+@lru_cache(maxsize=None)
 def combiner(xp: ModuleType, op: str):
     """``combine(out, mine, received)``: ``out = op(mine, received)`` elementwise, no temporaries.
 

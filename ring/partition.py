@@ -6,18 +6,21 @@ without ever exchanging them.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 Range = tuple[int, int]  # [start, stop) in elements of the flat buffer
 
 
-def chunk_bounds(count: int, nranks: int) -> list[Range]:
+@lru_cache(maxsize=1024)
+def chunk_bounds(count: int, nranks: int) -> tuple[Range, ...]:
     """Split ``count`` elements into ``nranks`` contiguous chunks like ``np.array_split``.
 
     The first ``count % nranks`` chunks get one extra element; chunks may be empty.
 
     >>> chunk_bounds(10, 4)
-    [(0, 3), (3, 6), (6, 8), (8, 10)]
+    ((0, 3), (3, 6), (6, 8), (8, 10))
     >>> chunk_bounds(2, 4)
-    [(0, 1), (1, 2), (2, 2), (2, 2)]
+    ((0, 1), (1, 2), (2, 2), (2, 2))
     """
     if count < 0 or nranks < 1:
         raise ValueError(f"chunk_bounds needs count >= 0 and nranks >= 1, got {count}, {nranks}")
@@ -27,20 +30,20 @@ def chunk_bounds(count: int, nranks: int) -> list[Range]:
         stop = start + base + (1 if i < extra else 0)
         bounds.append((start, stop))
         start = stop
-    return bounds
+    return tuple(bounds)
 
 
-def bounds_from_counts(counts: list[int]) -> list[Range]:
+def bounds_from_counts(counts: list[int]) -> tuple[Range, ...]:
     """Chunks of the given sizes laid end to end (allgather, where each rank brings its own).
 
     >>> bounds_from_counts([2, 0, 3])
-    [(0, 2), (2, 2), (2, 5)]
+    ((0, 2), (2, 2), (2, 5))
     """
     bounds, start = [], 0
     for c in counts:
         bounds.append((start, start + c))
         start += c
-    return bounds
+    return tuple(bounds)
 
 
 def segment_bounds(chunk: Range, segment_elems: int) -> list[Range]:

@@ -66,6 +66,22 @@ class Transfer:
     send_waits: bool = False
 
 
+class Plan(tuple):
+    """A tuple of Transfers that also says whether anything in it can overlap.
+
+    ``lockstep`` is true when every send forwards what the transfer before it
+    received (one segment per chunk: small messages, broadcast's chain). Then there
+    is nothing to overlap and each transfer can be one blocking exchange.
+    """
+
+    lockstep: bool
+
+    def __new__(cls, transfers):
+        plan = super().__new__(cls, transfers)
+        plan.lockstep = all(t.send_waits for t in plan[1:])
+        return plan
+
+
 def right(rank: int, nranks: int) -> int:
     """The rank this rank sends to."""
     return (rank + 1) % nranks
@@ -108,33 +124,33 @@ def _segmented(steps, bounds, segment_elems, *, reduce: bool, first_from_input: 
             plan.append(Transfer(send=send, recv=recv, reduce=reduce,
                                  send_from_input=first_from_input and step == 0,
                                  send_waits=_overlaps(send, previous)))
-    return tuple(plan)
+    return Plan(plan)
 
 
 @lru_cache(maxsize=256)
-def reduce_scatter_plan(rank: int, bounds: tuple[Range, ...], segment_elems: int) -> tuple[Transfer, ...]:
+def reduce_scatter_plan(rank: int, bounds: tuple[Range, ...], segment_elems: int) -> Plan:
     """Transfers of the reduce-scatter half for ``rank``; chunk ``rank`` ends fully reduced in the output.
 
-    >>> reduce_scatter_plan(0, ((0, 1), (1, 2)), 4)
-    (Transfer(send=(1, 2), recv=(0, 1), reduce=True, send_from_input=True, send_waits=False),)
+    >>> reduce_scatter_plan(0, ((0, 1), (1, 2)), 4)[0]
+    Transfer(send=(1, 2), recv=(0, 1), reduce=True, send_from_input=True, send_waits=False)
     """
     steps = reduce_scatter_steps(rank, len(bounds))
     return _segmented(steps, bounds, segment_elems, reduce=True, first_from_input=True)
 
 
 @lru_cache(maxsize=256)
-def allgather_plan(rank: int, bounds: tuple[Range, ...], segment_elems: int) -> tuple[Transfer, ...]:
+def allgather_plan(rank: int, bounds: tuple[Range, ...], segment_elems: int) -> Plan:
     """Transfers of the all-gather half for ``rank``; expects chunk ``rank`` already in the output.
 
-    >>> allgather_plan(0, ((0, 1), (1, 2)), 4)
-    (Transfer(send=(0, 1), recv=(1, 2), reduce=False, send_from_input=False, send_waits=False),)
+    >>> allgather_plan(0, ((0, 1), (1, 2)), 4)[0]
+    Transfer(send=(0, 1), recv=(1, 2), reduce=False, send_from_input=False, send_waits=False)
     """
     steps = allgather_steps(rank, len(bounds))
     return _segmented(steps, bounds, segment_elems, reduce=False, first_from_input=False)
 
 
 @lru_cache(maxsize=256)
-def broadcast_plan(rank: int, nranks: int, root: int, count: int, segment_elems: int) -> tuple[Transfer, ...]:
+def broadcast_plan(rank: int, nranks: int, root: int, count: int, segment_elems: int) -> Plan:
     """A pipelined chain along the ring: root -> root+1 -> ... -> root-1, segment by segment.
 
     While a rank receives segment k from its left it forwards segment k-1 to its right,
@@ -149,11 +165,11 @@ def broadcast_plan(rank: int, nranks: int, root: int, count: int, segment_elems:
     receives = position > 0
     sends = position < nranks - 1
     if not receives:   # the root has everything already: no one-segment lag
-        return tuple(Transfer(send=seg, recv=None, reduce=False) for seg in segments) if sends else ()
+        return Plan(Transfer(send=seg, recv=None, reduce=False) for seg in segments) if sends else Plan(())
     plan = []
     for k in range(len(segments) + (1 if sends else 0)):
         recv = segments[k] if k < len(segments) else None
         send = segments[k - 1] if sends and k >= 1 else None
         plan.append(Transfer(send=send, recv=recv, reduce=False,
                              send_waits=_overlaps(send, plan[-1].recv if plan else None)))
-    return tuple(p for p in plan if p.send or p.recv)
+    return Plan(p for p in plan if p.send or p.recv)

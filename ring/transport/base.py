@@ -27,6 +27,10 @@ class Transport(Protocol):
     def recv_from_left(self, buf: Any) -> Any:
         """Start receiving into ``buf`` (contiguous) from rank ``(rank - 1) % size``; return a request."""
 
+    def exchange(self, send: Any | None, recv: Any | None) -> None:
+        """Send ``send`` to the right while receiving ``recv`` from the left, blocking until both
+        are done (``None``: nothing that way). Same as posting both and waiting, in fewer calls."""
+
     def wait(self, request: Any) -> None:
         """Block until ``request`` (or ``None``: nothing) is complete."""
 

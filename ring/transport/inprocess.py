@@ -45,6 +45,12 @@ class InProcessTransport:
     def recv_from_left(self, buf: Any) -> _PendingRecv:
         return _PendingRecv(buf)
 
+    def exchange(self, send: Any | None, recv: Any | None) -> None:
+        if send is not None:
+            self.send_to_right(send)
+        if recv is not None:
+            self.wait(self.recv_from_left(recv))
+
     def wait(self, request: _PendingRecv | None) -> None:
         if request is None:
             return

@@ -34,6 +34,17 @@ class MPITransport:
         except MPI.Exception as e:
             raise TransportError(f"receive from rank {self._left} failed: {e}") from e
 
+    def exchange(self, send: Any | None, recv: Any | None) -> None:
+        try:
+            if send is not None and recv is not None:
+                self.comm.Sendrecv([send, MPI.BYTE], self._right, _TAG, [recv, MPI.BYTE], self._left, _TAG)
+            elif send is not None:
+                self.comm.Send([send, MPI.BYTE], self._right, _TAG)
+            elif recv is not None:
+                self.comm.Recv([recv, MPI.BYTE], self._left, _TAG)
+        except MPI.Exception as e:
+            raise TransportError(f"exchange with ranks {self._left} and {self._right} failed: {e}") from e
+
     def wait(self, request: MPI.Request | None) -> None:
         if request is None:
             return
