@@ -1,0 +1,177 @@
+"""Tier 2: every collective in a real MPI world, against mpi4py's own collectives.
+
+One body, many worlds: tests/test_worlds.py runs this file under mpiexec -n 1..5.
+Every rank runs the same tests in the same order; each check is agreed across
+ranks (see ``agree``) so a failure on one rank fails all of them, and none hangs.
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives as col
+
+pytestmark = pytest.mark.mpi
+
+COMM = MPI.COMM_WORLD
+N, RANK = COMM.Get_size(), COMM.Get_rank()
+OPS = ["sum", "avg", "min", "max", "prod"]
+MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+SIZES = [0, 1, max(N - 1, 0), N + 1, 1001]
+
+
+def agree(ok: bool, message: str) -> None:
+    """Assert on every rank at once: each rank learns which ranks failed."""
+    failed = [r for r, good in enumerate(COMM.allgather(bool(ok))) if not good]
+    assert not failed, f"{message} (failed on ranks {failed})"
+
+
+def rank_input(count, dtype, op, rank=RANK):
+    """Integer-valued, rank-dependent, exactly reducible in every dtype (never all ones)."""
+    i = np.arange(count)
+    values = (i * 7 + rank * 13) % 11 + 1 if op != "prod" else (i + rank) % 3 + 1
+    if np.dtype(dtype).kind in "if" and op in ("min", "max"):
+        values = values - 5   # negatives too, where the dtype has them
+    return values.astype(dtype)
+
+
+def mpi_reference(x, op):
+    """The MPI library's own result for ``op`` ("avg": its sum, divided by n in x's dtype)."""
+    expected = np.empty_like(x)
+    COMM.Allreduce(x, expected, op=MPI_OPS[op])
+    if op == "avg":
+        expected = (expected / N).astype(x.dtype)
+    return expected
+
+
+def same_on_every_rank(result) -> bool:
+    everyone = COMM.allgather(np.ascontiguousarray(result).tobytes())
+    return all(b == everyone[0] for b in everyone)
+
+
+@pytest.fixture(autouse=True, params=[None, 96], ids=["default-segments", "96-byte-segments"])
+def segment_size(request):
+    """Default segments (lockstep for these sizes) and tiny ones (the pipelined executor)."""
+    col.init(segment_bytes=request.param or col.world.DEFAULT_SEGMENT_BYTES)
+    yield
+
+
+def _close(result, expected, dtype, op):
+    if op == "avg" and np.dtype(dtype) == np.float16:   # pre-scaled: a few ulps from sum / n
+        return np.allclose(result.astype(float), expected.astype(float), rtol=4e-3, atol=1e-3)
+    return np.array_equal(result, expected)
+
+
+VALID_PAIRS = [(op, dtype) for op in OPS for dtype in DTYPES
+               if not (op == "avg" and np.dtype(dtype).kind in "iu")]   # that one is a usage error
+
+
+@pytest.mark.parametrize("op, dtype", VALID_PAIRS)
+def test_allreduce_matches_mpi(op, dtype):
+    for count in SIZES:
+        x = rank_input(count, dtype, op)
+        before = x.copy()
+        result = col.allreduce(x, op=op)
+        expected = mpi_reference(x, op)
+        agree(result.dtype == x.dtype and result.shape == x.shape, f"{op} {dtype} n={count}: wrong dtype/shape")
+        agree(_close(result, expected, dtype, op), f"{op} {dtype} count={count}: differs from MPI")
+        agree(np.array_equal(x, before), f"{op} {dtype} count={count}: input was modified")
+        agree(same_on_every_rank(result), f"{op} {dtype} count={count}: ranks got different bits")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_allreduce_several_mib(dtype):
+    x = rank_input(3 * 2**20 + 5, dtype, "sum")       # 12-24 MiB: several 4 MiB segments per chunk
+    agree(np.array_equal(col.allreduce(x), mpi_reference(x, "sum")), f"{dtype}: several MiB differ from MPI")
+
+
+def test_float16_avg_does_not_overflow():
+    x = np.full(100, 30000, np.float16)
+    agree(np.array_equal(col.allreduce(x, op="avg"), x), "float16 avg of 30000 everywhere is not 30000")
+
+
+@pytest.mark.parametrize("layout", ["in-place", "out", "non-contiguous", "non-contiguous-in-place", "fortran"])
+def test_allreduce_shapes_layouts_and_out(layout):
+    base = rank_input(6 * 5 * 4, "float64", "sum").reshape(6, 5, 4)
+    expected = mpi_reference(np.ascontiguousarray(base), "sum")
+    if layout == "in-place":
+        x = base.copy()
+        result = col.allreduce(x, out=x)
+        agree(result is x, "out=x did not return x")
+    elif layout == "out":
+        out = np.zeros_like(base)
+        result = col.allreduce(base, out=out)
+        agree(result is out, "out was not returned")
+    elif layout == "non-contiguous":
+        big = np.zeros((6, 10, 4)); big[:, ::2] = base
+        x = big[:, ::2]
+        result = col.allreduce(x)
+        agree(np.array_equal(big[:, ::2], base), "non-contiguous input was modified")
+    elif layout == "non-contiguous-in-place":
+        big = np.zeros((6, 10, 4)); big[:, ::2] = base
+        x = big[:, ::2]
+        result = col.allreduce(x, out=x)
+        agree(np.all(big[:, 1::2] == 0), "in-place on a view wrote outside the view")
+    else:
+        x = np.asfortranarray(base)
+        result = col.allreduce(x)
+    agree(result.shape == base.shape and np.array_equal(result, expected), f"{layout}: wrong result")
+
+
+def test_allreduce_zero_dimensional_array():
+    x = np.array(float(RANK + 1))
+    agree(col.allreduce(x) == N * (N + 1) / 2, "0-d sum is wrong")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64", "int8", "uint32"])
+@pytest.mark.parametrize("op", ["sum", "max", "prod"])
+def test_reduce_scatter_matches_mpi(dtype, op):
+    for count in SIZES:
+        x = rank_input(count, dtype, op)
+        before = x.copy()
+        block = col.reduce_scatter(x, op=op)
+        expected = np.array_split(mpi_reference(x, op), N)[RANK]
+        agree(np.array_equal(block, expected), f"{op} {dtype} count={count}: block differs from MPI")
+        agree(np.array_equal(x, before), f"{op} {dtype} count={count}: input was modified")
+
+
+def test_reduce_scatter_into_out_and_from_a_view():
+    x = rank_input(60, "float32", "sum").reshape(6, 10)[:, ::2]
+    expected = np.array_split(mpi_reference(np.ascontiguousarray(x), "sum").ravel(), N)[RANK]
+    out = np.empty(expected.size, np.float32)
+    agree(col.reduce_scatter(x, out=out) is out and np.array_equal(out, expected), "reduce_scatter into out")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64", "int8", "uint64", "bool"])
+def test_allgather_matches_mpi_with_uneven_first_axis(dtype):
+    rows = (RANK * 2 + 1) % 4            # includes ranks with 0 rows
+    x = (np.arange(rows * 3).reshape(rows, 3) + 100 * RANK).astype(dtype)
+    counts = COMM.allgather(x.size)
+    expected = np.empty((sum(counts) // 3, 3), dtype)
+    COMM.Allgatherv(x, [expected, counts])
+    result = col.allgather(x)
+    agree(result.shape == expected.shape and np.array_equal(result, expected), f"{dtype}: differs from MPI")
+
+
+@pytest.mark.parametrize("root", ["first", "last"])
+@pytest.mark.parametrize("count", [0, 1, 1001, 3 * 2**20])
+def test_broadcast_matches_mpi(root, count):
+    root = 0 if root == "first" else N - 1
+    x = rank_input(count, "float32", "sum")
+    expected = x.copy()
+    COMM.Bcast(expected, root=root)
+    agree(col.broadcast(x, root=root) is x and np.array_equal(x, expected), f"root {root}: differs from MPI")
+
+
+def test_broadcast_into_a_non_contiguous_view():
+    big = np.full((4, 6), -1.0)
+    view = big[:, ::2]
+    if RANK == 0:
+        view[...] = np.arange(12.0).reshape(4, 3)
+    col.broadcast(view, root=0)
+    agree(np.array_equal(view, np.arange(12.0).reshape(4, 3)) and np.all(big[:, 1::2] == -1), "view broadcast")
+
+
+def test_barrier_and_world_facts():
+    col.barrier()
+    agree(col.rank() == RANK and col.size() == N, "rank()/size() disagree with MPI")

@@ -1,0 +1,73 @@
+"""Tier 2: bad input raises CollectiveUsageError naming the collective and the argument, on every
+rank, before anything is sent, with every buffer untouched; and the runtime stays usable after."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives as col
+
+pytestmark = pytest.mark.mpi
+
+COMM = MPI.COMM_WORLD
+N, RANK = COMM.Get_size(), COMM.Get_rank()
+
+
+def _x():
+    return np.arange(10, dtype=np.float32) + RANK
+
+
+def _readonly():
+    y = np.empty(10, np.float32)
+    y.flags.writeable = False
+    return y
+
+
+CASES = [
+    ("unknown op", lambda x: col.allreduce(x, op="mean"), "allreduce: op"),
+    ("op not a string", lambda x: col.allreduce(x, op=None), "allreduce: op"),
+    ("avg on integers", lambda x: col.allreduce(x.astype(np.int32), op="avg"), "allreduce: op"),
+    ("unsupported dtype", lambda x: col.allreduce(x.astype(np.complex64)), "allreduce: x"),
+    ("bool dtype", lambda x: col.allreduce(x > 3), "allreduce: x"),
+    ("not an array", lambda x: col.allreduce(x.tolist()), "allreduce: x"),
+    ("out wrong shape", lambda x: col.allreduce(x, out=np.empty(9, np.float32)), "allreduce: out"),
+    ("out wrong dtype", lambda x: col.allreduce(x, out=np.empty(10, np.float64)), "allreduce: out"),
+    ("out read-only", lambda x: col.allreduce(x, out=_readonly()), "allreduce: out"),
+    ("out overlaps x", lambda x: col.allreduce(x[:-1], out=x[1:]), "allreduce: out"),
+    ("reduce_scatter bad op", lambda x: col.reduce_scatter(x, op="avg!"), "reduce_scatter: op"),
+    ("reduce_scatter out shape", lambda x: col.reduce_scatter(x, out=np.empty(11, np.float32)), "reduce_scatter: out"),
+    ("allgather 0-d", lambda x: col.allgather(np.float32(1.0) * np.ones(())), "allgather: x"),
+    ("allgather object dtype", lambda x: col.allgather(np.array([object()])), "allgather: x"),
+    ("broadcast root too big", lambda x: col.broadcast(x, root=N), "broadcast: root"),
+    ("broadcast root negative", lambda x: col.broadcast(x, root=-1), "broadcast: root"),
+    ("broadcast root not int", lambda x: col.broadcast(x, root=0.0), "broadcast: root"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_a_usage_error_and_changes_nothing(case):
+    _, call, prefix = case
+    x = _x()
+    before = x.copy()
+    with pytest.raises(col.CollectiveUsageError) as error:
+        call(x)
+    assert str(error.value).startswith(prefix), str(error.value)
+    assert isinstance(error.value, ValueError)
+    assert np.array_equal(x, before)
+    # the runtime is still usable, and every rank is still in step with the others
+    assert np.array_equal(col.allreduce(np.ones(3)), np.full(3, float(N)))
+
+
+def test_allgather_mismatched_trailing_shapes_fail_on_every_rank():
+    if N == 1:
+        pytest.skip("needs two ranks to disagree")
+    x = np.zeros((2, 3 if RANK == 0 else 4))
+    with pytest.raises(col.CollectiveUsageError, match=r"allgather: x: trailing shape differs across ranks: rank 0: \(3,\)"):
+        col.allgather(x)
+
+
+def test_allgather_mismatched_dtypes_fail_on_every_rank():
+    if N == 1:
+        pytest.skip("needs two ranks to disagree")
+    x = np.zeros((2, 3), np.float32 if RANK == 0 else np.float64)
+    with pytest.raises(col.CollectiveUsageError, match="allgather: x: dtype differs across ranks"):
+        col.allgather(x)

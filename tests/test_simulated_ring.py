@@ -1,0 +1,134 @@
+"""Tier 1: the real algorithms and executor, with n = 1..8 ranks as threads of one process."""
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ring import algorithms
+from ring.transport.inprocess import InProcessWorld
+
+REFERENCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def simulate(n, body):
+    """Run ``body(transport)`` on n threads (one per rank); return each rank's result, re-raise any error."""
+    world = InProcessWorld(n, timeout=20)
+    results, errors = [None] * n, []
+
+    def rank_main(rank):
+        try:
+            results[rank] = body(world.transport(rank))
+        except BaseException as e:   # noqa: BLE001 - handed to the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a simulated rank hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def rank_input(rank, count, dtype, op="sum"):
+    """Integer-valued, rank-dependent data whose reductions are exact in every dtype tested."""
+    i = np.arange(count)
+    values = (i * 7 + rank * 13) % 11 + 1 if op != "prod" else (i + rank) % 3 + 1
+    return values.astype(dtype)
+
+
+def reference(inputs, op):
+    if op == "avg":
+        return (np.add.reduce(np.stack(inputs), axis=0) / len(inputs)).astype(inputs[0].dtype)
+    return REFERENCE[op].reduce(np.stack(inputs), axis=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 8), count=st.integers(0, 400), segment=st.integers(1, 64),
+       op=st.sampled_from(["sum", "avg", "min", "max", "prod"]), in_place=st.booleans())
+def test_allreduce_matches_numpy(n, count, segment, op, in_place):
+    inputs = [rank_input(r, count, np.float64, op) for r in range(n)]
+    expected = reference(inputs, op)
+    originals = [x.copy() for x in inputs]
+
+    def body(t):
+        x = inputs[t.rank]
+        out = x if in_place else np.empty_like(x)
+        algorithms.allreduce(t, x, out, op, segment)
+        return out
+
+    for rank, result in enumerate(simulate(n, body)):
+        np.testing.assert_array_equal(result, expected, err_msg=f"rank {rank}")
+        if not in_place:
+            np.testing.assert_array_equal(inputs[rank], originals[rank], err_msg="input modified")
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("dtype", ["float16", "float32", "int8", "uint64"])
+def test_allreduce_every_size_class_and_dtype(n, dtype):
+    for count in (0, 1, max(n - 1, 0), n + 1, 1001):
+        inputs = [rank_input(r, count, dtype) for r in range(n)]
+        results = simulate(n, lambda t: _allreduced(t, inputs[t.rank], "sum", 5))
+        for result in results:
+            np.testing.assert_array_equal(result, reference(inputs, "sum"))
+
+
+def _allreduced(t, x, op, segment):
+    out = np.empty_like(x)
+    algorithms.allreduce(t, x, out, op, segment)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 5])
+def test_float16_avg_stays_in_range(n):
+    results = simulate(n, lambda t: _allreduced(t, np.full(9, 30000, np.float16), "avg", 4))
+    for result in results:
+        np.testing.assert_array_equal(result, np.full(9, 30000, np.float16))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 8), count=st.integers(0, 300), segment=st.integers(1, 50))
+def test_reduce_scatter_leaves_each_rank_its_array_split_block(n, count, segment):
+    inputs = [rank_input(r, count, np.int32) for r in range(n)]
+    expected_blocks = np.array_split(reference(inputs, "sum"), n)
+
+    def body(t):
+        work = np.empty(count, np.int32)
+        owned = algorithms.reduce_scatter(t, inputs[t.rank], work, "sum", segment)
+        return work[owned]
+
+    for rank, block in enumerate(simulate(n, body)):
+        np.testing.assert_array_equal(block, expected_blocks[rank])
+
+
+@settings(max_examples=40, deadline=None)
+@given(counts=st.lists(st.integers(0, 60), min_size=1, max_size=8), segment=st.integers(1, 30))
+def test_allgather_concatenates_uneven_contributions(counts, segment):
+    n = len(counts)
+    inputs = [np.arange(c, dtype=np.int64) + 1000 * r for r, c in enumerate(counts)]
+
+    def body(t):
+        out = np.empty(sum(counts), np.int64)
+        algorithms.allgather(t, inputs[t.rank], out, counts, segment)
+        return out
+
+    for result in simulate(n, body):
+        np.testing.assert_array_equal(result, np.concatenate(inputs))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 8), count=st.integers(0, 300), segment=st.integers(1, 50), root=st.integers(0, 7))
+def test_broadcast_copies_the_roots_buffer_everywhere(n, count, segment, root):
+    root %= n
+    buffers = [np.full(count, -1.0) if r != root else np.arange(count, dtype=float) for r in range(n)]
+
+    def body(t):
+        algorithms.broadcast(t, buffers[t.rank], root, segment)
+        return buffers[t.rank]
+
+    for result in simulate(n, body):
+        np.testing.assert_array_equal(result, np.arange(count, dtype=float))
+
