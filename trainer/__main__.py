@@ -1,0 +1,220 @@
+"""Synchronous data-parallel training of an MLP, gradients averaged by our ring all-reduce.
+
+    mpirun -n 4 python -m trainer                         # digits, 20 epochs, ~97% test accuracy
+    mpirun -n 2 python -m trainer --epochs 5 --checkpoint-dir ckpt
+    mpirun -n 2 python -m trainer --epochs 10 --checkpoint-dir ckpt --resume
+    mpirun -n 2 python -m trainer --dataset synthetic --samples 65536 --features 512 --hidden 1024
+
+Rank 0 initialises the model and broadcasts it. Each step the global batch
+(--batch-size) is split across ranks like np.array_split; each rank computes the
+gradient sum of its shard scaled by 1/global batch, and one fused allreduce over
+the flat gradient buffer gives every rank the exact mean gradient, so n ranks
+train the same model as 1 rank with the same global batch (up to float rounding).
+Every epoch reshuffles with a seed all ranks share. Only rank 0 prints and writes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+import collectives as col
+from trainer import checkpoint, data
+from trainer.model import MLP
+from trainer.optim import SGD
+
+
+def _positive(kind):
+    def parse(text):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _non_negative_float(text):
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits",
+                   help="digits: the embedded 8x8 handwritten digits; synthetic: Gaussian clusters")
+    p.add_argument("--samples", type=_positive(int), default=20000, help="synthetic: number of samples")
+    p.add_argument("--features", type=_positive(int), default=256, help="synthetic: features per sample")
+    p.add_argument("--classes", type=_positive(int), default=10, help="synthetic: number of classes")
+    p.add_argument("--hidden", type=_positive(int), nargs="+", default=[64], help="hidden layer widths")
+    p.add_argument("--epochs", type=_positive(int), default=20)
+    p.add_argument("--batch-size", type=_positive(int), default=64, help="global batch, split across ranks")
+    p.add_argument("--lr", type=_positive(float), default=0.05, help="learning rate")
+    p.add_argument("--momentum", type=_non_negative_float, default=0.9)
+    p.add_argument("--weight-decay", type=_non_negative_float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0, help="initialisation and shuffling seed")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file")
+    p.add_argument("--plot", type=Path, help="draw loss and accuracy curves to this PNG (needs matplotlib)")
+    p.add_argument("--checkpoint-dir", type=Path, help="save checkpoints here (rank 0)")
+    p.add_argument("--checkpoint-every", type=_positive(int), default=1, help="epochs between checkpoints")
+    p.add_argument("--keep", type=_positive(int), default=3, help="checkpoints to keep")
+    p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    args = p.parse_args(argv)
+    if args.resume and args.checkpoint_dir is None:
+        p.error("--resume needs --checkpoint-dir")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib: pip install -e '.[plot]'")
+    return args
+
+
+def say(*parts) -> None:
+    if col.rank() == 0:
+        print(*parts, flush=True)
+
+
+class UsageExit(Exception):
+    """A problem every rank agrees on: print it on rank 0 and exit non-zero everywhere."""
+
+
+def load_dataset(args) -> data.Dataset:
+    if args.dataset == "digits":
+        return data.digits(args.dtype)
+    return data.synthetic(args.samples, args.features, args.classes, args.dtype)
+
+
+def config_of(args, dataset) -> dict:
+    return {"sizes": [dataset.train_x.shape[1], *args.hidden, dataset.classes], "dtype": args.dtype,
+            "dataset": args.dataset, "seed": args.seed, "batch_size": args.batch_size}
+
+
+def resume(args, model: MLP, opt: SGD, config: dict) -> int:
+    """Load the newest valid checkpoint on rank 0 and broadcast it; returns the epoch to start at (0-based)."""
+    status = np.zeros(2, np.int64)   # [found a usable one, epochs already done]
+    if col.rank() == 0:
+        found = checkpoint.newest_valid(args.checkpoint_dir, report=lambda m: print(m, file=sys.stderr))
+        if found is not None:
+            path, saved = found
+            if json.loads(str(saved["config"]))["sizes"] != config["sizes"] or saved["params"].shape != \
+                    model.flat_params.shape or str(saved["params"].dtype) != args.dtype:
+                print(f"{path.name} was written for another model: {saved['config']}", file=sys.stderr)
+            else:
+                model.flat_params[...] = saved["params"]
+                opt.velocity[...] = saved["velocity"]
+                status[:] = (1, int(saved["epoch"]) + 1)
+                print(f"resuming from {path} (epoch {int(saved['epoch']) + 1} done)", flush=True)
+    col.broadcast(status, root=0)
+    if not status[0]:
+        raise UsageExit(f"--resume: no usable checkpoint in {args.checkpoint_dir}")
+    col.broadcast(model.flat_params, root=0)
+    col.broadcast(opt.velocity, root=0)
+    return int(status[1])
+
+
+def accuracy(model: MLP, x: np.ndarray, y: np.ndarray) -> float:
+    """Each rank scores its share; the counts are summed exactly (int64)."""
+    mine = np.array_split(np.arange(len(y)), col.size())[col.rank()]
+    correct = np.array([(model.logits(x[mine]).argmax(axis=1) == y[mine]).sum()], np.int64)
+    return float(col.allreduce(correct)[0]) / len(y)
+
+
+def train(args) -> list[dict]:
+    dataset = load_dataset(args)
+    config = config_of(args, dataset)
+    model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype))
+    col.broadcast(model.flat_params, root=0)          # rank 0's initialisation is the model
+    opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
+    start = resume(args, model, opt, config) if args.resume else 0
+    say(f"training {config['sizes']} on {args.dataset} ({len(dataset.train_y)} train, {len(dataset.test_y)} test) "
+        f"with {col.size()} rank(s), global batch {args.batch_size}, {model.flat_params.size} parameters")
+    history, n_train, step = [], len(dataset.train_y), start * -(-len(dataset.train_y) // args.batch_size)
+    metrics = open(args.metrics, "a" if args.resume else "w") if args.metrics and col.rank() == 0 else None
+    for epoch in range(start, args.epochs):
+        order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
+        loss_sum, comm_s, began = 0.0, 0.0, time.perf_counter()
+        for first in range(0, n_train, args.batch_size):
+            batch = order[first: first + args.batch_size]
+            shard = np.array_split(batch, col.size())[col.rank()]
+            loss_sum += model.loss_and_grads(dataset.train_x[shard], dataset.train_y[shard], 1.0 / len(batch))
+            t = time.perf_counter()
+            col.allreduce(model.flat_grads, op="sum", out=model.flat_grads)    # one fused call per step
+            comm_s += time.perf_counter() - t
+            opt.step(model.flat_grads)
+            step += 1
+        elapsed = time.perf_counter() - began
+        record = {"epoch": epoch + 1, "step": step,
+                  "loss": float(col.allreduce(np.array([loss_sum]))[0]) / n_train,
+                  "train_accuracy": accuracy(model, dataset.train_x, dataset.train_y),
+                  "test_accuracy": accuracy(model, dataset.test_x, dataset.test_y),
+                  "samples_per_sec": n_train / elapsed, "comm_fraction": comm_s / elapsed}
+        history.append(record)
+        say(f"epoch {epoch + 1:3d}/{args.epochs}  loss {record['loss']:.4f}  train {record['train_accuracy']:6.2%}  "
+            f"test {record['test_accuracy']:6.2%}  {record['samples_per_sec']:9.0f} samples/s  "
+            f"comm {record['comm_fraction']:5.1%}")
+        if metrics:
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+        last = epoch + 1 == args.epochs
+        if args.checkpoint_dir and col.rank() == 0 and ((epoch + 1) % args.checkpoint_every == 0 or last):
+            checkpoint.save(args.checkpoint_dir, epoch, {"params": model.flat_params, "velocity": opt.velocity},
+                            config, args.keep)
+    if metrics:
+        metrics.close()
+    return history
+
+
+def plot(history: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    epochs = [h["epoch"] for h in history]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(epochs, [h["loss"] for h in history], marker="o")
+    left.set(xlabel="epoch", ylabel="training loss", title="loss")
+    right.plot(epochs, [h["train_accuracy"] for h in history], marker="o", label="train")
+    right.plot(epochs, [h["test_accuracy"] for h in history], marker="o", label="test")
+    right.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    began = time.perf_counter()
+    try:
+        history = train(args)
+    except UsageExit as e:
+        say(f"error: {e}")
+        return 1
+    if history:
+        final = history[-1]
+        say(f"done: {len(history)} epoch(s) in {time.perf_counter() - began:.1f}s on {col.size()} rank(s); "
+            f"test accuracy {final['test_accuracy']:.2%}")
+        if args.plot and col.rank() == 0:
+            plot(history, args.plot)
+            say(f"plot written to {args.plot}")
+    else:
+        say("nothing to do: the checkpoint already covers every epoch")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    except Exception:   # one rank failing must not leave the others waiting forever
+        sys.stderr.write(f"[rank {col.rank()}] " + traceback.format_exc())
+        sys.stderr.flush()
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(1)
+    sys.exit(code)

@@ -1,0 +1,62 @@
+"""Checkpoints: plain ``np.savez`` files (no pickle), written atomically, checked by a digest on load."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+PATTERN = "checkpoint-epoch*.npz"
+
+
+def _digest(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(arrays[name]).tobytes())
+    return h.hexdigest()
+
+
+def save(directory: Path, epoch: int, arrays: dict[str, np.ndarray], config: dict, keep: int) -> Path:
+    """Write ``checkpoint-epochNNNNNN.npz`` via a temporary file and a rename; keep the newest ``keep``.
+
+    A crash at any moment leaves either the previous complete file or the new one, never half a file.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {**arrays, "epoch": np.int64(epoch), "config": np.str_(json.dumps(config, sort_keys=True))}
+    payload["digest"] = np.str_(_digest({k: np.asarray(v) for k, v in payload.items()}))
+    final = directory / f"checkpoint-epoch{epoch:06d}.npz"
+    temporary = directory / f".{final.name}.tmp"
+    with open(temporary, "wb") as f:
+        np.savez(f, **payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, final)
+    for old in sorted(directory.glob(PATTERN))[:-keep]:
+        old.unlink()
+    return final
+
+
+def load(path: Path) -> dict[str, np.ndarray]:
+    """Read and verify one checkpoint; raises ValueError saying what is wrong with it."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {name: f[name] for name in f.files}
+    except Exception as e:   # truncated zip, bad header, not an npz at all
+        raise ValueError(f"{path.name}: unreadable ({type(e).__name__}: {e})") from e
+    stored = str(arrays.pop("digest", ""))
+    if not stored or stored != _digest(arrays):
+        raise ValueError(f"{path.name}: digest mismatch (corrupted or incomplete)")
+    return arrays
+
+
+def newest_valid(directory: Path, report=print) -> tuple[Path, dict[str, np.ndarray]] | None:
+    """The newest checkpoint that loads and verifies; each bad one is reported and skipped."""
+    for path in sorted(directory.glob(PATTERN), reverse=True):
+        try:
+            return path, load(path)
+        except ValueError as e:
+            report(f"skipping checkpoint {e}")
+    return None
