@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.worlds import ROOT, run_world
-from trainer import checkpoint
+from trainer import checkpoint, data
 
 TIMEOUT_S = 180
 SMALL = ["--epochs", "3", "--dtype", "float64", "--batch-size", "50"]   # 50 does not divide by 3: uneven shards
@@ -38,6 +38,8 @@ def test_resumed_run_ends_with_the_same_parameters(tmp_path):
     interrupted, _ = train(2, tmp_path, "resumed", "--epochs", "1")
     _, log = train(2, tmp_path, "resumed", "--resume")
     assert "resuming from" in log
+    steps_per_epoch = -(-len(data.digits("float64").train_y) // 50)
+    assert int(checkpoint.newest_valid(interrupted)[1]["step"]) == 3 * steps_per_epoch
     for a, b in zip(final_params(straight), final_params(interrupted)):
         np.testing.assert_array_equal(a, b)
 

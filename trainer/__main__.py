@@ -14,19 +14,37 @@ Every epoch reshuffles with a seed all ranks share. Only rank 0 prints and write
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import time
-import traceback
-from pathlib import Path
+import os
 
-import numpy as np
 
-import collectives as col
-from trainer import checkpoint, data
-from trainer.model import MLP
-from trainer.optim import SGD
+def _share_cores_between_local_ranks() -> None:
+    """Give each rank its share of the cores for BLAS, unless the user chose (as torchrun does).
+
+    Several ranks each starting one BLAS thread per core oversubscribe the machine and
+    make every step wait for the slowest rank. Must run before numpy is imported.
+    """
+    local_ranks = int(os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or 1)
+    if local_ranks > 1:
+        threads = str(max(1, (os.cpu_count() or 1) // local_ranks))
+        for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(variable, threads)
+
+
+_share_cores_between_local_ranks()
+
+import argparse  # noqa: E402  (after the thread settings, which numpy reads on import)
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import collectives as col  # noqa: E402
+from trainer import checkpoint, data  # noqa: E402
+from trainer.model import MLP  # noqa: E402
+from trainer.optim import SGD  # noqa: E402
 
 
 def _positive(kind):
@@ -166,7 +184,7 @@ def train(args) -> list[dict]:
             metrics.flush()
         last = epoch + 1 == args.epochs
         if args.checkpoint_dir and col.rank() == 0 and ((epoch + 1) % args.checkpoint_every == 0 or last):
-            checkpoint.save(args.checkpoint_dir, epoch, {"params": model.flat_params, "velocity": opt.velocity},
+            checkpoint.save(args.checkpoint_dir, epoch, step, {"params": model.flat_params, "velocity": opt.velocity},
                             config, args.keep)
     if metrics:
         metrics.close()

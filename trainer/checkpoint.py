@@ -19,13 +19,15 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def save(directory: Path, epoch: int, arrays: dict[str, np.ndarray], config: dict, keep: int) -> Path:
+def save(directory: Path, epoch: int, step: int, arrays: dict[str, np.ndarray], config: dict, keep: int) -> Path:
     """Write ``checkpoint-epochNNNNNN.npz`` via a temporary file and a rename; keep the newest ``keep``.
 
     A crash at any moment leaves either the previous complete file or the new one, never half a file.
+    There is no RNG state to store beyond ``config["seed"]``: each epoch's shuffle is drawn
+    from a generator seeded with (seed, epoch), so the epoch number recreates it.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    payload = {**arrays, "epoch": np.int64(epoch), "config": np.str_(json.dumps(config, sort_keys=True))}
+    payload = {**arrays, "epoch": np.int64(epoch), "step": np.int64(step), "config": np.str_(json.dumps(config, sort_keys=True))}
     payload["digest"] = np.str_(_digest({k: np.asarray(v) for k, v in payload.items()}))
     final = directory / f"checkpoint-epoch{epoch:06d}.npz"
     temporary = directory / f".{final.name}.tmp"
