@@ -39,8 +39,7 @@ def run(plan: Plan, transport: Transport, output: Any, input: Any = None,
         for k, t in enumerate(plan):
             received = _incoming(t, k, output, in_place, segment_elems)
             transport.exchange(_outgoing(t, input, output), received)
-            if t.reduce and received is not None:
-                combine(output[t.recv[0]:t.recv[1]], input[t.recv[0]:t.recv[1]], received)
+            _reduce(t, output, input, received, combine)
         return
 
     def post_recv(k: int):
@@ -59,8 +58,7 @@ def run(plan: Plan, transport: Transport, output: Any, input: Any = None,
         if has_next:
             next_received, next_recv = post_recv(k + 1)
             next_send = None if plan[k + 1].send_waits else post_send(k + 1)
-        if t.reduce and received is not None:
-            combine(output[t.recv[0]:t.recv[1]], input[t.recv[0]:t.recv[1]], received)
+        _reduce(t, output, input, received, combine)
         if has_next and plan[k + 1].send_waits:
             next_send = post_send(k + 1)
         transport.wait(send)
@@ -76,6 +74,13 @@ def _incoming(t: Transfer, k: int, output: Any, in_place: bool, segment_elems: i
     if t.reduce and in_place:
         return arrays.scratch(output, segment_elems, k % 2)[: stop - start]
     return output[start:stop]
+
+
+def _reduce(t: Transfer, output: Any, input: Any, received: Any, combine: Combine | None) -> None:
+    """``output[recv] = op(input[recv], received)`` for a reducing transfer that received something."""
+    if t.reduce and received is not None:
+        start, stop = t.recv
+        combine(output[start:stop], input[start:stop], received)
 
 
 def _outgoing(t: Transfer, input: Any, output: Any):

@@ -1,6 +1,7 @@
 """Launch real MPI worlds from tests, always under a timeout, so a deadlock fails instead of hanging CI."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -11,24 +12,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def mpiexec() -> list[str]:
+@functools.lru_cache(maxsize=None)
+def mpiexec() -> tuple[str, ...]:
     """The launcher that belongs to this Python's MPI: $MPIEXEC, the venv's, or the one on PATH.
 
     Open MPI refuses more ranks than cores, and root, unless told; MPICH needs neither flag.
     """
-    exe = os.environ.get("MPIEXEC") or next(
-        (str(p) for p in [Path(sys.executable).parent / "mpiexec"] if p.exists()), None) or shutil.which("mpiexec")
+    beside_python = Path(sys.executable).parent / "mpiexec"
+    exe = os.environ.get("MPIEXEC") or (str(beside_python) if beside_python.exists() else shutil.which("mpiexec"))
     if exe is None:
         raise RuntimeError("no mpiexec: install with the 'mpich' extra, or put your MPI's mpiexec on PATH")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
     if "Open MPI" in version or "OpenRTE" in version:
-        return [exe, "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    return [exe]
+        return (exe, "--oversubscribe") + (("--allow-run-as-root",) if os.geteuid() == 0 else ())
+    return (exe,)
 
 
 def run_world(n: int, args: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """``mpiexec -n n python ARGS`` from the repository root; kills the whole world on timeout."""
-    command = mpiexec() + ["-n", str(n), sys.executable] + args
+    command = [*mpiexec(), "-n", str(n), sys.executable, *args]
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
