@@ -12,6 +12,7 @@ from collectives.errors import CollectiveUsageError
 OPS = ("sum", "avg", "min", "max", "prod")
 REDUCIBLE_DTYPES = tuple(np.dtype(t) for t in (
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"))
+_REDUCIBLE = frozenset(REDUCIBLE_DTYPES)   # a set lookup: this check runs on every call
 
 
 def fail(collective: str, argument: str, problem: str):
@@ -28,7 +29,7 @@ def array(collective: str, argument: str, x: Any) -> None:
 def reducible(collective: str, argument: str, x: np.ndarray, op: Any) -> None:
     """``x`` can be reduced with ``op``: a supported dtype and a known reduction that suits it."""
     array(collective, argument, x)
-    if x.dtype not in REDUCIBLE_DTYPES:
+    if x.dtype not in _REDUCIBLE:
         names = ", ".join(str(d) for d in REDUCIBLE_DTYPES)
         fail(collective, argument, f"unsupported dtype {x.dtype}; expected one of {names}")
     if not isinstance(op, str) or op not in OPS:
@@ -44,8 +45,8 @@ def writable(collective: str, argument: str, x: np.ndarray) -> None:
 
 def same_array(a: np.ndarray, b: np.ndarray) -> bool:
     """True when ``a`` and ``b`` are the same elements in the same layout (``out=x``)."""
-    return a is b or (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
-                      and np.may_share_memory(a, b) and a.ctypes.data == b.ctypes.data)
+    return a is b or (np.may_share_memory(a, b) and a.shape == b.shape and a.strides == b.strides
+                      and a.dtype == b.dtype and a.ctypes.data == b.ctypes.data)
 
 
 def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -56,7 +57,7 @@ def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) 
     if out.dtype != x.dtype:
         fail(collective, "out", f"dtype {out.dtype} does not match x's dtype {x.dtype}")
     writable(collective, "out", out)
-    if np.may_share_memory(out, x) and not same_array(out, x):
+    if out is not x and np.may_share_memory(out, x) and not same_array(out, x):
         fail(collective, "out", "overlaps x; pass out=x for an in-place call, or a separate array")
 
 
@@ -65,3 +66,11 @@ def root(collective: str, value: Any, size: int) -> None:
         fail(collective, "root", f"expected an int rank, got {type(value).__name__}")
     if not 0 <= value < size:
         fail(collective, "root", f"rank {value} is out of range for a world of {size} (0..{size - 1})")
+
+
+def timeout(collective: str, value: Any) -> None:
+    """``None`` (the default from ``init``) or a positive number of seconds."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        fail(collective, "timeout", f"expected a positive number of seconds or None, got {value!r}")

@@ -1,35 +1,49 @@
 """The process's one world: MPI started lazily, a private communicator, the settings.
 
-Settings (keyword arguments of :func:`init`, or environment variables):
+Settings (keyword arguments of :func:`init`, or environment variables; each must be
+the same on every rank):
 
 ``COLLECTIVES_SEGMENT_BYTES`` / ``segment_bytes``
     Largest message the ring sends, default 4 MiB. Bounds the receive scratch to two
-    segments and sets how finely reduction overlaps transfer. Must be equal on every rank.
+    segments and sets how finely reduction overlaps transfer.
+``COLLECTIVES_SMALL_BYTES`` / ``small_bytes``
+    All-reduces (and reduce-scatters) of at most this many bytes take the latency path,
+    recursive doubling, instead of the ring. Default 32 KiB, at most 64 KiB; 0 turns it off.
+``COLLECTIVES_CHECK`` / ``check``
+    1 (default): before data moves, every rank checks that all ranks make the same call
+    (see ``collectives.call``). 0: skip that check on the ring path to save its round trip.
+``COLLECTIVES_TIMEOUT`` / ``timeout``
+    Seconds a collective may wait for the other ranks before raising CollectiveError,
+    default 600. Each collective also takes ``timeout=`` for one call.
 """
 from __future__ import annotations
 
 import atexit
 import os
-import functools
-from typing import Callable, TypeVar
 
 import numpy as np
 
-from collectives.errors import CollectiveError, CollectiveUsageError
-from ring.transport.base import TransportError
+from collectives.errors import CollectiveUsageError
+from ring.doubling import MAX_PAYLOAD_BYTES
 
 DEFAULT_SEGMENT_BYTES = 4 << 20
-F = TypeVar("F", bound=Callable)
+DEFAULT_SMALL_BYTES = 32 << 10
+DEFAULT_TIMEOUT = 600.0
 
 
 class World:
     """Rank, size, the ring's transport and the settings, shared by every collective."""
 
-    def __init__(self, transport, segment_bytes: int):
+    def __init__(self, transport, segment_bytes: int, small_bytes: int, check: bool, timeout: float):
         self.transport = transport
         self.rank = transport.rank
         self.size = transport.size
         self.segment_bytes = segment_bytes
+        self.small_bytes = small_bytes
+        self.check = check
+        self.timeout = timeout
+        self.seq = 0                       # collectives called so far, the same on every rank in step
+        self.failure: str | None = None    # set once a transport failure left the ranks out of step
 
     def segment_elems(self, dtype: np.dtype) -> int:
         return max(1, self.segment_bytes // dtype.itemsize)
@@ -38,40 +52,64 @@ class World:
 _world: World | None = None
 
 
-def _segment_bytes_from_env() -> int:
-    raw = os.environ.get("COLLECTIVES_SEGMENT_BYTES", str(DEFAULT_SEGMENT_BYTES))
+def _setting(name: str, given, env: str, default, parse, ok, expected: str):
+    """A setting from its keyword argument, else its environment variable, else the default."""
+    if given is not None:
+        if isinstance(given, bool) is not (parse is _flag) or not ok(given):
+            raise CollectiveUsageError(f"init: {name}: expected {expected}, got {given!r}")
+        return given
+    raw = os.environ.get(env)
+    if raw is None:
+        return default
     try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise CollectiveUsageError(f"init: COLLECTIVES_SEGMENT_BYTES: expected a positive byte count, got {raw!r}")
+        value = parse(raw)
+    except (ValueError, KeyError):
+        value = None
+    if value is None or not ok(value):
+        raise CollectiveUsageError(f"init: {env}: expected {expected}, got {raw!r}")
     return value
 
 
-def init(segment_bytes: int | None = None) -> None:
+def _flag(raw: str) -> bool:
+    return {"0": False, "1": True}[raw.strip()]
+
+
+def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, check: bool | None = None,
+         timeout: float | None = None) -> None:
     """Start MPI (if needed) and this runtime; idempotent, and done lazily by the first collective.
 
+    Arguments override the environment variables of the module docstring; on a second
+    call, the ones given replace the current settings.
+
     >>> import collectives as col
-    >>> col.init(); col.init()          # the second call does nothing
+    >>> col.init(); col.init(timeout=60)          # the second call only sets the timeout
     >>> 0 <= col.rank() < col.size()
     True
     """
     global _world
-    if segment_bytes is not None and (isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int)
-                                      or segment_bytes < 1):
-        raise CollectiveUsageError(f"init: segment_bytes: expected a positive int, got {segment_bytes!r}")
+    settings = dict(
+        segment_bytes=_setting("segment_bytes", segment_bytes, "COLLECTIVES_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES,
+                               int, lambda v: isinstance(v, int) and v >= 1, "a positive byte count"),
+        small_bytes=_setting("small_bytes", small_bytes, "COLLECTIVES_SMALL_BYTES", DEFAULT_SMALL_BYTES, int,
+                             lambda v: isinstance(v, int) and 0 <= v <= MAX_PAYLOAD_BYTES,
+                             f"a byte count from 0 to {MAX_PAYLOAD_BYTES}"),
+        check=_setting("check", check, "COLLECTIVES_CHECK", True, _flag, lambda v: isinstance(v, bool),
+                       "True/False (environment: 1 or 0)"),
+        timeout=_setting("timeout", timeout, "COLLECTIVES_TIMEOUT", DEFAULT_TIMEOUT, float,
+                         lambda v: isinstance(v, (int, float)) and v > 0, "a positive number of seconds"),
+    )
     if _world is not None:
-        if segment_bytes is not None:
-            _world.segment_bytes = segment_bytes
+        given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout)
+        for name, value in given.items():
+            if value is not None:
+                setattr(_world, name, settings[name])
         return
-    chosen = segment_bytes if segment_bytes is not None else _segment_bytes_from_env()
     from mpi4py import MPI   # starts MPI on first import: only when asked for
 
     from ring.transport.mpi import MPITransport
     comm = MPI.COMM_WORLD.Dup()   # our messages never match the user's
     atexit.register(_free, comm)   # runs before mpi4py's own finalize (registered earlier)
-    _world = World(MPITransport(comm), chosen)
+    _world = World(MPITransport(comm), **settings)
 
 
 def _free(comm) -> None:
@@ -97,17 +135,3 @@ def rank() -> int:
 def size() -> int:
     """The number of ranks in the world."""
     return world().size
-
-
-def collective(name: str) -> Callable[[F], F]:
-    """Mark a public collective: a transport failure inside it becomes a CollectiveError naming it and the rank."""
-    def decorate(fn: F) -> F:
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except TransportError as e:
-                where = f"rank {_world.rank}" if _world is not None else "rank ?"
-                raise CollectiveError(f"{name} ({where}): {e}") from e
-        return call
-    return decorate

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ring import arrays
+import numpy as np
+
+from ring import arrays, doubling
 from ring.execute import run
 from ring.partition import bounds_from_counts, chunk_bounds
 from ring.schedule import allgather_plan, broadcast_plan, reduce_scatter_plan
@@ -28,7 +30,7 @@ def reduce_scatter(transport: Transport, input: Any, work: Any, op: str, segment
     n, rank = transport.size, transport.rank
     xp = arrays.xp_of(work)
     bounds = chunk_bounds(work.size, n)
-    prescale = op == "avg" and work.dtype == xp.float16
+    prescale = _prescales(op, work.dtype)
     if prescale:
         xp.true_divide(input, n, out=work)
         input = work
@@ -40,6 +42,27 @@ def reduce_scatter(transport: Transport, input: Any, work: Any, op: str, segment
     if op == "avg" and not prescale and n > 1:
         arrays.divide_(work[owned], n)
     return owned
+
+
+def _prescales(op: str, dtype) -> bool:
+    """float16 "avg" divides each contribution by n before summing (see reduce_scatter)."""
+    return op == "avg" and dtype == np.float16
+
+
+def allreduce_small(transport: Transport, input: Any, output: Any, op: str, signature: bytes) -> bool:
+    """All-reduce a small host array by recursive doubling (``ring.doubling``), checking ``signature``.
+
+    About log2(n) messages instead of the ring's 2(n-1): the latency path. Returns
+    False on every rank, with ``output`` untouched, if any rank's signature differs.
+    The same rounding rules as the ring apply to "avg" (float16 pre-scales).
+    """
+    n = transport.size
+    prescale = _prescales(op, input.dtype)
+    payload = np.true_divide(input, n, dtype=input.dtype) if prescale else input
+    agreed = doubling.agree(transport, signature, payload, arrays.combiner(np, op), output)
+    if agreed and op == "avg" and not prescale and n > 1:
+        arrays.divide_(output, n)
+    return agreed
 
 
 def allreduce(transport: Transport, input: Any, output: Any, op: str, segment_elems: int) -> None:

@@ -1,25 +1,53 @@
 """What the ring needs from a network: post a send to the right neighbour, post a
-receive from the left one, wait for either. Transports move bytes and do no arithmetic."""
+receive from the left one, exchange with any peer, wait. Transports move bytes and
+do no arithmetic.
+
+No wait is unbounded: every transport gives up at its ``deadline`` (a
+``time.monotonic()`` value the caller sets per collective) with TransportTimeout,
+and reports a peer that is known to have died with PeerLost.
+"""
 from __future__ import annotations
 
 from typing import Any, Protocol
-
-import numpy as np
 
 
 class TransportError(RuntimeError):
     """The network failed underneath a collective (a peer died, a message was cut short)."""
 
 
+class TransportTimeout(TransportError):
+    """The deadline passed while waiting on ``peer``.
+
+    ``never_heard_from`` is filled in by an algorithm that knows whose data the
+    missing message would have carried (see ``ring.doubling``); otherwise just ``[peer]``.
+    """
+
+    def __init__(self, peer: int, waited: float):
+        super().__init__(f"timed out after {waited:.3g} s waiting for rank {peer}")
+        self.peer = peer
+        self.waited = waited
+        self.never_heard_from = [peer]
+
+
+class PeerLost(TransportError):
+    """Rank ``peer``'s process is gone (killed, crashed or exited) while this rank needed it."""
+
+    def __init__(self, peer: int, detail: str):
+        super().__init__(f"rank {peer} is gone ({detail})")
+        self.peer = peer
+
+
 class Transport(Protocol):
-    """A rank's view of a ring of ``size`` ranks.
+    """A rank's view of a world of ``size`` ranks.
 
     Messages between two ranks arrive in the order they were posted (MPI's
-    non-overtaking rule); the ring schedules rely on nothing more.
+    non-overtaking rule); the schedules rely on nothing more. A receive buffer may
+    be larger than the message that lands in it.
     """
 
     rank: int
     size: int
+    deadline: float   # time.monotonic() after which every wait raises TransportTimeout
 
     def send_to_right(self, buf: Any) -> Any:
         """Start sending ``buf`` (contiguous) to rank ``(rank + 1) % size``; return a request."""
@@ -27,15 +55,15 @@ class Transport(Protocol):
     def recv_from_left(self, buf: Any) -> Any:
         """Start receiving into ``buf`` (contiguous) from rank ``(rank - 1) % size``; return a request."""
 
-    def exchange(self, send: Any | None, recv: Any | None) -> None:
-        """Send ``send`` to the right while receiving ``recv`` from the left, blocking until both
-        are done (``None``: nothing that way). Same as posting both and waiting, in fewer calls."""
+    def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
+                 source: int | None = None, reuse: bool = False) -> None:
+        """Send ``send`` to ``dest`` (default: the right neighbour) while receiving ``recv`` from
+        ``source`` (default: the left one), blocking until both are done; ``None``: nothing that way.
+        ``reuse``: these very buffer objects will be exchanged with these peers again, and
+        keep their memory, so the transport may keep the setup of the exchange."""
 
     def wait(self, request: Any) -> None:
         """Block until ``request`` (or ``None``: nothing) is complete."""
 
-    def allgather_ints(self, values: np.ndarray) -> np.ndarray:
-        """Every rank's small int64 vector, as a (size, len) array: for metadata only, not tensors."""
-
-    def barrier(self) -> None:
-        """Return once every rank has called it."""
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data`` (the same length on every rank), in rank order: metadata only."""

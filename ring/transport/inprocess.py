@@ -1,23 +1,24 @@
-"""A whole ring inside one process, one thread per rank: runs the real executor without MPI (tests)."""
+"""A whole world inside one process, one thread per rank: runs the real algorithms without MPI (tests)."""
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
 from ring.schedule import left, right
-from ring.transport.base import TransportError
+from ring.transport.base import TransportError, TransportTimeout
 
 
 class InProcessWorld:
-    """``n`` ranks that talk through in-memory mailboxes. Sends complete at once (eager)."""
+    """``n`` ranks that talk through in-memory mailboxes, one per (sender, receiver). Sends complete at once."""
 
     def __init__(self, nranks: int, timeout: float = 30.0):
         self.size = nranks
         self.timeout = timeout
-        self._mailboxes = [queue.Queue() for _ in range(nranks)]
+        self._mailboxes = {(s, d): queue.Queue() for s in range(nranks) for d in range(nranks)}
         self._barrier = threading.Barrier(nranks)
         self._gathered: list[Any] = [None] * nranks
 
@@ -26,8 +27,9 @@ class InProcessWorld:
 
 
 class _PendingRecv:
-    def __init__(self, buf):
+    def __init__(self, buf, source: int):
         self.buf = buf
+        self.source = source
 
 
 class InProcessTransport:
@@ -35,42 +37,45 @@ class InProcessTransport:
         self._world = world
         self.rank = rank
         self.size = world.size
-        self._inbox = world._mailboxes[rank]
-        self._outbox = world._mailboxes[right(rank, world.size)]
+        self.deadline = float("inf")   # the world's own timeout applies as well
+
+    def _send(self, buf: Any, dest: int) -> None:
+        self._world._mailboxes[(self.rank, dest)].put(np.array(buf, copy=True).view(np.uint8).reshape(-1))
 
     def send_to_right(self, buf: Any) -> None:
-        self._outbox.put(np.array(buf, copy=True).view(np.uint8).reshape(-1))
-        return None
+        self._send(buf, right(self.rank, self.size))
 
     def recv_from_left(self, buf: Any) -> _PendingRecv:
-        return _PendingRecv(buf)
+        return _PendingRecv(buf, left(self.rank, self.size))
 
-    def exchange(self, send: Any | None, recv: Any | None) -> None:
+    def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
+                 source: int | None = None, reuse: bool = False) -> None:
         if send is not None:
-            self.send_to_right(send)
+            self._send(send, right(self.rank, self.size) if dest is None else dest)
         if recv is not None:
-            self.wait(self.recv_from_left(recv))
+            self.wait(_PendingRecv(recv, left(self.rank, self.size) if source is None else source))
 
     def wait(self, request: _PendingRecv | None) -> None:
         if request is None:
             return
+        patience = min(self._world.timeout, max(0.0, self.deadline - time.monotonic()))
         try:
-            data = self._inbox.get(timeout=self._world.timeout)
+            data = self._world._mailboxes[(request.source, self.rank)].get(timeout=patience)
         except queue.Empty:
-            raise TransportError(f"rank {self.rank}: nothing from rank {left(self.rank, self.size)}") from None
+            raise TransportTimeout(request.source, patience) from None
         target = request.buf.view(np.uint8).reshape(-1)
-        if data.size != target.size:
-            raise TransportError(f"rank {self.rank}: expected {target.size} bytes, got {data.size}")
-        target[...] = data
+        if data.size > target.size:
+            raise TransportError(f"rank {self.rank}: a {target.size}-byte buffer got {data.size} bytes")
+        target[:data.size] = data
 
-    def allgather_ints(self, values: np.ndarray) -> np.ndarray:
-        self._world._gathered[self.rank] = np.asarray(values, dtype=np.int64).copy()
-        self.barrier()
-        result = np.stack(self._world._gathered)
-        self.barrier()   # nobody overwrites a slot before everyone has read it
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        self._world._gathered[self.rank] = bytes(data)
+        self._barrier()
+        result = list(self._world._gathered)
+        self._barrier()   # nobody overwrites a slot before everyone has read it
         return result
 
-    def barrier(self) -> None:
+    def _barrier(self) -> None:
         try:
             self._world._barrier.wait(timeout=self._world.timeout)
         except threading.BrokenBarrierError:

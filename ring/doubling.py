@@ -1,0 +1,191 @@
+"""Recursive doubling: every rank hears from every other in about log2(n) exchanges.
+
+The ring moves the fewest bytes but needs 2(n-1) sequential messages, so for a
+few KiB its cost is all latency. Recursive doubling needs only ceil(log2(n))
+(+2 when n is not a power of two), so it carries two things:
+
+* the call's *signature* (what every rank thinks this collective is): the
+  cross-rank consistency check that runs before any ring moves data;
+* small all-reduce payloads, reduced on the way (bitwise identical on every rank,
+  because both partners of a pair combine the lower-ranked side first).
+
+The schedule is pure data. With p = the largest power of two <= n, ranks p..n-1
+first fold into rank r-p, the p ranks pair up at distances 1, 2, 4, ..., and the
+result is folded back out. For n = 5 (p = 4):
+
+    rank | step 0          | step 1           | step 2           | step 3
+    -----+-----------------+------------------+------------------+-------------
+      0  | recv 4 {4}      | pair 1 {1}       | pair 2 {2,3}     | send 4
+      1  | pair 0 {0,4}    | pair 3 {2,3}     |                  |
+      2  | pair 3 {3}      | pair 0 {0,1,4}   |                  |
+      3  | pair 2 {2}      | pair 1 {0,1,4}   |                  |
+      4  | send 0          | recv 0 {1,2,3}   |                  |
+
+(braces: the ranks whose contributions that receive brings, used to name who
+never arrived when a call times out).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+import numpy as np
+
+from ring import arrays
+from ring.transport.base import Transport, TransportTimeout
+
+#: Largest signature, in bytes; signatures are padded to this length.
+SIGNATURE_BYTES = 128
+#: Largest payload a doubling all-reduce may carry (the receive buffer is this big).
+MAX_PAYLOAD_BYTES = 64 << 10
+_HEADER = SIGNATURE_BYTES + 8   # signature, then an "all agree so far" byte, padded so the payload is aligned
+
+
+@dataclass(frozen=True)
+class Step:
+    """One exchange: send this rank's current message and/or receive a peer's.
+
+    ``merge`` says what to do with what was received: "mine_first" / "theirs_first"
+    combine it with this rank's value in that operand order; "replace" takes it.
+    ``brings`` are the ranks whose contributions the received message carries.
+    """
+    send_to: int | None
+    recv_from: int | None
+    merge: str | None
+    brings: frozenset
+
+
+@lru_cache(maxsize=None)
+def doubling_steps(rank: int, n: int) -> tuple[Step, ...]:
+    """Rank ``rank``'s steps of a recursive-doubling all-reduce on ``n`` ranks (see the module table).
+
+    >>> [(s.send_to, s.recv_from, s.merge) for s in doubling_steps(1, 4)]
+    [(0, 0, 'theirs_first'), (3, 3, 'mine_first')]
+    """
+    p = 1 << (n.bit_length() - 1)
+
+    def block(start: int, width: int) -> frozenset:   # ranks start..start+width-1 below p, with their extras
+        members = range(start, start + width)
+        return frozenset(members) | frozenset(v + p for v in members if v + p < n)
+
+    if rank >= p:
+        return (Step(rank - p, None, None, frozenset()),
+                Step(None, rank - p, "replace", frozenset(range(n)) - {rank}))
+    steps = []
+    if rank + p < n:
+        steps.append(Step(None, rank + p, "mine_first", frozenset({rank + p})))
+    width = 1
+    while width < p:
+        partner = rank ^ width
+        steps.append(Step(partner, partner, "mine_first" if rank < partner else "theirs_first",
+                          block(partner - partner % width, width)))
+        width *= 2
+    if rank + p < n:
+        steps.append(Step(rank + p, None, None, frozenset()))
+    return tuple(steps)
+
+
+Combine = Callable[[Any, Any, Any], None]
+
+
+def agree(transport: Transport, signature: bytes, payload: Any = None, combine: Combine | None = None,
+          out: Any = None) -> bool:
+    """True on every rank if every rank passed the same ``signature``, False on every rank otherwise.
+
+    With a ``payload`` (a small flat numpy array, at most MAX_PAYLOAD_BYTES), it is
+    all-reduced with ``combine`` on the way into ``out`` (which may be ``payload``);
+    ``out`` is written only when the result is True. Raises TransportTimeout naming
+    the ranks never heard from.
+
+    >>> agree(transport, b"allreduce float32 x1024")        # doctest: +SKIP
+    True
+    """
+    if len(signature) > SIGNATURE_BYTES:
+        raise ValueError(f"signature of {len(signature)} bytes; at most {SIGNATURE_BYTES}")
+    nbytes = 0 if payload is None else payload.nbytes
+    if nbytes > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"payload of {nbytes} bytes; at most {MAX_PAYLOAD_BYTES}")
+    steps = doubling_steps(transport.rank, transport.size)
+    if not steps:   # a world of one agrees with itself
+        if payload is not None and out is not payload:
+            arrays.copy_(out, payload)
+        return True
+    mine, theirs = _messages()
+    padded = signature.ljust(SIGNATURE_BYTES, b"\0")
+    mine.bytes[:SIGNATURE_BYTES] = padded
+    mine.bytes[SIGNATURE_BYTES] = 1
+    message = mine.message(nbytes)
+    if payload is not None:
+        own, received = mine.payload(payload.dtype, nbytes), theirs.payload(payload.dtype, nbytes)
+        np.copyto(own, payload)
+    last = len(steps) - 1
+    for k, step in enumerate(steps):
+        try:
+            transport.exchange(message if step.send_to is not None else None,
+                               theirs.bytes if step.recv_from is not None else None,
+                               dest=step.send_to, source=step.recv_from, reuse=True)
+        except TransportTimeout as timeout:
+            heard = frozenset({transport.rank}).union(*(s.brings for s in steps[:k]))
+            timeout.never_heard_from = sorted(set(range(transport.size)) - heard)
+            raise
+        if step.recv_from is None:
+            continue
+        if step.merge == "replace":
+            mine.bytes[SIGNATURE_BYTES] = theirs.bytes[SIGNATURE_BYTES]
+            if payload is not None:
+                np.copyto(own, received)
+            continue
+        same = mine.bytes[SIGNATURE_BYTES] and theirs.bytes[SIGNATURE_BYTES] and \
+            theirs.bytes[:SIGNATURE_BYTES] == padded
+        mine.bytes[SIGNATURE_BYTES] = 1 if same else 0
+        if same and payload is not None:
+            target = out if k == last else own   # the last step writes the result where it belongs
+            combine(target, *((own, received) if step.merge == "mine_first" else (received, own)))
+            if k == last:
+                return True
+    agreed = mine.bytes[SIGNATURE_BYTES] == 1
+    if agreed and payload is not None:
+        np.copyto(out, own)
+    return agreed
+
+
+class _Message:
+    """A reusable message buffer: signature, agreement byte, payload (a memoryview for cheap slicing)."""
+
+    def __init__(self):
+        self.array = np.zeros(_HEADER + MAX_PAYLOAD_BYTES, np.uint8)
+        self.bytes = memoryview(self.array)
+        self._views: dict = {}
+        self._messages: dict = {}
+
+    def message(self, nbytes: int) -> memoryview:
+        """The header and ``nbytes`` of payload: the same object for the same size, so that the
+        transport can keep an exchange of it set up (see ``Transport.exchange``)."""
+        view = self._messages.get(nbytes)
+        if view is None:
+            if len(self._messages) > 64:
+                self._messages.clear()
+            view = self._messages[nbytes] = self.bytes[:_HEADER + nbytes]
+        return view
+
+    def payload(self, dtype, nbytes: int):
+        """The payload region as ``nbytes`` of ``dtype`` (views kept: making one costs more than a lookup)."""
+        view = self._views.get((dtype, nbytes))
+        if view is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            view = self._views[(dtype, nbytes)] = self.array[_HEADER:_HEADER + nbytes].view(dtype)
+        return view
+
+
+_per_thread = threading.local()   # the in-process test transport runs every rank as a thread
+
+
+def _messages() -> tuple[_Message, _Message]:
+    """This thread's send and receive messages (2 x 64 KiB, allocated once)."""
+    pair = getattr(_per_thread, "pair", None)
+    if pair is None:
+        pair = _per_thread.pair = (_Message(), _Message())
+    return pair
