@@ -28,6 +28,7 @@ from ring.transport.base import PeerLost, TransportError, TransportTimeout
 
 F = TypeVar("F", bound=Callable)
 _PROBLEM_BYTES = 512
+_ROLL_CALL_GRACE = 1.0   # seconds the ranks that timed out spend finding out which others are here too
 
 
 class Call:
@@ -118,8 +119,9 @@ def _failure(name: str, error: TransportError) -> CollectiveError:
     w = world()
     where = f"{name} #{w.seq} on rank {w.rank}"
     if isinstance(error, TransportTimeout):
-        missing = ", ".join(map(str, error.never_heard_from))
-        detail = f"{error}; never heard from rank(s) {missing}"
+        present = set(w.transport.roll_call(w.seq, _ROLL_CALL_GRACE)) | {w.rank}
+        missing = [r for r in range(w.size) if r not in present]
+        detail = f"{error}; rank(s) that never arrived: {', '.join(map(str, missing)) or 'none (all came late)'}"
     elif isinstance(error, PeerLost):
         detail = f"{error}; every rank waiting on it fails the same way"
     else:

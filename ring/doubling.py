@@ -13,16 +13,16 @@ The schedule is pure data. With p = the largest power of two <= n, ranks p..n-1
 first fold into rank r-p, the p ranks pair up at distances 1, 2, 4, ..., and the
 result is folded back out. For n = 5 (p = 4):
 
-    rank | step 0          | step 1           | step 2           | step 3
-    -----+-----------------+------------------+------------------+-------------
-      0  | recv 4 {4}      | pair 1 {1}       | pair 2 {2,3}     | send 4
-      1  | pair 0 {0,4}    | pair 3 {2,3}     |                  |
-      2  | pair 3 {3}      | pair 0 {0,1,4}   |                  |
-      3  | pair 2 {2}      | pair 1 {0,1,4}   |                  |
-      4  | send 0          | recv 0 {1,2,3}   |                  |
+    rank | step 0     | step 1     | step 2     | step 3
+    -----+------------+------------+------------+--------
+      0  | recv 4     | pair 1     | pair 2     | send 4
+      1  | pair 0     | pair 3     |            |
+      2  | pair 3     | pair 0     |            |
+      3  | pair 2     | pair 1     |            |
+      4  | send 0     | recv 0     |            |
 
-(braces: the ranks whose contributions that receive brings, used to name who
-never arrived when a call times out).
+After step 0, rank 0 holds 0+4; after "pair 1", ranks 0 and 1 hold 0+1+4; after
+"pair 2" every rank 0-3 holds everything, and step 3 hands it to rank 4.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ring import arrays
-from ring.transport.base import Transport, TransportTimeout
+from ring.transport.base import Transport
 
 #: Largest signature, in bytes; signatures are padded to this length.
 SIGNATURE_BYTES = 128
@@ -49,12 +49,10 @@ class Step:
 
     ``merge`` says what to do with what was received: "mine_first" / "theirs_first"
     combine it with this rank's value in that operand order; "replace" takes it.
-    ``brings`` are the ranks whose contributions the received message carries.
     """
     send_to: int | None
     recv_from: int | None
     merge: str | None
-    brings: frozenset
 
 
 @lru_cache(maxsize=None)
@@ -65,25 +63,18 @@ def doubling_steps(rank: int, n: int) -> tuple[Step, ...]:
     [(0, 0, 'theirs_first'), (3, 3, 'mine_first')]
     """
     p = 1 << (n.bit_length() - 1)
-
-    def block(start: int, width: int) -> frozenset:   # ranks start..start+width-1 below p, with their extras
-        members = range(start, start + width)
-        return frozenset(members) | frozenset(v + p for v in members if v + p < n)
-
     if rank >= p:
-        return (Step(rank - p, None, None, frozenset()),
-                Step(None, rank - p, "replace", frozenset(range(n)) - {rank}))
+        return Step(rank - p, None, None), Step(None, rank - p, "replace")
     steps = []
     if rank + p < n:
-        steps.append(Step(None, rank + p, "mine_first", frozenset({rank + p})))
+        steps.append(Step(None, rank + p, "mine_first"))
     width = 1
     while width < p:
         partner = rank ^ width
-        steps.append(Step(partner, partner, "mine_first" if rank < partner else "theirs_first",
-                          block(partner - partner % width, width)))
+        steps.append(Step(partner, partner, "mine_first" if rank < partner else "theirs_first"))
         width *= 2
     if rank + p < n:
-        steps.append(Step(rank + p, None, None, frozenset()))
+        steps.append(Step(rank + p, None, None))
     return tuple(steps)
 
 
@@ -96,8 +87,7 @@ def agree(transport: Transport, signature: bytes, payload: Any = None, combine: 
 
     With a ``payload`` (a small flat numpy array, at most MAX_PAYLOAD_BYTES), it is
     all-reduced with ``combine`` on the way into ``out`` (which may be ``payload``);
-    ``out`` is written only when the result is True. Raises TransportTimeout naming
-    the ranks never heard from.
+    ``out`` is written only when the result is True.
 
     >>> agree(transport, b"allreduce float32 x1024")        # doctest: +SKIP
     True
@@ -122,14 +112,9 @@ def agree(transport: Transport, signature: bytes, payload: Any = None, combine: 
         np.copyto(own, payload)
     last = len(steps) - 1
     for k, step in enumerate(steps):
-        try:
-            transport.exchange(message if step.send_to is not None else None,
-                               theirs.bytes if step.recv_from is not None else None,
-                               dest=step.send_to, source=step.recv_from, reuse=True)
-        except TransportTimeout as timeout:
-            heard = frozenset({transport.rank}).union(*(s.brings for s in steps[:k]))
-            timeout.never_heard_from = sorted(set(range(transport.size)) - heard)
-            raise
+        transport.exchange(message if step.send_to is not None else None,
+                           theirs.bytes if step.recv_from is not None else None,
+                           dest=step.send_to, source=step.recv_from, reuse=True)
         if step.recv_from is None:
             continue
         if step.merge == "replace":

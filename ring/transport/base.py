@@ -16,17 +16,12 @@ class TransportError(RuntimeError):
 
 
 class TransportTimeout(TransportError):
-    """The deadline passed while waiting on ``peer``.
-
-    ``never_heard_from`` is filled in by an algorithm that knows whose data the
-    missing message would have carried (see ``ring.doubling``); otherwise just ``[peer]``.
-    """
+    """The deadline passed while waiting on ``peer`` (which may itself be waiting on another)."""
 
     def __init__(self, peer: int, waited: float):
         super().__init__(f"timed out after {waited:.3g} s waiting for rank {peer}")
         self.peer = peer
         self.waited = waited
-        self.never_heard_from = [peer]
 
 
 class PeerLost(TransportError):
@@ -67,3 +62,7 @@ class Transport(Protocol):
 
     def allgather_bytes(self, data: bytes) -> list[bytes]:
         """Every rank's ``data`` (the same length on every rank), in rank order: metadata only."""
+
+    def roll_call(self, token: int, grace: float) -> list[int]:
+        """After a failure: announce this rank for ``token`` and return the other ranks heard
+        announcing the same within ``grace`` seconds."""

@@ -21,6 +21,7 @@ class InProcessWorld:
         self._mailboxes = {(s, d): queue.Queue() for s in range(nranks) for d in range(nranks)}
         self._barrier = threading.Barrier(nranks)
         self._gathered: list[Any] = [None] * nranks
+        self._roll_call: dict[int, int] = {}
 
     def transport(self, rank: int) -> "InProcessTransport":
         return InProcessTransport(self, rank)
@@ -74,6 +75,12 @@ class InProcessTransport:
         result = list(self._world._gathered)
         self._barrier()   # nobody overwrites a slot before everyone has read it
         return result
+
+    def roll_call(self, token: int, grace: float) -> list[int]:
+        notes = self._world._roll_call
+        notes[self.rank] = token
+        time.sleep(grace)
+        return [r for r, t in notes.items() if t == token and r != self.rank]
 
     def _barrier(self) -> None:
         try:

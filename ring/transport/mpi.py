@@ -18,6 +18,7 @@ from ring.schedule import left, right
 from ring.transport.base import PeerLost, TransportError, TransportTimeout
 
 _TAG = 7
+_ROLL_CALL_TAG = 8
 LIVENESS_INTERVAL = 0.5   # seconds between checks that the peers on this host still run
 _SPIN_SECONDS = 50e-6      # poll flat out this long (latency), then yield the core between polls
 
@@ -103,6 +104,25 @@ class MPITransport:
             raise TransportError(f"metadata exchange failed: {e}") from e
         self._wait_all([request], [r for r in range(self.size) if r != self.rank] or [self.rank])
         return [row.tobytes() for row in every]
+
+    def roll_call(self, token: int, grace: float) -> list[int]:
+        """Tell every rank "I am here for ``token``"; return the ranks heard saying the same within ``grace`` s.
+
+        For the failure path only (O(size) messages): after a timeout, it tells the
+        ranks that are merely stuck behind another apart from the ones that never came.
+        """
+        others = [r for r in range(self.size) if r != self.rank]
+        note = np.array([token], np.int64)
+        notes = np.full(len(others), -1, np.int64)
+        sends = [self.comm.Isend(note, r, _ROLL_CALL_TAG) for r in others]
+        recvs = [self.comm.Irecv(notes[i:i + 1], r, _ROLL_CALL_TAG) for i, r in enumerate(others)]
+        give_up = time.monotonic() + grace
+        while not MPI.Request.Testall(recvs) and time.monotonic() < give_up:
+            time.sleep(1e-3)
+        for request in recvs + sends:
+            if not request.Test():
+                request.Cancel()
+        return [r for r, t in zip(others, notes) if t == token]
 
     def _wait_all(self, requests: list[MPI.Request], peers: list[int]) -> None:
         """Poll until ``requests`` are done; the first peer still pending is the one named on timeout."""
