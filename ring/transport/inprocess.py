@@ -41,7 +41,7 @@ class InProcessTransport:
         self.deadline = float("inf")   # the world's own timeout applies as well
 
     def _send(self, buf: Any, dest: int) -> None:
-        self._world._mailboxes[(self.rank, dest)].put(np.array(buf, copy=True).view(np.uint8).reshape(-1))
+        self._world._mailboxes[(self.rank, dest)].put(_bytes_of(buf).copy())
 
     def send_to_right(self, buf: Any) -> None:
         self._send(buf, right(self.rank, self.size))
@@ -64,7 +64,7 @@ class InProcessTransport:
             data = self._world._mailboxes[(request.source, self.rank)].get(timeout=patience)
         except queue.Empty:
             raise TransportTimeout(request.source, patience) from None
-        target = request.buf.view(np.uint8).reshape(-1)
+        target = _bytes_of(request.buf)
         if data.size > target.size:
             raise TransportError(f"rank {self.rank}: a {target.size}-byte buffer got {data.size} bytes")
         target[:data.size] = data
@@ -87,3 +87,8 @@ class InProcessTransport:
             self._world._barrier.wait(timeout=self._world.timeout)
         except threading.BrokenBarrierError:
             raise TransportError(f"rank {self.rank}: barrier broken") from None
+
+
+def _bytes_of(buf: Any) -> np.ndarray:
+    """The bytes of a contiguous array or memoryview, as a flat uint8 array sharing its memory."""
+    return np.asarray(memoryview(buf)).reshape(-1).view(np.uint8)
