@@ -61,12 +61,13 @@ def test_training_killed_at_a_random_moment_resumes_to_the_same_parameters(tmp_p
         time.sleep(random.uniform(0.0, 0.5))          # somewhere inside a later epoch, or in a save
         victim = random.choice(_trainer_pids(str(crashed)))
         os.kill(victim, signal.SIGKILL)
-        job.communicate(timeout=BOUND_S)
+        output, _ = job.communicate(timeout=BOUND_S)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.communicate()
     assert job.returncode != 0, "the job should fail when one of its ranks is killed"
+    assert f"({victim})" in output.split("ranks (pid): ")[1].splitlines()[0], "the dead pid maps to a rank"
 
     resumed = run_world(2, ["-m", "trainer", *SYNTHETIC, "--checkpoint-dir", str(crashed), "--resume"], 300)
     assert resumed.returncode == 0 and "resuming from" in resumed.stdout, resumed.stdout[-3000:]

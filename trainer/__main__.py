@@ -153,6 +153,9 @@ def train(args) -> list[dict]:
     col.broadcast(model.flat_params, root=0)          # rank 0's initialisation is the model
     opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
     start = resume(args, model, opt, config) if args.resume else 0
+    pids = col.allgather(np.array([os.getpid()], np.int64))
+    say("ranks (pid): " + ", ".join(f"{r} ({pid})" for r, pid in enumerate(pids)) +
+        "  (a launcher that reports a dead pid names its rank here)")
     say(f"training {config['sizes']} on {args.dataset} ({len(dataset.train_y)} train, {len(dataset.test_y)} test) "
         f"with {col.size()} rank(s), global batch {args.batch_size}, {model.flat_params.size} parameters")
     history, n_train, step = [], len(dataset.train_y), start * -(-len(dataset.train_y) // args.batch_size)
