@@ -16,10 +16,10 @@ Every public collective starts with :func:`begin` and is wrapped in :func:`colle
 from __future__ import annotations
 
 import functools
-import numbers
 import time
 from typing import Callable, NoReturn, TypeVar
 
+from collectives import validate
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.signature import disagreement, signature as make_signature
 from collectives.world import World, world
@@ -39,7 +39,7 @@ class Call:
         self.name = name
         w.seq += 1
         self.seq = w.seq
-        seconds = w.timeout if timeout is None or not _valid_timeout(timeout) else timeout
+        seconds = w.timeout if timeout is None or not validate.is_timeout(timeout) else timeout
         w.transport.deadline = time.monotonic() + seconds
 
     def arguments(self) -> "Call":
@@ -82,10 +82,6 @@ class Call:
             except CollectiveUsageError:
                 pass   # this rank raises its own, more precise error
         raise error
-
-
-def _valid_timeout(timeout: object) -> bool:
-    return isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) and timeout > 0
 
 
 def begin(name: str, timeout: object = None) -> Call:

@@ -68,9 +68,12 @@ def root(collective: str, value: Any, size: int) -> None:
         fail(collective, "root", f"rank {value} is out of range for a world of {size} (0..{size - 1})")
 
 
+def is_timeout(value: Any) -> bool:
+    """A positive number of seconds (not a bool)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+
+
 def timeout(collective: str, value: Any) -> None:
     """``None`` (the default from ``init``) or a positive number of seconds."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+    if value is not None and not is_timeout(value):
         fail(collective, "timeout", f"expected a positive number of seconds or None, got {value!r}")

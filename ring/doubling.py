@@ -29,11 +29,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ring import arrays
+from ring.execute import Combine
 from ring.transport.base import Transport
 
 #: Largest signature, in bytes; signatures are padded to this length.
@@ -76,9 +77,6 @@ def doubling_steps(rank: int, n: int) -> tuple[Step, ...]:
     if rank + p < n:
         steps.append(Step(rank + p, None, None))
     return tuple(steps)
-
-
-Combine = Callable[[Any, Any, Any], None]
 
 
 def agree(transport: Transport, signature: bytes, payload: Any = None, combine: Combine | None = None,
