@@ -14,6 +14,7 @@ import numpy as np
 
 from collectives import validate
 from collectives.call import begin, collective
+from collectives.errors import CollectiveUsageError
 from collectives.signature import signature
 from ring import algorithms, doubling
 from ring.partition import chunk_bounds
@@ -50,16 +51,16 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
     array([6., 6., 6.])
     """
     call = begin("allreduce", timeout)
-    with call.arguments():
+    try:
         validate.timeout("allreduce", timeout)
         validate.reducible("allreduce", "x", x, op)
-        if out is not None:
-            validate.out_array("allreduce", out, x, x.shape)
+        in_place = out is not None and validate.out_array("allreduce", out, x, x.shape)
+    except CollectiveUsageError as error:
+        call.reject(error)
     w = call.world
     sig = signature("allreduce", call.seq, op, x.dtype, x.shape, small_bytes=w.small_bytes)
     result = out if out is not None else np.empty(x.shape, x.dtype)
     source = _flat(x)
-    in_place = out is not None and validate.same_array(out, x)
     target = source if in_place else _flat_target(result)
     if x.nbytes <= w.small_bytes:
         call.settle(algorithms.allreduce_small(w.transport, source, target, op, sig), sig)
@@ -82,12 +83,14 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
     """
     call = begin("reduce_scatter", timeout)
     w = call.world
-    with call.arguments():
+    try:
         validate.timeout("reduce_scatter", timeout)
         validate.reducible("reduce_scatter", "x", x, op)
         owned_start, owned_stop = chunk_bounds(x.size, w.size)[w.rank]
         if out is not None:
             validate.out_array("reduce_scatter", out, x, (owned_stop - owned_start,))
+    except CollectiveUsageError as error:
+        call.reject(error)
     sig = signature("reduce_scatter", call.seq, op, x.dtype, x.shape, small_bytes=w.small_bytes)
     source = _flat(x)
     work = np.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
@@ -112,11 +115,13 @@ def allgather(x: np.ndarray, *, timeout: float | None = None) -> np.ndarray:
            [1, 1]])
     """
     call = begin("allgather", timeout)
-    with call.arguments():
+    try:
         validate.timeout("allgather", timeout)
         validate.array("allgather", "x", x)
         if x.ndim == 0:
             validate.fail("allgather", "x", "is 0-dimensional; allgather concatenates along axis 0")
+    except CollectiveUsageError as error:
+        call.reject(error)
     w = call.world
     call.agree(signature("allgather", call.seq, dtype=x.dtype, shape=x.shape[1:]))
     every = w.transport.allgather_bytes(np.int64(x.shape[0]).tobytes())
@@ -139,12 +144,14 @@ def broadcast(x: np.ndarray, root: int = 0, *, timeout: float | None = None) -> 
     """
     call = begin("broadcast", timeout)
     w = call.world
-    with call.arguments():
+    try:
         validate.timeout("broadcast", timeout)
         validate.array("broadcast", "x", x)
         validate.root("broadcast", root, w.size)
         if w.rank != root:
             validate.writable("broadcast", "x", x)
+    except CollectiveUsageError as error:
+        call.reject(error)
     call.agree(signature("broadcast", call.seq, dtype=x.dtype, shape=x.shape, root=int(root)))
     buffer = _flat(x) if w.rank == root else _flat_target(x)
     algorithms.broadcast(w.transport, buffer, int(root), w.segment_elems(x.dtype))
@@ -155,7 +162,9 @@ def broadcast(x: np.ndarray, root: int = 0, *, timeout: float | None = None) -> 
 def barrier(*, timeout: float | None = None) -> None:
     """Return once every rank has entered the barrier (and, with the check on, checks they all meant to)."""
     call = begin("barrier", timeout)
-    with call.arguments():
+    try:
         validate.timeout("barrier", timeout)
+    except CollectiveUsageError as error:
+        call.reject(error)
     sig = signature("barrier", call.seq)
     call.settle(doubling.agree(call.world.transport, sig), sig)   # the exchange itself is the barrier

@@ -42,18 +42,6 @@ class Call:
         seconds = w.timeout if timeout is None or not validate.is_timeout(timeout) else timeout
         w.transport.deadline = time.monotonic() + seconds
 
-    def arguments(self) -> "Call":
-        """``with call.arguments(): validate...``: a usage error raised in the block is shared
-        with every rank (see :meth:`reject`) before it propagates."""
-        return self
-
-    def __enter__(self) -> "Call":
-        return self
-
-    def __exit__(self, kind, error, traceback) -> None:
-        if isinstance(error, CollectiveUsageError):
-            self.reject(error)
-
     def agree(self, signature: bytes) -> None:
         """Check that every rank makes this same call (unless the check is off); raise on every rank if not."""
         if self.world.check:
@@ -74,7 +62,9 @@ class Call:
         raise CollectiveUsageError(disagreement(self.name, signatures))
 
     def reject(self, error: CollectiveUsageError) -> NoReturn:
-        """Raise this rank's usage ``error``; with the check on, first share it so every rank raises."""
+        """Raise this rank's usage ``error``; with the check on, first share it so every rank raises
+        instead of waiting for this one (every collective validates in ``try: ... except
+        CollectiveUsageError as error: call.reject(error)``)."""
         if self.world.check:
             signature = make_signature(self.name, self.seq, rejected=True)
             try:

@@ -12,7 +12,8 @@ from collectives.errors import CollectiveUsageError
 OPS = ("sum", "avg", "min", "max", "prod")
 REDUCIBLE_DTYPES = tuple(np.dtype(t) for t in (
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"))
-_REDUCIBLE = frozenset(REDUCIBLE_DTYPES)   # a set lookup: this check runs on every call
+_REDUCIBLE = frozenset(REDUCIBLE_DTYPES)
+_ACCEPTED = frozenset((d, op) for d in REDUCIBLE_DTYPES for op in OPS if not (op == "avg" and d.kind in "iu"))
 
 
 def fail(collective: str, argument: str, problem: str):
@@ -28,6 +29,8 @@ def array(collective: str, argument: str, x: Any) -> None:
 
 def reducible(collective: str, argument: str, x: np.ndarray, op: Any) -> None:
     """``x`` can be reduced with ``op``: a supported dtype and a known reduction that suits it."""
+    if isinstance(x, np.ndarray) and isinstance(op, str) and (x.dtype, op) in _ACCEPTED:
+        return   # the common case in one lookup: this check runs on every call
     array(collective, argument, x)
     if x.dtype not in _REDUCIBLE:
         names = ", ".join(str(d) for d in REDUCIBLE_DTYPES)
@@ -49,16 +52,25 @@ def same_array(a: np.ndarray, b: np.ndarray) -> bool:
                       and a.dtype == b.dtype and a.ctypes.data == b.ctypes.data)
 
 
-def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) -> None:
-    """``out`` can receive a result of ``shape`` and ``x``'s dtype, and is ``x`` itself or apart from it."""
-    array(collective, "out", out)
+def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) -> bool:
+    """``out`` can receive a result of ``shape`` and ``x``'s dtype, and is ``x`` itself or apart from it.
+
+    Returns True when ``out`` is ``x``'s own memory (``out=x``: the call is in place).
+    """
+    if not isinstance(out, np.ndarray):
+        fail(collective, "out", f"expected a numpy.ndarray, got {type(out).__name__}")
     if out.shape != shape:
         fail(collective, "out", f"shape {out.shape} does not match the result's shape {shape}")
     if out.dtype != x.dtype:
         fail(collective, "out", f"dtype {out.dtype} does not match x's dtype {x.dtype}")
     writable(collective, "out", out)
-    if out is not x and np.may_share_memory(out, x) and not same_array(out, x):
+    if out is x:
+        return True
+    if not np.may_share_memory(out, x):
+        return False
+    if not same_array(out, x):
         fail(collective, "out", "overlaps x; pass out=x for an in-place call, or a separate array")
+    return True
 
 
 def root(collective: str, value: Any, size: int) -> None:

@@ -100,75 +100,84 @@ def agree(transport: Transport, signature: bytes, payload: Any = None, combine: 
         if payload is not None and out is not payload:
             arrays.copy_(out, payload)
         return True
-    mine, theirs = _messages()
     padded = signature.ljust(SIGNATURE_BYTES, b"\0")
-    mine.bytes[:SIGNATURE_BYTES] = padded
-    mine.bytes[SIGNATURE_BYTES] = 1
-    message = mine.message(nbytes)
+    m = _messages().layout(None if payload is None else payload.dtype, nbytes)
+    m.send_header[:SIGNATURE_BYTES] = padded
+    m.send_header[SIGNATURE_BYTES] = 1
     if payload is not None:
-        own, received = mine.payload(payload.dtype, nbytes), theirs.payload(payload.dtype, nbytes)
-        np.copyto(own, payload)
+        np.copyto(m.own, payload)
     last = len(steps) - 1
     for k, step in enumerate(steps):
-        transport.exchange(message if step.send_to is not None else None,
-                           theirs.bytes if step.recv_from is not None else None,
+        transport.exchange(m.send if step.send_to is not None else None,
+                           m.recv if step.recv_from is not None else None,
                            dest=step.send_to, source=step.recv_from, reuse=True)
         if step.recv_from is None:
             continue
         if step.merge == "replace":
-            mine.bytes[SIGNATURE_BYTES] = theirs.bytes[SIGNATURE_BYTES]
+            m.send_header[SIGNATURE_BYTES] = m.recv_header[SIGNATURE_BYTES]
             if payload is not None:
-                np.copyto(own, received)
+                np.copyto(m.own, m.received)
             continue
-        same = mine.bytes[SIGNATURE_BYTES] and theirs.bytes[SIGNATURE_BYTES] and \
-            theirs.bytes[:SIGNATURE_BYTES] == padded
-        mine.bytes[SIGNATURE_BYTES] = 1 if same else 0
-        if same and payload is not None:
-            target = out if k == last else own   # the last step writes the result where it belongs
-            combine(target, *((own, received) if step.merge == "mine_first" else (received, own)))
+        same = m.send_header[SIGNATURE_BYTES] and m.recv_header[SIGNATURE_BYTES] and \
+            m.recv_header[:SIGNATURE_BYTES].tobytes() == padded
+        if not same:
+            m.send_header[SIGNATURE_BYTES] = 0
+        elif payload is not None:
+            target = out if k == last else m.own   # the last step writes the result where it belongs
+            if step.merge == "mine_first":
+                combine(target, m.own, m.received)
+            else:
+                combine(target, m.received, m.own)
             if k == last:
                 return True
-    agreed = mine.bytes[SIGNATURE_BYTES] == 1
+    agreed = m.send_header[SIGNATURE_BYTES] == 1
     if agreed and payload is not None:
-        np.copyto(out, own)
+        np.copyto(out, m.own)
     return agreed
 
 
-class _Message:
-    """A reusable message buffer: signature, agreement byte, payload (a memoryview for cheap slicing)."""
+class _Layout:
+    """The two message buffers seen for one payload (dtype, size): the message to send, the
+    receive buffer, their headers, and the payloads as arrays of that dtype. Made once and kept,
+    because making the views costs more than the exchange's arithmetic, and because the transport
+    keeps an exchange set up for the very same buffer objects (see ``Transport.exchange``).
+
+    The receive buffer is always whole: a rank that disagrees may send a longer message, and it
+    must land (to be found different), not overflow.
+    """
+
+    def __init__(self, send: np.ndarray, recv: memoryview, dtype, nbytes: int):
+        self.send = memoryview(send)[:_HEADER + nbytes]
+        self.recv = recv
+        self.send_header = memoryview(send)[:_HEADER]
+        self.recv_header = recv[:_HEADER]
+        self.own = send[_HEADER:_HEADER + nbytes].view(dtype) if dtype is not None else None
+        self.received = np.frombuffer(recv, dtype, nbytes // dtype.itemsize, _HEADER) if dtype is not None else None
+
+
+class _Messages:
+    """This thread's send and receive buffers (2 x 64 KiB, allocated once) and their layouts."""
 
     def __init__(self):
-        self.array = np.zeros(_HEADER + MAX_PAYLOAD_BYTES, np.uint8)
-        self.bytes = memoryview(self.array)
-        self._views: dict = {}
-        self._messages: dict = {}
+        self._send = np.zeros(_HEADER + MAX_PAYLOAD_BYTES, np.uint8)
+        self._recv = np.zeros(_HEADER + MAX_PAYLOAD_BYTES, np.uint8)
+        self._whole_recv = memoryview(self._recv)
+        self._layouts: dict = {}
 
-    def message(self, nbytes: int) -> memoryview:
-        """The header and ``nbytes`` of payload: the same object for the same size, so that the
-        transport can keep an exchange of it set up (see ``Transport.exchange``)."""
-        view = self._messages.get(nbytes)
-        if view is None:
-            if len(self._messages) > 64:
-                self._messages.clear()
-            view = self._messages[nbytes] = self.bytes[:_HEADER + nbytes]
-        return view
-
-    def payload(self, dtype, nbytes: int):
-        """The payload region as ``nbytes`` of ``dtype`` (views kept: making one costs more than a lookup)."""
-        view = self._views.get((dtype, nbytes))
-        if view is None:
-            if len(self._views) > 64:
-                self._views.clear()
-            view = self._views[(dtype, nbytes)] = self.array[_HEADER:_HEADER + nbytes].view(dtype)
-        return view
+    def layout(self, dtype, nbytes: int) -> _Layout:
+        found = self._layouts.get((dtype, nbytes))
+        if found is None:
+            if len(self._layouts) >= 64:
+                self._layouts.clear()
+            found = self._layouts[(dtype, nbytes)] = _Layout(self._send, self._whole_recv, dtype, nbytes)
+        return found
 
 
 _per_thread = threading.local()   # the in-process test transport runs every rank as a thread
 
 
-def _messages() -> tuple[_Message, _Message]:
-    """This thread's send and receive messages (2 x 64 KiB, allocated once)."""
-    pair = getattr(_per_thread, "pair", None)
-    if pair is None:
-        pair = _per_thread.pair = (_Message(), _Message())
-    return pair
+def _messages() -> _Messages:
+    messages = getattr(_per_thread, "messages", None)
+    if messages is None:
+        messages = _per_thread.messages = _Messages()
+    return messages
