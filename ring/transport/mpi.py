@@ -37,6 +37,11 @@ class MPITransport:
         self._right = right(self.rank, self.size)
         self._left = left(self.rank, self.size)
         self._local_pids = _local_pids(comm)
+        # More ranks than cores on this host: the peer we wait for may need our core, so give it
+        # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
+        oversubscribed = len(self._local_pids) + 1 > _usable_cores()
+        self._spin_seconds = 0.0 if oversubscribed else _SPIN_SECONDS
+        self._quick_polls = 1 if oversubscribed else _QUICK_POLLS
         self._persistent: dict = {}
 
     def send_to_right(self, buf: Any) -> tuple[MPI.Request, int]:
@@ -130,14 +135,14 @@ class MPITransport:
     def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int]) -> None:
         """Poll until ``requests`` are done; the first peer still pending is the one named on timeout."""
         try:
-            for _ in range(_QUICK_POLLS):   # a few microseconds, without the clock: the latency path
+            for _ in range(self._quick_polls):   # a few microseconds, without the clock: the latency path
                 if _testall(requests):
                     return
             started = time.monotonic()
             next_check = started + LIVENESS_INTERVAL
             while not _testall(requests):
                 now = time.monotonic()
-                if now - started > _SPIN_SECONDS:
+                if now - started >= self._spin_seconds:
                     os.sched_yield()   # more ranks than cores: the peer we wait for may need this core
                 if now >= next_check:
                     self._check_peers_alive()
@@ -165,6 +170,13 @@ def _local_pids(comm: MPI.Comm) -> dict[int, int]:
     finally:
         local.Free()
     return {int(r): int(pid) for r, pid in every if r != comm.Get_rank()}
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):   # not Linux
+        return os.cpu_count() or 1
 
 
 _HAVE_PROC = os.path.isdir("/proc/self")

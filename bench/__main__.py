@@ -1,0 +1,192 @@
+"""Bandwidth of our ring collectives against the MPI library's own, side by side, nccl-tests style.
+
+    mpirun -n 2 python -m bench                        # allreduce, float32, sum, 8 B .. 256 MiB
+    mpirun -n 4 python -m bench --op allgather --max-bytes 64M --json ag.json --plot ag.png
+    mpirun -n 2 python -m bench --min-bytes 4K --max-bytes 4K --iters 3000   # one size, many iterations
+
+For every size both implementations run interleaved on the same buffers; each
+call follows a barrier and counts as the slowest rank's time; the table shows
+the median. busbw is algbw (bytes / time) times what each link carries, as
+nccl-tests defines it: 2(n-1)/n for allreduce, (n-1)/n for reduce_scatter and
+allgather, 1 for broadcast. #wrong counts the elements, over all ranks, that
+differ from the exact result in the worst iteration; any wrong element makes
+the exit status 1. Only rank 0 prints.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import platform
+import sys
+import traceback
+from pathlib import Path
+
+import mpi4py
+import numpy as np
+from mpi4py import MPI
+
+import collectives as col
+from collectives.world import world
+from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, Case
+from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
+from bench.sizes import format_size, parse_size, sweep
+from bench.timing import copy_bandwidth, default_iterations, time_interleaved
+
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are printed once (by rank 0), and every rank exits with status 2."""
+
+    def error(self, message: str):
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            self.print_usage(sys.stderr)
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
+    p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--op", choices=OPS, default="allreduce", help="the collective")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--redop", choices=REDOPS, default="sum", help="reduction (allreduce, reduce_scatter)")
+    p.add_argument("--min-bytes", type=_size, default=8, help="smallest size (8, 64K, 256M, 1G: binary units)")
+    p.add_argument("--max-bytes", type=_size, default=256 << 20, help="largest size")
+    p.add_argument("--factor", type=float, default=2.0, help="each size is the last times this")
+    p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
+                   help="implementations to time (ring: ours; mpi: the MPI library's own collective)")
+    p.add_argument("--iters", type=_count, default=0,
+                   help="timed iterations per size; 0: about 1 GiB per size, 10 to 1000")
+    p.add_argument("--warmup", type=_count, default=None, help="untimed iterations first (default: iters/10)")
+    p.add_argument("--root", type=int, default=0, help="broadcast root")
+    p.add_argument("--json", metavar="PATH", help="write every row and the environment as JSON")
+    p.add_argument("--csv", metavar="PATH", help="write every row as CSV")
+    p.add_argument("--plot", metavar="PATH", help="draw busbw against size to a PNG (needs matplotlib)")
+    p.add_argument("--plant-error", choices=list(IMPLEMENTATIONS), metavar="IMPL",
+                   help="for testing the checker: change one element of IMPL's result on the last rank")
+    args = p.parse_args(argv)
+    if args.max_bytes < args.min_bytes:
+        p.error(f"--max-bytes ({args.max_bytes}) is below --min-bytes ({args.min_bytes})")
+    if args.min_bytes <= 0 or args.factor <= 1:
+        p.error("--min-bytes must be > 0 and --factor > 1")
+    if not 0 <= args.root < n:
+        p.error(f"--root {args.root} is out of range for {n} ranks (0..{n - 1})")
+    if args.redop == "avg" and np.dtype(args.dtype).kind in "iu" and args.op in ("allreduce", "reduce_scatter"):
+        p.error(f"--redop avg needs a floating --dtype, not {args.dtype}")
+    for option in ("json", "csv", "plot"):
+        path = getattr(args, option)
+        if path is not None and not os.access(Path(path).resolve().parent, os.W_OK):
+            p.error(f"--{option} {path}: its directory does not exist or is not writable")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        p.error('--plot needs matplotlib: pip install -e ".[plot]"')
+    args.impl = list(dict.fromkeys(args.impl))
+    return args
+
+
+def environment(comm: MPI.Comm) -> dict:
+    """Where these figures come from (printed, and written into the JSON and CSV)."""
+    w = world()
+    hosts = sorted(set(comm.allgather(MPI.Get_processor_name())))
+    return {
+        "n": comm.Get_size(),
+        "hosts": ",".join(hosts),
+        "mpi_library": " ".join(MPI.Get_library_version().split("\n")[0].split()),
+        "mpi4py": mpi4py.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus_per_host": os.cpu_count(),
+        "threads": " ".join(f"{v}={os.environ.get(v, 'unset')}" for v in _THREAD_VARIABLES),
+        "segment_bytes": w.segment_bytes,
+        "small_bytes": w.small_bytes,
+        "check": w.check,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m bench " + " ".join(sys.argv[1:]),
+    }
+
+
+def _print_header(env: dict, args: argparse.Namespace) -> None:
+    hosts = env["hosts"].split(",")
+    print(f"# {env['command']}")
+    print(f"# {env['n']} ranks on {len(hosts)} host(s) ({env['hosts']}), {env['cpus_per_host']} cpus each; "
+          f"{env['mpi_library']}; mpi4py {env['mpi4py']}; numpy {env['numpy']}; python {env['python']}")
+    print(f"# ring: segment {format_size(env['segment_bytes'])}, recursive doubling up to "
+          f"{format_size(env['small_bytes'])}, cross-rank check {'on' if env['check'] else 'off'}; "
+          f"{env['threads']}")
+    iters = f"{args.iters} iterations" if args.iters else "iterations (about 1 GiB per size, 10 to 1000)"
+    print(f"# each call after a barrier, slowest rank, median over {iters} after warm-up; "
+          f"{' and '.join(args.impl)} interleaved")
+    print(f"# memcpy reference (np.copyto of 64M, one process): {env['memcpy_gbps']:.2f} GB/s")
+
+
+def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
+    col.init()
+    rank0 = comm.Get_rank() == 0
+    env = environment(comm)
+    env["memcpy_gbps"] = copy_bandwidth(comm) / GB
+    if rank0:
+        _print_header(env, args)
+        print("\n".join(table_header(args.impl)), flush=True)
+    rows: list[Row] = []
+    skipped = []
+    for nbytes in sweep(args.min_bytes, args.max_bytes, args.factor):
+        case = Case(comm, args.op, args.dtype, args.redop, nbytes, args.root)
+        if case.count == 0:
+            skipped.append(nbytes)
+            continue
+        iters, warmup = default_iterations(case.nbytes)
+        iters = args.iters or iters
+        warmup = args.warmup if args.warmup is not None else max(1, iters // 10)
+        timings = time_interleaved(comm, case, args.impl, iters, warmup, args.plant_error)
+        these = [Row.of(case, impl, timings[impl]) for impl in args.impl]
+        rows += these
+        if rank0:
+            print(table_line(these), flush=True)
+        del case
+    wrong = sum(r.wrong for r in rows)
+    if rank0:
+        if skipped:
+            print(f"# skipped {', '.join(map(str, skipped))} B: less than one element per rank")
+        for impl in args.impl:
+            mine = [r.busbw for r in rows if r.impl == impl]
+            print(f"# {impl}: average busbw {np.mean(mine) if mine else 0:.3f} GB/s over {len(mine)} sizes")
+        print(f"# #wrong: {wrong} " + ("(every result exact)" if not wrong else "-- RESULTS ARE WRONG"))
+        if args.json:
+            write_json(args.json, env, rows)
+        if args.csv:
+            write_csv(args.csv, env, rows)
+        if args.plot and rows:
+            plot(args.plot, env, rows)
+    return 1 if wrong else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    comm = MPI.COMM_WORLD
+    args = parse_args(argv, comm.Get_size())
+    try:
+        return run(args, comm)
+    except Exception:   # one rank failing alone must not leave the others waiting in a barrier
+        print(f"rank {comm.Get_rank()}: {traceback.format_exc()}", file=sys.stderr, flush=True)
+        comm.Abort(1)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

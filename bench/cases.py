@@ -1,0 +1,187 @@
+"""One collective at one size, as the bench runs it: the buffers, the exact expected
+result, and the call of each implementation on those same buffers.
+
+Sizes follow nccl-tests: ``nbytes`` is the whole buffer of the collective (the
+all-reduce and broadcast buffer, reduce-scatter's input, all-gather's output),
+rounded down so that reduce-scatter and all-gather split it evenly, and
+``count`` is its number of elements.
+
+Inputs are small integers that depend on the rank and repeat with period 8, so
+every result is exact in every dtype and known in advance (integer overflow
+wraps identically everywhere). For example, the sum on 2 ranks:
+
+    element        0  1  2  3  4  5  6  7 | 8 ...
+    rank 0 sends   0  1  2  3  4  0  1  2 | 0 ...     (j + rank) % 5
+    rank 1 sends   1  2  3  4  0  1  2  3 | 1 ...
+    expected       1  3  5  7  4  1  3  5 | 1 ...
+
+Before every call the output is filled with a sentinel that the result can
+never contain, so a call that writes nothing (or too little) shows as wrong.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives as col
+
+OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
+REDOPS = ("sum", "avg", "min", "max", "prod")
+DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+          "uint8", "uint16", "uint32", "uint64")
+PERIOD = 8
+
+
+def bus_factor(op: str, n: int) -> float:
+    """busbw / algbw for ``op`` on ``n`` ranks, as nccl-tests defines it (what each link carries)."""
+    if op == "broadcast":
+        return 1.0
+    share = (n - 1) / n
+    return 2 * share if op == "allreduce" else share
+
+
+def _contribution(op: str, redop: str, rank: int, n: int) -> np.ndarray:
+    """What ``rank`` puts in at positions 0..PERIOD-1 (the pattern repeats)."""
+    j = np.arange(PERIOD)
+    if op in ("allgather", "broadcast"):
+        return (j + 3 * rank) % 11
+    if redop == "prod":
+        return 1 + (j + rank) % 2             # products are powers of two: exact until they overflow
+    if redop in ("min", "max"):
+        return (3 * j + 5 * rank) % 7
+    if redop == "avg":
+        return n * ((j + rank) % 5)           # each share divides by n exactly
+    return (j + rank) % 5
+
+
+def _reduced(redop: str, rows: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
+    """The exact reduction of ``rows`` (one per rank) in ``dtype``'s own arithmetic."""
+    if redop == "avg":
+        return np.true_divide(np.add.reduce(rows, axis=0, dtype=dtype), n, dtype=dtype)
+    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[redop]
+    return ufunc.reduce(rows, axis=0, dtype=dtype)
+
+
+def _tiled(period: np.ndarray, start: int, length: int) -> np.ndarray:
+    """Elements ``start .. start+length`` of ``period`` repeated forever."""
+    return np.resize(np.roll(period, -(start % PERIOD)), length)
+
+
+def _sentinel(dtype: np.dtype, values: np.ndarray):
+    """A value of ``dtype`` that no element of the result can equal."""
+    if dtype.kind == "f":
+        return np.nan
+    info = np.iinfo(dtype)
+    return next(v for v in range(info.max, info.min - 1, -1) if not np.any(values == v))
+
+
+class Case:
+    """Collective ``op`` of ``nbytes`` on this rank: ``run(impl)`` calls it, ``wrong(result)`` checks it.
+
+    >>> case = Case(comm, "allreduce", "float32", "sum", 4096)     # doctest: +SKIP
+    >>> case.reset(); case.wrong(case.run("ring"))                  # doctest: +SKIP
+    0
+    """
+
+    def __init__(self, comm: MPI.Comm, op: str, dtype: str, redop: str, nbytes: int, root: int = 0):
+        self.comm, self.op, self.redop, self.root = comm, op, redop, root
+        self.dtype = np.dtype(dtype)
+        n, rank = comm.Get_size(), comm.Get_rank()
+        self.n = n
+        count = nbytes // self.dtype.itemsize
+        if op in ("reduce_scatter", "allgather"):
+            count -= count % n
+        self.count, self.nbytes = count, count * self.dtype.itemsize
+        rows = np.array([_contribution(op, redop, r, n) for r in range(n)]).astype(self.dtype)
+        block = count // n
+        if op == "allgather":
+            self.x = _tiled(rows[rank], 0, block)
+            self.expected = np.concatenate([_tiled(rows[r], 0, block) for r in range(n)])
+            period = rows
+        elif op == "broadcast":
+            self.expected = _tiled(rows[root], 0, count)
+            self.x = np.empty_like(self.expected)
+            period = rows[root]
+        else:
+            period = _reduced(redop, rows, n, self.dtype)
+            self.x = _tiled(rows[rank], 0, count)
+            start, length = (rank * block, block) if op == "reduce_scatter" else (0, count)
+            self.expected = _tiled(period, start, length)
+        self.sentinel = _sentinel(self.dtype, period)
+        self.out = np.empty_like(self.expected)
+
+    def reset(self) -> None:
+        """Before each call: the output holds the sentinel (broadcast: the root's buffer its data)."""
+        if self.op == "broadcast" and self.comm.Get_rank() == self.root:
+            np.copyto(self.x, self.expected)
+        elif self.op == "broadcast":
+            self.x.fill(self.sentinel)
+        else:
+            self.out.fill(self.sentinel)
+
+    def run(self, impl: str) -> np.ndarray:
+        """One call of ``impl`` ("ring" or "mpi"); returns the array that holds this rank's result."""
+        return IMPLEMENTATIONS[impl][self.op](self)
+
+    def wrong(self, result: np.ndarray) -> int:
+        """How many elements of ``result`` differ from the exact answer (or its size, if it has the wrong shape)."""
+        if result.shape != self.expected.shape:
+            return max(result.size, self.expected.size)
+        return int(np.count_nonzero(result != self.expected))
+
+
+def _ring_allreduce(c: Case) -> np.ndarray:
+    return col.allreduce(c.x, c.redop, out=c.out)
+
+
+def _ring_reduce_scatter(c: Case) -> np.ndarray:
+    return col.reduce_scatter(c.x, c.redop, out=c.out)
+
+
+def _ring_allgather(c: Case) -> np.ndarray:
+    return col.allgather(c.x)    # the API returns a new array: its allocation is part of the call
+
+
+def _ring_broadcast(c: Case) -> np.ndarray:
+    return col.broadcast(c.x, root=c.root)
+
+
+_MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+
+
+def _mpi_average(c: Case) -> None:
+    """MPI has no average: its "avg" is a sum, then one division (timed as part of the call)."""
+    if c.redop == "avg":
+        np.true_divide(c.out, c.n, out=c.out)
+
+
+def _mpi_allreduce(c: Case) -> np.ndarray:
+    c.comm.Allreduce(c.x, c.out, op=_MPI_OPS[c.redop])
+    _mpi_average(c)
+    return c.out
+
+
+def _mpi_reduce_scatter(c: Case) -> np.ndarray:
+    c.comm.Reduce_scatter_block(c.x, c.out, op=_MPI_OPS[c.redop])
+    _mpi_average(c)
+    return c.out
+
+
+def _mpi_allgather(c: Case) -> np.ndarray:
+    c.comm.Allgather(c.x, c.out)
+    return c.out
+
+
+def _mpi_broadcast(c: Case) -> np.ndarray:
+    c.comm.Bcast(c.x, root=c.root)
+    return c.x
+
+
+IMPLEMENTATIONS: dict[str, dict[str, Callable[[Case], np.ndarray]]] = {
+    "ring": {"allreduce": _ring_allreduce, "reduce_scatter": _ring_reduce_scatter,
+             "allgather": _ring_allgather, "broadcast": _ring_broadcast},
+    "mpi": {"allreduce": _mpi_allreduce, "reduce_scatter": _mpi_reduce_scatter,
+            "allgather": _mpi_allgather, "broadcast": _mpi_broadcast},
+}

@@ -1,0 +1,85 @@
+"""How the bench times: implementations interleaved, a barrier before each call,
+the slowest rank's time, the median over iterations; and the memory-copy reference.
+
+For iteration i the implementations run one after another (ring, mpi, ring, mpi,
+...), so drift on a shared machine hits them alike. Each call is timed alone on
+every rank, between a barrier and its return; the iteration's time is the
+slowest rank's, since a collective is done only when every rank has its result.
+Checking the result happens after the clock stops.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from bench.cases import Case
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One implementation at one size: the median seconds and the most wrong elements in any iteration."""
+    seconds: float
+    wrong: int
+
+
+def default_iterations(nbytes: int) -> tuple[int, int]:
+    """(iterations, warm-up iterations) for a size: about 1 GiB moved per implementation, 10 to 1000.
+
+    >>> default_iterations(8), default_iterations(64 << 20), default_iterations(256 << 20)
+    ((1000, 100), (16, 2), (10, 2))
+    """
+    iters = max(10, min(1000, (1 << 30) // max(nbytes, 1)))
+    return iters, max(2, iters // 10)
+
+
+def time_interleaved(comm: MPI.Comm, case: Case, impls: list[str], iters: int, warmup: int,
+                     plant_error: str | None = None) -> dict[str, Timing]:
+    """Time ``impls`` on ``case``: ``warmup`` checked but untimed rounds, then ``iters`` timed ones.
+
+    ``plant_error``: after each call of that implementation one element of the last
+    rank's result is overwritten before the check (to test that the checker catches it).
+    """
+    seconds = np.zeros((len(impls), iters))
+    wrong = np.zeros((len(impls), warmup + iters), np.int64)
+    planter = comm.Get_size() - 1
+    for i in range(warmup + iters):
+        for k, impl in enumerate(impls):
+            case.reset()
+            comm.Barrier()
+            start = time.perf_counter()
+            result = case.run(impl)
+            elapsed = time.perf_counter() - start
+            if impl == plant_error and comm.Get_rank() == planter and result.size:
+                result.reshape(-1)[-1] = case.sentinel
+            wrong[k, i] = case.wrong(result)
+            if i >= warmup:
+                seconds[k, i - warmup] = elapsed
+    comm.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)    # each iteration took as long as its slowest rank
+    comm.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)      # wrong elements on all ranks, per iteration
+    return {impl: Timing(float(np.median(seconds[k])), int(wrong[k].max())) for k, impl in enumerate(impls)}
+
+
+def copy_bandwidth(comm: MPI.Comm, nbytes: int = 64 << 20, repeats: int = 10) -> float:
+    """Bytes per second np.copyto moves on rank 0 alone (median of ``repeats`` copies of ``nbytes``).
+
+    The other ranks wait without spinning, so the figure is one process's copy
+    bandwidth: the physical ceiling a one-process-per-rank transport works under.
+    """
+    result = np.zeros(1)
+    if comm.Get_rank() == 0:
+        source, target = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+        np.copyto(target, source)    # first touch: page faults are not copying
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            np.copyto(target, source)
+            times.append(time.perf_counter() - start)
+        result[0] = nbytes / float(np.median(times))
+    everyone_here = comm.Ibarrier()
+    while not everyone_here.Test():
+        time.sleep(1e-3)
+    comm.Bcast(result, root=0)
+    return float(result[0])

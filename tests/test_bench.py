@@ -1,0 +1,84 @@
+"""`mpiexec -n N python -m bench`, run as users run it: its table, JSON, CSV, plot and exit status.
+
+Small sweeps only: the bench's figures are measured by running it, never asserted here.
+"""
+import csv
+import json
+
+import pytest
+
+from tests.worlds import run_world
+
+TIMEOUT_S = 240
+QUICK = ["--max-bytes", "64K", "--factor", "16", "--iters", "5", "--warmup", "1"]
+
+
+def bench(n, *flags, timeout=TIMEOUT_S):
+    return run_world(n, ["-m", "bench", *QUICK, *flags], timeout)
+
+
+def rows_of(path):
+    report = json.loads(path.read_text())
+    return report["environment"], report["rows"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_a_sweep_writes_a_table_json_csv_and_plot_with_nothing_wrong(n, tmp_path):
+    out = {kind: tmp_path / f"bench.{kind}" for kind in ("json", "csv", "png")}
+    result = bench(n, "--json", str(out["json"]), "--csv", str(out["csv"]), "--plot", str(out["png"]))
+    assert result.returncode == 0, result.stdout[-4000:]
+    environment, rows = rows_of(out["json"])
+    sizes = [8, 128, 2048, 32768]
+    assert [(r["impl"], r["bytes"]) for r in rows] == [(impl, s) for s in sizes for impl in ("ring", "mpi")]
+    assert all(r["wrong"] == 0 and r["n"] == n and r["time_us"] > 0 and r["op"] == "allreduce" for r in rows)
+    assert environment["n"] == n and "MPI" in environment["mpi_library"] and environment["memcpy_gbps"] > 0
+    for r in rows:
+        assert r["algbw"] == pytest.approx(r["bytes"] / r["time_us"] / 1e3)
+        assert r["busbw"] == pytest.approx(r["algbw"] * 2 * (n - 1) / n)
+    with open(out["csv"]) as stream:
+        assert [(r["impl"], int(r["bytes"])) for r in csv.DictReader(stream)] == [(r["impl"], r["bytes"]) for r in rows]
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out["png"].stat().st_size > 10_000
+    table = [line for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert len(table) == len(sizes) and "#wrong: 0 (every result exact)" in result.stdout
+    assert result.stdout.count("memcpy reference") == 1   # only rank 0 prints
+
+
+@pytest.mark.parametrize("op,flags", [("reduce_scatter", ["--dtype", "int8", "--redop", "max"]),
+                                      ("allgather", ["--dtype", "uint16"]),
+                                      ("broadcast", ["--dtype", "float64", "--root", "2"]),
+                                      ("allreduce", ["--dtype", "float16", "--redop", "avg"])])
+def test_every_collective_runs_exact_on_an_odd_world(op, flags, tmp_path):
+    result = bench(3, "--op", op, *flags, "--json", str(tmp_path / "b.json"))
+    assert result.returncode == 0, result.stdout[-4000:]
+    _, rows = rows_of(tmp_path / "b.json")
+    assert rows and all(r["wrong"] == 0 and r["op"] == op for r in rows)
+    if op in ("reduce_scatter", "allgather"):
+        assert all(r["count"] % 3 == 0 for r in rows)   # sizes round down to split evenly, as in nccl-tests
+
+
+# (ids other than "mpi": pytest-mpi would take that id for its marker and skip the test)
+@pytest.mark.parametrize("planted", ["ring", "mpi"], ids=["in-ring", "in-MPI"])
+def test_a_wrong_element_shows_in_wrong_and_in_the_exit_status(planted, tmp_path):
+    result = bench(2, "--plant-error", planted, "--json", str(tmp_path / "b.json"))
+    assert result.returncode == 1, result.stdout[-4000:]
+    _, rows = rows_of(tmp_path / "b.json")
+    assert all(r["wrong"] == (1 if r["impl"] == planted else 0) for r in rows), rows
+    assert "RESULTS ARE WRONG" in result.stdout
+
+
+def test_impl_picks_a_subset():
+    result = bench(2, "--impl", "ring")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "mpi: time" not in result.stdout and "ring: time" in result.stdout
+
+
+@pytest.mark.parametrize("flags,message", [(["--max-bytes", "64Q"], "not a size: '64Q'"),
+                                           (["--min-bytes", "1M"], "--max-bytes (65536) is below --min-bytes"),
+                                           (["--root", "5"], "--root 5 is out of range for 2 ranks"),
+                                           (["--redop", "avg", "--dtype", "int32"], "--redop avg needs a floating"),
+                                           (["--json", "/no/such/dir/b.json"], "--json /no/such/dir/b.json"),
+                                           (["--op", "alltoall"], "invalid choice: 'alltoall'")])
+def test_bad_arguments_are_named_once_and_exit_2(flags, message):
+    result = bench(2, *flags, timeout=60)
+    assert result.returncode == 2, result.stdout[-2000:]
+    assert result.stdout.count(message) == 1, result.stdout[-2000:]
