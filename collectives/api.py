@@ -22,12 +22,16 @@ from ring.partition import chunk_bounds
 
 def _flat(x: np.ndarray) -> np.ndarray:
     """A flat C-order view of ``x`` when it is contiguous, else a flat copy (which is then ours)."""
-    return x.reshape(-1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(-1)
+    if x.flags.c_contiguous:
+        return x if x.ndim == 1 else x.reshape(-1)
+    return np.ascontiguousarray(x).reshape(-1)
 
 
 def _flat_target(result: np.ndarray) -> np.ndarray:
     """Where to compute ``result``: its own flat view when contiguous, else a new flat buffer."""
-    return result.reshape(-1) if result.flags.c_contiguous else np.empty(result.size, result.dtype)
+    if result.flags.c_contiguous:
+        return result if result.ndim == 1 else result.reshape(-1)
+    return np.empty(result.size, result.dtype)
 
 
 def _write_back(result: np.ndarray, flat: np.ndarray) -> np.ndarray:
