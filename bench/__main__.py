@@ -62,25 +62,27 @@ def _count(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
-    p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0],
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--op", choices=OPS, default="allreduce", help="the collective")
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
-    p.add_argument("--redop", choices=REDOPS, default="sum", help="reduction (allreduce, reduce_scatter)")
-    p.add_argument("--min-bytes", type=_size, default=8, help="smallest size (8, 64K, 256M, 1G: binary units)")
-    p.add_argument("--max-bytes", type=_size, default=256 << 20, help="largest size")
-    p.add_argument("--factor", type=float, default=2.0, help="each size is the last times this")
+    p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--op", choices=OPS, default="allreduce", help="the collective (default: allreduce)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="element type (default: float32)")
+    p.add_argument("--redop", choices=REDOPS, default="sum",
+                   help="reduction, for allreduce and reduce_scatter (default: sum)")
+    p.add_argument("--min-bytes", type=_size, default="8",
+                   help="smallest size: 8, 64K, 256M, 1G (binary units) (default: 8)")
+    p.add_argument("--max-bytes", type=_size, default="256M", help="largest size (default: 256M)")
+    p.add_argument("--factor", type=float, default=2.0, help="each size is the last times this (default: 2)")
     p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
-                   help="implementations to time (ring: ours; mpi: the MPI library's own collective)")
+                   help="implementations to time: ring (ours), mpi (the MPI library's own) (default: both)")
     p.add_argument("--iters", type=_count, default=0,
-                   help="timed iterations per size; 0: about 1 GiB per size, 10 to 1000")
-    p.add_argument("--warmup", type=_count, default=None, help="untimed iterations first (default: iters/10)")
-    p.add_argument("--root", type=int, default=0, help="broadcast root")
+                   help="timed iterations per size (default: 0, meaning about 1 GiB per size, 10 to 1000)")
+    p.add_argument("--warmup", type=_count, default=None,
+                   help="untimed (but checked) iterations first (default: iters/10, at least 1)")
+    p.add_argument("--root", type=int, default=0, help="broadcast root (default: 0)")
     p.add_argument("--json", metavar="PATH", help="write every row and the environment as JSON")
-    p.add_argument("--csv", metavar="PATH", help="write every row as CSV")
+    p.add_argument("--csv", metavar="PATH", help="write every row, with the environment, as CSV")
     p.add_argument("--plot", metavar="PATH", help="draw busbw against size to a PNG (needs matplotlib)")
     p.add_argument("--plant-error", choices=list(IMPLEMENTATIONS), metavar="IMPL",
-                   help="for testing the checker: change one element of IMPL's result on the last rank")
+                   help="for testing the checker: overwrite one element of IMPL's result on the last rank")
     args = p.parse_args(argv)
     if args.max_bytes < args.min_bytes:
         p.error(f"--max-bytes ({args.max_bytes}) is below --min-bytes ({args.min_bytes})")
@@ -151,8 +153,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
         if case.count == 0:
             skipped.append(nbytes)
             continue
-        iters, warmup = default_iterations(case.nbytes)
-        iters = args.iters or iters
+        iters = args.iters or default_iterations(case.nbytes)
         warmup = args.warmup if args.warmup is not None else max(1, iters // 10)
         timings = time_interleaved(comm, case, args.impl, iters, warmup, args.plant_error)
         these = [Row.of(case, impl, timings[impl]) for impl in args.impl]

@@ -25,14 +25,13 @@ class Timing:
     wrong: int
 
 
-def default_iterations(nbytes: int) -> tuple[int, int]:
-    """(iterations, warm-up iterations) for a size: about 1 GiB moved per implementation, 10 to 1000.
+def default_iterations(nbytes: int) -> int:
+    """Timed iterations for a size when --iters is not given: about 1 GiB moved, 10 to 1000.
 
     >>> default_iterations(8), default_iterations(64 << 20), default_iterations(256 << 20)
-    ((1000, 100), (16, 2), (10, 2))
+    (1000, 16, 10)
     """
-    iters = max(10, min(1000, (1 << 30) // max(nbytes, 1)))
-    return iters, max(2, iters // 10)
+    return max(10, min(1000, (1 << 30) // max(nbytes, 1)))
 
 
 def time_interleaved(comm: MPI.Comm, case: Case, impls: list[str], iters: int, warmup: int,
