@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import os
 import platform
 import sys
@@ -96,8 +95,11 @@ def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
         path = getattr(args, option)
         if path is not None and not os.access(Path(path).resolve().parent, os.W_OK):
             p.error(f"--{option} {path}: its directory does not exist or is not writable")
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        p.error('--plot needs matplotlib: pip install -e ".[plot]"')
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (found now, not after the whole sweep)
+        except ImportError as e:
+            p.error(f'--plot needs matplotlib ({e}): pip install -e ".[plot]"')
     args.impl = list(dict.fromkeys(args.impl))
     return args
 

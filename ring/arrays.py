@@ -29,7 +29,6 @@ def xp_of(x: Any) -> ModuleType:
 
 
 @lru_cache(maxsize=None)
-@lru_cache(maxsize=None)
 def combiner(xp: ModuleType, op: str):
     """``combine(out, mine, received)``: ``out = op(mine, received)`` elementwise, no temporaries.
 

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from tests.worlds import run_world
+from tests.worlds import ROOT, run_world
 
 TIMEOUT_S = 240
 QUICK = ["--max-bytes", "64K", "--factor", "16", "--iters", "5", "--warmup", "1"]
 
 
-def bench(n, *flags, timeout=TIMEOUT_S):
-    return run_world(n, ["-m", "bench", *QUICK, *flags], timeout)
+def bench(n, *flags, timeout=TIMEOUT_S, env=None):
+    return run_world(n, ["-m", "bench", *QUICK, *flags], timeout, env=env)
 
 
 def rows_of(path):
@@ -82,3 +82,14 @@ def test_bad_arguments_are_named_once_and_exit_2(flags, message):
     result = bench(2, *flags, timeout=60)
     assert result.returncode == 2, result.stdout[-2000:]
     assert result.stdout.count(message) == 1, result.stdout[-2000:]
+
+
+def test_plot_without_matplotlib_says_what_to_install_before_any_timing(tmp_path):
+    shim = tmp_path / "shim" / "matplotlib"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    result = bench(2, "--plot", str(tmp_path / "b.png"), timeout=60,
+                   env={"PYTHONPATH": f"{shim.parent}:{ROOT}"})
+    assert result.returncode == 2, result.stdout[-2000:]
+    assert 'pip install -e ".[plot]"' in result.stdout and "memcpy" not in result.stdout
+    assert not (tmp_path / "b.png").exists()
