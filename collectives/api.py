@@ -7,6 +7,11 @@ contiguous copy, and the result is written back in the caller's layout.
 Every collective first checks that all ranks make the same call (``collectives.call``)
 and takes ``timeout=`` (seconds) to bound its waiting; see ``collectives.world`` for
 the defaults.
+
+numpy arrays move over MPI. cupy arrays run the same ring over NCCL, or staged
+through host memory over MPI where NCCL cannot carry them (``COLLECTIVES_GPU_TRANSPORT``),
+with the reductions on the GPU. A GPU call returns with its work queued on the
+current CuPy stream: the result is ready for anything queued after it there.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from collectives import validate
 from collectives.call import begin, collective
 from collectives.errors import CollectiveUsageError
 from collectives.signature import signature
-from ring import algorithms, doubling
+from ring import algorithms, arrays, doubling
 from ring.partition import chunk_bounds
 
 
@@ -24,14 +29,19 @@ def _flat(x: np.ndarray) -> np.ndarray:
     """A flat C-order view of ``x`` when it is contiguous, else a flat copy (which is then ours)."""
     if x.flags.c_contiguous:
         return x if x.ndim == 1 else x.reshape(-1)
-    return np.ascontiguousarray(x).reshape(-1)
+    return arrays.xp_of(x).ascontiguousarray(x).reshape(-1)
 
 
 def _flat_target(result: np.ndarray) -> np.ndarray:
     """Where to compute ``result``: its own flat view when contiguous, else a new flat buffer."""
     if result.flags.c_contiguous:
         return result if result.ndim == 1 else result.reshape(-1)
-    return np.empty(result.size, result.dtype)
+    return arrays.xp_of(result).empty(result.size, result.dtype)
+
+
+def _memory(x) -> str:
+    """Which memory ``x`` lives in, as the cross-rank check compares it."""
+    return "host" if isinstance(x, np.ndarray) else "gpu"
 
 
 def _write_back(result: np.ndarray, flat: np.ndarray) -> np.ndarray:
@@ -62,15 +72,17 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
     except CollectiveUsageError as error:
         call.reject(error)
     w = call.world
-    sig = signature("allreduce", call.seq, op, x.dtype, x.shape, small_bytes=w.small_bytes)
-    result = out if out is not None else np.empty(x.shape, x.dtype)
+    on_host = isinstance(x, np.ndarray)
+    sig = signature("allreduce", call.seq, op, x.dtype, x.shape, small_bytes=w.small_bytes,
+                    memory="host" if on_host else "gpu")
+    result = out if out is not None else arrays.xp_of(x).empty(x.shape, x.dtype)
     source = _flat(x)
     target = source if in_place else _flat_target(result)
-    if x.nbytes <= w.small_bytes:
+    if on_host and x.nbytes <= w.small_bytes:
         call.settle(algorithms.allreduce_small(w.transport, source, target, op, sig), sig)
     else:
         call.agree(sig)
-        algorithms.allreduce(w.transport, source, target, op, w.segment_elems(x.dtype))
+        algorithms.allreduce(w.transport_for(x), source, target, op, w.segment_elems(x.dtype))
     return _write_back(result, target)
 
 
@@ -95,16 +107,18 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
             validate.out_array("reduce_scatter", out, x, (owned_stop - owned_start,))
     except CollectiveUsageError as error:
         call.reject(error)
-    sig = signature("reduce_scatter", call.seq, op, x.dtype, x.shape, small_bytes=w.small_bytes)
+    sig = signature("reduce_scatter", call.seq, op, x.dtype, x.shape, small_bytes=w.small_bytes,
+                    memory=_memory(x))
+    xp = arrays.xp_of(x)
     source = _flat(x)
-    work = np.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
-    if x.nbytes <= w.small_bytes:
+    work = xp.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
+    if xp is np and x.nbytes <= w.small_bytes:
         call.settle(algorithms.allreduce_small(w.transport, source, work, op, sig), sig)
         owned = slice(owned_start, owned_stop)
     else:
         call.agree(sig)
-        owned = algorithms.reduce_scatter(w.transport, source, work, op, w.segment_elems(x.dtype))
-    result = out if out is not None else np.empty(owned_stop - owned_start, x.dtype)
+        owned = algorithms.reduce_scatter(w.transport_for(x), source, work, op, w.segment_elems(x.dtype))
+    result = out if out is not None else xp.empty(owned_stop - owned_start, x.dtype)
     result[...] = work[owned]
     return result
 
@@ -127,12 +141,12 @@ def allgather(x: np.ndarray, *, timeout: float | None = None) -> np.ndarray:
     except CollectiveUsageError as error:
         call.reject(error)
     w = call.world
-    call.agree(signature("allgather", call.seq, dtype=x.dtype, shape=x.shape[1:]))
+    call.agree(signature("allgather", call.seq, dtype=x.dtype, shape=x.shape[1:], memory=_memory(x)))
     every = w.transport.allgather_bytes(np.int64(x.shape[0]).tobytes())
     lengths = np.frombuffer(b"".join(every), np.int64)
-    result = np.empty((int(lengths.sum()),) + x.shape[1:], x.dtype)
+    result = arrays.xp_of(x).empty((int(lengths.sum()),) + x.shape[1:], x.dtype)
     row = int(np.prod(x.shape[1:], dtype=np.int64))
-    algorithms.allgather(w.transport, _flat(x), result.reshape(-1), [int(n) * row for n in lengths],
+    algorithms.allgather(w.transport_for(x), _flat(x), result.reshape(-1), [int(n) * row for n in lengths],
                          w.segment_elems(x.dtype))
     return result
 
@@ -156,9 +170,9 @@ def broadcast(x: np.ndarray, root: int = 0, *, timeout: float | None = None) -> 
             validate.writable("broadcast", "x", x)
     except CollectiveUsageError as error:
         call.reject(error)
-    call.agree(signature("broadcast", call.seq, dtype=x.dtype, shape=x.shape, root=int(root)))
+    call.agree(signature("broadcast", call.seq, dtype=x.dtype, shape=x.shape, root=int(root), memory=_memory(x)))
     buffer = _flat(x) if w.rank == root else _flat_target(x)
-    algorithms.broadcast(w.transport, buffer, int(root), w.segment_elems(x.dtype))
+    algorithms.broadcast(w.transport_for(x), buffer, int(root), w.segment_elems(x.dtype))
     return _write_back(x, buffer) if w.rank != root else x
 
 

@@ -28,20 +28,21 @@ FIELDS = (
     ("root", "root"),
     ("small-message threshold (COLLECTIVES_SMALL_BYTES)", ""),
     ("argument check", ""),
+    ("memory (host or gpu)", "x"),
 )
 _SHOWN_RANKS = 8
 
 
 def signature(collective: str, seq: int, op: str = "", dtype: np.dtype | None = None, shape: tuple | None = None,
-              root: int = -1, small_bytes: int = 0, rejected: bool = False) -> bytes:
+              root: int = -1, small_bytes: int = 0, rejected: bool = False, memory: str = "") -> bytes:
     """The bytes every rank compares. ``shape=None``: no array (barrier); for allgather pass the
-    trailing shape (axis 0 may differ), whose count is not compared."""
-    return _fields(collective, op, dtype, shape, root, small_bytes, rejected) % seq
+    trailing shape (axis 0 may differ), whose count is not compared. ``memory``: "host" or "gpu"."""
+    return _fields(collective, op, dtype, shape, root, small_bytes, rejected, memory) % seq
 
 
 @lru_cache(maxsize=1024)
 def _fields(collective: str, op: str, dtype: np.dtype | None, shape: tuple | None, root: int,
-            small_bytes: int, rejected: bool) -> bytes:
+            small_bytes: int, rejected: bool, memory: str) -> bytes:
     """Everything but the sequence number, as a ``%d`` template (cached: calls repeat)."""
     dtype_text = "" if dtype is None else dtype.name if dtype.isnative else dtype.str
     count = "" if shape is None or collective == "allgather" else _count(shape)
@@ -49,7 +50,7 @@ def _fields(collective: str, op: str, dtype: np.dtype | None, shape: tuple | Non
     if len(shape_text) > SIGNATURE_BYTES // 2:   # a very long shape: compare a digest of it instead
         shape_text = f"#{hash(tuple(shape)) & (2**60 - 1):x}"
     return (f"{collective}|%d|{op}|{dtype_text}|{count}|{shape_text}|{root}|{small_bytes}|"
-            f"{'rejected' if rejected else 'ok'}").encode()
+            f"{'rejected' if rejected else 'ok'}|{memory}").encode()
 
 
 def _count(shape: tuple) -> int:

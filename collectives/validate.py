@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from collectives.errors import CollectiveUsageError
+from ring import arrays
 
 OPS = ("sum", "avg", "min", "max", "prod")
 REDUCIBLE_DTYPES = tuple(np.dtype(t) for t in (
@@ -21,8 +22,8 @@ def fail(collective: str, argument: str, problem: str):
 
 
 def array(collective: str, argument: str, x: Any) -> None:
-    if not isinstance(x, np.ndarray):
-        fail(collective, argument, f"expected a numpy.ndarray, got {type(x).__name__}")
+    if not arrays.is_array(x):
+        fail(collective, argument, f"expected a numpy.ndarray (or a cupy.ndarray), got {type(x).__name__}")
     if x.dtype.hasobject or x.dtype.fields is not None:
         fail(collective, argument, f"dtype {x.dtype} has no fixed binary layout to send")
 
@@ -42,14 +43,14 @@ def reducible(collective: str, argument: str, x: np.ndarray, op: Any) -> None:
 
 
 def writable(collective: str, argument: str, x: np.ndarray) -> None:
-    if not x.flags.writeable:
+    if not getattr(x.flags, "writeable", True):   # (cupy arrays are always writable)
         fail(collective, argument, "is read-only")
 
 
 def same_array(a: np.ndarray, b: np.ndarray) -> bool:
     """True when ``a`` and ``b`` are the same elements in the same layout (``out=x``)."""
-    return a is b or (np.may_share_memory(a, b) and a.shape == b.shape and a.strides == b.strides
-                      and a.dtype == b.dtype and a.ctypes.data == b.ctypes.data)
+    return a is b or (arrays.xp_of(a).may_share_memory(a, b) and a.shape == b.shape and a.strides == b.strides
+                      and a.dtype == b.dtype and arrays.address(a) == arrays.address(b))
 
 
 def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) -> bool:
@@ -57,8 +58,10 @@ def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) 
 
     Returns True when ``out`` is ``x``'s own memory (``out=x``: the call is in place).
     """
-    if not isinstance(out, np.ndarray):
-        fail(collective, "out", f"expected a numpy.ndarray, got {type(out).__name__}")
+    if not arrays.is_array(out) or isinstance(out, np.ndarray) != isinstance(x, np.ndarray):
+        fail(collective, "out", f"expected a {_kind(x)} like x, got {type(out).__module__}.{type(out).__name__}")
+    if not isinstance(out, np.ndarray) and out.device != x.device:
+        fail(collective, "out", f"is on {out.device}, x on {x.device}")
     if out.shape != shape:
         fail(collective, "out", f"shape {out.shape} does not match the result's shape {shape}")
     if out.dtype != x.dtype:
@@ -66,11 +69,15 @@ def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) 
     writable(collective, "out", out)
     if out is x:
         return True
-    if (out.flags.owndata and x.flags.owndata) or not np.may_share_memory(out, x):
+    if (out.flags.owndata and x.flags.owndata) or not arrays.xp_of(x).may_share_memory(out, x):
         return False   # (two arrays that own their memory never overlap: the quick common case)
     if not same_array(out, x):
         fail(collective, "out", "overlaps x; pass out=x for an in-place call, or a separate array")
     return True
+
+
+def _kind(x: Any) -> str:
+    return "numpy.ndarray" if isinstance(x, np.ndarray) else "cupy.ndarray"
 
 
 def root(collective: str, value: Any, size: int) -> None:

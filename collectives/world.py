@@ -15,6 +15,11 @@ the same on every rank):
 ``COLLECTIVES_TIMEOUT`` / ``timeout``
     Seconds a collective may wait for the other ranks before raising CollectiveError,
     default 600. Each collective also takes ``timeout=`` for one call.
+``COLLECTIVES_GPU_TRANSPORT`` / ``gpu_transport``
+    How cupy arrays move: "nccl", "staged" (through host memory, over MPI) or "auto"
+    (default): NCCL where every rank can use it, else staged. Each rank uses GPU
+    (its rank among the ranks on its host) % (visible GPUs); the transport is made
+    by the first collective on a cupy array.
 """
 from __future__ import annotations
 
@@ -23,19 +28,24 @@ import os
 
 import numpy as np
 
-from collectives.errors import CollectiveUsageError
+from collectives.errors import CollectiveError, CollectiveUsageError
 from ring.doubling import MAX_PAYLOAD_BYTES
+from ring.transport.base import Transport, TransportError
 
 DEFAULT_SEGMENT_BYTES = 4 << 20
 DEFAULT_SMALL_BYTES = 32 << 10
 DEFAULT_TIMEOUT = 600.0
+GPU_TRANSPORTS = ("auto", "nccl", "staged")
 
 
 class World:
     """Rank, size, the ring's transport and the settings, shared by every collective."""
 
-    def __init__(self, transport, segment_bytes: int, small_bytes: int, check: bool, timeout: float):
+    def __init__(self, transport, segment_bytes: int, small_bytes: int, check: bool, timeout: float,
+                 gpu_transport: str = "auto"):
         self.transport = transport
+        self.gpu_transport = gpu_transport
+        self.device_transport = None   # made by the first collective on a cupy array (see transport_for)
         self.rank = transport.rank
         self.size = transport.size
         self.segment_bytes = segment_bytes
@@ -47,6 +57,15 @@ class World:
 
     def segment_elems(self, dtype: np.dtype) -> int:
         return max(1, self.segment_bytes // dtype.itemsize)
+
+    def transport_for(self, x) -> Transport:
+        """The transport that carries ``x``: MPI for numpy arrays; for cupy arrays the device
+        transport, made on first use (every rank must be in this call: collectives agree first)."""
+        if isinstance(x, np.ndarray):
+            return self.transport
+        if self.device_transport is None:
+            self.device_transport = _device_transport(self.transport, self.gpu_transport)
+        return self.device_transport
 
 
 _world: World | None = None
@@ -75,7 +94,7 @@ def _flag(raw: str) -> bool:
 
 
 def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, check: bool | None = None,
-         timeout: float | None = None) -> None:
+         timeout: float | None = None, gpu_transport: str | None = None) -> None:
     """Start MPI (if needed) and this runtime; idempotent, and done lazily by the first collective.
 
     Arguments override the environment variables of the module docstring; on a second
@@ -97,9 +116,12 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
                        "True/False (environment: 1 or 0)"),
         timeout=_setting("timeout", timeout, "COLLECTIVES_TIMEOUT", DEFAULT_TIMEOUT, float,
                          lambda v: isinstance(v, (int, float)) and v > 0, "a positive number of seconds"),
+        gpu_transport=_setting("gpu_transport", gpu_transport, "COLLECTIVES_GPU_TRANSPORT", "auto", str,
+                               lambda v: v in GPU_TRANSPORTS, " or ".join(map(repr, GPU_TRANSPORTS))),
     )
     if _world is not None:
-        given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout)
+        given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout,
+                     gpu_transport=gpu_transport)
         for name, value in given.items():
             if value is not None:
                 setattr(_world, name, settings[name])
@@ -114,7 +136,10 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
 
 def _free(comm) -> None:
     global _world
+    device, failed = (_world.device_transport, _world.failure is not None) if _world else (None, False)
     _world = None
+    if hasattr(device, "close"):
+        device.close(failed)
     try:
         comm.Free()
     except Exception:
@@ -135,3 +160,31 @@ def rank() -> int:
 def size() -> int:
     """The number of ranks in the world."""
     return world().size
+
+
+def _device_transport(host: Transport, choice: str) -> Transport:
+    """Pick this rank's GPU and the transport for cupy arrays, the same on every rank.
+
+    Every rank first finds out what it can do; one exchange of those findings over
+    MPI then gives every rank the same verdict, so a rank without a GPU makes all of
+    them raise the same error instead of leaving the others waiting inside NCCL.
+    """
+    from ring.transport import nccl
+    from ring.transport.staged import StagedTransport
+    problem, why_not_nccl = "", ""
+    try:
+        nccl.select_device(host.local_rank)
+        if choice != "staged":
+            _, why_not_nccl = nccl.usable(host.local_size)
+            if choice == "nccl" and why_not_nccl:
+                problem = f"COLLECTIVES_GPU_TRANSPORT=nccl, but {why_not_nccl}"
+    except TransportError as e:
+        problem = str(e)
+    findings = [row.rstrip(b"\0").decode(errors="replace").split("\n", 1) for row in
+                host.allgather_bytes(f"{problem[:900]}\n{why_not_nccl[:100]}".encode().ljust(1024, b"\0"))]
+    for rank, (their_problem, _) in enumerate(findings):
+        if their_problem:
+            raise CollectiveError(f"the GPU path is not available on rank {rank}: {their_problem}")
+    if choice == "staged" or any(why for _, why in findings):
+        return StagedTransport(host)
+    return nccl.connect(host)

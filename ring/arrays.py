@@ -28,6 +28,34 @@ def xp_of(x: Any) -> ModuleType:
     raise TypeError(f"not a numpy or cupy array: {type(x).__name__}")
 
 
+def is_array(x: Any) -> bool:
+    """True for a numpy or a cupy array (cupy is not imported to find out)."""
+    return isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] == "cupy"
+
+
+def on_device(x: Any) -> bool:
+    """True for a cupy (GPU) array."""
+    return not isinstance(x, np.ndarray) and xp_of(x) is not np
+
+
+def address(x: Any) -> int:
+    """Where ``x``'s first element lives (host or device pointer)."""
+    return x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr
+
+
+def to_host(x: Any) -> np.ndarray:
+    """A host copy of ``x`` (for cupy, this waits for the work queued on its stream)."""
+    return np.array(x) if isinstance(x, np.ndarray) else x.get()
+
+
+def copy_from_host(dst: Any, host: np.ndarray) -> None:
+    """``dst[...] = host`` where ``dst`` may live on the device (contiguous, same shape and dtype)."""
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, host, casting="no")
+    else:
+        dst.set(host)
+
+
 @lru_cache(maxsize=None)
 def combiner(xp: ModuleType, op: str):
     """``combine(out, mine, received)``: ``out = op(mine, received)`` elementwise, no temporaries.

@@ -37,6 +37,9 @@ class MPITransport:
         self._right = right(self.rank, self.size)
         self._left = left(self.rank, self.size)
         self._local_pids = _local_pids(comm)
+        local_ranks = sorted([*self._local_pids, self.rank])
+        self.local_rank = local_ranks.index(self.rank)   # this rank's place among the ranks on its host
+        self.local_size = len(local_ranks)
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
         oversubscribed = len(self._local_pids) + 1 > _usable_cores()
