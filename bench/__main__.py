@@ -21,6 +21,8 @@ import platform
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import mpi4py
 import numpy as np
@@ -28,7 +30,8 @@ from mpi4py import MPI
 
 import collectives as col
 from collectives.world import world
-from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, Case
+from ring.transport.base import TransportError
+from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, Case, nccl_supports
 from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
 from bench.sizes import format_size, parse_size, sweep
 from bench.timing import copy_bandwidth, default_iterations, time_interleaved
@@ -70,8 +73,11 @@ def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
                    help="smallest size: 8, 64K, 256M, 1G (binary units) (default: 8)")
     p.add_argument("--max-bytes", type=_size, default="256M", help="largest size (default: 256M)")
     p.add_argument("--factor", type=float, default=2.0, help="each size is the last times this (default: 2)")
-    p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
-                   help="implementations to time: ring (ours), mpi (the MPI library's own) (default: both)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: numpy arrays; cuda: cupy arrays on each rank's GPU (default: cpu)")
+    p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=None,
+                   help="implementations to time: ring (ours), mpi (the MPI library's own, host arrays), "
+                        "nccl (NCCL's own, GPU arrays) (default: ring mpi; with --device cuda: ring nccl)")
     p.add_argument("--iters", type=_count, default=0,
                    help="timed iterations per size (default: 0, meaning about 1 GiB per size, 10 to 1000)")
     p.add_argument("--warmup", type=_count, default=None,
@@ -83,6 +89,22 @@ def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
     p.add_argument("--plant-error", choices=list(IMPLEMENTATIONS), metavar="IMPL",
                    help="for testing the checker: overwrite one element of IMPL's result on the last rank")
     args = p.parse_args(argv)
+    if args.impl is None:
+        args.impl = ["ring", "nccl"] if args.device == "cuda" else ["ring", "mpi"]
+    args.impl = list(dict.fromkeys(args.impl))
+    if args.device == "cpu" and "nccl" in args.impl:
+        p.error("--impl nccl needs --device cuda")
+    if args.device == "cuda" and "mpi" in args.impl:
+        p.error("--impl mpi times host arrays; with --device cuda compare ring and nccl")
+    if args.plant_error is not None and args.plant_error not in args.impl:
+        p.error(f"--plant-error {args.plant_error}: not among --impl {' '.join(args.impl)}")
+    if "nccl" in args.impl and not nccl_supports(args.dtype):
+        p.error(f"--impl nccl: NCCL has no {args.dtype}")
+    if args.device == "cuda":
+        try:
+            import cupy  # noqa: F401
+        except ImportError as e:
+            p.error(f'--device cuda needs CuPy ({e}): pip install -e ".[cuda13]" (or ".[cuda12]")')
     if args.max_bytes < args.min_bytes:
         p.error(f"--max-bytes ({args.max_bytes}) is below --min-bytes ({args.min_bytes})")
     if args.min_bytes <= 0 or args.factor <= 1:
@@ -100,15 +122,48 @@ def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
             import matplotlib  # noqa: F401  (found now, not after the whole sweep)
         except ImportError as e:
             p.error(f'--plot needs matplotlib ({e}): pip install -e ".[plot]"')
-    args.impl = list(dict.fromkeys(args.impl))
     return args
 
 
-def environment(comm: MPI.Comm) -> dict:
+def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
+    """For --device cuda: cupy, NCCL's own communicator (if timed) and what to report about them.
+
+    Every rank finds out whether it has a GPU (and NCCL can serve this host's ranks);
+    one allgather gives every rank the same verdict, so none is left waiting.
+    """
+    import cupy
+
+    from ring.transport import nccl as nccl_transport
+    host = world().transport
+    problem = ""
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+        if count == 0:
+            raise TransportError("no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)")
+        device = host.local_rank % count   # one GPU per rank, as collectives.local_rank() suggests
+        nccl_transport.use_device(device)
+        if "nccl" in impls:
+            ok, why = nccl_transport.usable(host.local_size)
+            problem = "" if ok else f"--impl nccl: {why}"
+    except (TransportError, cupy.cuda.runtime.CUDARuntimeError) as e:
+        problem = str(e)
+    problems = comm.allgather(problem)
+    for rank, their in enumerate(problems):
+        if their:
+            raise SystemExit(f"python -m bench --device cuda: rank {rank}: {their}")
+    communicator = nccl_transport.connect(host).comm if "nccl" in impls else None
+    from cupy.cuda import nccl
+    facts = {"gpu": cupy.cuda.runtime.getDeviceProperties(device)["name"].decode(),
+             "cupy": cupy.__version__, "nccl": str(nccl.get_version())}
+    return cupy, communicator, facts
+
+
+def environment(comm: MPI.Comm, device: str) -> dict:
     """Where these figures come from (printed, and written into the JSON and CSV)."""
     w = world()
     hosts = sorted(set(comm.allgather(MPI.Get_processor_name())))
     return {
+        "device": device,
         "n": comm.Get_size(),
         "hosts": ",".join(hosts),
         "mpi_library": " ".join(MPI.Get_library_version().split("\n")[0].split()),
@@ -137,21 +192,30 @@ def _print_header(env: dict, args: argparse.Namespace) -> None:
     iters = f"{args.iters} iterations" if args.iters else "iterations (about 1 GiB per size, 10 to 1000)"
     print(f"# each call after a barrier, slowest rank, median over {iters} after warm-up; "
           f"{' and '.join(args.impl)} interleaved")
-    print(f"# memcpy reference (np.copyto of 64M, one process): {env['memcpy_gbps']:.2f} GB/s")
+    if env["device"] == "cuda":
+        print(f"# GPU {env['gpu']}; cupy {env['cupy']}; NCCL {env['nccl']}; "
+              f"GPU transport {env['gpu_transport']}")
+        print(f"# device copy reference (cupy.copyto of 64M, rank 0's GPU): {env['memcpy_gbps']:.2f} GB/s")
+    else:
+        print(f"# memcpy reference (np.copyto of 64M, one process): {env['memcpy_gbps']:.2f} GB/s")
 
 
 def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
     col.init()
     rank0 = comm.Get_rank() == 0
-    env = environment(comm)
-    env["memcpy_gbps"] = copy_bandwidth(comm) / GB
+    env = environment(comm, args.device)
+    xp, nccl_comm = np, None
+    if args.device == "cuda":
+        xp, nccl_comm, facts = _gpu(comm, args.impl)
+        env.update(facts, gpu_transport=world().gpu_transport)
+    env["memcpy_gbps"] = copy_bandwidth(comm, xp=xp) / GB
     if rank0:
         _print_header(env, args)
         print("\n".join(table_header(args.impl)), flush=True)
     rows: list[Row] = []
     skipped = []
     for nbytes in sweep(args.min_bytes, args.max_bytes, args.factor):
-        case = Case(comm, args.op, args.dtype, args.redop, nbytes, args.root)
+        case = Case(comm, args.op, args.dtype, args.redop, nbytes, args.root, xp, nccl_comm)
         if case.count == 0:
             skipped.append(nbytes)
             continue

@@ -17,10 +17,14 @@ wraps identically everywhere). For example, the sum on 2 ranks:
 
 Before every call the output is filled with a sentinel that the result can
 never contain, so a call that writes nothing (or too little) shows as wrong.
+
+With ``xp=cupy`` the buffers live on this rank's GPU; the implementations are
+then ours (``ring``) and NCCL's own collectives (``nccl``).
 """
 from __future__ import annotations
 
-from typing import Callable
+from types import ModuleType
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -85,8 +89,11 @@ class Case:
     0
     """
 
-    def __init__(self, comm: MPI.Comm, op: str, dtype: str, redop: str, nbytes: int, root: int = 0):
+    def __init__(self, comm: MPI.Comm, op: str, dtype: str, redop: str, nbytes: int, root: int = 0,
+                 xp: ModuleType = np, nccl_comm: Any = None):
         self.comm, self.op, self.redop, self.root = comm, op, redop, root
+        self.xp, self.nccl_comm = xp, nccl_comm
+        self.on_device = xp is not np
         self.dtype = np.dtype(dtype)
         n, rank = comm.Get_size(), comm.Get_rank()
         self.n = n
@@ -110,12 +117,14 @@ class Case:
             start, length = (rank * block, block) if op == "reduce_scatter" else (0, count)
             self.expected = _tiled(period, start, length)
         self.sentinel = _sentinel(self.dtype, period)
-        self.out = np.empty_like(self.expected)
+        if self.on_device:
+            self.x, self.expected = xp.asarray(self.x), xp.asarray(self.expected)
+        self.out = xp.empty_like(self.expected)
 
     def reset(self) -> None:
         """Before each call: the output holds the sentinel (broadcast: the root's buffer its data)."""
         if self.op == "broadcast" and self.comm.Get_rank() == self.root:
-            np.copyto(self.x, self.expected)
+            self.xp.copyto(self.x, self.expected)
         elif self.op == "broadcast":
             self.x.fill(self.sentinel)
         else:
@@ -129,7 +138,11 @@ class Case:
         """How many elements of ``result`` differ from the exact answer (or its size, if it has the wrong shape)."""
         if result.shape != self.expected.shape:
             return max(result.size, self.expected.size)
-        return int(np.count_nonzero(result != self.expected))
+        return int(self.xp.count_nonzero(result != self.expected))
+
+    def synchronize(self) -> None:
+        """Wait until the work queued on this rank's GPU is done (what the timings include)."""
+        self.xp.cuda.get_current_stream().synchronize()
 
 
 def _ring_allreduce(c: Case) -> np.ndarray:
@@ -179,9 +192,55 @@ def _mpi_broadcast(c: Case) -> np.ndarray:
     return c.x
 
 
-IMPLEMENTATIONS: dict[str, dict[str, Callable[[Case], np.ndarray]]] = {
+def _nccl_type(c: Case) -> int:
+    from cupy.cuda import nccl
+    return getattr(nccl, _NCCL_TYPES[c.dtype.name])
+
+
+def _nccl_op(c: Case) -> int:
+    from cupy.cuda import nccl
+    return getattr(nccl, _NCCL_OPS[c.redop])
+
+
+def _stream(c: Case) -> int:
+    return c.xp.cuda.get_current_stream().ptr
+
+
+_NCCL_TYPES = {"float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64",
+               "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
+               "int64": "NCCL_INT64", "uint64": "NCCL_UINT64"}    # NCCL has no 16-bit integers
+_NCCL_OPS = {"sum": "NCCL_SUM", "avg": "NCCL_AVG", "min": "NCCL_MIN", "max": "NCCL_MAX", "prod": "NCCL_PROD"}
+
+
+def _nccl_allreduce(c: Case) -> Any:
+    c.nccl_comm.allReduce(c.x.data.ptr, c.out.data.ptr, c.x.size, _nccl_type(c), _nccl_op(c), _stream(c))
+    return c.out
+
+
+def _nccl_reduce_scatter(c: Case) -> Any:
+    c.nccl_comm.reduceScatter(c.x.data.ptr, c.out.data.ptr, c.out.size, _nccl_type(c), _nccl_op(c), _stream(c))
+    return c.out
+
+
+def _nccl_allgather(c: Case) -> Any:
+    c.nccl_comm.allGather(c.x.data.ptr, c.out.data.ptr, c.x.size, _nccl_type(c), _stream(c))
+    return c.out
+
+
+def _nccl_broadcast(c: Case) -> Any:
+    c.nccl_comm.broadcast(c.x.data.ptr, c.x.data.ptr, c.x.size, _nccl_type(c), c.root, _stream(c))
+    return c.x
+
+
+def nccl_supports(dtype: str) -> bool:
+    return dtype in _NCCL_TYPES
+
+
+IMPLEMENTATIONS: dict[str, dict[str, Callable[[Case], Any]]] = {
     "ring": {"allreduce": _ring_allreduce, "reduce_scatter": _ring_reduce_scatter,
              "allgather": _ring_allgather, "broadcast": _ring_broadcast},
     "mpi": {"allreduce": _mpi_allreduce, "reduce_scatter": _mpi_reduce_scatter,
             "allgather": _mpi_allgather, "broadcast": _mpi_broadcast},
+    "nccl": {"allreduce": _nccl_allreduce, "reduce_scatter": _nccl_reduce_scatter,
+             "allgather": _nccl_allgather, "broadcast": _nccl_broadcast},
 }

@@ -3,9 +3,9 @@
 One :class:`Row` per implementation and size. The table puts the rows of one
 size on one line, implementations side by side, then ours over MPI's busbw:
 
-    #     size      count     type  redop |      ring: time   algbw   busbw  #wrong |  ...  | ring/mpi
-    #      (B) (elements)                 |            (us)  (GB/s)  (GB/s)         |  ...  |    busbw
-      67108864   16777216  float32    sum |         15812.3    4.24    4.24       0 |  ...  |     2.87
+    #       size        count     type  redop |  ring: time   algbw   busbw  #wrong |  ...  |  ring/mpi
+    #        (B)   (elements)                 |        (us)  (GB/s)  (GB/s)         |  ...  |     busbw
+        67108864     16777216  float32    sum |     13486.4    4.98    4.98       0 |  ...  |      2.53
 """
 from __future__ import annotations
 
@@ -51,9 +51,10 @@ def table_header(impls: list[str]) -> list[str]:
     for impl in impls:
         first += f" | {impl + ': time':>11} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"
         second += f" | {'(us)':>11} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}"
-    if _has_ratio(impls):
-        first += f" | {'ring/mpi':>8}"
-        second += f" | {'busbw':>8}"
+    native = _native(impls)
+    if native:
+        first += f" | {'ring/' + native:>9}"
+        second += f" | {'busbw':>9}"
     return [first, second]
 
 
@@ -64,13 +65,16 @@ def table_line(rows: list[Row]) -> str:
     for row in rows:
         line += f" | {row.time_us:>11.1f} {row.algbw:>7.2f} {row.busbw:>7.2f} {row.wrong:>7}"
     by_impl = {row.impl: row for row in rows}
-    if _has_ratio(list(by_impl)):
-        line += f" | {by_impl['mpi'].time_us / by_impl['ring'].time_us:>8.2f}"   # same bytes: busbw ratio
+    native = _native(list(by_impl))
+    if native:
+        line += f" | {by_impl[native].time_us / by_impl['ring'].time_us:>9.2f}"   # same bytes: busbw ratio
     return line
 
 
-def _has_ratio(impls: list[str]) -> bool:
-    return "ring" in impls and "mpi" in impls
+def _native(impls: list[str]) -> str | None:
+    """The library implementation ours is compared with (mpi or nccl), when exactly one is timed beside it."""
+    others = [impl for impl in impls if impl != "ring"]
+    return others[0] if "ring" in impls and len(others) == 1 else None
 
 
 def write_json(path: str, environment: dict, rows: list[Row]) -> None:
@@ -110,7 +114,8 @@ def plot(path: str, environment: dict, rows: list[Row]) -> None:
                   label=impl)
     copy = environment.get("memcpy_gbps")
     if copy:
-        axes.axhline(copy, color="grey", linestyle="--", label=f"memcpy, one process ({copy:.1f} GB/s)")
+        what = "device copy, one GPU" if environment.get("device") == "cuda" else "memcpy, one process"
+        axes.axhline(copy, color="grey", linestyle="--", label=f"{what} ({copy:.1f} GB/s)")
     axes.set(yscale="log", xlabel="size (bytes)",
              ylabel="bus bandwidth (GB/s)" if metric == "busbw" else "algorithm bandwidth (GB/s)",
              title=f"{head.op}, {head.dtype} {head.redop}, {head.n} ranks ({environment.get('hosts', '')})")

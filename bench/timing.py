@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 from mpi4py import MPI
@@ -47,9 +48,13 @@ def time_interleaved(comm: MPI.Comm, case: Case, impls: list[str], iters: int, w
     for i in range(warmup + iters):
         for k, impl in enumerate(impls):
             case.reset()
+            if case.on_device:
+                case.synchronize()
             comm.Barrier()
             start = time.perf_counter()
             result = case.run(impl)
+            if case.on_device:
+                case.synchronize()   # a GPU call returns with its work queued: time the work
             elapsed = time.perf_counter() - start
             if impl == plant_error and comm.Get_rank() == planter and result.size:
                 result.reshape(-1)[-1] = case.sentinel
@@ -61,20 +66,24 @@ def time_interleaved(comm: MPI.Comm, case: Case, impls: list[str], iters: int, w
     return {impl: Timing(float(np.median(seconds[k])), int(wrong[k].max())) for k, impl in enumerate(impls)}
 
 
-def copy_bandwidth(comm: MPI.Comm, nbytes: int = 64 << 20, repeats: int = 10) -> float:
-    """Bytes per second np.copyto moves on rank 0 alone (median of ``repeats`` copies of ``nbytes``).
+def copy_bandwidth(comm: MPI.Comm, nbytes: int = 64 << 20, repeats: int = 10, xp: ModuleType = np) -> float:
+    """Bytes per second ``xp.copyto`` moves on rank 0 alone (median of ``repeats`` copies of ``nbytes``):
+    host memory for numpy, device memory (device-to-device) for cupy.
 
     The other ranks wait without spinning, so the figure is one process's copy
     bandwidth: the physical ceiling a one-process-per-rank transport works under.
     """
     result = np.zeros(1)
     if comm.Get_rank() == 0:
-        source, target = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
-        np.copyto(target, source)    # first touch: page faults are not copying
+        source, target = xp.ones(nbytes, np.uint8), xp.empty(nbytes, np.uint8)
+        xp.copyto(target, source)    # first touch: page faults are not copying
+        finish = (lambda: None) if xp is np else xp.cuda.get_current_stream().synchronize
+        finish()
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            np.copyto(target, source)
+            xp.copyto(target, source)
+            finish()
             times.append(time.perf_counter() - start)
         result[0] = nbytes / float(np.median(times))
     everyone_here = comm.Ibarrier()

@@ -17,9 +17,10 @@ the same on every rank):
     default 600. Each collective also takes ``timeout=`` for one call.
 ``COLLECTIVES_GPU_TRANSPORT`` / ``gpu_transport``
     How cupy arrays move: "nccl", "staged" (through host memory, over MPI) or "auto"
-    (default): NCCL where every rank can use it, else staged. Each rank uses GPU
-    (its rank among the ranks on its host) % (visible GPUs); the transport is made
-    by the first collective on a cupy array.
+    (default): NCCL where every rank can use it, else staged. The transport is made
+    by the first collective on a cupy array, for the GPU that array is on: one GPU
+    per rank, usually GPU ``local_rank() % visible GPUs``, made current before any
+    cupy array is created.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class World:
         if isinstance(x, np.ndarray):
             return self.transport
         if self.device_transport is None:
-            self.device_transport = _device_transport(self.transport, self.gpu_transport)
+            self.device_transport = _device_transport(self.transport, self.gpu_transport, x.device.id)
         return self.device_transport
 
 
@@ -152,6 +153,19 @@ def world() -> World:
     return _world
 
 
+def local_rank() -> int:
+    """This process's rank among the ranks on its host: pick its GPU with it.
+
+    >>> cupy.cuda.Device(col.local_rank() % cupy.cuda.runtime.getDeviceCount()).use()  # doctest: +SKIP
+    """
+    return world().transport.local_rank
+
+
+def local_size() -> int:
+    """How many ranks run on this host."""
+    return world().transport.local_size
+
+
 def rank() -> int:
     """This process's rank in the world, 0..size()-1."""
     return world().rank
@@ -162,8 +176,8 @@ def size() -> int:
     return world().size
 
 
-def _device_transport(host: Transport, choice: str) -> Transport:
-    """Pick this rank's GPU and the transport for cupy arrays, the same on every rank.
+def _device_transport(host: Transport, choice: str, device: int) -> Transport:
+    """The transport for cupy arrays on GPU ``device``, of the same kind on every rank.
 
     Every rank first finds out what it can do; one exchange of those findings over
     MPI then gives every rank the same verdict, so a rank without a GPU makes all of
@@ -173,7 +187,7 @@ def _device_transport(host: Transport, choice: str) -> Transport:
     from ring.transport.staged import StagedTransport
     problem, why_not_nccl = "", ""
     try:
-        nccl.select_device(host.local_rank)
+        nccl.use_device(device)
         if choice != "staged":
             _, why_not_nccl = nccl.usable(host.local_size)
             if choice == "nccl" and why_not_nccl:

@@ -79,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=_non_negative_float, default=1e-4)
     p.add_argument("--seed", type=int, default=0, help="initialisation and shuffling seed")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: the model and data on each rank's GPU (cupy), gradients over NCCL")
     p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file")
     p.add_argument("--plot", type=Path, help="draw loss and accuracy curves to this PNG (needs matplotlib)")
     p.add_argument("--checkpoint-dir", type=Path, help="save checkpoints here (rank 0)")
@@ -88,6 +90,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.resume and args.checkpoint_dir is None:
         p.error("--resume needs --checkpoint-dir")
+    if args.device == "cuda":
+        try:
+            import cupy  # noqa: F401
+        except ImportError as e:
+            p.error(f"--device cuda needs CuPy ({e}): pip install -e '.[cuda13]' (or '.[cuda12]')")
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -105,10 +112,27 @@ class UsageExit(Exception):
     """A problem every rank agrees on: print it on rank 0 and exit non-zero everywhere."""
 
 
-def load_dataset(args) -> data.Dataset:
+def array_module(device: str):
+    """numpy, or cupy with this rank's GPU made current (GPU local rank % visible GPUs)."""
+    if device == "cpu":
+        return np
+    import cupy
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count == 0:
+        raise UsageExit("--device cuda: no CUDA device is visible")
+    cupy.cuda.Device(col.local_rank() % count).use()
+    return cupy
+
+
+def load_dataset(args, xp) -> data.Dataset:
     if args.dataset == "digits":
-        return data.digits(args.dtype)
-    return data.synthetic(args.samples, args.features, args.classes, args.dtype)
+        dataset = data.digits(args.dtype)
+    else:
+        dataset = data.synthetic(args.samples, args.features, args.classes, args.dtype)
+    if xp is np:
+        return dataset
+    return data.Dataset(xp.asarray(dataset.train_x), xp.asarray(dataset.train_y), xp.asarray(dataset.test_x),
+                        xp.asarray(dataset.test_y), dataset.classes)
 
 
 def config_of(args, dataset) -> dict:
@@ -127,8 +151,8 @@ def resume(args, model: MLP, opt: SGD, config: dict) -> int:
                     model.flat_params.shape or str(saved["params"].dtype) != args.dtype:
                 print(f"{path.name} was written for another model: {saved['config']}", file=sys.stderr)
             else:
-                model.flat_params[...] = saved["params"]
-                opt.velocity[...] = saved["velocity"]
+                model.flat_params[...] = model.xp.asarray(saved["params"])
+                opt.velocity[...] = model.xp.asarray(saved["velocity"])
                 status[:] = (1, int(saved["epoch"]) + 1)
                 print(f"resuming from {path} (epoch {int(saved['epoch']) + 1} done)", flush=True)
     col.broadcast(status, root=0)
@@ -141,15 +165,17 @@ def resume(args, model: MLP, opt: SGD, config: dict) -> int:
 
 def accuracy(model: MLP, x: np.ndarray, y: np.ndarray) -> float:
     """Each rank scores its share; the counts are summed exactly (int64)."""
-    mine = np.array_split(np.arange(len(y)), col.size())[col.rank()]
-    correct = np.array([(model.logits(x[mine]).argmax(axis=1) == y[mine]).sum()], np.int64)
+    mine = model.xp.asarray(np.array_split(np.arange(len(y)), col.size())[col.rank()])
+    correct = np.array([int((model.logits(x[mine]).argmax(axis=1) == y[mine]).sum())], np.int64)
     return float(col.allreduce(correct)[0]) / len(y)
 
 
 def train(args) -> list[dict]:
-    dataset = load_dataset(args)
+    xp = array_module(args.device)
+    dataset = load_dataset(args, xp)
     config = config_of(args, dataset)
-    model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype))
+    model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype), xp)
+    synchronize = xp.cuda.get_current_stream().synchronize if xp is not np else (lambda: None)
     col.broadcast(model.flat_params, root=0)          # rank 0's initialisation is the model
     opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
     start = resume(args, model, opt, config) if args.resume else 0
@@ -165,10 +191,12 @@ def train(args) -> list[dict]:
         loss_sum, comm_s, began = 0.0, 0.0, time.perf_counter()
         for first in range(0, n_train, args.batch_size):
             batch = order[first: first + args.batch_size]
-            shard = np.array_split(batch, col.size())[col.rank()]
+            shard = xp.asarray(np.array_split(batch, col.size())[col.rank()])
             loss_sum += model.loss_and_grads(dataset.train_x[shard], dataset.train_y[shard], 1.0 / len(batch))
+            synchronize()   # (on a GPU: so that the time below is the allreduce's own)
             t = time.perf_counter()
             col.allreduce(model.flat_grads, op="sum", out=model.flat_grads)    # one fused call per step
+            synchronize()
             comm_s += time.perf_counter() - t
             opt.step(model.flat_grads)
             step += 1
@@ -187,8 +215,10 @@ def train(args) -> list[dict]:
             metrics.flush()
         last = epoch + 1 == args.epochs
         if args.checkpoint_dir and col.rank() == 0 and ((epoch + 1) % args.checkpoint_every == 0 or last):
-            checkpoint.save(args.checkpoint_dir, epoch, step, {"params": model.flat_params, "velocity": opt.velocity},
-                            config, args.keep)
+            host = {"params": model.flat_params, "velocity": opt.velocity}
+            if xp is not np:
+                host = {name: xp.asnumpy(a) for name, a in host.items()}
+            checkpoint.save(args.checkpoint_dir, epoch, step, host, config, args.keep)
     if metrics:
         metrics.close()
     return history

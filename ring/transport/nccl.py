@@ -35,18 +35,16 @@ def _cupy():
     return cupy, nccl
 
 
-def select_device(local_rank: int) -> int:
-    """Make GPU ``local_rank % visible GPUs`` current for this process; return its index."""
+def use_device(device: int) -> None:
+    """Make GPU ``device`` current for this process (NCCL binds a communicator to the current GPU)."""
     cupy, _ = _cupy()
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except cupy.cuda.runtime.CUDARuntimeError as e:
         raise TransportError(f"no usable CUDA device: {e}") from e
-    if count == 0:
-        raise TransportError("no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)")
-    device = local_rank % count
+    if not 0 <= device < count:
+        raise TransportError(f"GPU {device} is not visible ({count} visible; check CUDA_VISIBLE_DEVICES)")
     cupy.cuda.Device(device).use()
-    return device
 
 
 def usable(local_size: int) -> tuple[bool, str]:
