@@ -150,7 +150,9 @@ def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
     problems = comm.allgather(problem)
     for rank, their in enumerate(problems):
         if their:
-            raise SystemExit(f"python -m bench --device cuda: rank {rank}: {their}")
+            if comm.Get_rank() == 0:
+                print(f"python -m bench: error: --device cuda: rank {rank}: {their}", file=sys.stderr, flush=True)
+            raise SystemExit(2)
     communicator = nccl_transport.connect(host).comm if "nccl" in impls else None
     from cupy.cuda import nccl
     facts = {"gpu": cupy.cuda.runtime.getDeviceProperties(device)["name"].decode(),

@@ -194,8 +194,9 @@ def _device_transport(host: Transport, choice: str, device: int) -> Transport:
                 problem = f"COLLECTIVES_GPU_TRANSPORT=nccl, but {why_not_nccl}"
     except TransportError as e:
         problem = str(e)
-    findings = [row.rstrip(b"\0").decode(errors="replace").split("\n", 1) for row in
-                host.allgather_bytes(f"{problem[:900]}\n{why_not_nccl[:100]}".encode().ljust(1024, b"\0"))]
+    mine = f"{' '.join(problem.split())[:800]}\n{' '.join(why_not_nccl.split())[:200]}"
+    findings = [row.rstrip(b"\0").decode(errors="replace").partition("\n")[::2]
+                for row in host.allgather_bytes(mine.encode()[:1024].ljust(1024, b"\0"))]
     for rank, (their_problem, _) in enumerate(findings):
         if their_problem:
             raise CollectiveError(f"the GPU path is not available on rank {rank}: {their_problem}")

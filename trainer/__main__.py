@@ -117,7 +117,10 @@ def array_module(device: str):
     if device == "cpu":
         return np
     import cupy
-    count = cupy.cuda.runtime.getDeviceCount()
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        raise UsageExit(f"--device cuda: no usable CUDA device ({e})") from e
     if count == 0:
         raise UsageExit("--device cuda: no CUDA device is visible")
     cupy.cuda.Device(col.local_rank() % count).use()

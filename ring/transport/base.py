@@ -66,3 +66,27 @@ class Transport(Protocol):
     def roll_call(self, token: int, grace: float) -> list[int]:
         """After a failure: announce this rank for ``token`` and return the other ranks heard
         announcing the same within ``grace`` seconds."""
+
+
+class OverHost:
+    """Shared by the device transports (NCCL, staged): the host transport they stand on keeps the
+    ranks, the deadline, the metadata exchange and the roll call; they only move device buffers."""
+
+    def __init__(self, host: Transport):
+        self.host = host
+        self.rank = host.rank
+        self.size = host.size
+
+    @property
+    def deadline(self) -> float:
+        return self.host.deadline
+
+    @deadline.setter
+    def deadline(self, value: float) -> None:
+        self.host.deadline = value
+
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        return self.host.allgather_bytes(data)
+
+    def roll_call(self, token: int, grace: float) -> list[int]:
+        return self.host.roll_call(token, grace)

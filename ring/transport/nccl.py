@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from ring.schedule import left, right
-from ring.transport.base import Transport, TransportError
+from ring.transport.base import OverHost, Transport, TransportError
 
 _UNIQUE_ID_BYTES = 128
 MULTI_RANK_GPU_VERSION = 23000   # NCCL 2.30: first to accept several ranks on one GPU (when enabled)
@@ -79,25 +79,15 @@ def connect(host: Transport) -> "NCCLTransport":
     return NCCLTransport(comm, host)
 
 
-class NCCLTransport:
+class NCCLTransport(OverHost):
     """The ``Transport`` protocol on device buffers, over an NCCL communicator."""
 
     def __init__(self, comm: Any, host: Transport):
+        super().__init__(host)
         self.comm = comm
-        self.host = host
-        self.rank = host.rank
-        self.size = host.size
         self._right = right(self.rank, self.size)
         self._left = left(self.rank, self.size)
         self._noted: list[tuple[bool, Any, int]] = []   # (is a send, buffer, peer), not yet posted
-
-    @property
-    def deadline(self) -> float:
-        return self.host.deadline
-
-    @deadline.setter
-    def deadline(self, value: float) -> None:
-        self.host.deadline = value
 
     def send_to_right(self, buf: Any) -> bool:
         self._noted.append((True, buf, self._right))
@@ -134,11 +124,6 @@ class NCCLTransport:
         except nccl.NcclError as e:
             raise TransportError(f"NCCL point-to-point with ranks {sorted({p for _, _, p in noted})} failed: {e}") from e
 
-    def allgather_bytes(self, data: bytes) -> list[bytes]:
-        return self.host.allgather_bytes(data)
-
-    def roll_call(self, token: int, grace: float) -> list[int]:
-        return self.host.roll_call(token, grace)
 
     def close(self, failed: bool = False) -> None:
         """Destroy the communicator at exit; after a failure abort it instead (a peer may never come)."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ring import arrays
-from ring.transport.base import Transport
+from ring.transport.base import OverHost
 
 
 @dataclass
@@ -28,21 +28,8 @@ class _Staged:
     device: Any = None
 
 
-class StagedTransport:
+class StagedTransport(OverHost):
     """The ``Transport`` protocol for device buffers, carried by a host ``Transport``."""
-
-    def __init__(self, host: Transport):
-        self.host = host
-        self.rank = host.rank
-        self.size = host.size
-
-    @property
-    def deadline(self) -> float:
-        return self.host.deadline
-
-    @deadline.setter
-    def deadline(self, value: float) -> None:
-        self.host.deadline = value
 
     def send_to_right(self, buf: Any) -> _Staged:
         staged = arrays.to_host(buf)
@@ -67,8 +54,3 @@ class StagedTransport:
         if recv is not None:
             arrays.copy_from_host(recv, staged_recv)
 
-    def allgather_bytes(self, data: bytes) -> list[bytes]:
-        return self.host.allgather_bytes(data)
-
-    def roll_call(self, token: int, grace: float) -> list[int]:
-        return self.host.roll_call(token, grace)
