@@ -40,7 +40,8 @@ class Row:
     @classmethod
     def of(cls, case: Case, impl: str, timing: Timing) -> "Row":
         algbw = case.nbytes / timing.seconds / GB if timing.seconds > 0 else 0.0
-        return cls(impl, case.op, case.dtype.name, case.redop, case.nbytes, case.count, case.n,
+        redop = case.redop if case.op in ("allreduce", "reduce_scatter") else "none"   # as nccl-tests shows it
+        return cls(impl, case.op, case.dtype.name, redop, case.nbytes, case.count, case.n,
                    timing.seconds * 1e6, algbw, algbw * bus_factor(case.op, case.n), timing.wrong)
 
 
