@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ring import arrays
 from ring.schedule import left, right
 from ring.transport.base import OverHost, Transport, TransportError
 
@@ -118,7 +119,7 @@ class NCCLTransport(OverHost):
             try:
                 for is_send, buf, peer in noted:
                     post = self.comm.send if is_send else self.comm.recv
-                    post(buf.data.ptr, buf.nbytes, nccl.NCCL_INT8, peer, stream)
+                    post(arrays.address(buf), buf.nbytes, nccl.NCCL_INT8, peer, stream)
             finally:
                 nccl.groupEnd()
         except nccl.NcclError as e:
