@@ -137,15 +137,11 @@ def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
     host = world().transport
     problem = ""
     try:
-        count = cupy.cuda.runtime.getDeviceCount()
-        if count == 0:
-            raise TransportError("no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)")
-        device = host.local_rank % count   # one GPU per rank, as collectives.local_rank() suggests
-        nccl_transport.use_device(device)
+        device = nccl_transport.use_local_device(host.local_rank)
         if "nccl" in impls:
             ok, why = nccl_transport.usable(host.local_size)
             problem = "" if ok else f"--impl nccl: {why}"
-    except (TransportError, cupy.cuda.runtime.CUDARuntimeError) as e:
+    except TransportError as e:
         problem = str(e)
     problems = comm.allgather(problem)
     for rank, their in enumerate(problems):

@@ -30,6 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as col
+from ring import arrays
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 REDOPS = ("sum", "avg", "min", "max", "prod")
@@ -142,7 +143,7 @@ class Case:
 
     def synchronize(self) -> None:
         """Wait until the work queued on this rank's GPU is done (what the timings include)."""
-        self.xp.cuda.get_current_stream().synchronize()
+        arrays.synchronize(self.expected)
 
 
 def _ring_allreduce(c: Case) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.cases import Case
+from ring import arrays
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,12 @@ def copy_bandwidth(comm: MPI.Comm, nbytes: int = 64 << 20, repeats: int = 10, xp
     if comm.Get_rank() == 0:
         source, target = xp.ones(nbytes, np.uint8), xp.empty(nbytes, np.uint8)
         xp.copyto(target, source)    # first touch: page faults are not copying
-        finish = (lambda: None) if xp is np else xp.cuda.get_current_stream().synchronize
-        finish()
+        arrays.synchronize(target)
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
             xp.copyto(target, source)
-            finish()
+            arrays.synchronize(target)
             times.append(time.perf_counter() - start)
         result[0] = nbytes / float(np.median(times))
     everyone_here = comm.Ibarrier()

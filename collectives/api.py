@@ -73,8 +73,7 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
         call.reject(error)
     w = call.world
     on_host = isinstance(x, np.ndarray)
-    sig = signature("allreduce", call.seq, op, x.dtype, x.shape, small_bytes=w.small_bytes,
-                    memory="host" if on_host else "gpu")
+    sig = signature("allreduce", call.seq, op, x.dtype, x.shape, small_bytes=w.small_bytes, memory=_memory(x))
     result = out if out is not None else arrays.xp_of(x).empty(x.shape, x.dtype)
     source = _flat(x)
     target = source if in_place else _flat_target(result)

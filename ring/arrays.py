@@ -33,11 +33,6 @@ def is_array(x: Any) -> bool:
     return isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] == "cupy"
 
 
-def on_device(x: Any) -> bool:
-    """True for a cupy (GPU) array."""
-    return not isinstance(x, np.ndarray) and xp_of(x) is not np
-
-
 def address(x: Any) -> int:
     """Where ``x``'s first element lives (host or device pointer)."""
     return x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr

@@ -42,6 +42,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 import collectives as col  # noqa: E402
+from ring import arrays  # noqa: E402
+from ring.transport.base import TransportError  # noqa: E402
 from trainer import checkpoint, data  # noqa: E402
 from trainer.model import MLP  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
@@ -117,13 +119,12 @@ def array_module(device: str):
     if device == "cpu":
         return np
     import cupy
+
+    from ring.transport import nccl
     try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as e:
-        raise UsageExit(f"--device cuda: no usable CUDA device ({e})") from e
-    if count == 0:
-        raise UsageExit("--device cuda: no CUDA device is visible")
-    cupy.cuda.Device(col.local_rank() % count).use()
+        nccl.use_local_device(col.local_rank())
+    except TransportError as e:
+        raise UsageExit(f"--device cuda: {e}") from e
     return cupy
 
 
@@ -178,7 +179,6 @@ def train(args) -> list[dict]:
     dataset = load_dataset(args, xp)
     config = config_of(args, dataset)
     model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype), xp)
-    synchronize = xp.cuda.get_current_stream().synchronize if xp is not np else (lambda: None)
     col.broadcast(model.flat_params, root=0)          # rank 0's initialisation is the model
     opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
     start = resume(args, model, opt, config) if args.resume else 0
@@ -196,10 +196,10 @@ def train(args) -> list[dict]:
             batch = order[first: first + args.batch_size]
             shard = xp.asarray(np.array_split(batch, col.size())[col.rank()])
             loss_sum += model.loss_and_grads(dataset.train_x[shard], dataset.train_y[shard], 1.0 / len(batch))
-            synchronize()   # (on a GPU: so that the time below is the allreduce's own)
+            arrays.synchronize(model.flat_grads)   # (on a GPU: so that the time below is the allreduce's own)
             t = time.perf_counter()
             col.allreduce(model.flat_grads, op="sum", out=model.flat_grads)    # one fused call per step
-            synchronize()
+            arrays.synchronize(model.flat_grads)
             comm_s += time.perf_counter() - t
             opt.step(model.flat_grads)
             step += 1

@@ -36,30 +36,45 @@ def _cupy():
     return cupy, nccl
 
 
+def _device_count() -> int:
+    cupy, _ = _cupy()
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        raise TransportError(f"no usable CUDA device: {e}") from e
+
+
 def use_device(device: int) -> None:
     """Make GPU ``device`` current for this process (NCCL binds a communicator to the current GPU)."""
     cupy, _ = _cupy()
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as e:
-        raise TransportError(f"no usable CUDA device: {e}") from e
+    count = _device_count()
     if not 0 <= device < count:
         raise TransportError(f"GPU {device} is not visible ({count} visible; check CUDA_VISIBLE_DEVICES)")
     cupy.cuda.Device(device).use()
 
 
+def use_local_device(local_rank: int) -> int:
+    """One GPU per rank: make GPU ``local_rank % visible GPUs`` current; return its index."""
+    count = _device_count()
+    if count == 0:
+        raise TransportError("no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)")
+    use_device(local_rank % count)
+    return local_rank % count
+
+
 def usable(local_size: int) -> tuple[bool, str]:
     """Whether NCCL can carry this host's ranks, and if not, why (for the automatic choice)."""
     try:
-        cupy, nccl = _cupy()
+        _, nccl = _cupy()
     except TransportError as e:
         return False, str(e)
     if not getattr(nccl, "available", True):
         return False, "CuPy was built without NCCL"
-    if local_size > cupy.cuda.runtime.getDeviceCount():
+    gpus = _device_count()
+    if local_size > gpus:
         version = nccl.get_version()
         if version < MULTI_RANK_GPU_VERSION or os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1":
-            return False, (f"{local_size} ranks share {cupy.cuda.runtime.getDeviceCount()} GPU(s): NCCL "
+            return False, (f"{local_size} ranks share {gpus} GPU(s): NCCL "
                            f"{version} needs >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 for that")
     return True, ""
 
