@@ -126,33 +126,31 @@ def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
 
 
 def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
-    """For --device cuda: cupy, NCCL's own communicator (if timed) and what to report about them.
-
-    Every rank finds out whether it has a GPU (and NCCL can serve this host's ranks);
-    one allgather gives every rank the same verdict, so none is left waiting.
-    """
+    """For --device cuda: cupy with this rank's GPU current, NCCL's own communicator (if timed)
+    and what to report about them. Every rank reaches the same verdict, so none is left waiting."""
     import cupy
 
-    from ring.transport import nccl as nccl_transport
+    from ring.transport import device as device_transports, nccl as nccl_transport
     host = world().transport
-    problem = ""
     try:
-        device = nccl_transport.use_local_device(host.local_rank)
-        if "nccl" in impls:
-            ok, why = nccl_transport.usable(host.local_size)
-            problem = "" if ok else f"--impl nccl: {why}"
-    except TransportError as e:
-        problem = str(e)
-    problems = comm.allgather(problem)
-    for rank, their in enumerate(problems):
-        if their:
-            if comm.Get_rank() == 0:
-                print(f"python -m bench: error: --device cuda: rank {rank}: {their}", file=sys.stderr, flush=True)
-            raise SystemExit(2)
+        if "nccl" in impls:   # NCCL's own collectives need NCCL on every rank, whatever the ring uses
+            device_transports.agree(host, None, "nccl")
+        gpu = col.use_local_gpu()
+    except (device_transports.Unavailable, col.CollectiveError) as e:
+        if comm.Get_rank() == 0:
+            hint = " (--impl ring times the ring alone)" if "NCCL cannot" in str(e) else ""
+            print(f"python -m bench: error: --device cuda: {e}{hint}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from e
     communicator = nccl_transport.connect(host).comm if "nccl" in impls else None
-    from cupy.cuda import nccl
-    facts = {"gpu": cupy.cuda.runtime.getDeviceProperties(device)["name"].decode(),
-             "cupy": cupy.__version__, "nccl": str(nccl.get_version())}
+    try:
+        nccl_version = str(nccl_transport.version())
+    except TransportError:
+        nccl_version = "none"
+    ring_transport = world().device_transport
+    facts = {"gpu": cupy.cuda.runtime.getDeviceProperties(gpu)["name"].decode(),
+             "cupy": cupy.__version__, "nccl": nccl_version,
+             "gpu_transport": type(ring_transport).__name__ + (f" ({ring_transport.why_staged})"
+                                                               if ring_transport.why_staged else "")}
     return cupy, communicator, facts
 
 
@@ -205,7 +203,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
     xp, nccl_comm = np, None
     if args.device == "cuda":
         xp, nccl_comm, facts = _gpu(comm, args.impl)
-        env.update(facts, gpu_transport=world().gpu_transport)
+        env.update(facts)
     env["memcpy_gbps"] = copy_bandwidth(comm, xp=xp) / GB
     if rank0:
         _print_header(env, args)

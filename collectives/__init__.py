@@ -6,9 +6,9 @@
 
 See ``collectives.api`` for each call and ``collectives.world`` for the settings.
 """
-from collectives.api import allgather, allreduce, barrier, broadcast, reduce_scatter
+from collectives.api import allgather, allreduce, barrier, broadcast, reduce_scatter, use_local_gpu
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.world import init, local_rank, local_size, rank, size
 
-__all__ = ["init", "rank", "size", "local_rank", "local_size", "allreduce", "reduce_scatter", "allgather", "broadcast", "barrier",
+__all__ = ["init", "rank", "size", "local_rank", "local_size", "use_local_gpu", "allreduce", "reduce_scatter", "allgather", "broadcast", "barrier",
            "CollectiveError", "CollectiveUsageError"]

@@ -185,3 +185,26 @@ def barrier(*, timeout: float | None = None) -> None:
         call.reject(error)
     sig = signature("barrier", call.seq)
     call.settle(doubling.agree(call.world.transport, sig), sig)   # the exchange itself is the barrier
+
+
+@collective("use_local_gpu")
+def use_local_gpu(*, timeout: float | None = None) -> int:
+    """Give this rank its own GPU, the same way on every rank; return the GPU's index.
+
+    Makes GPU ``local_rank() % visible GPUs`` current and sets up the transport for
+    cupy arrays (NCCL, or staged through the host: ``COLLECTIVES_GPU_TRANSPORT``).
+    Every rank calls it together, before making cupy arrays. If any rank has no
+    usable GPU, every rank raises the same CollectiveError. Without it, the first
+    collective on a cupy array does the same for the GPU that array is on.
+
+    >>> import cupy, collectives as col                              # doctest: +SKIP
+    >>> gpu = col.use_local_gpu()                                    # doctest: +SKIP
+    >>> g = cupy.ones(1 << 20, cupy.float32); col.allreduce(g, out=g)  # doctest: +SKIP
+    """
+    call = begin("use_local_gpu", timeout)
+    try:
+        validate.timeout("use_local_gpu", timeout)
+    except CollectiveUsageError as error:
+        call.reject(error)
+    call.agree(signature("use_local_gpu", call.seq))
+    return call.world.open_device_transport(None)

@@ -26,6 +26,9 @@ def array(collective: str, argument: str, x: Any) -> None:
         fail(collective, argument, f"expected a numpy.ndarray (or a cupy.ndarray), got {type(x).__name__}")
     if x.dtype.hasobject or x.dtype.fields is not None:
         fail(collective, argument, f"dtype {x.dtype} has no fixed binary layout to send")
+    if not isinstance(x, np.ndarray) and x.device.id != arrays.current_gpu():
+        fail(collective, argument, f"is on GPU {x.device.id}, but GPU {arrays.current_gpu()} is current "
+                                   "(make the array's GPU current: see collectives.use_local_gpu)")
 
 
 def reducible(collective: str, argument: str, x: np.ndarray, op: Any) -> None:

@@ -17,10 +17,10 @@ the same on every rank):
     default 600. Each collective also takes ``timeout=`` for one call.
 ``COLLECTIVES_GPU_TRANSPORT`` / ``gpu_transport``
     How cupy arrays move: "nccl", "staged" (through host memory, over MPI) or "auto"
-    (default): NCCL where every rank can use it, else staged. The transport is made
-    by the first collective on a cupy array, for the GPU that array is on: one GPU
-    per rank, usually GPU ``local_rank() % visible GPUs``, made current before any
-    cupy array is created.
+    (default): NCCL where it can carry every rank, else staged (see
+    ``ring.transport.device``). The transport is made by ``use_local_gpu()`` (GPU
+    ``local_rank() % visible GPUs``), or else by the first collective on a cupy
+    array, for the GPU that array is on: one GPU per rank.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from ring.transport.base import Transport, TransportError
 DEFAULT_SEGMENT_BYTES = 4 << 20
 DEFAULT_SMALL_BYTES = 32 << 10
 DEFAULT_TIMEOUT = 600.0
-GPU_TRANSPORTS = ("auto", "nccl", "staged")
+GPU_TRANSPORTS = ("auto", "nccl", "staged")   # ring.transport.device.CHOICES, without importing it early
 
 
 class World:
@@ -47,6 +47,7 @@ class World:
         self.transport = transport
         self.gpu_transport = gpu_transport
         self.device_transport = None   # made by the first collective on a cupy array (see transport_for)
+        self.gpu: int | None = None      # the GPU that device transport serves
         self.rank = transport.rank
         self.size = transport.size
         self.segment_bytes = segment_bytes
@@ -65,8 +66,29 @@ class World:
         if isinstance(x, np.ndarray):
             return self.transport
         if self.device_transport is None:
-            self.device_transport = _device_transport(self.transport, self.gpu_transport, x.device.id)
+            self.open_device_transport(x.device.id)
+        elif x.device.id != self.gpu:
+            raise CollectiveError(f"rank {self.rank}: a cupy array on GPU {x.device.id}, but this rank's "
+                                  f"collectives run on GPU {self.gpu} (one GPU per rank)")
         return self.device_transport
+
+    def open_device_transport(self, device: int | None) -> int:
+        """Make the transport for cupy arrays on GPU ``device`` (None: GPU ``local_rank %
+        visible GPUs``), made current; return the GPU's index. Every rank must call this
+        together, as the first collective on a cupy array does (see ``ring.transport.device``)."""
+        from ring.transport import device as device_transports
+        if self.device_transport is None:
+            try:
+                self.device_transport = device_transports.open_transport(self.transport, device,
+                                                                         self.gpu_transport)
+            except device_transports.Unavailable as e:   # the same on every rank: still in step
+                setting = " (COLLECTIVES_GPU_TRANSPORT=nccl)" if self.gpu_transport == "nccl" else ""
+                raise CollectiveError(f"{e}{setting}") from e
+            self.gpu = self.device_transport.gpu
+        elif device is not None and device != self.gpu:
+            raise CollectiveError(f"rank {self.rank}: GPU {device} asked for, but this rank's "
+                                  f"collectives already run on GPU {self.gpu} (one GPU per rank)")
+        return self.gpu
 
 
 _world: World | None = None
@@ -174,32 +196,3 @@ def rank() -> int:
 def size() -> int:
     """The number of ranks in the world."""
     return world().size
-
-
-def _device_transport(host: Transport, choice: str, device: int) -> Transport:
-    """The transport for cupy arrays on GPU ``device``, of the same kind on every rank.
-
-    Every rank first finds out what it can do; one exchange of those findings over
-    MPI then gives every rank the same verdict, so a rank without a GPU makes all of
-    them raise the same error instead of leaving the others waiting inside NCCL.
-    """
-    from ring.transport import nccl
-    from ring.transport.staged import StagedTransport
-    problem, why_not_nccl = "", ""
-    try:
-        nccl.use_device(device)
-        if choice != "staged":
-            _, why_not_nccl = nccl.usable(host.local_size)
-            if choice == "nccl" and why_not_nccl:
-                problem = f"COLLECTIVES_GPU_TRANSPORT=nccl, but {why_not_nccl}"
-    except TransportError as e:
-        problem = str(e)
-    mine = f"{' '.join(problem.split())[:800]}\n{' '.join(why_not_nccl.split())[:200]}"
-    findings = [row.rstrip(b"\0").decode(errors="replace").partition("\n")[::2]
-                for row in host.allgather_bytes(mine.encode()[:1024].ljust(1024, b"\0"))]
-    for rank, (their_problem, _) in enumerate(findings):
-        if their_problem:
-            raise CollectiveError(f"the GPU path is not available on rank {rank}: {their_problem}")
-    if choice == "staged" or any(why for _, why in findings):
-        return StagedTransport(host)
-    return nccl.connect(host)

@@ -38,6 +38,12 @@ def address(x: Any) -> int:
     return x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr
 
 
+def current_gpu() -> int:
+    """The index of this process's current GPU (cupy must be installed)."""
+    import cupy
+    return cupy.cuda.runtime.getDevice()
+
+
 def to_host(x: Any) -> np.ndarray:
     """A host copy of ``x`` (for cupy, this waits for the work queued on its stream)."""
     return np.array(x) if isinstance(x, np.ndarray) else x.get()

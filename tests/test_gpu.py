@@ -40,6 +40,15 @@ def test_every_collective_on_cupy_matches_the_host_path(n, transport):
     assert result.stdout.count(f"over {expected_name}, 0 wrong") == n, result.stdout[-4000:]
 
 
+def test_asking_for_nccl_where_ranks_share_a_gpu_fails_alike_on_every_rank():
+    if GPUS > 1 or (nccl_version() >= 23000 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"):
+        pytest.skip("here NCCL can carry two ranks")
+    result = run_world(2, ["-m", "tests.programs.gpu_collectives"], TIMEOUT_S,
+                       env={"COLLECTIVES_GPU_TRANSPORT": "nccl"})
+    assert result.returncode != 0
+    assert result.stdout.count("NCCL cannot carry these ranks: ranks 0, 1 share GPU") == 2, result.stdout[-4000:]
+
+
 def test_bench_on_the_gpu_is_exact_against_nccl(tmp_path):
     out = tmp_path / "gpu.json"
     result = run_world(1, ["-m", "bench", "--device", "cuda", "--max-bytes", "64M", "--factor", "8",

@@ -13,6 +13,7 @@ What it cannot check is NCCL and CUDA themselves (tests/test_gpu.py, on a GPU).
 import ctypes
 import queue
 import threading
+import time
 import types
 
 import numpy as np
@@ -20,6 +21,7 @@ import pytest
 
 from ring import algorithms
 from ring.transport import nccl as nccl_transport
+from ring.transport.base import TransportError
 from tests.test_simulated_ring import rank_input, reference, simulate
 
 
@@ -40,6 +42,7 @@ class FakeNccl:
         self.wires = {(s, d): queue.Queue() for s in range(n) for d in range(n)}
         self.groups = {}     # rank -> the groups it posted, each a list of (kind, peer, nbytes)
         self.open = {}
+        self.work_finishes = True   # False: queued work never finishes (a peer that never does its part)
 
     def groupStart(self):
         self.open[threading.get_ident()] = []
@@ -61,6 +64,13 @@ class FakeComm:
 
     def __init__(self, fake, rank):
         self.fake, self.rank = fake, rank
+        self.ended = []   # "abort" / "destroy", as called
+
+    def abort(self):
+        self.ended.append("abort")
+
+    def destroy(self):
+        self.ended.append("destroy")
 
     def send(self, address, nbytes, datatype, peer, stream):
         self._note(_Op("send", self, address, nbytes, peer))
@@ -96,8 +106,17 @@ def fake_nccl(monkeypatch):
     def install(n):
         fake = FakeNccl(n)
         stream = types.SimpleNamespace(ptr=0)
-        cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: stream))
-        monkeypatch.setattr(nccl_transport, "_cupy", lambda: (cupy, fake))
+
+        class Event:   # the groups above run to the end before returning: their work is done, unless told not
+            def __init__(self, block=False, disable_timing=False):
+                self.done = False
+
+            def record(self, stream):
+                self.done = fake.work_finishes
+
+        cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: stream, Event=Event))
+        monkeypatch.setattr(nccl_transport, "_cupy", lambda: cupy)
+        monkeypatch.setattr(nccl_transport, "_nccl", lambda: fake)
         return fake
     return install
 
@@ -162,7 +181,7 @@ def test_nothing_is_posted_until_a_wait(fake_nccl):
     fake = fake_nccl(2)
 
     class Host:
-        rank, size, deadline = 0, 2, float("inf")
+        rank, size, local_rank, local_size, deadline = 0, 2, 0, 2, float("inf")
 
     transport = nccl_transport.NCCLTransport(FakeComm(fake, 0), Host())
     send, recv = np.arange(4.0), np.zeros(4)
@@ -174,3 +193,45 @@ def test_nothing_is_posted_until_a_wait(fake_nccl):
     transport.wait(None)
     assert fake.groups == {0: [[("recv", 1, 32), ("send", 1, 32)]]}
     np.testing.assert_array_equal(recv, np.full(4, 7.0))
+
+
+def test_work_unfinished_after_the_deadline_aborts_the_communicator(fake_nccl, capsys):
+    fake = fake_nccl(1)
+    fake.work_finishes = False
+
+    class Host:
+        rank, size, local_rank, local_size = 0, 1, 0, 1
+        deadline = time.monotonic() + 0.3
+
+    comm = FakeComm(fake, 0)
+    transport = nccl_transport.NCCLTransport(comm, Host())
+    transport.watchdog._period = 0.05
+    buf = np.zeros(4)
+    transport.exchange(buf, buf, dest=0, source=0)   # queued; "never finishes"
+    time.sleep(0.1)
+    assert comm.ended == [] and not transport.watchdog.expired
+    time.sleep(0.6)
+    assert comm.ended == ["abort"]
+    assert "rank 0: device work queued by a collective was still unfinished" in capsys.readouterr().err
+    with pytest.raises(TransportError, match="NCCL communicator was aborted: device work queued"):
+        transport.exchange(buf, buf, dest=0, source=0)
+    transport.close()
+    assert comm.ended == ["abort"]   # not destroyed after the abort
+
+
+def test_finished_work_is_never_aborted_and_the_communicator_is_destroyed_at_close(fake_nccl):
+    fake = fake_nccl(1)
+
+    class Host:
+        rank, size, local_rank, local_size = 0, 1, 0, 1
+        deadline = time.monotonic() + 0.1
+
+    comm = FakeComm(fake, 0)
+    transport = nccl_transport.NCCLTransport(comm, Host())
+    transport.watchdog._period = 0.05
+    buf = np.zeros(4)
+    transport.exchange(buf, buf, dest=0, source=0)
+    time.sleep(0.4)
+    assert comm.ended == [] and not transport.watchdog.expired
+    transport.close()
+    assert comm.ended == ["destroy"]

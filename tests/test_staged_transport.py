@@ -56,7 +56,7 @@ def test_staging_sends_copies_so_later_writes_to_the_source_cannot_leak():
     sent = np.arange(6.0)
 
     class Recorder:
-        rank, size, deadline = 0, 2, float("inf")
+        rank, size, local_rank, local_size, deadline = 0, 2, 0, 2, float("inf")
 
         def send_to_right(self, buf):
             self.buffer = buf

@@ -43,7 +43,6 @@ import numpy as np  # noqa: E402
 
 import collectives as col  # noqa: E402
 from ring import arrays  # noqa: E402
-from ring.transport.base import TransportError  # noqa: E402
 from trainer import checkpoint, data  # noqa: E402
 from trainer.model import MLP  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
@@ -119,11 +118,9 @@ def array_module(device: str):
     if device == "cpu":
         return np
     import cupy
-
-    from ring.transport import nccl
     try:
-        nccl.use_local_device(col.local_rank())
-    except TransportError as e:
+        col.use_local_gpu()
+    except col.CollectiveError as e:   # raised alike on every rank
         raise UsageExit(f"--device cuda: {e}") from e
     return cupy
 

@@ -42,6 +42,8 @@ class Transport(Protocol):
 
     rank: int
     size: int
+    local_rank: int   # this rank's place among the ranks on its host
+    local_size: int   # how many ranks share its host
     deadline: float   # time.monotonic() after which every wait raises TransportTimeout
 
     def send_to_right(self, buf: Any) -> Any:
@@ -74,8 +76,10 @@ class OverHost:
 
     def __init__(self, host: Transport):
         self.host = host
-        self.rank = host.rank
-        self.size = host.size
+        self.rank, self.size = host.rank, host.size
+        self.local_rank, self.local_size = host.local_rank, host.local_size
+        self.gpu: int | None = None   # the GPU served (set by ring.transport.device.open_transport)
+        self.why_staged = ""          # why this world is not on NCCL, when it is not
 
     @property
     def deadline(self) -> float:

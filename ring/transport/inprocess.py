@@ -39,6 +39,7 @@ class InProcessTransport:
         self.rank = rank
         self.size = world.size
         self.deadline = float("inf")   # the world's own timeout applies as well
+        self.local_rank, self.local_size = rank, world.size   # every rank on one host
 
     def _send(self, buf: Any, dest: int) -> None:
         self._world._mailboxes[(self.rank, dest)].put(_bytes_of(buf).copy())

@@ -11,33 +11,47 @@ reduces a received segment is queued after the receive on the same stream, so
 it runs once the bytes have landed; the result of a collective is ready on the
 current stream when the call returns. The MPI ("host") transport carries the
 little metadata (the NCCL unique id at start, the cross-rank check) and holds
-the deadline, which bounds every wait on the host.
+the deadline, which bounds every wait on the host. The queued work, which the
+host does not wait for, is bounded by the same deadline: a watchdog
+(``ring.transport.watchdog``) aborts the communicator if it is still unfinished
+after it, instead of leaving a later stream synchronization waiting forever.
 """
 from __future__ import annotations
 
-import os
+import sys
 from typing import Any
 
 from ring import arrays
 from ring.schedule import left, right
 from ring.transport.base import OverHost, Transport, TransportError
+from ring.transport.watchdog import Watchdog
 
 _UNIQUE_ID_BYTES = 128
-MULTI_RANK_GPU_VERSION = 23000   # NCCL 2.30: first to accept several ranks on one GPU (when enabled)
 
 
 def _cupy():
     try:
         import cupy
+    except ImportError as e:
+        raise TransportError(f"the GPU path needs CuPy ({e}); install the extra that matches your CUDA: "
+                             'pip install -e ".[cuda12]" or ".[cuda13]"') from e
+    return cupy
+
+
+def _nccl():
+    """CuPy's NCCL binding; TransportError says what is missing (CuPy itself, or NCCL under it)."""
+    _cupy()
+    try:
         from cupy.cuda import nccl
     except ImportError as e:
-        raise TransportError(f"the GPU path needs CuPy with NCCL ({e}); install the extra that matches "
-                             'your CUDA: pip install -e ".[cuda12]" or ".[cuda13]"') from e
-    return cupy, nccl
+        raise TransportError(f"CuPy cannot load NCCL ({e}); install nvidia-nccl-cu12 or -cu13 to match CuPy") from e
+    if not getattr(nccl, "available", True):
+        raise TransportError("CuPy was built without NCCL")
+    return nccl
 
 
 def _device_count() -> int:
-    cupy, _ = _cupy()
+    cupy = _cupy()
     try:
         return cupy.cuda.runtime.getDeviceCount()
     except cupy.cuda.runtime.CUDARuntimeError as e:
@@ -46,11 +60,10 @@ def _device_count() -> int:
 
 def use_device(device: int) -> None:
     """Make GPU ``device`` current for this process (NCCL binds a communicator to the current GPU)."""
-    cupy, _ = _cupy()
     count = _device_count()
     if not 0 <= device < count:
         raise TransportError(f"GPU {device} is not visible ({count} visible; check CUDA_VISIBLE_DEVICES)")
-    cupy.cuda.Device(device).use()
+    _cupy().cuda.Device(device).use()
 
 
 def use_local_device(local_rank: int) -> int:
@@ -62,26 +75,19 @@ def use_local_device(local_rank: int) -> int:
     return local_rank % count
 
 
-def usable(local_size: int) -> tuple[bool, str]:
-    """Whether NCCL can carry this host's ranks, and if not, why (for the automatic choice)."""
-    try:
-        _, nccl = _cupy()
-    except TransportError as e:
-        return False, str(e)
-    if not getattr(nccl, "available", True):
-        return False, "CuPy was built without NCCL"
-    gpus = _device_count()
-    if local_size > gpus:
-        version = nccl.get_version()
-        if version < MULTI_RANK_GPU_VERSION or os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1":
-            return False, (f"{local_size} ranks share {gpus} GPU(s): NCCL "
-                           f"{version} needs >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 for that")
-    return True, ""
+def pci_bus_id(device: int) -> str:
+    """The physical identity of GPU ``device`` (the same for every process that sees that GPU)."""
+    return _cupy().cuda.Device(device).pci_bus_id
+
+
+def version() -> int:
+    """NCCL's version code (23203 for 2.32.3); TransportError if NCCL cannot be used."""
+    return _nccl().get_version()
 
 
 def connect(host: Transport) -> "NCCLTransport":
     """Make the NCCL communicator of ``host``'s ranks: rank 0's unique id travels over ``host``."""
-    _, nccl = _cupy()
+    nccl = _nccl()
     unique_id = nccl.get_unique_id() if host.rank == 0 else b""
     raw = unique_id if isinstance(unique_id, bytes) else bytes(v % 256 for v in unique_id)
     raw = host.allgather_bytes(raw.ljust(_UNIQUE_ID_BYTES, b"\0"))[0]
@@ -104,6 +110,7 @@ class NCCLTransport(OverHost):
         self._right = right(self.rank, self.size)
         self._left = left(self.rank, self.size)
         self._noted: list[tuple[bool, Any, int]] = []   # (is a send, buffer, peer), not yet posted
+        self.watchdog = Watchdog(self._expire)
 
     def send_to_right(self, buf: Any) -> bool:
         self._noted.append((True, buf, self._right))
@@ -126,23 +133,36 @@ class NCCLTransport(OverHost):
         self._post()
 
     def _post(self) -> None:
-        cupy, nccl = _cupy()
-        stream = cupy.cuda.get_current_stream().ptr
+        if self.watchdog.expired:
+            raise TransportError(f"the NCCL communicator was aborted: {self.watchdog.expired}")
+        nccl, cupy = _nccl(), _cupy()
+        stream = cupy.cuda.get_current_stream()
         noted, self._noted = self._noted, []
         try:
             nccl.groupStart()
             try:
                 for is_send, buf, peer in noted:
                     post = self.comm.send if is_send else self.comm.recv
-                    post(arrays.address(buf), buf.nbytes, nccl.NCCL_INT8, peer, stream)
+                    post(arrays.address(buf), buf.nbytes, nccl.NCCL_INT8, peer, stream.ptr)
             finally:
                 nccl.groupEnd()
         except nccl.NcclError as e:
             raise TransportError(f"NCCL point-to-point with ranks {sorted({p for _, _, p in noted})} failed: {e}") from e
+        done = cupy.cuda.Event(block=False, disable_timing=True)
+        done.record(stream)
+        self.watchdog.watch(done, self.deadline)
 
+    def _expire(self, why: str) -> None:
+        """The watchdog's verdict (on its thread): end the stuck kernels, so that nobody waits on them forever."""
+        print(f"rank {self.rank}: {why}; aborting the NCCL communicator, so waits on the stream end and "
+              "the next collective raises CollectiveError", file=sys.stderr, flush=True)
+        self.comm.abort()
 
     def close(self, failed: bool = False) -> None:
         """Destroy the communicator at exit; after a failure abort it instead (a peer may never come)."""
+        self.watchdog.stop()
+        if self.watchdog.expired:
+            return   # already aborted
         if failed:
             self.comm.abort()
         else:

@@ -20,7 +20,7 @@ def rank_input(count: int, dtype: str, op: str) -> np.ndarray:
 
 
 def main() -> int:
-    cupy.cuda.Device(col.local_rank() % cupy.cuda.runtime.getDeviceCount()).use()
+    col.use_local_gpu()
     n, problems, checked = col.size(), [], 0
     # 1 MiB of float32 with 64 KiB segments: several segments per chunk, so the pipelined path runs
     col.init(segment_bytes=64 << 10)
