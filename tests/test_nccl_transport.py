@@ -195,19 +195,24 @@ def test_nothing_is_posted_until_a_wait(fake_nccl):
     np.testing.assert_array_equal(recv, np.full(4, 7.0))
 
 
-def test_work_unfinished_after_the_deadline_aborts_the_communicator(fake_nccl, capsys):
-    fake = fake_nccl(1)
-    fake.work_finishes = False
-
+def one_exchange_due_in(fake, seconds):
+    """A one-rank NCCLTransport (watchdog looking every 50 ms) that has queued one exchange due in ``seconds``."""
     class Host:
         rank, size, local_rank, local_size = 0, 1, 0, 1
-        deadline = time.monotonic() + 0.3
+        deadline = time.monotonic() + seconds
 
     comm = FakeComm(fake, 0)
     transport = nccl_transport.NCCLTransport(comm, Host())
     transport.watchdog._period = 0.05
     buf = np.zeros(4)
-    transport.exchange(buf, buf, dest=0, source=0)   # queued; "never finishes"
+    transport.exchange(buf, buf, dest=0, source=0)
+    return comm, transport, buf
+
+
+def test_work_unfinished_after_the_deadline_aborts_the_communicator(fake_nccl, capsys):
+    fake = fake_nccl(1)
+    fake.work_finishes = False
+    comm, transport, buf = one_exchange_due_in(fake, 0.3)   # queued; "never finishes"
     time.sleep(0.1)
     assert comm.ended == [] and not transport.watchdog.expired
     time.sleep(0.6)
@@ -220,17 +225,7 @@ def test_work_unfinished_after_the_deadline_aborts_the_communicator(fake_nccl, c
 
 
 def test_finished_work_is_never_aborted_and_the_communicator_is_destroyed_at_close(fake_nccl):
-    fake = fake_nccl(1)
-
-    class Host:
-        rank, size, local_rank, local_size = 0, 1, 0, 1
-        deadline = time.monotonic() + 0.1
-
-    comm = FakeComm(fake, 0)
-    transport = nccl_transport.NCCLTransport(comm, Host())
-    transport.watchdog._period = 0.05
-    buf = np.zeros(4)
-    transport.exchange(buf, buf, dest=0, source=0)
+    comm, transport, _ = one_exchange_due_in(fake_nccl(1), 0.1)
     time.sleep(0.4)
     assert comm.ended == [] and not transport.watchdog.expired
     transport.close()
