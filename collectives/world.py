@@ -31,12 +31,12 @@ import numpy as np
 
 from collectives.errors import CollectiveError, CollectiveUsageError
 from ring.doubling import MAX_PAYLOAD_BYTES
-from ring.transport.base import Transport, TransportError
+from ring.transport import device as device_transports
+from ring.transport.base import Transport
 
 DEFAULT_SEGMENT_BYTES = 4 << 20
 DEFAULT_SMALL_BYTES = 32 << 10
 DEFAULT_TIMEOUT = 600.0
-GPU_TRANSPORTS = ("auto", "nccl", "staged")   # ring.transport.device.CHOICES, without importing it early
 
 
 class World:
@@ -76,7 +76,6 @@ class World:
         """Make the transport for cupy arrays on GPU ``device`` (None: GPU ``local_rank %
         visible GPUs``), made current; return the GPU's index. Every rank must call this
         together, as the first collective on a cupy array does (see ``ring.transport.device``)."""
-        from ring.transport import device as device_transports
         if self.device_transport is None:
             try:
                 self.device_transport = device_transports.open_transport(self.transport, device,
@@ -140,7 +139,8 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
         timeout=_setting("timeout", timeout, "COLLECTIVES_TIMEOUT", DEFAULT_TIMEOUT, float,
                          lambda v: isinstance(v, (int, float)) and v > 0, "a positive number of seconds"),
         gpu_transport=_setting("gpu_transport", gpu_transport, "COLLECTIVES_GPU_TRANSPORT", "auto", str,
-                               lambda v: v in GPU_TRANSPORTS, " or ".join(map(repr, GPU_TRANSPORTS))),
+                               lambda v: v in device_transports.CHOICES,
+                               " or ".join(map(repr, device_transports.CHOICES))),
     )
     if _world is not None:
         given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout,
