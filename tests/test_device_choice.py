@@ -126,8 +126,11 @@ def test_probe_may_share_a_gpu_only_with_nccl_2_30_and_the_switch_on(gpus, monke
     assert not device.probe(0, 0).may_share_gpu
 
 
-def test_probe_reports_what_is_missing(gpus):
+def test_probe_reports_what_is_missing(gpus, monkeypatch):
     assert "GPU 5 is not visible" in device.probe(5, 0).problem
+    monkeypatch.setattr(nccl, "pci_bus_id", lambda d: (_ for _ in ()).throw(RuntimeError("cudaErrorUnknown")))
+    assert device.probe(0, 0).problem == "cudaErrorUnknown"   # any error is reported, never raised alone
+    monkeypatch.setattr(nccl, "pci_bus_id", lambda d: "0000:1b:00.0")
     gpus["version"] = None
     finding = device.probe(0, 0)
     assert not finding.problem and finding.nccl_problem == "CuPy cannot load NCCL" and finding.gpu

@@ -69,12 +69,12 @@ def probe(device: int | None, local_rank: int) -> Finding:
         else:
             nccl.use_device(device)
         gpu = f"{socket.gethostname()}/{nccl.pci_bus_id(device)}"
-    except TransportError as e:
-        return Finding(problem=str(e))
+    except Exception as e:   # whatever it is (a CUDA error too), every rank must hear of it, not wait
+        return Finding(problem=str(e) or type(e).__name__)
     try:
         version = nccl.version()
-    except TransportError as e:
-        return Finding(gpu=gpu, nccl_problem=str(e))
+    except Exception as e:
+        return Finding(gpu=gpu, nccl_problem=str(e) or type(e).__name__)
     enabled = os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
     return Finding(gpu=gpu, nccl_version=version, may_share_gpu=enabled and version >= MULTI_RANK_GPU_VERSION)
 
