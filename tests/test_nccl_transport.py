@@ -19,10 +19,9 @@ import types
 import numpy as np
 import pytest
 
-from ring import algorithms
 from ring.transport import nccl as nccl_transport
 from ring.transport.base import TransportError
-from tests.test_simulated_ring import rank_input, reference, simulate
+from tests.test_simulated_ring import allreduce_each, check_allgather_then_broadcast, rank_input, reference, simulate
 
 
 class FakeNccl:
@@ -131,34 +130,16 @@ def over_nccl(fake, body):
 def test_allreduce_over_the_nccl_transport(fake_nccl, n, segment, in_place):
     fake = fake_nccl(n)
     inputs = [rank_input(r, 101, np.float32) for r in range(n)]
-
-    def body(t):
-        x = inputs[t.rank].copy()
-        out = x if in_place else np.empty_like(x)
-        algorithms.allreduce(t, x, out, "sum", segment)
-        return out
-
-    for result in simulate(n, over_nccl(fake, body)):
-        np.testing.assert_array_equal(result, reference(inputs, "sum"))
+    expected = reference(inputs, "sum")
+    for result in simulate(n, over_nccl(fake, allreduce_each(inputs, "sum", segment, in_place))):
+        np.testing.assert_array_equal(result, expected)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_allgather_and_broadcast_over_the_nccl_transport(fake_nccl, n):
     fake = fake_nccl(n)
-    counts = [(r * 5) % 7 + 1 for r in range(n)]
-    inputs = [rank_input(r, c, np.int64) for r, c in enumerate(counts)]
-    root = n - 1
-
-    def body(t):
-        gathered = np.empty(sum(counts), np.int64)
-        algorithms.allgather(t, inputs[t.rank], gathered, counts, 2)
-        buffer = inputs[root].copy() if t.rank == root else np.zeros(counts[root], np.int64)
-        algorithms.broadcast(t, buffer, root, 3)
-        return gathered, buffer
-
-    for gathered, buffer in simulate(n, over_nccl(fake, body)):
-        np.testing.assert_array_equal(gathered, np.concatenate(inputs))
-        np.testing.assert_array_equal(buffer, inputs[root])
+    check_allgather_then_broadcast(n, lambda body: over_nccl(fake, body), [(r * 5) % 7 + 1 for r in range(n)],
+                                   np.int64, root=n - 1, segments=(2, 3))
 
 
 def test_the_fake_hangs_where_nccl_would_so_the_tests_above_can_fail(fake_nccl):

@@ -46,6 +46,33 @@ def reference(inputs, op):
     return REFERENCE[op].reduce(np.stack(inputs), axis=0)
 
 
+def allreduce_each(inputs, op, segment, in_place):
+    """A simulated rank's body: all-reduce ``inputs[rank]`` (into itself if ``in_place``), return the result."""
+    def body(t):
+        x = inputs[t.rank]
+        out = x if in_place else np.empty_like(x)
+        algorithms.allreduce(t, x, out, op, segment)
+        return out
+    return body
+
+
+def check_allgather_then_broadcast(n, wrap, counts, dtype, root, segments):
+    """Over ``wrap(body)`` (a transport wrapper), allgather every rank's input, then broadcast
+    ``root``'s (segment sizes ``segments``), and check both results on every rank."""
+    inputs = [rank_input(r, c, dtype) for r, c in enumerate(counts)]
+
+    def body(t):
+        gathered = np.empty(sum(counts), dtype)
+        algorithms.allgather(t, inputs[t.rank], gathered, counts, segments[0])
+        buffer = inputs[root].copy() if t.rank == root else np.zeros(counts[root], dtype)
+        algorithms.broadcast(t, buffer, root, segments[1])
+        return gathered, buffer
+
+    for gathered, buffer in simulate(n, wrap(body)):
+        np.testing.assert_array_equal(gathered, np.concatenate(inputs))
+        np.testing.assert_array_equal(buffer, inputs[root])
+
+
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 8), count=st.integers(0, 400), segment=st.integers(1, 64),
        op=st.sampled_from(["sum", "avg", "min", "max", "prod"]), in_place=st.booleans())
@@ -54,13 +81,7 @@ def test_allreduce_matches_numpy(n, count, segment, op, in_place):
     expected = reference(inputs, op)
     originals = [x.copy() for x in inputs]
 
-    def body(t):
-        x = inputs[t.rank]
-        out = x if in_place else np.empty_like(x)
-        algorithms.allreduce(t, x, out, op, segment)
-        return out
-
-    for rank, result in enumerate(simulate(n, body)):
+    for rank, result in enumerate(simulate(n, allreduce_each(inputs, op, segment, in_place))):
         np.testing.assert_array_equal(result, expected, err_msg=f"rank {rank}")
         if not in_place:
             np.testing.assert_array_equal(inputs[rank], originals[rank], err_msg="input modified")

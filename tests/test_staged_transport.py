@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ring import algorithms
 from ring.transport.staged import StagedTransport
-from tests.test_simulated_ring import rank_input, reference, simulate
+from tests.test_simulated_ring import allreduce_each, check_allgather_then_broadcast, rank_input, reference, simulate
 
 
 def staged(body):
@@ -23,33 +22,14 @@ def staged(body):
 def test_allreduce_over_staging_matches_numpy(n, count, segment, op, in_place):
     inputs = [rank_input(r, count, np.float64, op) for r in range(n)]
     expected = reference(inputs, op)
-
-    def body(t):
-        x = inputs[t.rank].copy()
-        out = x if in_place else np.empty_like(x)
-        algorithms.allreduce(t, x, out, op, segment)
-        return out
-
-    for result in simulate(n, staged(body)):
+    for result in simulate(n, staged(allreduce_each(inputs, op, segment, in_place))):
         np.testing.assert_array_equal(result, expected)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 def test_allgather_and_broadcast_over_staging(n):
-    counts = [(r * 5) % 7 for r in range(n)]
-    inputs = [rank_input(r, c, np.int32) for r, c in enumerate(counts)]
-    root = n // 2
-
-    def body(t):
-        gathered = np.empty(sum(counts), np.int32)
-        algorithms.allgather(t, inputs[t.rank], gathered, counts, 3)
-        buffer = inputs[root].copy() if t.rank == root else np.zeros(counts[root], np.int32)
-        algorithms.broadcast(t, buffer, root, 2)
-        return gathered, buffer
-
-    for gathered, buffer in simulate(n, staged(body)):
-        np.testing.assert_array_equal(gathered, np.concatenate(inputs))
-        np.testing.assert_array_equal(buffer, inputs[root])
+    check_allgather_then_broadcast(n, staged, [(r * 5) % 7 for r in range(n)], np.int32, root=n // 2,
+                                   segments=(3, 2))
 
 
 def test_staging_sends_copies_so_later_writes_to_the_source_cannot_leak():
