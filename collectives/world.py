@@ -47,7 +47,6 @@ class World:
         self.transport = transport
         self.gpu_transport = gpu_transport
         self.device_transport = None   # made by the first collective on a cupy array (see transport_for)
-        self.gpu: int | None = None      # the GPU that device transport serves
         self.rank = transport.rank
         self.size = transport.size
         self.segment_bytes = segment_bytes
@@ -65,17 +64,14 @@ class World:
         transport, made on first use (every rank must be in this call: collectives agree first)."""
         if isinstance(x, np.ndarray):
             return self.transport
-        if self.device_transport is None:
-            self.open_device_transport(x.device.id)
-        elif x.device.id != self.gpu:
-            raise CollectiveError(f"rank {self.rank}: a cupy array on GPU {x.device.id}, but this rank's "
-                                  f"collectives run on GPU {self.gpu} (one GPU per rank)")
+        self.open_device_transport(x.device.id)
         return self.device_transport
 
     def open_device_transport(self, device: int | None) -> int:
         """Make the transport for cupy arrays on GPU ``device`` (None: GPU ``local_rank %
-        visible GPUs``), made current; return the GPU's index. Every rank must call this
-        together, as the first collective on a cupy array does (see ``ring.transport.device``)."""
+        visible GPUs``), made current, unless it exists (then ``device`` must be its GPU); return
+        the GPU's index. Every rank must make it together, as the first collective on a cupy
+        array does (see ``ring.transport.device``)."""
         if self.device_transport is None:
             try:
                 self.device_transport = device_transports.open_transport(self.transport, device,
@@ -83,11 +79,10 @@ class World:
             except device_transports.Unavailable as e:   # the same on every rank: still in step
                 setting = " (COLLECTIVES_GPU_TRANSPORT=nccl)" if self.gpu_transport == "nccl" else ""
                 raise CollectiveError(f"{e}{setting}") from e
-            self.gpu = self.device_transport.gpu
-        elif device is not None and device != self.gpu:
-            raise CollectiveError(f"rank {self.rank}: GPU {device} asked for, but this rank's "
-                                  f"collectives already run on GPU {self.gpu} (one GPU per rank)")
-        return self.gpu
+        elif device is not None and device != self.device_transport.gpu:
+            raise CollectiveError(f"rank {self.rank}: an array on GPU {device}, but this rank's "
+                                  f"collectives run on GPU {self.device_transport.gpu} (one GPU per rank)")
+        return self.device_transport.gpu
 
 
 _world: World | None = None

@@ -4,6 +4,8 @@ The verdict is pure (``device.choose``); the probe is checked against a stand-in
 the few CuPy calls it makes, and the agreement runs over the simulated world, where
 every rank must reach the same verdict.
 """
+import types
+
 import pytest
 
 from ring.transport import device, nccl
@@ -155,3 +157,16 @@ def test_every_rank_reaches_the_same_verdict(monkeypatch, n):
         except device.Unavailable as e:
             return str(e)
     assert simulate(n, each) == [f"the GPU path is not available on rank {n - 1}: no usable CUDA device"] * n
+
+
+def test_a_rank_keeps_one_gpu_once_its_device_transport_exists():
+    from collectives.errors import CollectiveError
+    from collectives.world import World
+    from ring.transport.inprocess import InProcessWorld
+    w = World(InProcessWorld(1).transport(0), segment_bytes=1024, small_bytes=0, check=True, timeout=5.0)
+    w.device_transport = device.StagedTransport(w.transport)
+    w.device_transport.gpu = 0
+    on_gpu = lambda index: types.SimpleNamespace(device=types.SimpleNamespace(id=index))  # noqa: E731
+    assert w.transport_for(on_gpu(0)) is w.device_transport and w.open_device_transport(None) == 0
+    with pytest.raises(CollectiveError, match="rank 0: an array on GPU 1, but this rank's collectives run on GPU 0"):
+        w.transport_for(on_gpu(1))

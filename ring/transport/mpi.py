@@ -61,11 +61,11 @@ class MPITransport:
 
     def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
                  source: int | None = None, reuse: bool = False) -> None:
+        source = self._left if source is None else source
+        dest = self._right if dest is None else dest
         if reuse and send is not None and recv is not None:
             self._exchange_again(send, recv, dest, source)
             return
-        source = self._left if source is None else source
-        dest = self._right if dest is None else dest
         requests, peers = [], []
         try:
             if recv is not None:
