@@ -4,9 +4,14 @@ Any shape and memory layout is accepted: the ring works on the C-order flattenin
 of the array. Contiguous arrays are used as they are; others go through one
 contiguous copy, and the result is written back in the caller's layout.
 
-Every collective first checks that all ranks make the same call (``collectives.call``)
-and takes ``timeout=`` (seconds) to bound its waiting; see ``collectives.world`` for
-the defaults.
+Every collective first checks that all ranks make the same call (``collectives.call``),
+takes ``timeout=`` (seconds) to bound its waiting (see ``collectives.world`` for the
+defaults), and takes ``name=``: a string, the same on every rank, that the check
+compares too. Calls that look alike (the same collective, dtype and shape) can only
+be told apart by it: ``allreduce(grads, name=f"step {step}")`` turns a rank that
+skipped a step into a CollectiveUsageError instead of results paired with the wrong
+step. A numpy subclass (``np.matrix``) is used through a plain ndarray view, and
+results are plain arrays; masked arrays are refused.
 
 numpy arrays move over MPI. cupy arrays run the same ring over NCCL, or staged
 through host memory over MPI where NCCL cannot carry them (``COLLECTIVES_GPU_TRANSPORT``),
@@ -20,7 +25,6 @@ import numpy as np
 from collectives import validate
 from collectives.call import begin, collective
 from collectives.errors import CollectiveUsageError
-from collectives.signature import signature
 from ring import algorithms, arrays, doubling
 from ring.partition import chunk_bounds
 
@@ -53,7 +57,7 @@ def _write_back(result: np.ndarray, flat: np.ndarray) -> np.ndarray:
 
 @collective("allreduce")
 def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
-              timeout: float | None = None) -> np.ndarray:
+              timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Reduce ``x`` elementwise across all ranks; every rank gets the same bits.
 
     ``op`` is "sum", "avg", "min", "max" or "prod". ``out=x`` reduces in place;
@@ -64,16 +68,19 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
     >>> col.allreduce(np.full(3, col.rank() + 1.0))       # on 3 ranks  # doctest: +SKIP
     array([6., 6., 6.])
     """
-    call = begin("allreduce", timeout)
+    call = begin("allreduce", timeout, name)
     try:
         validate.timeout("allreduce", timeout)
+        validate.call_name("allreduce", name)
+        x = validate.plain("allreduce", "x", x)
         validate.reducible("allreduce", "x", x, op)
+        out = validate.plain("allreduce", "out", out)
         in_place = out is not None and validate.out_array("allreduce", out, x, x.shape)
     except CollectiveUsageError as error:
         call.reject(error)
     w = call.world
     on_host = isinstance(x, np.ndarray)
-    sig = signature("allreduce", call.seq, op, x.dtype, x.shape, small_bytes=w.small_bytes, memory=_memory(x))
+    sig = call.signature(op=op, dtype=x.dtype, shape=x.shape, memory=_memory(x))
     result = out if out is not None else arrays.xp_of(x).empty(x.shape, x.dtype)
     source = _flat(x)
     target = source if in_place else _flat_target(result)
@@ -87,7 +94,7 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
 
 @collective("reduce_scatter")
 def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
-                   timeout: float | None = None) -> np.ndarray:
+                   timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Reduce ``x`` across ranks; return this rank's block of the flattened result.
 
     Blocks are split like ``np.array_split(x.ravel(), size())``: with 10 elements
@@ -96,18 +103,20 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
     >>> col.reduce_scatter(np.arange(10.0))               # rank 1 of 3  # doctest: +SKIP
     array([12., 15., 18.])
     """
-    call = begin("reduce_scatter", timeout)
+    call = begin("reduce_scatter", timeout, name)
     w = call.world
     try:
         validate.timeout("reduce_scatter", timeout)
+        validate.call_name("reduce_scatter", name)
+        x = validate.plain("reduce_scatter", "x", x)
         validate.reducible("reduce_scatter", "x", x, op)
         owned_start, owned_stop = chunk_bounds(x.size, w.size)[w.rank]
         if out is not None:
+            out = validate.plain("reduce_scatter", "out", out)
             validate.out_array("reduce_scatter", out, x, (owned_stop - owned_start,))
     except CollectiveUsageError as error:
         call.reject(error)
-    sig = signature("reduce_scatter", call.seq, op, x.dtype, x.shape, small_bytes=w.small_bytes,
-                    memory=_memory(x))
+    sig = call.signature(op=op, dtype=x.dtype, shape=x.shape, memory=_memory(x))
     xp = arrays.xp_of(x)
     source = _flat(x)
     work = xp.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
@@ -123,7 +132,7 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
 
 
 @collective("allgather")
-def allgather(x: np.ndarray, *, timeout: float | None = None) -> np.ndarray:
+def allgather(x: np.ndarray, *, timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Concatenate every rank's ``x`` along axis 0, in rank order; axis 0 may differ between ranks.
 
     >>> col.allgather(np.full((col.rank() + 1, 2), col.rank()))   # on 2 ranks  # doctest: +SKIP
@@ -131,16 +140,18 @@ def allgather(x: np.ndarray, *, timeout: float | None = None) -> np.ndarray:
            [1, 1],
            [1, 1]])
     """
-    call = begin("allgather", timeout)
+    call = begin("allgather", timeout, name)
     try:
         validate.timeout("allgather", timeout)
+        validate.call_name("allgather", name)
+        x = validate.plain("allgather", "x", x)
         validate.array("allgather", "x", x)
         if x.ndim == 0:
             validate.fail("allgather", "x", "is 0-dimensional; allgather concatenates along axis 0")
     except CollectiveUsageError as error:
         call.reject(error)
     w = call.world
-    call.agree(signature("allgather", call.seq, dtype=x.dtype, shape=x.shape[1:], memory=_memory(x)))
+    call.agree(call.signature(dtype=x.dtype, shape=x.shape[1:], memory=_memory(x)))
     every = w.transport.allgather_bytes(np.int64(x.shape[0]).tobytes())
     lengths = np.frombuffer(b"".join(every), np.int64)
     result = arrays.xp_of(x).empty((int(lengths.sum()),) + x.shape[1:], x.dtype)
@@ -151,7 +162,8 @@ def allgather(x: np.ndarray, *, timeout: float | None = None) -> np.ndarray:
 
 
 @collective("broadcast")
-def broadcast(x: np.ndarray, root: int = 0, *, timeout: float | None = None) -> np.ndarray:
+def broadcast(x: np.ndarray, root: int = 0, *, timeout: float | None = None,
+              name: str | None = None) -> np.ndarray:
     """Overwrite ``x`` on every rank with ``root``'s ``x``, in place; returns ``x``.
 
     A pipelined chain along the ring: large buffers move at nearly one link's
@@ -159,31 +171,34 @@ def broadcast(x: np.ndarray, root: int = 0, *, timeout: float | None = None) -> 
 
     >>> params = col.broadcast(params, root=0)                         # doctest: +SKIP
     """
-    call = begin("broadcast", timeout)
+    call = begin("broadcast", timeout, name)
     w = call.world
     try:
         validate.timeout("broadcast", timeout)
+        validate.call_name("broadcast", name)
+        x = validate.plain("broadcast", "x", x)
         validate.array("broadcast", "x", x)
         validate.root("broadcast", root, w.size)
         if w.rank != root:
             validate.writable("broadcast", "x", x)
     except CollectiveUsageError as error:
         call.reject(error)
-    call.agree(signature("broadcast", call.seq, dtype=x.dtype, shape=x.shape, root=int(root), memory=_memory(x)))
+    call.agree(call.signature(dtype=x.dtype, shape=x.shape, root=int(root), memory=_memory(x)))
     buffer = _flat(x) if w.rank == root else _flat_target(x)
     algorithms.broadcast(w.transport_for(x), buffer, int(root), w.segment_elems(x.dtype))
     return _write_back(x, buffer) if w.rank != root else x
 
 
 @collective("barrier")
-def barrier(*, timeout: float | None = None) -> None:
-    """Return once every rank has entered the barrier (and, with the check on, checks they all meant to)."""
-    call = begin("barrier", timeout)
+def barrier(*, timeout: float | None = None, name: str | None = None) -> None:
+    """Return once every rank has entered the barrier (and checks that they all meant to)."""
+    call = begin("barrier", timeout, name)
     try:
         validate.timeout("barrier", timeout)
+        validate.call_name("barrier", name)
     except CollectiveUsageError as error:
         call.reject(error)
-    sig = signature("barrier", call.seq)
+    sig = call.signature()
     call.settle(doubling.agree(call.world.transport, sig), sig)   # the exchange itself is the barrier
 
 
@@ -206,5 +221,5 @@ def use_local_gpu(*, timeout: float | None = None) -> int:
         validate.timeout("use_local_gpu", timeout)
     except CollectiveUsageError as error:
         call.reject(error)
-    call.agree(signature("use_local_gpu", call.seq))
+    call.agree(call.signature())
     return call.world.open_device_transport(None)

@@ -8,9 +8,19 @@ they differ are the fields decoded again, to say which ones differ and how:
 >>> b = signature("allreduce", 7, op="sum", dtype=np.dtype("float32"), shape=(1001,))
 >>> print(disagreement("allreduce", [a, a, b]))
 allreduce: x: count differs across ranks: rank 0: 1000, rank 2: 1001
+
+Calls that look alike (the same collective on the same kind of array) cannot be
+told apart, so a rank that skips one of them pairs its next call with the others'
+skipped one. ``name=`` makes such calls differ:
+
+>>> c = signature("allreduce", 8, op="sum", dtype=np.dtype("float32"), shape=(1000,), name="step 7")
+>>> d = signature("allreduce", 8, op="sum", dtype=np.dtype("float32"), shape=(1000,), name="step 8")
+>>> print(disagreement("allreduce", [c, d]))
+allreduce: name: name differs across ranks: rank 0: step 7, rank 1: step 8
 """
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 
 import numpy as np
@@ -26,31 +36,42 @@ FIELDS = (
     ("count", "x"),
     ("shape", "x"),
     ("root", "root"),
-    ("small-message threshold (COLLECTIVES_SMALL_BYTES)", ""),
+    ("name", "name"),
+    ("calling thread", ""),
     ("argument check", ""),
     ("memory (host or gpu)", "x"),
 )
 _SHOWN_RANKS = 8
+_LONGEST_FIELD = 24   # a longer value is compared as a digest, so that every signature fits
 
 
 def signature(collective: str, seq: int, op: str = "", dtype: np.dtype | None = None, shape: tuple | None = None,
-              root: int = -1, small_bytes: int = 0, rejected: bool = False, memory: str = "") -> bytes:
+              root: int = -1, rejected: bool = False, memory: str = "", name: str = "", thread: str = "") -> bytes:
     """The bytes every rank compares. ``shape=None``: no array (barrier); for allgather pass the
-    trailing shape (axis 0 may differ), whose count is not compared. ``memory``: "host" or "gpu"."""
-    return _fields(collective, op, dtype, shape, root, small_bytes, rejected, memory) % seq
+    trailing shape (axis 0 may differ), whose count is not compared. ``memory``: "host" or "gpu";
+    ``name``: the caller's name for the call; ``thread``: the calling thread's name."""
+    return _fields(collective, op, dtype, shape, root, rejected, memory, name, thread) % seq
 
 
 @lru_cache(maxsize=1024)
 def _fields(collective: str, op: str, dtype: np.dtype | None, shape: tuple | None, root: int,
-            small_bytes: int, rejected: bool, memory: str) -> bytes:
+            rejected: bool, memory: str, name: str, thread: str) -> bytes:
     """Everything but the sequence number, as a ``%d`` template (cached: calls repeat)."""
-    dtype_text = "" if dtype is None else dtype.name if dtype.isnative else dtype.str
+    dtype_text = "" if dtype is None else dtype.name if dtype.isnative and dtype.fields is None else str(dtype)
     count = "" if shape is None or collective == "allgather" else _count(shape)
     shape_text = "" if shape is None else str(shape)
-    if len(shape_text) > SIGNATURE_BYTES // 2:   # a very long shape: compare a digest of it instead
-        shape_text = f"#{hash(tuple(shape)) & (2**60 - 1):x}"
-    return (f"{collective}|%d|{op}|{dtype_text}|{count}|{shape_text}|{root}|{small_bytes}|"
+    fields = [_fit(text.replace("%", "%%").replace("|", "/"))
+              for text in (op, dtype_text, str(count), shape_text, str(root), name, thread)]
+    op_text, dtype_text, count_text, shape_text, root_text, name, thread = fields
+    return (f"{collective}|%d|{op_text}|{dtype_text}|{count_text}|{shape_text}|{root_text}|{name}|{thread}|"
             f"{'rejected' if rejected else 'ok'}|{memory}").encode()
+
+
+def _fit(text: str) -> str:
+    """``text``, or a digest of it when it is long (the same on every rank, unlike ``hash``)."""
+    if len(text.encode()) <= _LONGEST_FIELD:
+        return text
+    return "#" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def _count(shape: tuple) -> int:
@@ -66,6 +87,8 @@ def disagreement(collective: str, signatures: list[bytes]) -> str:
     rows = [s.rstrip(b"\0").decode(errors="replace").split("|") for s in signatures]
     rows = [r + [""] * (len(FIELDS) - len(r)) for r in rows]
     differing = [i for i in range(len(FIELDS)) if any(r[i] != rows[0][i] for r in rows)]
+    if 0 in differing:
+        differing = [0]   # other collectives have other fields: comparing them says nothing more
     if 4 in differing:
         differing = [i for i in differing if i != 5]
     clauses = []

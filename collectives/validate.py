@@ -21,11 +21,28 @@ def fail(collective: str, argument: str, problem: str):
     raise CollectiveUsageError(f"{collective}: {argument}: {problem}")
 
 
+def plain(collective: str, argument: str, x: Any) -> Any:
+    """``x`` itself, or a plain ndarray view of a numpy subclass (``np.matrix`` would stay 2-D
+    when flattened); a masked array is refused, since its mask would be silently dropped."""
+    if type(x) is np.ndarray or not isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, np.ma.MaskedArray):
+        fail(collective, argument, "is a masked array, whose mask cannot travel; pass x.filled(value) "
+                                   "or x.data")
+    return x.view(np.ndarray)
+
+
+def call_name(collective: str, value: Any) -> None:
+    """``name=``: None or a string that is the same on every rank for this call."""
+    if value is not None and not isinstance(value, str):
+        fail(collective, "name", f"expected a str (the same on every rank) or None, got {type(value).__name__}")
+
+
 def array(collective: str, argument: str, x: Any) -> None:
     if not arrays.is_array(x):
         fail(collective, argument, f"expected a numpy.ndarray (or a cupy.ndarray), got {type(x).__name__}")
-    if x.dtype.hasobject or x.dtype.fields is not None:
-        fail(collective, argument, f"dtype {x.dtype} has no fixed binary layout to send")
+    if x.dtype.hasobject:
+        fail(collective, argument, f"dtype {x.dtype} holds Python objects, which have no binary layout to send")
     if not isinstance(x, np.ndarray) and x.device.id != arrays.current_gpu():
         fail(collective, argument, f"is on GPU {x.device.id}, but GPU {arrays.current_gpu()} is current "
                                    "(make the array's GPU current: see collectives.use_local_gpu)")
@@ -33,7 +50,7 @@ def array(collective: str, argument: str, x: Any) -> None:
 
 def reducible(collective: str, argument: str, x: np.ndarray, op: Any) -> None:
     """``x`` can be reduced with ``op``: a supported dtype and a known reduction that suits it."""
-    if isinstance(x, np.ndarray) and isinstance(op, str) and (x.dtype, op) in _ACCEPTED:
+    if type(x) is np.ndarray and isinstance(op, str) and (x.dtype, op) in _ACCEPTED:
         return   # the common case in one lookup: this check runs on every call
     array(collective, argument, x)
     if x.dtype not in _REDUCIBLE:
@@ -74,9 +91,19 @@ def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) 
         return True
     if (out.flags.owndata and x.flags.owndata) or not arrays.xp_of(x).may_share_memory(out, x):
         return False   # (two arrays that own their memory never overlap: the quick common case)
-    if not same_array(out, x):
-        fail(collective, "out", "overlaps x; pass out=x for an in-place call, or a separate array")
-    return True
+    if same_array(out, x):
+        return True
+    if isinstance(x, np.ndarray) and not _overlap(out, x):
+        return False   # views of one array that share no element, like a[:, :5] and a[:, 5:]
+    fail(collective, "out", "overlaps x; pass out=x for an in-place call, or a separate array")
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` share an element; when numpy cannot tell cheaply, assume they do."""
+    try:
+        return bool(np.shares_memory(a, b, max_work=100_000))
+    except np.exceptions.TooHardError:
+        return True
 
 
 def _kind(x: Any) -> str:

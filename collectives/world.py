@@ -1,11 +1,14 @@
-"""The process's one world: MPI started lazily, a private communicator, the settings.
+"""The process's one world: MPI started lazily, a private communicator, the settings, the exit path.
 
-Settings (keyword arguments of :func:`init`, or environment variables; each must be
-the same on every rank):
+Settings (keyword arguments of :func:`init`, or environment variables). Those that
+change what moves between ranks (all but the timeout) are compared across ranks
+when the runtime is set up: if they differ, or a rank cannot read its own, every
+rank raises the same CollectiveUsageError naming the setting and each rank's value.
 
 ``COLLECTIVES_SEGMENT_BYTES`` / ``segment_bytes``
-    Largest message the ring sends, default 4 MiB. Bounds the receive scratch to two
-    segments and sets how finely reduction overlaps transfer.
+    Largest message the ring sends, default 4 MiB, at most 1 GiB; "4M", "64K" and
+    plain byte counts are accepted. Bounds the receive scratch to two segments (and to
+    the data) and sets how finely reduction overlaps transfer.
 ``COLLECTIVES_SMALL_BYTES`` / ``small_bytes``
     All-reduces (and reduce-scatters) of at most this many bytes take the latency path,
     recursive doubling, instead of the ring. Default 32 KiB, at most 64 KiB; 0 turns it off.
@@ -13,28 +16,40 @@ the same on every rank):
     1 (default): before data moves, every rank checks that all ranks make the same call
     (see ``collectives.call``). 0: skip that check on the ring path to save its round trip.
 ``COLLECTIVES_TIMEOUT`` / ``timeout``
-    Seconds a collective may wait for the other ranks before raising CollectiveError,
-    default 600. Each collective also takes ``timeout=`` for one call.
+    Seconds a collective (and the setup) may wait for the other ranks before raising
+    CollectiveError, default 600. Each collective also takes ``timeout=`` for one call.
+    The only setting that may differ between ranks.
 ``COLLECTIVES_GPU_TRANSPORT`` / ``gpu_transport``
     How cupy arrays move: "nccl", "staged" (through host memory, over MPI) or "auto"
     (default): NCCL where it can carry every rank, else staged (see
     ``ring.transport.device``). The transport is made by ``use_local_gpu()`` (GPU
     ``local_rank() % visible GPUs``), or else by the first collective on a cupy
     array, for the GPU that array is on: one GPU per rank.
+
+Leaving: when a process ends (its program returns, calls ``sys.exit``, raises, is
+interrupted by Ctrl-C, or calls ``MPI.Finalize()``), it tells every other rank how
+many collectives it completed and why it left, so that a rank waiting for it in a
+later call raises CollectiveError within a second instead of waiting for the timeout.
 """
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import sys
+import threading
+import time
 
 import numpy as np
 
 from collectives.errors import CollectiveError, CollectiveUsageError
+from collectives.sizes import parse_size
 from ring.doubling import MAX_PAYLOAD_BYTES
 from ring.transport import device as device_transports
-from ring.transport.base import Transport
+from ring.transport.base import Transport, TransportError
 
 DEFAULT_SEGMENT_BYTES = 4 << 20
+MAX_SEGMENT_BYTES = 1 << 30   # MPI counts messages in ints: keep every message well below 2 GiB
 DEFAULT_SMALL_BYTES = 32 << 10
 DEFAULT_TIMEOUT = 600.0
 
@@ -43,7 +58,7 @@ class World:
     """Rank, size, the ring's transport and the settings, shared by every collective."""
 
     def __init__(self, transport, segment_bytes: int, small_bytes: int, check: bool, timeout: float,
-                 gpu_transport: str = "auto"):
+                 gpu_transport: str = "auto", threads_checked: bool = False):
         self.transport = transport
         self.gpu_transport = gpu_transport
         self.device_transport = None   # made by the first collective on a cupy array (see transport_for)
@@ -54,7 +69,10 @@ class World:
         self.check = check
         self.timeout = timeout
         self.seq = 0                       # collectives called so far, the same on every rank in step
-        self.failure: str | None = None    # set once a transport failure left the ranks out of step
+        self.completed = 0                 # collectives that returned (or raised in step on every rank)
+        self.failure: str | None = None    # set once a failure left the ranks out of step
+        self.lock = threading.Lock()       # one call at a time: calls from several threads are serialized
+        self.threads_checked = threads_checked   # MPI is not thread-safe here: only its main thread may call
 
     def segment_elems(self, dtype: np.dtype) -> int:
         return max(1, self.segment_bytes // dtype.itemsize)
@@ -87,35 +105,95 @@ class World:
 
 _world: World | None = None
 
+#: The settings that change what moves between ranks: (keyword, environment variable).
+WIRE_SETTINGS = (("segment_bytes", "COLLECTIVES_SEGMENT_BYTES"), ("small_bytes", "COLLECTIVES_SMALL_BYTES"),
+                 ("check", "COLLECTIVES_CHECK"), ("gpu_transport", "COLLECTIVES_GPU_TRANSPORT"))
 
-def _setting(name: str, given, env: str, default, parse, ok, expected: str):
-    """A setting from its keyword argument, else its environment variable, else the default."""
-    if given is not None:
-        if isinstance(given, bool) is not (parse is _flag) or not ok(given):
-            raise CollectiveUsageError(f"init: {name}: expected {expected}, got {given!r}")
-        return given
-    raw = os.environ.get(env)
-    if raw is None:
-        return default
-    try:
-        value = parse(raw)
-    except (ValueError, KeyError):
-        value = None
-    if value is None or not ok(value):
-        raise CollectiveUsageError(f"init: {env}: expected {expected}, got {raw!r}")
-    return value
+
+def _byte_count(raw: str) -> int:
+    return parse_size(raw.strip())
 
 
 def _flag(raw: str) -> bool:
     return {"0": False, "1": True}[raw.strip()]
 
 
+#: name: (environment variable, default, parse the environment's text, valid value?, what is expected)
+_SETTINGS = {
+    "segment_bytes": ("COLLECTIVES_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES, _byte_count,
+                      lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SEGMENT_BYTES,
+                      f"a byte count from 1 to {MAX_SEGMENT_BYTES} (1G), like 4194304 or 4M"),
+    "small_bytes": ("COLLECTIVES_SMALL_BYTES", DEFAULT_SMALL_BYTES, _byte_count,
+                    lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_PAYLOAD_BYTES,
+                    f"a byte count from 0 to {MAX_PAYLOAD_BYTES} (64K)"),
+    "check": ("COLLECTIVES_CHECK", True, _flag, lambda v: isinstance(v, bool), "True/False (environment: 1 or 0)"),
+    "timeout": ("COLLECTIVES_TIMEOUT", DEFAULT_TIMEOUT, float,
+                lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
+                "a positive number of seconds"),
+    "gpu_transport": ("COLLECTIVES_GPU_TRANSPORT", "auto", str, lambda v: v in device_transports.CHOICES,
+                      " or ".join(map(repr, device_transports.CHOICES))),
+}
+
+
+def _read_settings(given: dict, from_environment: bool) -> tuple[dict, str]:
+    """The settings ``given`` as keyword arguments (None: not given), else (``from_environment``)
+    from the environment, else the defaults; and the first problem found ("" if none), so that
+    a rank with a bad setting can still tell the others instead of leaving them waiting."""
+    settings, problem = {}, ""
+    for name, (env, default, parse, ok, expected) in _SETTINGS.items():
+        value = given.get(name)
+        if value is not None:
+            if not ok(value):
+                problem = problem or f"init: {name}: expected {expected}, got {value!r}"
+                continue
+        elif from_environment and os.environ.get(env) is not None:
+            raw = os.environ[env]
+            try:
+                value = parse(raw)
+            except (ValueError, KeyError):
+                value = None
+            if value is None or not ok(value):
+                problem = problem or f"init: {env}: expected {expected}, got {raw!r}"
+                continue
+        elif from_environment:
+            value = default
+        else:
+            continue
+        settings[name] = value
+    return settings, problem
+
+
+def _agree(records: list[bytes]) -> None:
+    """Raise the same CollectiveUsageError on every rank if any rank found a problem with its
+    settings, or if the settings that change what moves between ranks differ."""
+    decoded = [json.loads(r or b"{}") for r in records]
+    for r, record in enumerate(decoded):
+        if record.get("problem"):
+            raise CollectiveUsageError(f"{record['problem']} (on rank {r}; the runtime is not set up on any rank)")
+    clauses = []
+    for name, env in WIRE_SETTINGS:
+        values = [record["settings"].get(name) for record in decoded]
+        if any(v != values[0] for v in values):
+            shown = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values) if r == 0 or v != values[0])
+            clauses.append(f"{env} / {name} differs across ranks: {shown}")
+    if clauses:
+        raise CollectiveUsageError("init: " + "; ".join(clauses) + " (must be the same on every rank)")
+
+
+def _record(settings: dict, problem: str) -> bytes:
+    wire = {name: settings.get(name) for name, _ in WIRE_SETTINGS}
+    return json.dumps({"settings": wire, "problem": problem[:600]}).encode()
+
+
 def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, check: bool | None = None,
          timeout: float | None = None, gpu_transport: str | None = None) -> None:
     """Start MPI (if needed) and this runtime; idempotent, and done lazily by the first collective.
 
-    Arguments override the environment variables of the module docstring; on a second
-    call, the ones given replace the current settings.
+    Every rank sets up together (the first ``init`` or collective is a collective call),
+    bounded by the timeout. Arguments override the environment variables of the module
+    docstring. On a later call, the ones given replace the current settings: ``timeout``
+    on this rank alone; the others are compared across ranks again, so every rank must
+    make that call.
 
     >>> import collectives as col
     >>> col.init(); col.init(timeout=60)          # the second call only sets the timeout
@@ -123,45 +201,98 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
     True
     """
     global _world
-    settings = dict(
-        segment_bytes=_setting("segment_bytes", segment_bytes, "COLLECTIVES_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES,
-                               int, lambda v: isinstance(v, int) and v >= 1, "a positive byte count"),
-        small_bytes=_setting("small_bytes", small_bytes, "COLLECTIVES_SMALL_BYTES", DEFAULT_SMALL_BYTES, int,
-                             lambda v: isinstance(v, int) and 0 <= v <= MAX_PAYLOAD_BYTES,
-                             f"a byte count from 0 to {MAX_PAYLOAD_BYTES}"),
-        check=_setting("check", check, "COLLECTIVES_CHECK", True, _flag, lambda v: isinstance(v, bool),
-                       "True/False (environment: 1 or 0)"),
-        timeout=_setting("timeout", timeout, "COLLECTIVES_TIMEOUT", DEFAULT_TIMEOUT, float,
-                         lambda v: isinstance(v, (int, float)) and v > 0, "a positive number of seconds"),
-        gpu_transport=_setting("gpu_transport", gpu_transport, "COLLECTIVES_GPU_TRANSPORT", "auto", str,
-                               lambda v: v in device_transports.CHOICES,
-                               " or ".join(map(repr, device_transports.CHOICES))),
-    )
-    if _world is not None:
-        given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout,
-                     gpu_transport=gpu_transport)
-        for name, value in given.items():
-            if value is not None:
-                setattr(_world, name, settings[name])
+    given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout,
+                 gpu_transport=gpu_transport)
+    settings, problem = _read_settings(given, from_environment=_world is None)
+    if _world is None:
+        _world = _set_up(settings, problem)
         return
-    from mpi4py import MPI   # starts MPI on first import: only when asked for
+    if not any(given[name] is not None for name, _ in WIRE_SETTINGS):
+        if problem:
+            raise CollectiveUsageError(problem)   # only the timeout: this rank's own business
+    else:
+        w = _world
+        current = {name: getattr(w, name) for name, _ in WIRE_SETTINGS}
+        w.transport.deadline = time.monotonic() + settings.get("timeout", w.timeout)
+        try:
+            _agree(w.transport.allgather_bytes(_record({**current, **settings}, problem)))
+        except TransportError as e:
+            w.failure = f"init on rank {w.rank}: {e}"
+            raise CollectiveError(f"init: the ranks did not all change their settings together: {e}") from e
+    for name, value in settings.items():
+        setattr(_world, name, value)
 
-    from ring.transport.mpi import MPITransport
-    comm = MPI.COMM_WORLD.Dup()   # our messages never match the user's
-    atexit.register(_free, comm)   # runs before mpi4py's own finalize (registered earlier)
-    _world = World(MPITransport(comm), **settings)
 
-
-def _free(comm) -> None:
-    global _world
-    device, failed = (_world.device_transport, _world.failure is not None) if _world else (None, False)
-    _world = None
-    if hasattr(device, "close"):
-        device.close(failed)
+def _set_up(settings: dict, problem: str) -> World:
+    """Every rank: start MPI if needed, make the private communicator, agree on the settings."""
+    MPI = _mpi()
+    from ring.transport.mpi import connect
+    timeout = settings.get("timeout", DEFAULT_TIMEOUT)
     try:
-        comm.Free()
-    except Exception:
-        pass
+        transport, records = connect(timeout, _record(settings, problem))
+    except TransportError as e:
+        raise CollectiveError(f"init: {e}") from e
+    try:
+        _agree(records)
+    except CollectiveUsageError:
+        transport.close()
+        raise
+    threads_checked = MPI.Query_thread() < MPI.THREAD_SERIALIZED
+    w = World(transport, threads_checked=threads_checked, **settings)
+    _watch_exit(MPI)
+    return w
+
+
+def _mpi():
+    """mpi4py's MPI module, with MPI started (if the program has not, as with
+    ``mpi4py.rc.initialize = False``; then this runtime also finalizes it at exit)."""
+    from mpi4py import MPI   # starts MPI on first import, unless the program told mpi4py not to
+    if MPI.Is_finalized():
+        raise CollectiveError("MPI was already finalized in this process; the runtime cannot start")
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        atexit.register(_finalize_mpi)   # registered before _leave, so it runs after it
+    return MPI
+
+
+def _finalize_mpi() -> None:
+    from mpi4py import MPI
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+
+
+_why_leaving = ""   # set by the exception hook: why this process is ending
+
+
+def _watch_exit(MPI) -> None:
+    """Make the process say farewell on its way out: at exit, at ``MPI.Finalize()`` called by
+    the program (MPI deletes the attributes of COMM_SELF first thing), and note an uncaught
+    exception's name and message (Ctrl-C is an uncaught KeyboardInterrupt)."""
+    atexit.register(_leave)
+    keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: _leave() or MPI.SUCCESS)
+    MPI.COMM_SELF.Set_attr(keyval, True)
+    previous = sys.excepthook
+
+    def note_uncaught(kind, value, traceback):
+        global _why_leaving
+        _why_leaving = f"uncaught {kind.__name__}" + (f": {value}" if str(value) else "")
+        previous(kind, value, traceback)
+
+    sys.excepthook = note_uncaught
+
+
+def _leave() -> None:
+    """Say farewell to every other rank and release the transports; once, whichever comes first."""
+    global _world
+    w, _world = _world, None
+    if w is None:
+        return
+    try:
+        w.transport.farewell(w.completed, _why_leaving)
+    finally:
+        if w.device_transport is not None:
+            w.device_transport.close(w.failure is not None)
+        w.transport.close(w.failure is not None)
 
 
 def world() -> World:
@@ -173,21 +304,23 @@ def world() -> World:
 def local_rank() -> int:
     """This process's rank among the ranks on its host: pick its GPU with it.
 
+    Sets the runtime up if it is not yet (a collective call: every rank must make it).
+
     >>> cupy.cuda.Device(col.local_rank() % cupy.cuda.runtime.getDeviceCount()).use()  # doctest: +SKIP
     """
     return world().transport.local_rank
 
 
 def local_size() -> int:
-    """How many ranks run on this host."""
+    """How many ranks run on this host (sets the runtime up if it is not yet, like local_rank)."""
     return world().transport.local_size
 
 
 def rank() -> int:
-    """This process's rank in the world, 0..size()-1."""
-    return world().rank
+    """This process's rank in the world, 0..size()-1. Local: never waits for other ranks."""
+    return _world.rank if _world is not None else _mpi().COMM_WORLD.Get_rank()
 
 
 def size() -> int:
-    """The number of ranks in the world."""
-    return world().size
+    """The number of ranks in the world. Local: never waits for other ranks."""
+    return _world.size if _world is not None else _mpi().COMM_WORLD.Get_size()

@@ -38,7 +38,7 @@ from ring.execute import Combine
 from ring.transport.base import Transport
 
 #: Largest signature, in bytes; signatures are padded to this length.
-SIGNATURE_BYTES = 128
+SIGNATURE_BYTES = 256
 #: Largest payload a doubling all-reduce may carry (the receive buffer is this big).
 MAX_PAYLOAD_BYTES = 64 << 10
 _HEADER = SIGNATURE_BYTES + 8   # signature, then an "all agree so far" byte, padded so the payload is aligned

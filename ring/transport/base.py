@@ -18,17 +18,20 @@ class TransportError(RuntimeError):
 class TransportTimeout(TransportError):
     """The deadline passed while waiting on ``peer`` (which may itself be waiting on another)."""
 
-    def __init__(self, peer: int, waited: float):
-        super().__init__(f"timed out after {waited:.3g} s waiting for rank {peer}")
+    def __init__(self, peer: int, waited: float, waiting_for: str = ""):
+        super().__init__(f"timed out after {waited:.3g} s waiting for {waiting_for or f'rank {peer}'}")
         self.peer = peer
         self.waited = waited
 
 
 class PeerLost(TransportError):
-    """Rank ``peer``'s process is gone (killed, crashed or exited) while this rank needed it."""
+    """Rank ``peer`` left (its farewell says why) or its process is gone, before this call was done.
 
-    def __init__(self, peer: int, detail: str):
-        super().__init__(f"rank {peer} is gone ({detail})")
+    ``message`` says which, in full: ``rank 1 left: uncaught RuntimeError: ... (after 3 collective(s))``.
+    """
+
+    def __init__(self, peer: int, message: str):
+        super().__init__(message)
         self.peer = peer
 
 
@@ -45,6 +48,7 @@ class Transport(Protocol):
     local_rank: int   # this rank's place among the ranks on its host
     local_size: int   # how many ranks share its host
     deadline: float   # time.monotonic() after which every wait raises TransportTimeout
+    seq: int          # the collective under way, counted from 1 (set by the caller with the deadline)
 
     def send_to_right(self, buf: Any) -> Any:
         """Start sending ``buf`` (contiguous) to rank ``(rank + 1) % size``; return a request."""
@@ -65,9 +69,17 @@ class Transport(Protocol):
     def allgather_bytes(self, data: bytes) -> list[bytes]:
         """Every rank's ``data`` (the same length on every rank), in rank order: metadata only."""
 
-    def roll_call(self, token: int, grace: float) -> list[int]:
-        """After a failure: announce this rank for ``token`` and return the other ranks heard
-        announcing the same within ``grace`` seconds."""
+    def roll_call(self, grace: float) -> dict[int, int]:
+        """After a timeout: ``{rank: the call it is in}`` for the ranks heard within ``grace`` seconds."""
+
+    def abandon(self) -> None:
+        """After a failed or interrupted call: cancel what is still posted (nothing lands later)."""
+
+    def farewell(self, completed: int, why: str) -> None:
+        """Tell every other rank that this one leaves after ``completed`` collectives, because ``why``."""
+
+    def close(self, failed: bool = False) -> None:
+        """Release the transport's resources (at exit; ``failed``: after a failure, abort instead)."""
 
 
 class OverHost:
@@ -92,5 +104,8 @@ class OverHost:
     def allgather_bytes(self, data: bytes) -> list[bytes]:
         return self.host.allgather_bytes(data)
 
-    def roll_call(self, token: int, grace: float) -> list[int]:
-        return self.host.roll_call(token, grace)
+    def abandon(self) -> None:
+        self.host.abandon()
+
+    def close(self, failed: bool = False) -> None:
+        """Nothing of its own to release (the NCCL transport has its communicator)."""

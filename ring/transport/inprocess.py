@@ -21,7 +21,7 @@ class InProcessWorld:
         self._mailboxes = {(s, d): queue.Queue() for s in range(nranks) for d in range(nranks)}
         self._barrier = threading.Barrier(nranks)
         self._gathered: list[Any] = [None] * nranks
-        self._roll_call: dict[int, int] = {}
+        self._calls: dict[int, int] = {}   # rank -> the call it is in, for the roll call
 
     def transport(self, rank: int) -> "InProcessTransport":
         return InProcessTransport(self, rank)
@@ -39,6 +39,7 @@ class InProcessTransport:
         self.rank = rank
         self.size = world.size
         self.deadline = float("inf")   # the world's own timeout applies as well
+        self.seq = 0
         self.local_rank, self.local_size = rank, world.size   # every rank on one host
 
     def _send(self, buf: Any, dest: int) -> None:
@@ -77,11 +78,20 @@ class InProcessTransport:
         self._barrier()   # nobody overwrites a slot before everyone has read it
         return result
 
-    def roll_call(self, token: int, grace: float) -> list[int]:
-        notes = self._world._roll_call
-        notes[self.rank] = token
+    def roll_call(self, grace: float) -> dict[int, int]:
+        calls = self._world._calls
+        calls[self.rank] = self.seq
         time.sleep(grace)
-        return [r for r, t in notes.items() if t == token and r != self.rank]
+        return {r: seq for r, seq in calls.items() if r != self.rank}
+
+    def abandon(self) -> None:
+        pass   # sends complete at once and receives are only posted while waited for
+
+    def farewell(self, completed: int, why: str) -> None:
+        pass
+
+    def close(self, failed: bool = False) -> None:
+        pass
 
     def _barrier(self) -> None:
         try:

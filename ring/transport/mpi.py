@@ -1,13 +1,24 @@
 """Point-to-point over MPI (mpi4py), on host memory, raw bytes, no pickling.
 
 Never blocks inside MPI: every wait polls its requests (as MPI's own Wait does)
-until they complete, the deadline passes (TransportTimeout), or a peer on this
-host is seen to have died (PeerLost, checked every LIVENESS_INTERVAL seconds).
-So a rank stuck on a peer that never comes always gets control back.
+until they complete, the deadline passes (TransportTimeout), or a peer is known
+to be gone (PeerLost). So a rank stuck on a peer that never comes always gets
+control back. How a peer is known to be gone, checked every CHECK_INTERVAL
+seconds while a wait lasts:
+
+* its farewell arrived: every rank that leaves (its program ended, raised, or
+  was interrupted) tells every other rank how many collectives it completed and
+  why it left (``farewell``), over a control channel of this communicator;
+* its process on this host has ended without one (killed).
+
+The same channel answers the roll call that names, after a timeout, which ranks
+are in which call. A long wait backs off from spinning to yielding to short
+sleeps, so a rank stuck for minutes does not burn its core.
 """
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any, Sequence
 
@@ -18,46 +29,84 @@ from ring.schedule import left, right
 from ring.transport.base import PeerLost, TransportError, TransportTimeout
 
 _TAG = 7
-_ROLL_CALL_TAG = 8
-LIVENESS_INTERVAL = 0.5   # seconds between checks that the peers on this host still run
+_CONTROL_TAG = 8
+CHECK_INTERVAL = 0.5       # seconds between looks at the control channel and the local peers' processes
 _SPIN_SECONDS = 50e-6      # poll flat out this long (latency), then yield the core between polls
+_YIELD_SECONDS = 20e-3     # then yield between polls until the wait is this old, then nap
+_NAP_SHARE = 0.01          # a nap is this share of the time waited so far (so it adds at most 1%) ...
+_MAX_NAP = 10e-3           # ... and never longer than this
 _QUICK_POLLS = 32          # polls before the first look at the clock (about 5 us)
 _testall = MPI.Request.Testall
 _startall = MPI.Prequest.Startall
 
+# Control messages: kind, then a number, then text. LEFT: "I left after completing <number>
+# collectives, because <text>"; ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>".
+_CONTROL_BYTES = 512
+_LEFT, _ASK, _HERE = 1, 2, 3
+_SETUP_RECORD_BYTES = 1024
+
 
 class MPITransport:
-    """The ring's neighbours on an MPI communicator (use a private duplicate, never the user's)."""
+    """The ring's neighbours on an MPI communicator (use a private duplicate, never the user's).
 
-    def __init__(self, comm: MPI.Comm):
+    Made by :func:`connect`, which also learns where every rank runs.
+    """
+
+    def __init__(self, comm: MPI.Comm, hosts: Sequence[str], pids: Sequence[int]):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.deadline = float("inf")
+        self.seq = 0   # the call under way (set by the caller with the deadline); peers are judged against it
         self._right = right(self.rank, self.size)
         self._left = left(self.rank, self.size)
-        self._local_pids = _local_pids(comm)
-        local_ranks = sorted([*self._local_pids, self.rank])
-        self.local_rank = local_ranks.index(self.rank)   # this rank's place among the ranks on its host
-        self.local_size = len(local_ranks)
+        local = [r for r in range(self.size) if hosts[r] == hosts[self.rank]]
+        self.local_rank = local.index(self.rank)   # this rank's place among the ranks on its host
+        self.local_size = len(local)
+        self._local_pids = {r: pids[r] for r in local if r != self.rank}
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
-        oversubscribed = len(self._local_pids) + 1 > _usable_cores()
+        oversubscribed = self.local_size > _usable_cores()
         self._spin_seconds = 0.0 if oversubscribed else _SPIN_SECONDS
         self._quick_polls = 1 if oversubscribed else _QUICK_POLLS
         self._persistent: dict = {}
+        self._inflight: list = []      # (request, peer) posted and not yet waited for, with its buffer
+        self._abandoned: list = []     # requests that could not be cancelled, kept with their buffers for good
+        self.departed: dict[int, tuple[int, str]] = {}   # rank -> (collectives it completed, why it left)
+        self._control_in = np.zeros(_CONTROL_BYTES, np.uint8)
+        self._control_request = comm.Irecv(self._control_in, MPI.ANY_SOURCE, _CONTROL_TAG)
+        self._control_status = MPI.Status()
+        self._control_out: list = []   # control messages sent and not yet known complete, with their buffers
+        self._heard: dict[int, int] = {}   # roll call: rank -> the call it said it is in
 
     def send_to_right(self, buf: Any) -> tuple[MPI.Request, int]:
         try:
-            return self.comm.Isend([buf, MPI.BYTE], self._right, _TAG), self._right
+            request = self.comm.Isend([buf, MPI.BYTE], self._right, _TAG)
         except MPI.Exception as e:
-            raise TransportError(f"send to rank {self._right} failed: {e}") from e
+            raise TransportError(f"send to rank {self._right} failed: {_error_text(e)}") from e
+        return self._posted(request, self._right, buf)
 
     def recv_from_left(self, buf: Any) -> tuple[MPI.Request, int]:
         try:
-            return self.comm.Irecv([buf, MPI.BYTE], self._left, _TAG), self._left
+            request = self.comm.Irecv([buf, MPI.BYTE], self._left, _TAG)
         except MPI.Exception as e:
-            raise TransportError(f"receive from rank {self._left} failed: {e}") from e
+            raise TransportError(f"receive from rank {self._left} failed: {_error_text(e)}") from e
+        return self._posted(request, self._left, buf)
+
+    def _posted(self, request: MPI.Request, peer: int, buf: Any) -> tuple[MPI.Request, int]:
+        """Remember a posted request until it is waited for (see ``abandon``)."""
+        posted = (request, peer)
+        self._inflight.append((posted, buf))
+        return posted
+
+    def wait(self, request: tuple[MPI.Request, int] | None) -> None:
+        if request is None:
+            return
+        self._wait_all([request[0]], [request[1]])
+        for i, (posted, _) in enumerate(self._inflight):   # at most a few entries
+            if posted is request:
+                del self._inflight[i]
+                break
 
     def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
                  source: int | None = None, reuse: bool = False) -> None:
@@ -74,9 +123,12 @@ class MPITransport:
             if send is not None:
                 requests.append(self.comm.Isend([send, MPI.BYTE], dest, _TAG))
                 peers.append(dest)
+            self._wait_all(requests, peers)
         except MPI.Exception as e:
-            raise TransportError(f"exchange with ranks {source} and {dest} failed: {e}") from e
-        self._wait_all(requests, peers)
+            raise TransportError(f"exchange with ranks {source} and {dest} failed: {_error_text(e)}") from e
+        except BaseException:
+            self._give_up(requests, (send, recv))
+            raise
 
     def _exchange_again(self, send: Any, recv: Any, dest: int, source: int) -> None:
         """exchange() over persistent requests, made once per (buffers, peers): for the latency path,
@@ -90,11 +142,18 @@ class MPITransport:
                 requests = [self.comm.Recv_init([recv, MPI.BYTE], source, _TAG),
                             self.comm.Send_init([send, MPI.BYTE], dest, _TAG)]
             except MPI.Exception as e:
-                raise TransportError(f"exchange with ranks {source} and {dest} failed: {e}") from e
+                raise TransportError(f"exchange with ranks {source} and {dest} failed: {_error_text(e)}") from e
             entry = self._persistent[key] = (requests, (source, dest), send, recv)   # buffers kept alive: ids stay unique
         requests = entry[0]
-        _startall(requests)
-        self._wait_all(requests, entry[1])
+        try:
+            _startall(requests)
+            self._wait_all(requests, entry[1])
+        except BaseException:
+            # Started and unfinished persistent requests must be cancelled or kept, never freed in
+            # flight; forget this entry so that it is not started again (its buffers stay with it).
+            self._persistent.pop(key, None)
+            self._give_up(requests, entry)
+            raise
 
     def _free_persistent(self) -> None:
         for requests, *_ in self._persistent.values():
@@ -102,38 +161,122 @@ class MPITransport:
                 request.Free()
         self._persistent.clear()
 
-    def wait(self, request: tuple[MPI.Request, int] | None) -> None:
-        if request is not None:
-            self._wait_all([request[0]], [request[1]])
-
     def allgather_bytes(self, data: bytes) -> list[bytes]:
         mine = np.frombuffer(data, np.uint8)
         every = np.empty((self.size, mine.size), np.uint8)
         try:
             request = self.comm.Iallgather(mine, every)
         except MPI.Exception as e:
-            raise TransportError(f"metadata exchange failed: {e}") from e
-        self._wait_all([request], [r for r in range(self.size) if r != self.rank] or [self.rank])
+            raise TransportError(f"metadata exchange failed: {_error_text(e)}") from e
+        try:
+            self._wait_all([request], [r for r in range(self.size) if r != self.rank] or [self.rank])
+        except BaseException:
+            self._give_up([request], (mine, every))   # (a collective request cannot be cancelled: kept)
+            raise
         return [row.tobytes() for row in every]
 
-    def roll_call(self, token: int, grace: float) -> list[int]:
-        """Tell every rank "I am here for ``token``"; return the ranks heard saying the same within ``grace`` s.
+    def abandon(self) -> None:
+        """After a failed or interrupted call: cancel whatever this rank still has posted, so that no
+        late message lands in a buffer the caller owns again. Requests that cannot be cancelled are
+        kept, with their buffers, until the process ends (freeing them in flight corrupts memory)."""
+        inflight, self._inflight = self._inflight, []
+        for (request, _), buf in inflight:
+            self._give_up([request], buf)
 
-        For the failure path only (O(size) messages): after a timeout, it tells the
-        ranks that are merely stuck behind another apart from the ones that never came.
-        """
-        others = [r for r in range(self.size) if r != self.rank]
-        note = np.array([token], np.int64)
-        notes = np.full(len(others), -1, np.int64)
-        sends = [self.comm.Isend(note, r, _ROLL_CALL_TAG) for r in others]
-        recvs = [self.comm.Irecv(notes[i:i + 1], r, _ROLL_CALL_TAG) for i, r in enumerate(others)]
-        give_up = time.monotonic() + grace
-        while not MPI.Request.Testall(recvs) and time.monotonic() < give_up:
+    def _give_up(self, requests: list[MPI.Request], buffers: Any) -> None:
+        """Cancel ``requests`` that are still pending and wait briefly for each to end; keep the rest."""
+        for request in requests:
+            try:
+                if request != MPI.REQUEST_NULL and not request.Test():
+                    request.Cancel()
+            except MPI.Exception:
+                pass
+        give_up = time.monotonic() + 0.2
+        while time.monotonic() < give_up:
+            try:
+                if _testall(requests):
+                    return
+            except MPI.Exception:
+                break
             time.sleep(1e-3)
-        for request in recvs + sends:
-            if not request.Test():
-                request.Cancel()
-        return [r for r, t in zip(others, notes) if t == token]
+        self._abandoned.append((requests, buffers))
+
+    def roll_call(self, grace: float) -> dict[int, int]:
+        """After a timeout: ask every rank which call it is in; return ``{rank: call}`` for the ranks
+        that answered within ``grace`` seconds (a rank answers while it waits inside a collective)."""
+        self._heard = {}
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._control(peer, _ASK, self.seq)
+        give_up = time.monotonic() + grace
+        while time.monotonic() < give_up and len(self._heard) + len(self.departed) < self.size - 1:
+            self._read_control()
+            time.sleep(5e-3)
+        return dict(self._heard)
+
+    def farewell(self, completed: int, why: str, patience: float = 1.0) -> None:
+        """Tell every other rank that this one is leaving, having completed ``completed``
+        collectives, because ``why`` ("": its program ended); then close the control channel. Waits at most ``patience``
+        seconds for the messages to leave (they are small: MPI sends them at once)."""
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._control(peer, _LEFT, completed, why)
+        give_up = time.monotonic() + patience
+        requests = [r for r, _ in self._control_out]
+        while requests and not _testall(requests) and time.monotonic() < give_up:
+            time.sleep(1e-3)
+        self._give_up([self._control_request], self._control_in)
+
+    def close(self, failed: bool = False) -> None:
+        """Free this transport's communicator, unless requests on it could not be ended."""
+        self.abandon()
+        if not self._abandoned:
+            self._free_persistent()
+            try:
+                self.comm.Free()
+            except MPI.Exception:
+                pass
+
+    def _control(self, peer: int, kind: int, number: int, text: str = "") -> None:
+        message = np.zeros(_CONTROL_BYTES, np.uint8)
+        message[0] = kind
+        message[8:16] = np.frombuffer(np.int64(number).tobytes(), np.uint8)
+        encoded = text.encode(errors="replace")[:_CONTROL_BYTES - 16]
+        message[16:16 + len(encoded)] = np.frombuffer(encoded, np.uint8)
+        try:
+            self._control_out.append((self.comm.Isend(message, peer, _CONTROL_TAG), message))
+        except MPI.Exception:
+            pass   # a peer we cannot reach cannot be told either
+        self._control_out = [(r, m) for r, m in self._control_out if not r.Test()]
+
+    def _read_control(self) -> None:
+        """Take every control message that has arrived: note farewells, answer roll calls."""
+        while self._control_request.Test(self._control_status):
+            peer = self._control_status.Get_source()
+            kind = int(self._control_in[0])
+            number = int(np.frombuffer(self._control_in[8:16].tobytes(), np.int64)[0])
+            text = self._control_in[16:].tobytes().rstrip(b"\0").decode(errors="replace")
+            self._control_request = self.comm.Irecv(self._control_in, MPI.ANY_SOURCE, _CONTROL_TAG)
+            if kind == _LEFT:
+                self.departed[peer] = (number, text)
+            elif kind == _ASK:
+                self._control(peer, _HERE, self.seq)
+            elif kind == _HERE:
+                self._heard[peer] = number
+
+    def check_peers(self) -> None:
+        """Raise PeerLost if a rank this call needs is gone: it left before completing this call,
+        or its process on this host ended without a word."""
+        self._read_control()
+        gone = [(completed, peer, why) for peer, (completed, why) in self.departed.items() if completed < self.seq]
+        if gone:
+            completed, peer, why = min(gone)
+            raise PeerLost(peer, f"rank {peer} left: {why} (after {completed} collective(s))" if why else
+                           f"rank {peer} ended its program after {completed} collective(s)")
+        for peer, pid in self._local_pids.items():
+            if peer not in self.departed and _process_state(pid) is not None:
+                raise PeerLost(peer, f"rank {peer} is gone: its process (pid {pid} on this host) ended "
+                                     "without leaving the runtime (killed, or crashed inside Python)")
 
     def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int]) -> None:
         """Poll until ``requests`` are done; the first peer still pending is the one named on timeout."""
@@ -142,37 +285,77 @@ class MPITransport:
                 if _testall(requests):
                     return
             started = time.monotonic()
-            next_check = started + LIVENESS_INTERVAL
+            next_check = started + CHECK_INTERVAL
             while not _testall(requests):
                 now = time.monotonic()
-                if now - started >= self._spin_seconds:
-                    os.sched_yield()   # more ranks than cores: the peer we wait for may need this core
+                waited = now - started
+                if waited >= self._spin_seconds:
+                    if waited < _YIELD_SECONDS:
+                        os.sched_yield()   # more ranks than cores: the peer we wait for may need this core
+                    else:
+                        time.sleep(min(waited * _NAP_SHARE, _MAX_NAP))
                 if now >= next_check:
-                    self._check_peers_alive()
-                    next_check = now + LIVENESS_INTERVAL
+                    self.check_peers()
+                    next_check = now + CHECK_INTERVAL
                 if now >= self.deadline:
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
                     raise TransportTimeout((pending or peers)[0], now - started)
         except MPI.Exception as e:
-            raise TransportError(f"communication with ranks {sorted(set(peers))} failed: {e}") from e
+            raise TransportError(self._failure_text(e, requests, peers)) from e
 
-    def _check_peers_alive(self) -> None:
-        for peer, pid in self._local_pids.items():
-            state = _process_state(pid)
-            if state is not None:
-                raise PeerLost(peer, f"pid {pid} on this host {state}")
+    def _failure_text(self, error: MPI.Exception, requests: list[MPI.Request], peers: Sequence[int]) -> str:
+        """What went wrong, in this runtime's words: MPI's "see the status" points at the request
+        whose own error is the cause."""
+        if error.Get_error_class() == MPI.ERR_IN_STATUS:
+            for request, peer in zip(requests, peers):
+                try:
+                    request.Test()
+                except MPI.Exception as cause:
+                    return self._failure_text(cause, [request], [peer])
+        peer_text = f"rank {peers[0]}" if len(set(peers)) == 1 else f"ranks {sorted(set(peers))}"
+        if error.Get_error_class() == MPI.ERR_TRUNCATE:
+            return (f"a message from {peer_text} was longer than this rank expected: the ranks disagree "
+                    "about this call's size (is the cross-rank check off?)")
+        return f"communication with {peer_text} failed: {_error_text(error)}"
 
 
-def _local_pids(comm: MPI.Comm) -> dict[int, int]:
-    """The pid of every other rank that shares this host, by rank (one collective call, at start-up)."""
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        mine = np.array([comm.Get_rank(), os.getpid()], np.int64)
-        every = np.empty((local.Get_size(), 2), np.int64)
-        local.Allgather(mine, every)
-    finally:
-        local.Free()
-    return {int(r): int(pid) for r, pid in every if r != comm.Get_rank()}
+def connect(timeout: float, record: bytes) -> tuple[MPITransport, list[bytes]]:
+    """Set up the runtime's private communicator with every rank, bounded by ``timeout`` seconds,
+    and exchange ``record`` (at most 1 KiB: the settings, or a problem found on this rank).
+
+    Returns the transport and every rank's record. Nothing here blocks inside MPI, so a rank
+    that never comes makes the others raise TransportTimeout instead of waiting for ever.
+    """
+    if len(record) > _SETUP_RECORD_BYTES:
+        raise ValueError(f"setup record of {len(record)} bytes; at most {_SETUP_RECORD_BYTES}")
+    deadline = time.monotonic() + timeout
+    comm, request = MPI.COMM_WORLD.Idup()   # a private duplicate: our messages never match the user's
+    _wait_setup(request, deadline, "make the runtime's communicator")
+    host = socket.gethostname().encode()[:200]
+    mine = np.zeros(8 + 256 + _SETUP_RECORD_BYTES, np.uint8)
+    mine[:8] = np.frombuffer(np.int64(os.getpid()).tobytes(), np.uint8)
+    mine[8:8 + len(host)] = np.frombuffer(host, np.uint8)
+    mine[264:264 + len(record)] = np.frombuffer(record, np.uint8)
+    every = np.empty((comm.Get_size(), mine.size), np.uint8)
+    _wait_setup(comm.Iallgather(mine, every), deadline, "exchange the settings")
+    pids = [int(np.frombuffer(row[:8].tobytes(), np.int64)[0]) for row in every]
+    hosts = [row[8:264].tobytes().rstrip(b"\0").decode(errors="replace") for row in every]
+    records = [row[264:].tobytes().rstrip(b"\0") for row in every]
+    return MPITransport(comm, hosts, pids), records
+
+
+def _wait_setup(request: MPI.Request, deadline: float, what: str) -> None:
+    started = time.monotonic()
+    while not request.Test():
+        now = time.monotonic()
+        if now >= deadline:
+            raise TransportTimeout(-1, now - started, f"every rank to {what} (a rank has not called "
+                                                      "into the runtime yet, or will not)")
+        time.sleep(min((now - started) * _NAP_SHARE, _MAX_NAP) if now - started > _YIELD_SECONDS else 0)
+
+
+def _error_text(error: MPI.Exception) -> str:
+    return error.Get_error_string().strip()
 
 
 def _usable_cores() -> int:
