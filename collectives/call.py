@@ -166,6 +166,7 @@ def _failure(w: World, name: str, error: TransportError) -> CollectiveError:
     where = f"{name} #{w.seq} on rank {w.rank}"
     detail = f"{error}; {_census(w)}" if isinstance(error, TransportTimeout) else str(error)
     w.failure = f"{where}: {detail}"
+    w.failed_by_peer = True
     return CollectiveError(w.failure)
 
 

@@ -73,6 +73,8 @@ class World:
         self.failure: str | None = None    # set once a failure left the ranks out of step
         self.lock = threading.Lock()       # one call at a time: calls from several threads are serialized
         self.threads_checked = threads_checked   # MPI is not thread-safe here: only its main thread may call
+        self.closed = False                # the process has left (see collectives.world._leave)
+        self.failed_by_peer = False        # the failure came from another rank (timeout, a peer gone)
 
     def segment_elems(self, dtype: np.dtype) -> int:
         return max(1, self.segment_bytes // dtype.itemsize)
@@ -168,6 +170,9 @@ def _agree(records: list[bytes]) -> None:
     settings, or if the settings that change what moves between ranks differ."""
     decoded = [json.loads(r or b"{}") for r in records]
     for r, record in enumerate(decoded):
+        if record.get("left"):
+            raise CollectiveError(f"init: rank {r} left before its first collective: {record['left']}")
+    for r, record in enumerate(decoded):
         if record.get("problem"):
             raise CollectiveUsageError(f"{record['problem']} (on rank {r}; the runtime is not set up on any rank)")
     clauses = []
@@ -180,9 +185,9 @@ def _agree(records: list[bytes]) -> None:
         raise CollectiveUsageError("init: " + "; ".join(clauses) + " (must be the same on every rank)")
 
 
-def _record(settings: dict, problem: str) -> bytes:
+def _record(settings: dict, problem: str, left: str = "") -> bytes:
     wire = {name: settings.get(name) for name, _ in WIRE_SETTINGS}
-    return json.dumps({"settings": wire, "problem": problem[:600]}).encode()
+    return json.dumps({"settings": wire, "problem": problem[:400], "left": left[:400]}).encode()
 
 
 def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, check: bool | None = None,
@@ -203,10 +208,11 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
     global _world
     given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout,
                  gpu_transport=gpu_transport)
-    settings, problem = _read_settings(given, from_environment=_world is None)
-    if _world is None:
-        _world = _set_up(settings, problem)
-        return
+    with _setting_up:
+        if _world is None:
+            _world = _set_up(*_read_settings(given, from_environment=True))
+            return
+    settings, problem = _read_settings(given, from_environment=False)
     if not any(given[name] is not None for name, _ in WIRE_SETTINGS):
         if problem:
             raise CollectiveUsageError(problem)   # only the timeout: this rank's own business
@@ -223,23 +229,29 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
         setattr(_world, name, value)
 
 
-def _set_up(settings: dict, problem: str) -> World:
-    """Every rank: start MPI if needed, make the private communicator, agree on the settings."""
+_setting_up = threading.Lock()   # two threads' first calls set up one world, not two
+
+
+def _set_up(settings: dict, problem: str, left: str = "", timeout: float | None = None) -> World:
+    """Every rank: start MPI if needed, make the private communicator, agree on the settings.
+    ``left``: this process is ending before it ever set up; it takes part only to tell the
+    others why (see :func:`_leave`)."""
     MPI = _mpi()
     from ring.transport.mpi import connect
-    timeout = settings.get("timeout", DEFAULT_TIMEOUT)
     try:
-        transport, records = connect(timeout, _record(settings, problem))
+        transport, records = connect(timeout or settings.get("timeout", DEFAULT_TIMEOUT),
+                                     _record(settings, problem, left))
     except TransportError as e:
         raise CollectiveError(f"init: {e}") from e
     try:
         _agree(records)
-    except CollectiveUsageError:
+    except (CollectiveUsageError, CollectiveError):
         transport.close()
         raise
     threads_checked = MPI.Query_thread() < MPI.THREAD_SERIALIZED
     w = World(transport, threads_checked=threads_checked, **settings)
-    _watch_exit(MPI)
+    keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: _leave() or MPI.SUCCESS)
+    MPI.COMM_SELF.Set_attr(keyval, True)   # MPI.Finalize() deletes COMM_SELF's attributes first thing
     return w
 
 
@@ -264,35 +276,49 @@ def _finalize_mpi() -> None:
 _why_leaving = ""   # set by the exception hook: why this process is ending
 
 
-def _watch_exit(MPI) -> None:
-    """Make the process say farewell on its way out: at exit, at ``MPI.Finalize()`` called by
-    the program (MPI deletes the attributes of COMM_SELF first thing), and note an uncaught
-    exception's name and message (Ctrl-C is an uncaught KeyboardInterrupt)."""
-    atexit.register(_leave)
-    keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: _leave() or MPI.SUCCESS)
-    MPI.COMM_SELF.Set_attr(keyval, True)
-    previous = sys.excepthook
+def _note_uncaught(kind, value, traceback) -> None:
+    """sys.excepthook: remember why the process is ending (Ctrl-C is an uncaught KeyboardInterrupt)."""
+    global _why_leaving
+    _why_leaving = f"uncaught {kind.__name__}" + (f": {value}" if str(value) else "")
+    _previous_excepthook(kind, value, traceback)
 
-    def note_uncaught(kind, value, traceback):
-        global _why_leaving
-        _why_leaving = f"uncaught {kind.__name__}" + (f": {value}" if str(value) else "")
-        previous(kind, value, traceback)
 
-    sys.excepthook = note_uncaught
+_previous_excepthook, sys.excepthook = sys.excepthook, _note_uncaught
+_FAREWELL_SETUP_SECONDS = 2.0   # how long a process ending before setup waits to tell the others
 
 
 def _leave() -> None:
-    """Say farewell to every other rank and release the transports; once, whichever comes first."""
-    global _world
-    w, _world = _world, None
+    """Say farewell to every other rank and release the transports; once, at exit or at
+    ``MPI.Finalize()``, whichever comes first. A process that ends on an uncaught exception
+    before its first collective joins the setup the others may be waiting in, to tell them why."""
+    w = _world
     if w is None:
+        if _why_leaving and _mpi_running():
+            try:
+                _set_up({}, "", left=_why_leaving, timeout=_FAREWELL_SETUP_SECONDS)
+            except (CollectiveError, CollectiveUsageError):
+                pass   # nobody was waiting in setup (or they were told)
         return
+    if w.closed:
+        return
+    w.closed = True
+    failed = w.failure is not None
+    w.failure = w.failure or "this process has left the runtime (at exit or MPI.Finalize())"
     try:
-        w.transport.farewell(w.completed, _why_leaving)
+        why = _why_leaving or (f"it stopped after a failure: {w.failure}" if failed else "")
+        w.transport.farewell(w.completed, why, failed=w.failed_by_peer)
     finally:
         if w.device_transport is not None:
-            w.device_transport.close(w.failure is not None)
-        w.transport.close(w.failure is not None)
+            w.device_transport.close(failed)
+        w.transport.close(failed)
+
+
+def _mpi_running() -> bool:
+    from mpi4py import MPI
+    return MPI.Is_initialized() and not MPI.Is_finalized()
+
+
+atexit.register(_leave)   # at import: Python's exit handlers all run before mpi4py finalizes MPI
 
 
 def world() -> World:

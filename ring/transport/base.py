@@ -75,8 +75,9 @@ class Transport(Protocol):
     def abandon(self) -> None:
         """After a failed or interrupted call: cancel what is still posted (nothing lands later)."""
 
-    def farewell(self, completed: int, why: str) -> None:
-        """Tell every other rank that this one leaves after ``completed`` collectives, because ``why``."""
+    def farewell(self, completed: int, why: str, failed: bool = False) -> None:
+        """Tell every other rank that this one leaves after ``completed`` collectives, because ``why``
+        ("": its program ended); ``failed``: the runtime had already failed here."""
 
     def close(self, failed: bool = False) -> None:
         """Release the transport's resources (at exit; ``failed``: after a failure, abort instead)."""

@@ -87,7 +87,7 @@ class InProcessTransport:
     def abandon(self) -> None:
         pass   # sends complete at once and receives are only posted while waited for
 
-    def farewell(self, completed: int, why: str) -> None:
+    def farewell(self, completed: int, why: str, failed: bool = False) -> None:
         pass
 
     def close(self, failed: bool = False) -> None:

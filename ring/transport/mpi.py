@@ -39,8 +39,9 @@ _QUICK_POLLS = 32          # polls before the first look at the clock (about 5 u
 _testall = MPI.Request.Testall
 _startall = MPI.Prequest.Startall
 
-# Control messages: kind, then a number, then text. LEFT: "I left after completing <number>
-# collectives, because <text>"; ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>".
+# Control messages: kind, a flag, then a number, then text. LEFT: "I left after completing <number>
+# collectives, because <text>" (flag: after a failure of the runtime, so probably not the cause);
+# ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>".
 _CONTROL_BYTES = 512
 _LEFT, _ASK, _HERE = 1, 2, 3
 _SETUP_RECORD_BYTES = 1024
@@ -72,7 +73,7 @@ class MPITransport:
         self._persistent: dict = {}
         self._inflight: list = []      # (request, peer) posted and not yet waited for, with its buffer
         self._abandoned: list = []     # requests that could not be cancelled, kept with their buffers for good
-        self.departed: dict[int, tuple[int, str]] = {}   # rank -> (collectives it completed, why it left)
+        self.departed: dict[int, tuple[bool, int, str]] = {}   # rank -> (after a failure?, completed, why)
         self._control_in = np.zeros(_CONTROL_BYTES, np.uint8)
         self._control_request = comm.Irecv(self._control_in, MPI.ANY_SOURCE, _CONTROL_TAG)
         self._control_status = MPI.Status()
@@ -214,22 +215,24 @@ class MPITransport:
             time.sleep(5e-3)
         return dict(self._heard)
 
-    def farewell(self, completed: int, why: str, patience: float = 1.0) -> None:
+    def farewell(self, completed: int, why: str, failed: bool = False, patience: float = 1.0) -> None:
         """Tell every other rank that this one is leaving, having completed ``completed``
-        collectives, because ``why`` ("": its program ended); then close the control channel. Waits at most ``patience``
+        collectives, because ``why`` ("": its program ended), and whether it ``failed`` (then it is
+        probably not the cause: waiting ranks name a rank that left of its own accord first);
+        then close the control channel. Waits at most ``patience``
         seconds for the messages to leave (they are small: MPI sends them at once)."""
         for peer in range(self.size):
             if peer != self.rank:
-                self._control(peer, _LEFT, completed, why)
+                self._control(peer, _LEFT, completed, why, flag=failed)
         give_up = time.monotonic() + patience
         requests = [r for r, _ in self._control_out]
         while requests and not _testall(requests) and time.monotonic() < give_up:
             time.sleep(1e-3)
-        self._give_up([self._control_request], self._control_in)
 
     def close(self, failed: bool = False) -> None:
         """Free this transport's communicator, unless requests on it could not be ended."""
         self.abandon()
+        self._give_up([self._control_request], self._control_in)
         if not self._abandoned:
             self._free_persistent()
             try:
@@ -237,9 +240,10 @@ class MPITransport:
             except MPI.Exception:
                 pass
 
-    def _control(self, peer: int, kind: int, number: int, text: str = "") -> None:
+    def _control(self, peer: int, kind: int, number: int, text: str = "", flag: bool = False) -> None:
         message = np.zeros(_CONTROL_BYTES, np.uint8)
         message[0] = kind
+        message[1] = flag
         message[8:16] = np.frombuffer(np.int64(number).tobytes(), np.uint8)
         encoded = text.encode(errors="replace")[:_CONTROL_BYTES - 16]
         message[16:16 + len(encoded)] = np.frombuffer(encoded, np.uint8)
@@ -253,12 +257,12 @@ class MPITransport:
         """Take every control message that has arrived: note farewells, answer roll calls."""
         while self._control_request.Test(self._control_status):
             peer = self._control_status.Get_source()
-            kind = int(self._control_in[0])
+            kind, flag = int(self._control_in[0]), bool(self._control_in[1])
             number = int(np.frombuffer(self._control_in[8:16].tobytes(), np.int64)[0])
             text = self._control_in[16:].tobytes().rstrip(b"\0").decode(errors="replace")
             self._control_request = self.comm.Irecv(self._control_in, MPI.ANY_SOURCE, _CONTROL_TAG)
             if kind == _LEFT:
-                self.departed[peer] = (number, text)
+                self.departed[peer] = (flag, number, text)
             elif kind == _ASK:
                 self._control(peer, _HERE, self.seq)
             elif kind == _HERE:
@@ -268,9 +272,10 @@ class MPITransport:
         """Raise PeerLost if a rank this call needs is gone: it left before completing this call,
         or its process on this host ended without a word."""
         self._read_control()
-        gone = [(completed, peer, why) for peer, (completed, why) in self.departed.items() if completed < self.seq]
+        gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
+                if completed < self.seq]
         if gone:
-            completed, peer, why = min(gone)
+            _, completed, peer, why = min(gone)
             raise PeerLost(peer, f"rank {peer} left: {why} (after {completed} collective(s))" if why else
                            f"rank {peer} ended its program after {completed} collective(s)")
         for peer, pid in self._local_pids.items():

@@ -1,5 +1,6 @@
-"""Fault scenarios for tests/test_faults.py, run as a user's program: ``mpiexec -n N python -m
-tests.programs.faults SCENARIO``. Each rank prints one line saying how it ended."""
+"""Fault scenarios for tests/test_faults.py, each run as a user's program:
+``mpiexec -n N python -m tests.programs.faults SCENARIO``. Ranks print how they ended:
+``rank R: CollectiveError after T s: message``, ``rank R: ok ...``, and so on."""
 import os
 import signal
 import sys
@@ -9,6 +10,40 @@ import time
 import numpy as np
 
 import collectives as col
+
+
+def _ints(n: int, rank: int, salt: int = 0) -> np.ndarray:
+    """Small rank-dependent integers, exact in float32 whatever the sum."""
+    return ((np.arange(n) * 7 + rank * 3 + salt) % 11).astype(np.float32)
+
+
+def _expected_sum(n: int, size: int, salt: int = 0) -> np.ndarray:
+    return sum(_ints(n, r, salt) for r in range(size))
+
+
+def _report(label: str, fn, *args, **kwargs):
+    """Run ``fn``; print how it ended, with the time it took; exit 3 on a collective's error."""
+    started = time.monotonic()
+    try:
+        result = fn(*args, **kwargs)
+    except (col.CollectiveError, col.CollectiveUsageError) as e:
+        print(f"rank {col.rank()}: {type(e).__name__} after {time.monotonic() - started:.2f} s in {label}: {e}",
+              flush=True)
+        raise SystemExit(3)
+    print(f"rank {col.rank()}: ok {label} after {time.monotonic() - started:.2f} s", flush=True)
+    return result
+
+
+def _three_calls():
+    x = _ints(1000, col.rank())
+    for _ in range(3):
+        col.allreduce(x)
+
+
+def _then_the_others_wait(victim: int) -> None:
+    """Every rank but ``victim`` makes a fourth call, which ``victim`` never joins."""
+    if col.rank() != victim:
+        _report("call 4", col.allreduce, _ints(1000, col.rank()))
 
 
 def absent() -> None:
@@ -29,6 +64,24 @@ def absent() -> None:
         raise SystemExit(3)
 
 
+def late() -> None:
+    """Rank 0 times out; rank 1 came late but is in the call; rank 2 never comes."""
+    col.barrier()
+    if col.rank() == 2:
+        time.sleep(5)
+        return
+    if col.rank() == 1:
+        time.sleep(0.5)
+    _report("call 1", col.allreduce, np.ones(1000, np.float32), timeout=2 if col.rank() == 0 else 30)
+
+
+def crash_first() -> None:
+    """Rank 1 raises before its first collective; the others are setting up."""
+    if col.rank() == 1:
+        raise OSError("cannot read the training data")
+    _report("first call", col.allreduce, _ints(10, col.rank()))
+
+
 def killed_mid_allreduce() -> None:
     """Rank 1 is SIGKILLed while a large allreduce is under way on every rank."""
     x = np.ones(16 << 20, np.float32)   # 64 MiB: each call takes long enough to be hit in the middle
@@ -44,5 +97,157 @@ def killed_mid_allreduce() -> None:
     print(f"rank {col.rank()}: never noticed", flush=True)
 
 
+def uncaught() -> None:
+    """Rank 1 raises an exception it does not catch, after 3 collectives."""
+    _three_calls()
+    if col.rank() == 1:
+        raise RuntimeError("user bug on rank 1")
+    _then_the_others_wait(1)
+
+
+def exits() -> None:
+    """Rank 1 calls sys.exit(0) after 3 collectives."""
+    _three_calls()
+    if col.rank() == 1:
+        sys.exit(0)
+    _then_the_others_wait(1)
+
+
+def ctrl_c() -> None:
+    """Rank 1 is hit by Ctrl-C (SIGINT) outside any collective, after 3 collectives."""
+    _three_calls()
+    if col.rank() == 1:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    _then_the_others_wait(1)
+
+
+def skipped() -> None:
+    """Rank 1 skips the last step of a loop of identical calls, then ends its program."""
+    steps = 4 if col.rank() == 1 else 5
+    for step in range(steps):
+        _report(f"step {step}", col.allreduce, _ints(1000, col.rank()))
+
+
+def skipped_named() -> None:
+    """As skipped, but rank 1 skips step 2 in the middle, and each call is named after its step."""
+    for step in range(5):
+        if col.rank() == 1 and step == 2:
+            continue
+        _report(f"step {step}", col.allreduce, _ints(1000, col.rank()), name=f"grad step {step}")
+
+
+def interrupted() -> None:
+    """Ctrl-C lands on rank 1 inside a small allreduce (rank 0 comes late); rank 1 catches it,
+    finds the runtime stopped, and ends cleanly."""
+    _three_calls()
+    x = _ints(100, col.rank())
+    if col.rank() == 1:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            col.allreduce(x)
+            print("rank 1: the allreduce was not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("rank 1: KeyboardInterrupt inside the allreduce", flush=True)
+        try:
+            col.allreduce(x)
+        except col.CollectiveError as e:
+            print(f"rank 1: then CollectiveError: {e}", flush=True)
+        return   # a clean exit
+    time.sleep(1.5)
+    try:
+        result = col.allreduce(x)
+        right = np.array_equal(result, _expected_sum(100, col.size()))
+        print(f"rank {col.rank()}: the interrupted call returned {'the right sum' if right else 'WRONG DATA'}",
+              flush=True)
+    except col.CollectiveError as e:
+        print(f"rank {col.rank()}: CollectiveError in the interrupted call: {e}", flush=True)
+        raise SystemExit(3)
+    _report("the next call", col.allreduce, x)
+
+
+def finalize() -> None:
+    """The program finalizes MPI itself at the end (or tells mpi4py not to), as some do."""
+    how = sys.argv[2]
+    if how != "by-hand":
+        import mpi4py
+        setattr(mpi4py.rc, how.split("=")[0], False)
+    from mpi4py import MPI
+    x = _ints(1000, col.rank())
+    result = col.allreduce(x)
+    print(f"rank {col.rank()}: sum {'right' if np.array_equal(result, _expected_sum(1000, col.size())) else 'WRONG'}",
+          flush=True)
+    if how == "by-hand":
+        MPI.Finalize()
+    print(f"rank {col.rank()}: done", flush=True)
+
+
+def settings_differ() -> None:
+    """A wire setting differs between ranks: in the environment, or given to init."""
+    what = sys.argv[2]
+    rank = col.rank()   # local: sets nothing up
+    if what == "segment":
+        os.environ["COLLECTIVES_SEGMENT_BYTES"] = "64K" if rank == 1 else str(4 << 20)
+        _report("first call", col.broadcast, np.zeros(3_000_000, np.float32))
+    elif what == "check":
+        _report("init", col.init, check=rank != 1)
+    elif what == "bad-env":
+        if rank == 1:
+            os.environ["COLLECTIVES_TIMEOUT"] = "soon"
+        _report("first call", col.allreduce, np.ones(10, np.float32))
+    elif what == "huge-segment":
+        os.environ["COLLECTIVES_SEGMENT_BYTES"] = str(1 << 40)
+        _report("first call", col.allreduce, np.ones(10, np.float32))
+
+
+def rank_only() -> None:
+    """Some ranks ask for rank() and size() (local), the others not; then everyone works together."""
+    if col.rank() == 0:
+        print(f"rank 0: size {col.size()}", flush=True)
+        time.sleep(1)
+    result = _report("allreduce", col.allreduce, _ints(1000, col.rank()))
+    assert np.array_equal(result, _expected_sum(1000, col.size()))
+
+
+def threads() -> None:
+    """Two threads of every rank call allreduce at once, each on its own data, many times."""
+    count, calls = 1 << 20, 12
+    outcomes = {"right": 0, "refused": 0, "wrong": 0}
+    lock = threading.Lock()
+
+    def work(salt: int) -> None:
+        x = _ints(count, col.rank(), salt)
+        expected = _expected_sum(count, col.size(), salt)
+        for _ in range(calls):
+            try:
+                outcome = "right" if np.array_equal(col.allreduce(x, timeout=60), expected) else "wrong"
+            except col.CollectiveUsageError as e:
+                assert "calling thread differs across ranks" in str(e), str(e)
+                outcome = "refused"
+            with lock:
+                outcomes[outcome] += 1
+
+    workers = [threading.Thread(target=work, args=(salt,), name=f"worker-{salt}") for salt in (1, 2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    print(f"rank {col.rank()}: threads {outcomes}", flush=True)
+
+
+def idle() -> None:
+    """Rank 0 waits 4 s in an allreduce for rank 1: how much of a core does the wait take?"""
+    if col.rank() == 1:
+        time.sleep(4)
+    cpu, wall = time.process_time(), time.monotonic()
+    col.allreduce(np.ones(10, np.float32))
+    if col.rank() == 0:
+        print(f"rank 0: waited {time.monotonic() - wall:.2f} s using {time.process_time() - cpu:.2f} s of CPU",
+              flush=True)
+
+
 if __name__ == "__main__":
-    {"absent": absent, "killed": killed_mid_allreduce}[sys.argv[1]]()
+    {"absent": absent, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught, "exits": exits,
+     "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
+     "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
+     "idle": idle, "crash-first": crash_first}[sys.argv[1]]()
