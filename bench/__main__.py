@@ -29,6 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as col
+from collectives.cli import ArgumentParser
 from collectives.world import world
 from ring.transport.base import TransportError
 from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, Case, nccl_supports
@@ -37,16 +38,6 @@ from bench.sizes import format_size, parse_size, sweep
 from bench.timing import copy_bandwidth, default_iterations, time_interleaved
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors are printed once (by rank 0), and every rank exits with status 2."""
-
-    def error(self, message: str):
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            self.print_usage(sys.stderr)
-            print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def _size(text: str) -> int:
@@ -64,7 +55,8 @@ def _count(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
-    p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.HelpFormatter)
     p.add_argument("--op", choices=OPS, default="allreduce", help="the collective (default: allreduce)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="element type (default: float32)")
     p.add_argument("--redop", choices=REDOPS, default="sum",

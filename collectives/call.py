@@ -116,7 +116,7 @@ def collective(name: str) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            w = world()
+            w = world(setup_timeout=kwargs.get("timeout"))
             if w.threads_checked:
                 _check_thread(w, name)
             w.lock.acquire()

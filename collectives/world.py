@@ -208,10 +208,9 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
     global _world
     given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout,
                  gpu_transport=gpu_transport)
-    with _setting_up:
-        if _world is None:
-            _world = _set_up(*_read_settings(given, from_environment=True))
-            return
+    if _world is None:
+        _start(given)
+        return
     settings, problem = _read_settings(given, from_environment=False)
     if not any(given[name] is not None for name, _ in WIRE_SETTINGS):
         if problem:
@@ -230,6 +229,15 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
 
 
 _setting_up = threading.Lock()   # two threads' first calls set up one world, not two
+
+
+def _start(given: dict, setup_timeout: float | None = None) -> None:
+    """Set the world up once (``setup_timeout``: the first call's own ``timeout=`` bounds it)."""
+    global _world
+    with _setting_up:
+        if _world is None:
+            settings, problem = _read_settings(given, from_environment=True)
+            _world = _set_up(settings, problem, timeout=setup_timeout)
 
 
 def _set_up(settings: dict, problem: str, left: str = "", timeout: float | None = None) -> World:
@@ -321,9 +329,11 @@ def _mpi_running() -> bool:
 atexit.register(_leave)   # at import: Python's exit handlers all run before mpi4py finalizes MPI
 
 
-def world() -> World:
+def world(setup_timeout: object = None) -> World:
+    """The world, set up first if need be, within ``setup_timeout`` seconds if it is one."""
     if _world is None:
-        init()
+        _start({}, setup_timeout if isinstance(setup_timeout, (int, float)) and not isinstance(setup_timeout, bool)
+               and 0 < setup_timeout < float("inf") else None)
     return _world
 
 

@@ -1,6 +1,8 @@
 """The trainer, run as a user runs it (mpiexec ... python -m trainer), judged from its checkpoint files."""
+import errno
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from trainer import checkpoint, data
 
 TIMEOUT_S = 180
 SMALL = ["--epochs", "3", "--dtype", "float64", "--batch-size", "50"]   # 50 does not divide by 3: uneven shards
+SYNTHETIC_LONG = ["--dataset", "synthetic", "--samples", "20000", "--epochs", "50"]   # runs long enough to be in the way
 
 
 def train(n, tmp_path, name, *flags):
@@ -61,14 +64,78 @@ def test_default_run_reaches_95_percent_on_the_digits():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--epochs", "0"], "must be > 0"),
+    (["--epochs", "0"], "--epochs: must be >= 1, got 0"),
     (["--dataset", "imagenet"], "invalid choice"),
     (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--lr", "nan"], "--lr: must be a finite number, got nan"),
+    (["--lr", "inf"], "--lr: must be a finite number, got inf"),
+    (["--momentum", "nan"], "--momentum: must be a finite number, got nan"),
+    (["--weight-decay", "inf"], "--weight-decay: must be a finite number, got inf"),
+    (["--seed", "-5"], "--seed: must be >= 0, got -5"),
+    (["--dataset", "synthetic", "--samples", "1"], "--samples: must be >= 5, got 1"),
+    (["--epoch", "3"], "unrecognized arguments: --epoch 3"),
+    (["--resume-changed"], "--resume-changed goes with --resume"),
 ])
-def test_bad_flags_give_a_message_and_non_zero_exit(flags, message):
-    result = subprocess.run([sys.executable, "-m", "trainer", *flags], cwd=ROOT, capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
+def test_bad_flags_give_one_message_and_exit_2(flags, message):
+    result = run_world(2, ["-m", "trainer", *flags], 60)
+    assert result.returncode == 2 and result.stdout.count(message) == 1, result.stdout
+    assert "Traceback" not in result.stdout and "training [" not in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("flag", ["--plot", "--metrics"])
+def test_an_output_in_a_missing_directory_is_refused_before_training(tmp_path, flag):
+    target = tmp_path / "missing" / "out.png"
+    result = run_world(2, ["-m", "trainer", flag, str(target)], 60)
+    message = f"error: {flag} {target}: the directory {target.parent} does not exist"
+    assert result.returncode == 2 and result.stdout.count(message) == 1, result.stdout
+    assert "training [" not in result.stdout and "Traceback" not in result.stdout, result.stdout
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_refused(tmp_path):
+    target = tmp_path / "ckpt"
+    target.write_text("not a directory")
+    result = run_world(2, ["-m", "trainer", "--checkpoint-dir", str(target)], 60)
+    assert result.returncode == 2 and result.stdout.count("is a file, not a directory") == 1, result.stdout
+
+
+def test_two_runs_cannot_share_a_checkpoint_dir(tmp_path):
+    directory = tmp_path / "shared"
+    first = subprocess.Popen([sys.executable, "-m", "trainer", *SYNTHETIC_LONG, "--checkpoint-dir", str(directory)],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (directory / checkpoint.LOCK).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        second = run_world(2, ["-m", "trainer", *SMALL, "--checkpoint-dir", str(directory)], 60)
+    finally:
+        first.kill()
+        first.communicate()
+    message = f"error: --checkpoint-dir {directory}: in use by another training run (pid {first.pid})"
+    assert second.returncode == 2 and second.stdout.count(message) == 1, second.stdout
+    # the lock ends with its process: a later run may use the directory
+    train(1, tmp_path, "shared", "--epochs", "1")
+
+
+def test_resume_with_other_settings_is_refused_unless_asked(tmp_path):
+    directory, _ = train(2, tmp_path, "ckpt", "--epochs", "1")
+    result = run_world(2, ["-m", "trainer", *SMALL, "--checkpoint-dir", str(directory), "--resume", "--seed", "3",
+                           "--lr", "0.1"], TIMEOUT_S)
+    message = "error: --resume: this run changes the checkpoint's settings (--seed 0 -> 3, --lr 0.05 -> 0.1)"
+    assert result.returncode == 2 and result.stdout.count(message) == 1, result.stdout
+    assert "epoch   2" not in result.stdout
+    _, log = train(2, tmp_path, "ckpt", "--resume", "--seed", "3", "--lr", "0.1", "--resume-changed")
+    assert "resuming from" in log and "epoch   3/3" in log
+
+
+def test_a_failed_checkpoint_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    checkpoint.save(tmp_path, 0, 1, {"params": np.ones(3)}, {"seed": 0}, keep=3)
+    monkeypatch.setattr(checkpoint.np, "savez", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save(tmp_path, 1, 2, {"params": np.ones(3)}, {"seed": 0}, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-epoch000000.npz"]
 
 
 def test_resume_without_checkpoints_fails_cleanly(tmp_path):

@@ -42,55 +42,57 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 import collectives as col  # noqa: E402
+from collectives.cli import FAULT, USAGE, ArgumentParser, finite_non_negative, finite_positive  # noqa: E402
 from ring import arrays  # noqa: E402
 from trainer import checkpoint, data  # noqa: E402
 from trainer.model import MLP  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
 
 
-def _positive(kind):
+def _at_least(least: int):
     def parse(text):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
         return value
     return parse
 
 
-def _non_negative_float(text):
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+_positive_int = _at_least(1)
+MIN_SAMPLES = 5   # one sample in five is held out for testing: fewer leave no test set
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits",
                    help="digits: the embedded 8x8 handwritten digits; synthetic: Gaussian clusters")
-    p.add_argument("--samples", type=_positive(int), default=20000, help="synthetic: number of samples")
-    p.add_argument("--features", type=_positive(int), default=256, help="synthetic: features per sample")
-    p.add_argument("--classes", type=_positive(int), default=10, help="synthetic: number of classes")
-    p.add_argument("--hidden", type=_positive(int), nargs="+", default=[64], help="hidden layer widths")
-    p.add_argument("--epochs", type=_positive(int), default=20)
-    p.add_argument("--batch-size", type=_positive(int), default=64, help="global batch, split across ranks")
-    p.add_argument("--lr", type=_positive(float), default=0.05, help="learning rate")
-    p.add_argument("--momentum", type=_non_negative_float, default=0.9)
-    p.add_argument("--weight-decay", type=_non_negative_float, default=1e-4)
-    p.add_argument("--seed", type=int, default=0, help="initialisation and shuffling seed")
+    p.add_argument("--samples", type=_at_least(MIN_SAMPLES), default=20000, help="synthetic: number of samples")
+    p.add_argument("--features", type=_positive_int, default=256, help="synthetic: features per sample")
+    p.add_argument("--classes", type=_positive_int, default=10, help="synthetic: number of classes")
+    p.add_argument("--hidden", type=_positive_int, nargs="+", default=[64], help="hidden layer widths")
+    p.add_argument("--epochs", type=_positive_int, default=20, help="epochs to train (in all, with --resume)")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="global batch, split across ranks")
+    p.add_argument("--lr", type=finite_positive, default=0.05, help="learning rate")
+    p.add_argument("--momentum", type=finite_non_negative, default=0.9, help="SGD momentum")
+    p.add_argument("--weight-decay", type=finite_non_negative, default=1e-4, help="L2 weight decay")
+    p.add_argument("--seed", type=_at_least(0), default=0, help="initialisation and shuffling seed (>= 0)")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the model and data on each rank's GPU (cupy), gradients over NCCL")
     p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file")
     p.add_argument("--plot", type=Path, help="draw loss and accuracy curves to this PNG (needs matplotlib)")
     p.add_argument("--checkpoint-dir", type=Path, help="save checkpoints here (rank 0)")
-    p.add_argument("--checkpoint-every", type=_positive(int), default=1, help="epochs between checkpoints")
-    p.add_argument("--keep", type=_positive(int), default=3, help="checkpoints to keep")
+    p.add_argument("--checkpoint-every", type=_positive_int, default=1, help="epochs between checkpoints")
+    p.add_argument("--keep", type=_positive_int, default=3, help="checkpoints to keep")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    p.add_argument("--resume-changed", action="store_true",
+                   help="with --resume: continue even where --seed, --batch-size, --lr, --momentum or "
+                        "--weight-decay differ from the checkpoint's")
     args = p.parse_args(argv)
     if args.resume and args.checkpoint_dir is None:
         p.error("--resume needs --checkpoint-dir")
+    if args.resume_changed and not args.resume:
+        p.error("--resume-changed goes with --resume")
     if args.device == "cuda":
         try:
             import cupy  # noqa: F401
@@ -110,7 +112,49 @@ def say(*parts) -> None:
 
 
 class UsageExit(Exception):
-    """A problem every rank agrees on: print it on rank 0 and exit non-zero everywhere."""
+    """A problem every rank agrees on: print it on rank 0 and exit with ``status`` everywhere."""
+
+    def __init__(self, message: str, status: int = USAGE):
+        super().__init__(message)
+        self.status = status
+
+
+def _agree_on(problem: str) -> None:
+    """Rank 0's verdict on a check only it can make (its files) reaches every rank: raise UsageExit
+    on every rank if ``problem`` (rank 0's; "status:text") is not empty."""
+    message = np.zeros(1024, np.uint8)
+    if col.rank() == 0:
+        encoded = problem.encode()[:1024]
+        message[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+    col.broadcast(message, root=0)
+    text = message.tobytes().rstrip(b"\0").decode(errors="replace")
+    if text:
+        status, _, what = text.partition(":")
+        raise UsageExit(what, int(status))
+
+
+def check_outputs(args) -> str:
+    """Rank 0, before anything else: every output path can be written, and the checkpoint
+    directory is this run's alone (it takes its lock). Returns "status:problem", or ""."""
+    for flag, path in (("--metrics", args.metrics), ("--plot", args.plot)):
+        if path is None:
+            continue
+        if path.is_dir():
+            return f"{USAGE}:{flag} {path}: is a directory; give a file name"
+        if not path.parent.is_dir():
+            return f"{USAGE}:{flag} {path}: the directory {path.parent} does not exist"
+        if not os.access(path.parent, os.W_OK):
+            return f"{FAULT}:{flag} {path}: the directory {path.parent} is not writable"
+    if args.checkpoint_dir is not None:
+        if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+            return f"{USAGE}:--checkpoint-dir {args.checkpoint_dir}: is a file, not a directory"
+        try:
+            checkpoint.lock(args.checkpoint_dir)
+        except checkpoint.InUse as e:
+            return f"{USAGE}:--checkpoint-dir {e}"
+        except OSError as e:
+            return f"{FAULT}:--checkpoint-dir {args.checkpoint_dir}: {e.strerror or e}"
+    return ""
 
 
 def array_module(device: str):
@@ -121,7 +165,7 @@ def array_module(device: str):
     try:
         col.use_local_gpu()
     except col.CollectiveError as e:   # raised alike on every rank
-        raise UsageExit(f"--device cuda: {e}") from e
+        raise UsageExit(f"--device cuda: {e}", FAULT) from e
     return cupy
 
 
@@ -136,29 +180,47 @@ def load_dataset(args, xp) -> data.Dataset:
                         xp.asarray(dataset.test_y), dataset.classes)
 
 
+#: What a resumed run must share with the checkpoint unless --resume-changed: flag -> config key.
+RESUME_MUST_MATCH = {"--seed": "seed", "--batch-size": "batch_size", "--lr": "lr", "--momentum": "momentum",
+                     "--weight-decay": "weight_decay"}
+
+
 def config_of(args, dataset) -> dict:
     return {"sizes": [dataset.train_x.shape[1], *args.hidden, dataset.classes], "dtype": args.dtype,
-            "dataset": args.dataset, "seed": args.seed, "batch_size": args.batch_size}
+            "dataset": args.dataset, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
+            "momentum": args.momentum, "weight_decay": args.weight_decay}
+
+
+def changed_settings(saved: dict, config: dict) -> list[str]:
+    """The training settings this run changes from the checkpoint's (older checkpoints lack some)."""
+    return [f"{flag} {saved[key]} -> {config[key]}" for flag, key in RESUME_MUST_MATCH.items()
+            if key in saved and saved[key] != config[key]]
 
 
 def resume(args, model: MLP, opt: SGD, config: dict) -> int:
     """Load the newest valid checkpoint on rank 0 and broadcast it; returns the epoch to start at (0-based)."""
-    status = np.zeros(2, np.int64)   # [found a usable one, epochs already done]
+    status, problem = np.zeros(2, np.int64), ""   # [found a usable one, epochs already done]
     if col.rank() == 0:
         found = checkpoint.newest_valid(args.checkpoint_dir, report=lambda m: print(m, file=sys.stderr))
-        if found is not None:
+        if found is None:
+            problem = f"{USAGE}:--resume: no usable checkpoint in {args.checkpoint_dir}"
+        else:
             path, saved = found
-            if json.loads(str(saved["config"]))["sizes"] != config["sizes"] or saved["params"].shape != \
+            saved_config = json.loads(str(saved["config"]))
+            changed = changed_settings(saved_config, config)
+            if saved_config["sizes"] != config["sizes"] or saved["params"].shape != \
                     model.flat_params.shape or str(saved["params"].dtype) != args.dtype:
-                print(f"{path.name} was written for another model: {saved['config']}", file=sys.stderr)
+                problem = f"{USAGE}:--resume: {path.name} was written for another model: {saved['config']}"
+            elif changed and not args.resume_changed:
+                problem = (f"{USAGE}:--resume: this run changes the checkpoint's settings ({', '.join(changed)}); "
+                           "give the same flags, or add --resume-changed to continue with the new ones")
             else:
                 model.flat_params[...] = model.xp.asarray(saved["params"])
                 opt.velocity[...] = model.xp.asarray(saved["velocity"])
                 status[:] = (1, int(saved["epoch"]) + 1)
                 print(f"resuming from {path} (epoch {int(saved['epoch']) + 1} done)", flush=True)
+    _agree_on(problem)
     col.broadcast(status, root=0)
-    if not status[0]:
-        raise UsageExit(f"--resume: no usable checkpoint in {args.checkpoint_dir}")
     col.broadcast(model.flat_params, root=0)
     col.broadcast(opt.velocity, root=0)
     return int(status[1])
@@ -172,6 +234,7 @@ def accuracy(model: MLP, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def train(args) -> list[dict]:
+    _agree_on(check_outputs(args) if col.rank() == 0 else "")
     xp = array_module(args.device)
     dataset = load_dataset(args, xp)
     config = config_of(args, dataset)
@@ -218,7 +281,11 @@ def train(args) -> list[dict]:
             host = {"params": model.flat_params, "velocity": opt.velocity}
             if xp is not np:
                 host = {name: xp.asnumpy(a) for name, a in host.items()}
-            checkpoint.save(args.checkpoint_dir, epoch, step, host, config, args.keep)
+            try:
+                checkpoint.save(args.checkpoint_dir, epoch, step, host, config, args.keep)
+            except OSError as e:   # a full disk, say: the run stops with the last good checkpoint in place
+                raise UsageExit(f"--checkpoint-dir {args.checkpoint_dir}: cannot write the checkpoint of epoch "
+                                f"{epoch + 1}: {e.strerror or e}", FAULT) from e
     if metrics:
         metrics.close()
     return history
@@ -247,7 +314,7 @@ def main(argv=None) -> int:
         history = train(args)
     except UsageExit as e:
         say(f"error: {e}")
-        return 1
+        return e.status
     if history:
         final = history[-1]
         say(f"done: {len(history)} epoch(s) in {time.perf_counter() - began:.1f}s on {col.size()} rank(s); "
@@ -263,9 +330,11 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     try:
         code = main()
-    except Exception:   # one rank failing must not leave the others waiting forever
+    except col.CollectiveError as e:   # another rank failed or left: it says why; this one says what it saw
+        print(f"[rank {col.rank()}] error: {e}", file=sys.stderr, flush=True)
+        code = FAULT
+    except Exception:   # the ranks waiting for this one hear of it at once (the runtime's farewell)
         sys.stderr.write(f"[rank {col.rank()}] " + traceback.format_exc())
         sys.stderr.flush()
-        from mpi4py import MPI
-        MPI.COMM_WORLD.Abort(1)
+        code = FAULT
     sys.exit(code)

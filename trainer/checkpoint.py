@@ -1,14 +1,44 @@
-"""Checkpoints: plain ``np.savez`` files (no pickle), written atomically, checked by a digest on load."""
+"""Checkpoints: plain ``np.savez`` files (no pickle), written atomically, checked by a digest on load;
+one run at a time per directory (a lock)."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 PATTERN = "checkpoint-epoch*.npz"
+LOCK = ".lock"
+_held: list = []   # the lock files this process holds: open for as long as it runs
+
+
+class InUse(Exception):
+    """Another process holds the directory's lock."""
+
+
+def lock(directory: Path) -> None:
+    """Make ``directory`` (if need be) and take its lock for the rest of this process, or raise
+    InUse naming the process that holds it. The lock is the kernel's (flock): it ends with the
+    process that holds it, however that process ends, so a crashed run never leaves it behind."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / LOCK, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise InUse(f"{directory}: in use by another training run ({holder}); give each run its own "
+                    "directory") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    _held.append(handle)
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:
@@ -30,12 +60,16 @@ def save(directory: Path, epoch: int, step: int, arrays: dict[str, np.ndarray], 
     payload = {**arrays, "epoch": np.int64(epoch), "step": np.int64(step), "config": np.str_(json.dumps(config, sort_keys=True))}
     payload["digest"] = np.str_(_digest({k: np.asarray(v) for k, v in payload.items()}))
     final = directory / f"checkpoint-epoch{epoch:06d}.npz"
-    temporary = directory / f".{final.name}.tmp"
-    with open(temporary, "wb") as f:
-        np.savez(f, **payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, final)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=directory)
+    try:
+        with open(descriptor, "wb") as f:
+            np.savez(f, **payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, final)
+    except BaseException:   # a full disk, say: leave nothing half-written behind
+        Path(temporary).unlink(missing_ok=True)
+        raise
     for old in sorted(directory.glob(PATTERN))[:-keep]:
         old.unlink()
     return final

@@ -12,6 +12,12 @@ import numpy as np
 import collectives as col
 
 
+def _say(line: str) -> None:
+    """One whole line in one write, so that the launcher never splices two ranks' lines together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def _ints(n: int, rank: int, salt: int = 0) -> np.ndarray:
     """Small rank-dependent integers, exact in float32 whatever the sum."""
     return ((np.arange(n) * 7 + rank * 3 + salt) % 11).astype(np.float32)
@@ -27,10 +33,9 @@ def _report(label: str, fn, *args, **kwargs):
     try:
         result = fn(*args, **kwargs)
     except (col.CollectiveError, col.CollectiveUsageError) as e:
-        print(f"rank {col.rank()}: {type(e).__name__} after {time.monotonic() - started:.2f} s in {label}: {e}",
-              flush=True)
+        _say(f"rank {col.rank()}: {type(e).__name__} after {time.monotonic() - started:.2f} s in {label}: {e}")
         raise SystemExit(3)
-    print(f"rank {col.rank()}: ok {label} after {time.monotonic() - started:.2f} s", flush=True)
+    _say(f"rank {col.rank()}: ok {label} after {time.monotonic() - started:.2f} s")
     return result
 
 
@@ -48,20 +53,29 @@ def _then_the_others_wait(victim: int) -> None:
 
 def absent() -> None:
     """The last rank never comes to the allreduce; the others must time out naming it."""
+    col.barrier()
     if col.rank() == col.size() - 1:
         time.sleep(6)
-        print(f"rank {col.rank()}: stayed away", flush=True)
+        _say(f"rank {col.rank()}: stayed away")
         return
     x = np.ones(1000, np.float32)
     try:
         col.allreduce(x, timeout=2)
     except col.CollectiveError as e:
-        print(f"rank {col.rank()}: CollectiveError: {e}", flush=True)
+        _say(f"rank {col.rank()}: CollectiveError: {e}")
     try:
         col.allreduce(x, timeout=2)
     except col.CollectiveError as e:
-        print(f"rank {col.rank()}: then: {e}", flush=True)
+        _say(f"rank {col.rank()}: then: {e}")
         raise SystemExit(3)
+
+
+def absent_at_setup() -> None:
+    """The last rank never calls into the runtime; the others' first call sets up, bounded by its timeout."""
+    if col.rank() == col.size() - 1:
+        time.sleep(5)
+        return
+    _report("first call", col.allreduce, np.ones(10, np.float32), timeout=2)
 
 
 def late() -> None:
@@ -92,9 +106,9 @@ def killed_mid_allreduce() -> None:
         while time.monotonic() - started < 60:
             col.allreduce(x, out=x, op="max")
     except col.CollectiveError as e:
-        print(f"rank {col.rank()}: CollectiveError after {time.monotonic() - started:.1f} s: {e}", flush=True)
+        _say(f"rank {col.rank()}: CollectiveError after {time.monotonic() - started:.1f} s: {e}")
         raise SystemExit(3)
-    print(f"rank {col.rank()}: never noticed", flush=True)
+    _say(f"rank {col.rank()}: never noticed")
 
 
 def uncaught() -> None:
@@ -146,22 +160,21 @@ def interrupted() -> None:
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         try:
             col.allreduce(x)
-            print("rank 1: the allreduce was not interrupted", flush=True)
+            _say("rank 1: the allreduce was not interrupted")
         except KeyboardInterrupt:
-            print("rank 1: KeyboardInterrupt inside the allreduce", flush=True)
+            _say("rank 1: KeyboardInterrupt inside the allreduce")
         try:
             col.allreduce(x)
         except col.CollectiveError as e:
-            print(f"rank 1: then CollectiveError: {e}", flush=True)
+            _say(f"rank 1: then CollectiveError: {e}")
         return   # a clean exit
     time.sleep(1.5)
     try:
         result = col.allreduce(x)
         right = np.array_equal(result, _expected_sum(100, col.size()))
-        print(f"rank {col.rank()}: the interrupted call returned {'the right sum' if right else 'WRONG DATA'}",
-              flush=True)
+        _say(f"rank {col.rank()}: the interrupted call returned {'the right sum' if right else 'WRONG DATA'}")
     except col.CollectiveError as e:
-        print(f"rank {col.rank()}: CollectiveError in the interrupted call: {e}", flush=True)
+        _say(f"rank {col.rank()}: CollectiveError in the interrupted call: {e}")
         raise SystemExit(3)
     _report("the next call", col.allreduce, x)
 
@@ -175,11 +188,10 @@ def finalize() -> None:
     from mpi4py import MPI
     x = _ints(1000, col.rank())
     result = col.allreduce(x)
-    print(f"rank {col.rank()}: sum {'right' if np.array_equal(result, _expected_sum(1000, col.size())) else 'WRONG'}",
-          flush=True)
+    _say(f"rank {col.rank()}: sum {'right' if np.array_equal(result, _expected_sum(1000, col.size())) else 'WRONG'}")
     if how == "by-hand":
         MPI.Finalize()
-    print(f"rank {col.rank()}: done", flush=True)
+    _say(f"rank {col.rank()}: done")
 
 
 def settings_differ() -> None:
@@ -203,7 +215,7 @@ def settings_differ() -> None:
 def rank_only() -> None:
     """Some ranks ask for rank() and size() (local), the others not; then everyone works together."""
     if col.rank() == 0:
-        print(f"rank 0: size {col.size()}", flush=True)
+        _say(f"rank 0: size {col.size()}")
         time.sleep(1)
     result = _report("allreduce", col.allreduce, _ints(1000, col.rank()))
     assert np.array_equal(result, _expected_sum(1000, col.size()))
@@ -232,7 +244,7 @@ def threads() -> None:
         w.start()
     for w in workers:
         w.join()
-    print(f"rank {col.rank()}: threads {outcomes}", flush=True)
+    _say(f"rank {col.rank()}: threads {outcomes}")
 
 
 def idle() -> None:
@@ -242,12 +254,12 @@ def idle() -> None:
     cpu, wall = time.process_time(), time.monotonic()
     col.allreduce(np.ones(10, np.float32))
     if col.rank() == 0:
-        print(f"rank 0: waited {time.monotonic() - wall:.2f} s using {time.process_time() - cpu:.2f} s of CPU",
-              flush=True)
+        _say(f"rank 0: waited {time.monotonic() - wall:.2f} s using {time.process_time() - cpu:.2f} s of CPU")
 
 
 if __name__ == "__main__":
     {"absent": absent, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught, "exits": exits,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
-     "idle": idle, "crash-first": crash_first}[sys.argv[1]]()
+     "idle": idle, "crash-first": crash_first,
+     "absent-at-setup": absent_at_setup}[sys.argv[1]]()

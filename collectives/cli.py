@@ -1,0 +1,58 @@
+"""For command-line programs built on collectives (``python -m trainer``, ``python -m bench``):
+usage errors said once, by rank 0, while every rank exits with the same status.
+
+>>> parser = ArgumentParser(prog="python -m mytool")     # doctest: +SKIP
+>>> parser.add_argument("--lr", type=finite_positive)     # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from collectives.world import rank
+
+USAGE = 2   # exit status of a usage error, as argparse's
+FAULT = 1   # exit status of a fault (a file that cannot be written, a failed collective)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, with errors printed by rank 0 alone (every rank exits with status 2),
+    no abbreviated flags (``--epoch`` is not ``--epochs``), and each flag's default in its help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        if rank() == 0:
+            self.print_usage(sys.stderr)
+            print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(USAGE)
+
+
+def finite_positive(text: str) -> float:
+    """A float > 0 that is finite (argparse type): 'nan' and 'inf' are refused."""
+    value = finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def finite_non_negative(text: str) -> float:
+    """A float >= 0 that is finite (argparse type)."""
+    value = finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
