@@ -270,14 +270,24 @@ def _mpi():
     if MPI.Is_finalized():
         raise CollectiveError("MPI was already finalized in this process; the runtime cannot start")
     if not MPI.Is_initialized():
+        global _started_mpi
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
-        atexit.register(_finalize_mpi)   # registered before _leave, so it runs after it
+        _started_mpi = True
     return MPI
 
 
-def _finalize_mpi() -> None:
+_started_mpi = False   # this runtime started MPI (the program had told mpi4py not to)
+
+
+def _finalize_if_nobody_will() -> None:
+    """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told
+    mpi4py not to (``mpi4py.rc.finalize = False``) and did not itself. A process that ends without
+    MPI_Finalize makes MPICH's launcher kill the other ranks, which may still be finishing."""
+    mpi4py = sys.modules.get("mpi4py")
+    if mpi4py is None or "mpi4py.MPI" not in sys.modules:
+        return
     from mpi4py import MPI
-    if MPI.Is_initialized() and not MPI.Is_finalized():
+    if _mpi_running() and (_started_mpi or mpi4py.rc.finalize is False):
         MPI.Finalize()
 
 
@@ -326,7 +336,10 @@ def _mpi_running() -> bool:
     return MPI.Is_initialized() and not MPI.Is_finalized()
 
 
-atexit.register(_leave)   # at import: Python's exit handlers all run before mpi4py finalizes MPI
+# At import, in this order (exit handlers run last registered first): the farewell, then MPI's
+# end where nobody else will see to it. Python's exit handlers all run before mpi4py's own finalize.
+atexit.register(_finalize_if_nobody_will)
+atexit.register(_leave)
 
 
 def world(setup_timeout: object = None) -> World:

@@ -146,6 +146,14 @@ def test_settings_are_agreed_at_setup_and_every_rank_raises_alike(what, expected
     assert "WARN" not in output, output
 
 
+def test_with_the_check_off_a_longer_message_is_named_not_corrupting():
+    status, output, wall = _fault(2, "unchecked")
+    errors = _errors(output)
+    assert status not in (0, -9) and wall < 30, output
+    assert any("a message from rank" in m and "was longer than this rank expected" in m for _, m in errors.values()), \
+        output
+
+
 def test_rank_and_size_are_local():
     status, output, _ = _fault(3, "rank-only")
     assert status == 0 and "rank 0: size 3" in output and output.count("ok allreduce") == 3, output

@@ -212,6 +212,13 @@ def settings_differ() -> None:
         _report("first call", col.allreduce, np.ones(10, np.float32))
 
 
+def unchecked() -> None:
+    """With the check off, rank 1 passes one element more: a message longer than expected."""
+    col.init(check=False)
+    count = 300_000 + (1 if col.rank() == 1 else 0)
+    _report("allreduce", col.allreduce, np.ones(count, np.float32), timeout=5)
+
+
 def rank_only() -> None:
     """Some ranks ask for rank() and size() (local), the others not; then everyone works together."""
     if col.rank() == 0:
@@ -262,4 +269,4 @@ if __name__ == "__main__":
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "idle": idle, "crash-first": crash_first,
-     "absent-at-setup": absent_at_setup}[sys.argv[1]]()
+     "absent-at-setup": absent_at_setup, "unchecked": unchecked}[sys.argv[1]]()
