@@ -25,17 +25,20 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from threading import get_ident, main_thread
 from typing import Callable, NoReturn, TypeVar
 
 from collectives import validate
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.signature import disagreement, signature as make_signature
+from collectives import world as _worlds
 from collectives.world import World, world
 from ring import arrays, doubling
 from ring.transport.base import TransportError, TransportTimeout
 
 F = TypeVar("F", bound=Callable)
 _PROBLEM_BYTES = 512
+_MAIN_THREAD = main_thread().ident
 _ROLL_CALL_GRACE = 1.0   # seconds the ranks that timed out spend finding out which others are here too
 
 
@@ -52,11 +55,13 @@ class Call:
         w.transport.deadline = time.monotonic() + seconds
         w.transport.seq = w.seq
 
-    def signature(self, **fields) -> bytes:
-        """This call's signature (see ``collectives.signature``): ``fields`` plus the collective,
-        the sequence number, the caller's ``name=`` and the calling thread's name."""
-        return make_signature(self.name, self.seq, name=self.call_name, thread=threading.current_thread().name,
-                              **fields)
+    def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,
+                  memory: str = "") -> bytes:
+        """This call's signature (see ``collectives.signature``): these fields plus the collective,
+        the sequence number, the caller's ``name=``, and the calling thread's name ("" for the main
+        thread, which costs single-threaded programs nothing)."""
+        thread = "" if get_ident() == _MAIN_THREAD else threading.current_thread().name
+        return make_signature(self.name, self.seq, op, dtype, shape, root, False, memory, self.call_name, thread)
 
     def agree(self, signature: bytes) -> None:
         """Check that every rank makes this same call (unless the check is off); raise on every rank if not."""
@@ -94,6 +99,10 @@ class Call:
         raise error
 
 
+def _world() -> World | None:
+    return _worlds._world
+
+
 def begin(name: str, timeout: object = None, call_name: object = None) -> Call:
     """Start a call of collective ``name``: take the next sequence number, set the deadline.
     ``call_name`` is the caller's ``name=`` for it (checked by ``validate.call_name``).
@@ -116,7 +125,7 @@ def collective(name: str) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            w = world(setup_timeout=kwargs.get("timeout"))
+            w = _world() or world(setup_timeout=kwargs.get("timeout"))
             if w.threads_checked:
                 _check_thread(w, name)
             w.lock.acquire()

@@ -41,6 +41,7 @@ FIELDS = (
     ("argument check", ""),
     ("memory (host or gpu)", "x"),
 )
+_THREAD = [name for name, _ in FIELDS].index("calling thread")
 _SHOWN_RANKS = 8
 _LONGEST_FIELD = 24   # a longer value is compared as a digest, so that every signature fits
 
@@ -86,6 +87,8 @@ def disagreement(collective: str, signatures: list[bytes]) -> str:
     that differs and each rank's value. A differing count hides the shape (it says the same)."""
     rows = [s.rstrip(b"\0").decode(errors="replace").split("|") for s in signatures]
     rows = [r + [""] * (len(FIELDS) - len(r)) for r in rows]
+    for r in rows:
+        r[_THREAD] = r[_THREAD] or "MainThread"   # the main thread's calls leave it empty
     differing = [i for i in range(len(FIELDS)) if any(r[i] != rows[0][i] for r in rows)]
     if 0 in differing:
         differing = [0]   # other collectives have other fields: comparing them says nothing more
