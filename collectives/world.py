@@ -283,12 +283,8 @@ def _finalize_if_nobody_will() -> None:
     """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told
     mpi4py not to (``mpi4py.rc.finalize = False``) and did not itself. A process that ends without
     MPI_Finalize makes MPICH's launcher kill the other ranks, which may still be finishing."""
-    mpi4py = sys.modules.get("mpi4py")
-    if mpi4py is None or "mpi4py.MPI" not in sys.modules:
-        return
-    from mpi4py import MPI
-    if _mpi_running() and (_started_mpi or mpi4py.rc.finalize is False):
-        MPI.Finalize()
+    if _mpi_running() and (_started_mpi or sys.modules["mpi4py"].rc.finalize is False):
+        sys.modules["mpi4py.MPI"].Finalize()
 
 
 _why_leaving = ""   # set by the exception hook: why this process is ending
@@ -309,11 +305,13 @@ def _leave() -> None:
     """Say farewell to every other rank and release the transports; once, at exit or at
     ``MPI.Finalize()``, whichever comes first. A process that ends on an uncaught exception
     before its first collective joins the setup the others may be waiting in, to tell them why."""
+    global _why_leaving
     w = _world
     if w is None:
         if _why_leaving and _mpi_running():
+            _why_leaving, why = "", _why_leaving   # once, even if MPI.Finalize() follows
             try:
-                _set_up({}, "", left=_why_leaving, timeout=_FAREWELL_SETUP_SECONDS)
+                _set_up({}, "", left=why, timeout=_FAREWELL_SETUP_SECONDS)
             except (CollectiveError, CollectiveUsageError):
                 pass   # nobody was waiting in setup (or they were told)
         return
@@ -332,6 +330,9 @@ def _leave() -> None:
 
 
 def _mpi_running() -> bool:
+    """MPI is started and not finalized (never starting it: a program that did not is left alone)."""
+    if "mpi4py.MPI" not in sys.modules:
+        return False
     from mpi4py import MPI
     return MPI.Is_initialized() and not MPI.Is_finalized()
 
