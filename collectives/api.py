@@ -71,10 +71,8 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
     call = begin("allreduce", timeout, name)
     try:
         validate.timeout("allreduce", timeout)
-        validate.call_name("allreduce", name)
-        x = validate.plain("allreduce", "x", x)
+        x, out = validate.inputs("allreduce", x, out, name)
         validate.reducible("allreduce", "x", x, op)
-        out = validate.plain("allreduce", "out", out)
         in_place = out is not None and validate.out_array("allreduce", out, x, x.shape)
     except CollectiveUsageError as error:
         call.reject(error)
@@ -107,12 +105,10 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
     w = call.world
     try:
         validate.timeout("reduce_scatter", timeout)
-        validate.call_name("reduce_scatter", name)
-        x = validate.plain("reduce_scatter", "x", x)
+        x, out = validate.inputs("reduce_scatter", x, out, name)
         validate.reducible("reduce_scatter", "x", x, op)
         owned_start, owned_stop = chunk_bounds(x.size, w.size)[w.rank]
         if out is not None:
-            out = validate.plain("reduce_scatter", "out", out)
             validate.out_array("reduce_scatter", out, x, (owned_stop - owned_start,))
     except CollectiveUsageError as error:
         call.reject(error)
@@ -143,8 +139,7 @@ def allgather(x: np.ndarray, *, timeout: float | None = None, name: str | None =
     call = begin("allgather", timeout, name)
     try:
         validate.timeout("allgather", timeout)
-        validate.call_name("allgather", name)
-        x = validate.plain("allgather", "x", x)
+        x, _ = validate.inputs("allgather", x, name=name)
         validate.array("allgather", "x", x)
         if x.ndim == 0:
             validate.fail("allgather", "x", "is 0-dimensional; allgather concatenates along axis 0")
@@ -175,8 +170,7 @@ def broadcast(x: np.ndarray, root: int = 0, *, timeout: float | None = None,
     w = call.world
     try:
         validate.timeout("broadcast", timeout)
-        validate.call_name("broadcast", name)
-        x = validate.plain("broadcast", "x", x)
+        x, _ = validate.inputs("broadcast", x, name=name)
         validate.array("broadcast", "x", x)
         validate.root("broadcast", root, w.size)
         if w.rank != root:

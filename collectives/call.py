@@ -99,10 +99,6 @@ class Call:
         raise error
 
 
-def _world() -> World | None:
-    return _worlds._world
-
-
 def begin(name: str, timeout: object = None, call_name: object = None) -> Call:
     """Start a call of collective ``name``: take the next sequence number, set the deadline.
     ``call_name`` is the caller's ``name=`` for it (checked by ``validate.call_name``).
@@ -110,7 +106,7 @@ def begin(name: str, timeout: object = None, call_name: object = None) -> Call:
     An invalid ``timeout`` is reported by ``collectives.validate.timeout`` inside the
     call, so that it is shared like any usage error; until then the default applies.
     """
-    w = world()
+    w = _worlds._world   # (set up by the call's frame, see collective)
     if w.failure is not None:
         raise CollectiveError(f"{name}: the runtime stopped after an earlier failure ({w.failure}); "
                               "the ranks are no longer in step, so end the job and restart it")
@@ -125,7 +121,7 @@ def collective(name: str) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            w = _world() or world(setup_timeout=kwargs.get("timeout"))
+            w = _worlds._world or world(setup_timeout=kwargs.get("timeout"))
             if w.threads_checked:
                 _check_thread(w, name)
             w.lock.acquire()

@@ -21,6 +21,15 @@ def fail(collective: str, argument: str, problem: str):
     raise CollectiveUsageError(f"{collective}: {argument}: {problem}")
 
 
+def inputs(collective: str, x: Any, out: Any = None, name: Any = None) -> tuple[Any, Any]:
+    """``x`` and ``out`` as :func:`plain` makes them, after checking ``name=`` (the common case,
+    plain arrays and no name, in one test: this runs on every call)."""
+    if type(x) is np.ndarray and out is None and name is None:
+        return x, out
+    call_name(collective, name)
+    return plain(collective, "x", x), plain(collective, "out", out)
+
+
 def plain(collective: str, argument: str, x: Any) -> Any:
     """``x`` itself, or a plain ndarray view of a numpy subclass (``np.matrix`` would stay 2-D
     when flattened); a masked array is refused, since its mask would be silently dropped."""
