@@ -168,6 +168,15 @@ def test_two_threads_per_rank_never_get_wrong_data(n):
         assert int(wrong) == 0 and int(right) + int(refused) == 24, output
 
 
+def test_without_thread_support_only_the_main_thread_may_call():
+    status, output, _ = _fault(2, "funneled")
+    assert status == 0, output
+    for rank in range(2):
+        assert (f"rank {rank}: from a thread: allreduce: called from thread 'loader', but MPI was started with "
+                "MPI_THREAD_FUNNELED, so only the main thread may call it") in output, output
+        assert f"rank {rank}: from the main thread: right" in output, output
+
+
 def test_a_long_wait_does_not_burn_a_core():
     status, output, _ = _fault(2, "idle")
     waited, cpu = map(float, re.search(r"waited ([\d.]+) s using ([\d.]+) s of CPU", output).groups())

@@ -83,6 +83,15 @@ def test_disagreement_is_the_same_error_on_every_rank(case):
 
 
 @needs_two
+def test_a_collective_mismatch_names_only_the_collectives():
+    with pytest.raises(col.CollectiveUsageError) as error:
+        col.barrier(timeout=BOUND_S) if ODD else col.allreduce(_filled(99, np.float32), timeout=BOUND_S)
+    expected = f"collective differs across ranks: rank 0: allreduce, rank {N - 1}: barrier"
+    assert str(error.value) == f"{'barrier' if ODD else 'allreduce'}: {expected}", str(error.value)
+    _still_in_step()
+
+
+@needs_two
 @pytest.mark.parametrize("size", [10, 100_000], ids=["small", "large"])
 def test_nothing_is_written_when_ranks_disagree(size):
     x = _filled(size + (1 if ODD else 0), np.float32)

@@ -254,6 +254,30 @@ def threads() -> None:
     _say(f"rank {col.rank()}: threads {outcomes}")
 
 
+def funneled() -> None:
+    """The program started MPI with MPI_THREAD_FUNNELED: a collective from another thread is refused
+    on that thread alone, and the main thread's calls still work."""
+    import mpi4py
+    mpi4py.rc.thread_level = "funneled"
+    outcome = []
+
+    def from_a_thread():
+        try:
+            col.allreduce(_ints(10, col.rank()), timeout=10)
+            outcome.append("ran")
+        except col.CollectiveUsageError as e:
+            outcome.append(str(e))
+
+    col.barrier()
+    worker = threading.Thread(target=from_a_thread, name="loader")
+    worker.start()
+    worker.join()
+    _say(f"rank {col.rank()}: from a thread: {outcome[0]}")
+    result = col.allreduce(_ints(10, col.rank()))
+    _say(f"rank {col.rank()}: from the main thread: "
+         f"{'right' if np.array_equal(result, _expected_sum(10, col.size())) else 'WRONG'}")
+
+
 def idle() -> None:
     """Rank 0 waits 4 s in an allreduce for rank 1: how much of a core does the wait take?"""
     if col.rank() == 1:
@@ -269,4 +293,5 @@ if __name__ == "__main__":
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "idle": idle, "crash-first": crash_first,
-     "absent-at-setup": absent_at_setup, "unchecked": unchecked}[sys.argv[1]]()
+     "absent-at-setup": absent_at_setup, "unchecked": unchecked,
+     "funneled": funneled}[sys.argv[1]]()
