@@ -9,21 +9,28 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from importlib import metadata
 
 from collectives.world import rank
 
+try:
+    VERSION = metadata.version("ringcollectives")
+except metadata.PackageNotFoundError:   # run from a checkout that was not installed
+    VERSION = "unknown (not installed)"
 USAGE = 2   # exit status of a usage error, as argparse's
 FAULT = 1   # exit status of a fault (a file that cannot be written, a failed collective)
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, with errors printed by rank 0 alone (every rank exits with status 2),
-    no abbreviated flags (``--epoch`` is not ``--epochs``), and each flag's default in its help."""
+    no abbreviated flags (``--epoch`` is not ``--epochs``), each flag's default in its help, and
+    ``--version``."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
+        self.add_argument("--version", action="version", version=f"%(prog)s (ringcollectives {VERSION})")
 
     def error(self, message: str):
         if rank() == 0:

@@ -1,5 +1,6 @@
 """The trainer, run as a user runs it (mpiexec ... python -m trainer), judged from its checkpoint files."""
 import errno
+import json
 import subprocess
 import sys
 import time
@@ -131,13 +132,58 @@ def test_resume_with_other_settings_is_refused_unless_asked(tmp_path):
 def test_a_failed_checkpoint_write_leaves_no_temporary_file(tmp_path, monkeypatch):
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
-    checkpoint.save(tmp_path, 0, 1, {"params": np.ones(3)}, {"seed": 0}, keep=3)
+    checkpoint.save(tmp_path, 1, 1, {"params": np.ones(3)}, {"seed": 0}, keep=3)
     monkeypatch.setattr(checkpoint.np, "savez", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        checkpoint.save(tmp_path, 1, 2, {"params": np.ones(3)}, {"seed": 0}, keep=3)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-epoch000000.npz"]
+        checkpoint.save(tmp_path, 2, 2, {"params": np.ones(3)}, {"seed": 0}, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-epoch000001.npz"]
 
 
 def test_resume_without_checkpoints_fails_cleanly(tmp_path):
     result = run_world(2, ["-m", "trainer", "--checkpoint-dir", str(tmp_path / "empty"), "--resume"], TIMEOUT_S)
     assert result.returncode != 0 and "no usable checkpoint" in result.stdout and "Traceback" not in result.stdout
+
+
+def test_checkpoints_are_numbered_as_the_log_counts_epochs(tmp_path):
+    directory, log = train(2, tmp_path, "numbered", "--epochs", "2")
+    assert sorted(p.name for p in directory.glob("checkpoint-*.npz")) == ["checkpoint-epoch000001.npz",
+                                                                          "checkpoint-epoch000002.npz"]
+    assert "epoch   2/2" in log
+    _, resumed = train(2, tmp_path, "numbered", "--epochs", "3", "--resume")
+    assert "checkpoint-epoch000002.npz (epoch 2 done)" in resumed and "epoch   3/3" in resumed
+
+
+def test_metrics_stay_the_record_of_one_run_after_a_crash_between_checkpoints(tmp_path):
+    metrics, picture = tmp_path / "m.jsonl", tmp_path / "curves.png"
+    directory, _ = train(2, tmp_path, "ckpt", "--checkpoint-every", "2", "--metrics", str(metrics))
+    (directory / "checkpoint-epoch000003.npz").unlink()   # as if it crashed after epoch 3's metrics line
+    train(2, tmp_path, "ckpt", "--epochs", "4", "--resume", "--metrics", str(metrics), "--plot", str(picture))
+    epochs = [json.loads(line)["epoch"] for line in metrics.read_text().splitlines()]
+    assert epochs == [1, 2, 3, 4], epochs
+    assert picture.stat().st_size > 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--features", "10"], "--features: only for --dataset synthetic"),
+    (["--batch-size", "5000"], "--batch-size 5000 is larger than the training set (1438 samples of digits)"),
+])
+def test_flags_that_do_not_apply_are_refused_once(flags, message):
+    result = run_world(2, ["-m", "trainer", *flags], 60)
+    assert result.returncode == 2 and result.stdout.count(message) == 1, result.stdout
+    assert "training [" not in result.stdout
+
+
+def test_version():
+    result = subprocess.run([sys.executable, "-m", "trainer", "--version"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("python -m trainer (ringcollectives "), result
+
+
+def test_the_synthetic_set_is_learnable_but_not_trivial():
+    d = data.synthetic(4000, 64, 10, "float64")
+    again = data.synthetic(4000, 64, 10, "float64")
+    assert np.array_equal(d.train_x, again.train_x) and np.array_equal(d.train_y, again.train_y)
+    onehot = np.eye(10)[d.train_y]
+    weights, *_ = np.linalg.lstsq(np.c_[d.train_x, np.ones(len(d.train_x))], onehot, rcond=None)
+    accuracy = np.mean((np.c_[d.test_x, np.ones(len(d.test_x))] @ weights).argmax(axis=1) == d.test_y)
+    assert 0.3 < accuracy < 0.9, accuracy   # far above chance (0.1), far from solved

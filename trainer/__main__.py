@@ -60,15 +60,19 @@ def _at_least(least: int):
 
 _positive_int = _at_least(1)
 MIN_SAMPLES = 5   # one sample in five is held out for testing: fewer leave no test set
+SYNTHETIC_DEFAULTS: dict[str, int] = {}   # --samples, --features, --classes: filled by parse_args
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits",
                    help="digits: the embedded 8x8 handwritten digits; synthetic: Gaussian clusters")
-    p.add_argument("--samples", type=_at_least(MIN_SAMPLES), default=20000, help="synthetic: number of samples")
-    p.add_argument("--features", type=_positive_int, default=256, help="synthetic: features per sample")
-    p.add_argument("--classes", type=_positive_int, default=10, help="synthetic: number of classes")
+    for flag, parse, default, what in (("--samples", _at_least(MIN_SAMPLES), 20000, "number of samples"),
+                                       ("--features", _positive_int, 256, "features per sample"),
+                                       ("--classes", _positive_int, 10, "number of classes")):
+        p.add_argument(flag, type=parse, default=argparse.SUPPRESS,
+                       help=f"--dataset synthetic only: {what} (default: {default})")
+        SYNTHETIC_DEFAULTS[flag[2:]] = default
     p.add_argument("--hidden", type=_positive_int, nargs="+", default=[64], help="hidden layer widths")
     p.add_argument("--epochs", type=_positive_int, default=20, help="epochs to train (in all, with --resume)")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="global batch, split across ranks")
@@ -76,12 +80,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--momentum", type=finite_non_negative, default=0.9, help="SGD momentum")
     p.add_argument("--weight-decay", type=finite_non_negative, default=1e-4, help="L2 weight decay")
     p.add_argument("--seed", type=_at_least(0), default=0, help="initialisation and shuffling seed (>= 0)")
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="element type of the model, the data and the gradients")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the model and data on each rank's GPU (cupy), gradients over NCCL")
-    p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file")
-    p.add_argument("--plot", type=Path, help="draw loss and accuracy curves to this PNG (needs matplotlib)")
-    p.add_argument("--checkpoint-dir", type=Path, help="save checkpoints here (rank 0)")
+    p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file; with --resume, "
+                                                "the epochs after the checkpoint are replaced (default: none)")
+    p.add_argument("--plot", type=Path, help="draw loss and accuracy curves of the whole run to this PNG "
+                                             "(needs matplotlib) (default: none)")
+    p.add_argument("--checkpoint-dir", type=Path, help="save checkpoints here (rank 0) (default: none)")
     p.add_argument("--checkpoint-every", type=_positive_int, default=1, help="epochs between checkpoints")
     p.add_argument("--keep", type=_positive_int, default=3, help="checkpoints to keep")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
@@ -93,6 +100,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--resume needs --checkpoint-dir")
     if args.resume_changed and not args.resume:
         p.error("--resume-changed goes with --resume")
+    given = [f"--{name}" for name in SYNTHETIC_DEFAULTS if hasattr(args, name)]
+    if given and args.dataset != "synthetic":
+        p.error(f"{', '.join(given)}: only for --dataset synthetic (the digits have their own size)")
+    for name, default in SYNTHETIC_DEFAULTS.items():
+        setattr(args, name, getattr(args, name, default))
     if args.device == "cuda":
         try:
             import cupy  # noqa: F401
@@ -174,6 +186,9 @@ def load_dataset(args, xp) -> data.Dataset:
         dataset = data.digits(args.dtype)
     else:
         dataset = data.synthetic(args.samples, args.features, args.classes, args.dtype)
+    if args.batch_size > len(dataset.train_y):
+        raise UsageExit(f"--batch-size {args.batch_size} is larger than the training set "
+                        f"({len(dataset.train_y)} samples of {args.dataset})")
     if xp is np:
         return dataset
     return data.Dataset(xp.asarray(dataset.train_x), xp.asarray(dataset.train_y), xp.asarray(dataset.test_x),
@@ -217,8 +232,8 @@ def resume(args, model: MLP, opt: SGD, config: dict) -> int:
             else:
                 model.flat_params[...] = model.xp.asarray(saved["params"])
                 opt.velocity[...] = model.xp.asarray(saved["velocity"])
-                status[:] = (1, int(saved["epoch"]) + 1)
-                print(f"resuming from {path} (epoch {int(saved['epoch']) + 1} done)", flush=True)
+                status[:] = (1, checkpoint.epochs_done(saved))
+                print(f"resuming from {path} (epoch {checkpoint.epochs_done(saved)} done)", flush=True)
     _agree_on(problem)
     col.broadcast(status, root=0)
     col.broadcast(model.flat_params, root=0)
@@ -233,7 +248,26 @@ def accuracy(model: MLP, x: np.ndarray, y: np.ndarray) -> float:
     return float(col.allreduce(correct)[0]) / len(y)
 
 
-def train(args) -> list[dict]:
+def earlier_records(path: Path | None, epochs_done: int) -> list[dict]:
+    """The metrics records of the epochs a resumed run keeps (1..epochs_done), from ``path``; the
+    file is cut back to them, so that it stays the record of one run whatever crashed when."""
+    if path is None or not path.exists():
+        return []
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue   # a line cut short by a crash
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int) and record["epoch"] <= epochs_done:
+            kept.append(record)
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return kept
+
+
+def train(args) -> tuple[list[dict], list[dict]]:
+    """Train; return the metrics records of the epochs before this run (from --metrics, on
+    resume) and those of this run's epochs."""
     _agree_on(check_outputs(args) if col.rank() == 0 else "")
     xp = array_module(args.device)
     dataset = load_dataset(args, xp)
@@ -248,6 +282,7 @@ def train(args) -> list[dict]:
     say(f"training {config['sizes']} on {args.dataset} ({len(dataset.train_y)} train, {len(dataset.test_y)} test) "
         f"with {col.size()} rank(s), global batch {args.batch_size}, {model.flat_params.size} parameters")
     history, n_train, step = [], len(dataset.train_y), start * -(-len(dataset.train_y) // args.batch_size)
+    earlier = earlier_records(args.metrics, start) if args.resume and col.rank() == 0 else []
     metrics = open(args.metrics, "a" if args.resume else "w") if args.metrics and col.rank() == 0 else None
     for epoch in range(start, args.epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
@@ -282,27 +317,30 @@ def train(args) -> list[dict]:
             if xp is not np:
                 host = {name: xp.asnumpy(a) for name, a in host.items()}
             try:
-                checkpoint.save(args.checkpoint_dir, epoch, step, host, config, args.keep)
+                checkpoint.save(args.checkpoint_dir, epoch + 1, step, host, config, args.keep)
             except OSError as e:   # a full disk, say: the run stops with the last good checkpoint in place
                 raise UsageExit(f"--checkpoint-dir {args.checkpoint_dir}: cannot write the checkpoint of epoch "
                                 f"{epoch + 1}: {e.strerror or e}", FAULT) from e
     if metrics:
         metrics.close()
-    return history
+    return earlier, history
 
 
 def plot(history: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     epochs = [h["epoch"] for h in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(epochs, [h["loss"] for h in history], marker="o")
     left.set(xlabel="epoch", ylabel="training loss", title="loss")
-    right.plot(epochs, [h["train_accuracy"] for h in history], marker="o", label="train")
-    right.plot(epochs, [h["test_accuracy"] for h in history], marker="o", label="test")
-    right.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    right.plot(epochs, [100 * h["train_accuracy"] for h in history], marker="o", label="train")
+    right.plot(epochs, [100 * h["test_accuracy"] for h in history], marker="o", label="test")
+    right.set(xlabel="epoch", ylabel="accuracy (%)", title="accuracy")
     right.legend()
+    for axes in (left, right):
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -311,7 +349,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     began = time.perf_counter()
     try:
-        history = train(args)
+        earlier, history = train(args)
     except UsageExit as e:
         say(f"error: {e}")
         return e.status
@@ -320,7 +358,7 @@ def main(argv=None) -> int:
         say(f"done: {len(history)} epoch(s) in {time.perf_counter() - began:.1f}s on {col.size()} rank(s); "
             f"test accuracy {final['test_accuracy']:.2%}")
         if args.plot and col.rank() == 0:
-            plot(history, args.plot)
+            plot(earlier + history, args.plot)
             say(f"plot written to {args.plot}")
     else:
         say("nothing to do: the checkpoint already covers every epoch")

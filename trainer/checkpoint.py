@@ -49,17 +49,20 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def save(directory: Path, epoch: int, step: int, arrays: dict[str, np.ndarray], config: dict, keep: int) -> Path:
-    """Write ``checkpoint-epochNNNNNN.npz`` via a temporary file and a rename; keep the newest ``keep``.
+def save(directory: Path, epochs_done: int, step: int, arrays: dict[str, np.ndarray], config: dict,
+         keep: int) -> Path:
+    """Write ``checkpoint-epochNNNNNN.npz`` (NNNNNN: the epochs done, as the log counts them, from 1)
+    via a temporary file and a rename; keep the newest ``keep``.
 
     A crash at any moment leaves either the previous complete file or the new one, never half a file.
     There is no RNG state to store beyond ``config["seed"]``: each epoch's shuffle is drawn
     from a generator seeded with (seed, epoch), so the epoch number recreates it.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    payload = {**arrays, "epoch": np.int64(epoch), "step": np.int64(step), "config": np.str_(json.dumps(config, sort_keys=True))}
+    payload = {**arrays, "epochs_done": np.int64(epochs_done), "step": np.int64(step),
+               "config": np.str_(json.dumps(config, sort_keys=True))}
     payload["digest"] = np.str_(_digest({k: np.asarray(v) for k, v in payload.items()}))
-    final = directory / f"checkpoint-epoch{epoch:06d}.npz"
+    final = directory / f"checkpoint-epoch{epochs_done:06d}.npz"
     descriptor, temporary = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=directory)
     try:
         with open(descriptor, "wb") as f:
@@ -86,6 +89,12 @@ def load(path: Path) -> dict[str, np.ndarray]:
     if not stored or stored != _digest(arrays):
         raise ValueError(f"{path.name}: digest mismatch (corrupted or incomplete)")
     return arrays
+
+
+def epochs_done(saved: dict[str, np.ndarray]) -> int:
+    """How many epochs a loaded checkpoint covers (files before the 1-based numbering stored the
+    0-based index of the last epoch as "epoch")."""
+    return int(saved["epochs_done"]) if "epochs_done" in saved else int(saved["epoch"]) + 1
 
 
 def newest_valid(directory: Path, report=print) -> tuple[Path, dict[str, np.ndarray]] | None:

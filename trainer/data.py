@@ -28,16 +28,27 @@ def _split(x: np.ndarray, y: np.ndarray, classes: int) -> Dataset:
 
 
 def digits(dtype) -> Dataset:
-    """1437 training and 359 test images of 64 pixels scaled to [0, 1]."""
+    """1438 training and 359 test images of 64 pixels scaled to [0, 1]."""
     with np.load(DIGITS, allow_pickle=False) as f:
         images, labels = f["images"], f["labels"]
     return _split((images / 16.0).astype(dtype), labels.astype(np.int64), classes=10)
 
 
+SEPARATION = 4.0     # typical distance between class centres, in units of the noise: the clusters overlap
+LABEL_NOISE = 0.1    # this share of the labels is drawn at random: no model reaches 100%
+
+
 def synthetic(samples: int, features: int, classes: int, dtype, seed: int = 1) -> Dataset:
-    """Gaussian clusters, one per class: learnable, of any size."""
+    """Overlapping Gaussian clusters, one per class, with some labels drawn at random: of any size,
+    deterministic, and hard enough that the curves keep improving over many epochs (the best
+    possible accuracy is below 100% - LABEL_NOISE * (1 - 1/classes) whatever the size).
+
+    Centres are scaled by 1/sqrt(features), so how much the clusters overlap does not depend on
+    the number of features."""
     rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(classes, features))
+    centres = rng.normal(size=(classes, features)) * (SEPARATION / np.sqrt(2 * features))
     labels = rng.integers(0, classes, size=samples)
-    x = centres[labels] + rng.normal(scale=2.0, size=(samples, features))
+    x = centres[labels] + rng.normal(size=(samples, features))
+    noisy = rng.random(samples) < LABEL_NOISE
+    labels[noisy] = rng.integers(0, classes, size=int(noisy.sum()))
     return _split(x.astype(dtype), labels, classes)
