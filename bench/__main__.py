@@ -35,7 +35,7 @@ from ring.transport.base import TransportError
 from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, Case, nccl_supports
 from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
 from bench.sizes import format_size, parse_size, sweep
-from bench.timing import copy_bandwidth, default_iterations, time_interleaved
+from bench.timing import copy_bandwidth, default_iterations, stop_on_ctrl_c, time_interleaved
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -151,6 +151,9 @@ def environment(comm: MPI.Comm, device: str) -> dict:
     w = world()
     hosts = sorted(set(comm.allgather(MPI.Get_processor_name())))
     return {
+        "ranks_per_host": comm.allreduce(col.local_size(), op=MPI.MAX),
+        "usable_cpus": comm.allreduce(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                      else os.cpu_count() or 1, op=MPI.MIN),
         "device": device,
         "n": comm.Get_size(),
         "hosts": ",".join(hosts),
@@ -172,8 +175,12 @@ def environment(comm: MPI.Comm, device: str) -> dict:
 def _print_header(env: dict, args: argparse.Namespace) -> None:
     hosts = env["hosts"].split(",")
     print(f"# {env['command']}")
-    print(f"# {env['n']} ranks on {len(hosts)} host(s) ({env['hosts']}), {env['cpus_per_host']} cpus each; "
+    print(f"# {env['n']} ranks on {len(hosts)} host(s) ({env['hosts']}), {env['cpus_per_host']} cpus per host; "
           f"{env['mpi_library']}; mpi4py {env['mpi4py']}; numpy {env['numpy']}; python {env['python']}")
+    if env["ranks_per_host"] > env["usable_cpus"]:
+        print(f"# warning: {env['ranks_per_host']} ranks share {env['usable_cpus']} usable cpus on a host: every "
+              "rank waiting for another takes a core it needs, so these times measure the oversubscription "
+              "more than the collectives")
     print(f"# ring: segment {format_size(env['segment_bytes'])}, recursive doubling up to "
           f"{format_size(env['small_bytes'])}, cross-rank check {'on' if env['check'] else 'off'}; "
           f"{env['threads']}")
@@ -197,12 +204,41 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
         xp, nccl_comm, facts = _gpu(comm, args.impl)
         env.update(facts)
     env["memcpy_gbps"] = copy_bandwidth(comm, xp=xp) / GB
+    sizes = sweep(args.min_bytes, args.max_bytes, args.factor)
+    _refuse_what_does_not_fit(comm, env, sizes[-1])
     if rank0:
         _print_header(env, args)
-        print("\n".join(table_header(args.impl)), flush=True)
+        print(_duration(sizes, args, env))
+        print("\n".join(table_header(args.impl, comm.Get_size())), flush=True)
     rows: list[Row] = []
     skipped = []
-    for nbytes in sweep(args.min_bytes, args.max_bytes, args.factor):
+    try:
+        with stop_on_ctrl_c():
+            _sweep(args, comm, sizes, xp, nccl_comm, env, rows, skipped)
+    except KeyboardInterrupt:
+        if rank0:
+            _write(args, env, rows, plot_too=True)
+            written = ", ".join(p for p in (args.json, args.csv, args.plot) if p)
+            print(f"# interrupted (Ctrl-C) after {len(rows) // len(args.impl)} of {len(sizes)} sizes"
+                  + (f"; the rows so far are in {written}" if written and rows else ""), flush=True)
+        return 130
+    wrong = sum(r.wrong for r in rows)
+    if rank0:
+        if skipped:
+            print(f"# skipped {', '.join(map(str, skipped))} B: less than one element per rank")
+        for impl in args.impl:
+            mine = [r.busbw for r in rows if r.impl == impl]
+            print(f"# {impl}: average busbw {np.mean(mine) if mine else 0:.3f} GB/s over {len(mine)} sizes")
+        print(f"# #wrong: {wrong} " + ("(every result exact)" if not wrong else "-- RESULTS ARE WRONG"))
+        _write(args, env, rows, plot_too=True)
+    return 1 if wrong else 0
+
+
+def _sweep(args: argparse.Namespace, comm: MPI.Comm, sizes: list[int], xp: ModuleType, nccl_comm: Any,
+           env: dict, rows: list[Row], skipped: list[int]) -> None:
+    """Time every size, printing (rank 0) and writing each row as it is done; ``rows`` and
+    ``skipped`` grow in place, so that an interruption keeps what was done."""
+    for nbytes in sizes:
         case = Case(comm, args.op, args.dtype, args.redop, nbytes, args.root, xp, nccl_comm)
         if case.count == 0:
             skipped.append(nbytes)
@@ -212,24 +248,68 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
         timings = time_interleaved(comm, case, args.impl, iters, warmup, args.plant_error)
         these = [Row.of(case, impl, timings[impl]) for impl in args.impl]
         rows += these
-        if rank0:
+        if comm.Get_rank() == 0:
             print(table_line(these), flush=True)
+            _write(args, env, rows, plot_too=False)   # a row is on disk as soon as it is printed
         del case
-    wrong = sum(r.wrong for r in rows)
-    if rank0:
-        if skipped:
-            print(f"# skipped {', '.join(map(str, skipped))} B: less than one element per rank")
-        for impl in args.impl:
-            mine = [r.busbw for r in rows if r.impl == impl]
-            print(f"# {impl}: average busbw {np.mean(mine) if mine else 0:.3f} GB/s over {len(mine)} sizes")
-        print(f"# #wrong: {wrong} " + ("(every result exact)" if not wrong else "-- RESULTS ARE WRONG"))
-        if args.json:
-            write_json(args.json, env, rows)
-        if args.csv:
-            write_csv(args.csv, env, rows)
-        if args.plot and rows:
-            plot(args.plot, env, rows)
-    return 1 if wrong else 0
+
+
+def _write(args: argparse.Namespace, env: dict, rows: list[Row], plot_too: bool) -> None:
+    """The JSON and CSV files with every row so far; the plot too when asked (it is slower)."""
+    if args.json:
+        write_json(args.json, env, rows)
+    if args.csv:
+        write_csv(args.csv, env, rows)
+    if plot_too and args.plot and rows:
+        plot(args.plot, env, rows)
+
+
+#: Buffers a case and its calls hold at once, in units of its size: input, output, expected result,
+#: the ring's new result array, the comparison's temporaries.
+_BUFFERS_PER_CASE = 5
+
+
+def _refuse_what_does_not_fit(comm: MPI.Comm, env: dict, largest: int) -> None:
+    """Exit 2 on every rank (rank 0 says why) if the largest size cannot fit in a host's memory."""
+    need = env["ranks_per_host"] * _BUFFERS_PER_CASE * largest
+    available = _available_memory()
+    short = comm.allreduce(int(available is not None and need > available), op=MPI.MAX)
+    if short:
+        if comm.Get_rank() == 0:
+            print(f"python -m bench: error: --max-bytes {format_size(largest)} needs about {_gib(need)} of "
+                  f"memory on a host ({env['ranks_per_host']} ranks x {_BUFFERS_PER_CASE} buffers), more than a "
+                  "host has available" + (f" ({_gib(available)} here)" if available else "")
+                  + "; give a smaller --max-bytes", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available on this host (Linux's MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _duration(sizes: list[int], args: argparse.Namespace, env: dict) -> str:
+    """A lower bound on the sweep's time: every byte the timed and warm-up calls move, at the
+    memory-copy rate of one process (collectives between processes are slower than that)."""
+    moved = 0
+    for nbytes in sizes:
+        iters = args.iters or default_iterations(nbytes)
+        warmup = args.warmup if args.warmup is not None else max(1, iters // 10)
+        moved += (iters + warmup) * nbytes * len(args.impl)
+    seconds = moved / (env["memcpy_gbps"] * GB) if env["memcpy_gbps"] else 0
+    return (f"# sweep: {len(sizes)} sizes, {_gib(moved)} moved in all; at the memcpy rate that takes at "
+            f"least {seconds:.0f} s (Ctrl-C stops it, keeping the rows so far)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, comm.Get_size())
     try:
         return run(args, comm)
+    except KeyboardInterrupt:   # outside the sweep: nothing to keep
+        return 130
     except Exception:   # one rank failing alone must not leave the others waiting in a barrier
         print(f"rank {comm.Get_rank()}: {traceback.format_exc()}", file=sys.stderr, flush=True)
         comm.Abort(1)

@@ -45,8 +45,10 @@ class Row:
                    timing.seconds * 1e6, algbw, algbw * bus_factor(case.op, case.n), timing.wrong)
 
 
-def table_header(impls: list[str]) -> list[str]:
-    """The two header lines of the table for these implementations."""
+def table_header(impls: list[str], n: int = 2) -> list[str]:
+    """The two header lines of the table for these implementations on ``n`` ranks. The last
+    column is ours over the library's busbw; on one rank, where busbw is 0 by definition, the
+    same number is called what it is there: the speed ratio (the library's time over ours)."""
     first = f"#{'size':>11} {'count':>12} {'type':>8} {'redop':>6}"
     second = f"#{'(B)':>11} {'(elements)':>12} {'':>8} {'':>6}"
     for impl in impls:
@@ -55,7 +57,7 @@ def table_header(impls: list[str]) -> list[str]:
     native = _native(impls)
     if native:
         first += f" | {'ring/' + native:>9}"
-        second += f" | {'busbw':>9}"
+        second += f" | {'busbw' if n > 1 else 'speed':>9}"
     return [first, second]
 
 

@@ -6,9 +6,16 @@ For iteration i the implementations run one after another (ring, mpi, ring, mpi,
 every rank, between a barrier and its return; the iteration's time is the
 slowest rank's, since a collective is done only when every rank has its result.
 Checking the result happens after the clock stops.
+
+Ctrl-C: a rank must never leave the sweep alone, or the others wait for it for ever
+inside MPI. So Ctrl-C only raises a flag (:func:`stop_on_ctrl_c`), which the barrier
+before each call carries to every rank: all of them stop at the same call, with
+KeyboardInterrupt. A second Ctrl-C stops this rank at once.
 """
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -51,7 +58,7 @@ def time_interleaved(comm: MPI.Comm, case: Case, impls: list[str], iters: int, w
             case.reset()
             if case.on_device:
                 case.synchronize()
-            comm.Barrier()
+            barrier(comm)
             start = time.perf_counter()
             result = case.run(impl)
             if case.on_device:
@@ -65,6 +72,35 @@ def time_interleaved(comm: MPI.Comm, case: Case, impls: list[str], iters: int, w
     comm.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)    # each iteration took as long as its slowest rank
     comm.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)      # wrong elements on all ranks, per iteration
     return {impl: Timing(float(np.median(seconds[k])), int(wrong[k].max())) for k, impl in enumerate(impls)}
+
+
+_stop = np.zeros(1, np.int32)   # 1 once Ctrl-C was pressed on this rank (see stop_on_ctrl_c)
+
+
+@contextlib.contextmanager
+def stop_on_ctrl_c():
+    """While inside: Ctrl-C (SIGINT) asks every rank to stop at the next :func:`barrier`;
+    a second one raises KeyboardInterrupt on this rank at once."""
+    def ask(signum, frame):
+        if _stop[0]:
+            raise KeyboardInterrupt
+        _stop[0] = 1
+
+    previous = signal.signal(signal.SIGINT, ask)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _stop[0] = 0
+
+
+def barrier(comm: MPI.Comm) -> None:
+    """A barrier that also agrees whether to stop: KeyboardInterrupt on every rank if any rank
+    was asked to (a one-integer all-reduce synchronizes as a barrier does)."""
+    anyone = np.zeros(1, np.int32)
+    comm.Allreduce(_stop, anyone, op=MPI.MAX)
+    if anyone[0]:
+        raise KeyboardInterrupt
 
 
 def copy_bandwidth(comm: MPI.Comm, nbytes: int = 64 << 20, repeats: int = 10, xp: ModuleType = np) -> float:

@@ -4,10 +4,14 @@ Small sweeps only: the bench's figures are measured by running it, never asserte
 """
 import csv
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
-from tests.worlds import ROOT, run_world
+from tests.worlds import ROOT, mpiexec, run_world
 
 TIMEOUT_S = 240
 QUICK = ["--max-bytes", "64K", "--factor", "16", "--iters", "5", "--warmup", "1"]
@@ -93,3 +97,48 @@ def test_plot_without_matplotlib_says_what_to_install_before_any_timing(tmp_path
     assert result.returncode == 2, result.stdout[-2000:]
     assert 'pip install -e ".[plot]"' in result.stdout and "memcpy" not in result.stdout
     assert not (tmp_path / "b.png").exists()
+
+
+def test_the_header_counts_cpus_per_host_and_warns_of_oversubscription():
+    crowded = bench(3)
+    assert crowded.returncode == 0 and " cpus per host;" in crowded.stdout and " cpus each" not in crowded.stdout
+    cpus = len(os.sched_getaffinity(0))
+    warned = crowded.stdout.count(f"# warning: 3 ranks share {cpus} usable cpus on a host")
+    assert warned == (1 if cpus < 3 else 0), crowded.stdout
+    assert "# sweep: 4 sizes, " in crowded.stdout and "takes at least" in crowded.stdout
+
+
+def test_one_rank_shows_a_speed_ratio_not_a_busbw_ratio():
+    result = bench(1)
+    header = [line for line in result.stdout.splitlines() if line.startswith("#") and "(B)" in line][0]
+    assert result.returncode == 0 and header.rstrip().endswith("speed"), header
+    assert bench(2).stdout.count("|     busbw") == 1
+
+
+def test_sizes_that_cannot_fit_in_memory_are_refused_before_any_timing():
+    result = bench(2, "--min-bytes", "64G", "--max-bytes", "64G")
+    assert result.returncode == 2 and result.stdout.count("--max-bytes 64G needs about 640.0 GiB of memory") == 1
+    assert "float32" not in result.stdout and "Traceback" not in result.stdout
+
+
+def test_ctrl_c_stops_every_rank_with_one_line_and_keeps_the_rows(tmp_path):
+    out = tmp_path / "partial.json"
+    job = subprocess.Popen([*mpiexec(), "-n", "2", sys.executable, "-m", "bench", "--max-bytes", "256M", "--json",
+                            str(out)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        seen = []
+        while not seen or not seen[-1].strip().startswith("4096 "):
+            seen.append(job.stdout.readline())
+            assert seen[-1], "".join(seen)
+        os.kill(job.pid, signal.SIGINT)   # as a terminal's Ctrl-C reaches mpiexec, which passes it on
+        rest, _ = job.communicate(timeout=TIMEOUT_S)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    assert job.returncode == 130, rest
+    assert rest.count("# interrupted (Ctrl-C) after ") == 1 and "Traceback" not in rest, rest
+    done = int(rest.split("# interrupted (Ctrl-C) after ")[1].split()[0])
+    _, rows = rows_of(out)
+    assert done >= 10 and len(rows) == 2 * done, (done, len(rows))
