@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as col
-from collectives.cli import ArgumentParser
+from collectives.cli import ArgumentParser, launch_note
 from collectives.world import world
 from ring.transport.base import TransportError
 from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, Case, nccl_supports
@@ -208,6 +208,9 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
     _refuse_what_does_not_fit(comm, env, sizes[-1])
     if rank0:
         _print_header(env, args)
+        note = launch_note("python -m bench")
+        if note:
+            print(f"# note: {note}")
         print(_duration(sizes, args, env))
         print("\n".join(table_header(args.impl, comm.Get_size())), flush=True)
     rows: list[Row] = []

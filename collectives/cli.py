@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from importlib import metadata
 
-from collectives.world import rank
+from collectives.world import rank, size
 
 try:
     VERSION = metadata.version("ringcollectives")
@@ -37,6 +38,32 @@ class ArgumentParser(argparse.ArgumentParser):
             self.print_usage(sys.stderr)
             print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(USAGE)
+
+
+#: Variables by which launchers tell a process the size of its job: (variable, launcher).
+LAUNCHER_SIZES = (("PMI_SIZE", "MPICH's or Intel MPI's mpiexec"), ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+                  ("SLURM_NTASKS", "Slurm's srun"))
+
+
+def launch_note(command: str) -> str | None:
+    """What to tell a user whose world has one rank (None when it has more, or was asked for):
+    the program was started without a launcher, or by a launcher of another MPI than the one
+    mpi4py uses, which then runs N separate worlds of one rank each.
+
+    >>> launch_note("python -m trainer")                 # doctest: +SKIP
+    'running 1 rank: no MPI launcher started this process (mpirun -n 4 python -m trainer runs 4)'
+    """
+    if size() != 1:
+        return None
+    for variable, launcher in LAUNCHER_SIZES:
+        value = os.environ.get(variable, "")
+        if value.isdigit() and int(value) > 1:
+            return (f"running 1 rank, but {launcher} started {value} ({variable}={value}): mpi4py uses another MPI "
+                    f"than that launcher's, so each process is a world of its own; use the mpiexec of mpi4py's MPI "
+                    f"(with the 'mpich' extra: {os.path.join(os.path.dirname(sys.executable), 'mpiexec')})")
+        if value == "1":
+            return None   # one rank, as asked
+    return f"running 1 rank: no MPI launcher started this process (mpirun -n 4 {command} runs 4)"
 
 
 def finite_positive(text: str) -> float:

@@ -142,3 +142,11 @@ def test_ctrl_c_stops_every_rank_with_one_line_and_keeps_the_rows(tmp_path):
     done = int(rest.split("# interrupted (Ctrl-C) after ")[1].split()[0])
     _, rows = rows_of(out)
     assert done >= 10 and len(rows) == 2 * done, (done, len(rows))
+
+
+def test_a_bench_without_a_launcher_says_it_runs_one_rank():
+    clean = {k: v for k, v in os.environ.items() if k not in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")}
+    result = subprocess.run([sys.executable, "-m", "bench", *QUICK], cwd=ROOT, capture_output=True, text=True,
+                            timeout=TIMEOUT_S, env={**clean, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0 and result.stdout.count("# note: running 1 rank: no MPI launcher") == 1
+    assert "# note:" not in bench(1).stdout

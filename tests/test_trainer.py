@@ -1,5 +1,6 @@
 """The trainer, run as a user runs it (mpiexec ... python -m trainer), judged from its checkpoint files."""
 import errno
+import os
 import json
 import subprocess
 import sys
@@ -187,3 +188,19 @@ def test_the_synthetic_set_is_learnable_but_not_trivial():
     weights, *_ = np.linalg.lstsq(np.c_[d.train_x, np.ones(len(d.train_x))], onehot, rcond=None)
     accuracy = np.mean((np.c_[d.test_x, np.ones(len(d.test_x))] @ weights).argmax(axis=1) == d.test_y)
     assert 0.3 < accuracy < 0.9, accuracy   # far above chance (0.1), far from solved
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, "note: running 1 rank: no MPI launcher started this process (mpirun -n 4 python -m trainer runs 4)"),
+    ({"OMPI_COMM_WORLD_SIZE": "4"}, "note: running 1 rank, but Open MPI's mpirun started 4 (OMPI_COMM_WORLD_SIZE=4)"),
+])
+def test_a_world_of_one_rank_says_why(env, expected):
+    clean = {k: v for k, v in os.environ.items() if k not in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")}
+    result = subprocess.run([sys.executable, "-m", "trainer", "--epochs", "1"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, env={**clean, "PYTHONPATH": str(ROOT), **env})
+    assert result.returncode == 0 and result.stdout.count(expected) == 1, result.stdout + result.stderr
+
+
+def test_a_world_of_one_asked_for_has_no_note():
+    result = run_world(1, ["-m", "trainer", "--epochs", "1"], 120)
+    assert result.returncode == 0 and "note:" not in result.stdout, result.stdout

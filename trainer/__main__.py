@@ -42,7 +42,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 import collectives as col  # noqa: E402
-from collectives.cli import FAULT, USAGE, ArgumentParser, finite_non_negative, finite_positive  # noqa: E402
+from collectives.cli import (FAULT, USAGE, ArgumentParser, finite_non_negative, finite_positive,  # noqa: E402
+                             launch_note)
 from ring import arrays  # noqa: E402
 from trainer import checkpoint, data  # noqa: E402
 from trainer.model import MLP  # noqa: E402
@@ -347,6 +348,9 @@ def plot(history: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    note = launch_note("python -m trainer")
+    if note:
+        say(f"note: {note}")
     began = time.perf_counter()
     try:
         earlier, history = train(args)
