@@ -75,11 +75,13 @@ def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
     p.add_argument("--warmup", type=_count, default=None,
                    help="untimed (but checked) iterations first (default: iters/10, at least 1)")
     p.add_argument("--root", type=int, default=0, help="broadcast root (default: 0)")
-    p.add_argument("--json", metavar="PATH", help="write every row and the environment as JSON")
-    p.add_argument("--csv", metavar="PATH", help="write every row, with the environment, as CSV")
-    p.add_argument("--plot", metavar="PATH", help="draw busbw against size to a PNG (needs matplotlib)")
+    p.add_argument("--json", metavar="PATH", help="write every row and the environment as JSON, as each size finishes (default: none)")
+    p.add_argument("--csv", metavar="PATH", help="write every row, with the environment, as CSV, as each size finishes (default: none)")
+    p.add_argument("--plot", metavar="PATH", help="draw busbw against size to a PNG (needs matplotlib), at the end or on Ctrl-C "
+                        "(default: none)")
     p.add_argument("--plant-error", choices=list(IMPLEMENTATIONS), metavar="IMPL",
-                   help="for testing the checker: overwrite one element of IMPL's result on the last rank")
+                   help="for testing the checker: overwrite one element of IMPL's result on the last rank "
+                        "(default: none)")
     args = p.parse_args(argv)
     if args.impl is None:
         args.impl = ["ring", "nccl"] if args.device == "cuda" else ["ring", "mpi"]
