@@ -165,7 +165,7 @@ def _read_settings(given: dict, from_environment: bool) -> tuple[dict, str]:
     return settings, problem
 
 
-def _agree(records: list[bytes]) -> None:
+def _check_records(records: list[bytes]) -> None:
     """Raise the same CollectiveUsageError on every rank if any rank found a problem with its
     settings, or if the settings that change what moves between ranks differ."""
     decoded = [json.loads(r or b"{}") for r in records]
@@ -220,7 +220,7 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
         current = {name: getattr(w, name) for name, _ in WIRE_SETTINGS}
         w.transport.deadline = time.monotonic() + settings.get("timeout", w.timeout)
         try:
-            _agree(w.transport.allgather_bytes(_record({**current, **settings}, problem)))
+            _check_records(w.transport.allgather_bytes(_record({**current, **settings}, problem)))
         except TransportError as e:
             w.failure = f"init on rank {w.rank}: {e}"
             raise CollectiveError(f"init: the ranks did not all change their settings together: {e}") from e
@@ -252,7 +252,7 @@ def _set_up(settings: dict, problem: str, left: str = "", timeout: float | None 
     except TransportError as e:
         raise CollectiveError(f"init: {e}") from e
     try:
-        _agree(records)
+        _check_records(records)
     except (CollectiveUsageError, CollectiveError):
         transport.close()
         raise
