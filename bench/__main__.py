@@ -32,6 +32,7 @@ import collectives as col
 from collectives.cli import ArgumentParser, launch_note
 from collectives.world import world
 from ring.transport.base import TransportError
+from ring.transport.mpi import usable_cores
 from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, Case, nccl_supports
 from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
 from bench.sizes import format_size, parse_size, sweep
@@ -154,8 +155,7 @@ def environment(comm: MPI.Comm, device: str) -> dict:
     hosts = sorted(set(comm.allgather(MPI.Get_processor_name())))
     return {
         "ranks_per_host": comm.allreduce(col.local_size(), op=MPI.MAX),
-        "usable_cpus": comm.allreduce(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                      else os.cpu_count() or 1, op=MPI.MIN),
+        "usable_cpus": comm.allreduce(usable_cores(), op=MPI.MIN),
         "device": device,
         "n": comm.Get_size(),
         "hosts": ",".join(hosts),

@@ -67,7 +67,7 @@ class MPITransport:
         self._local_pids = {r: pids[r] for r in local if r != self.rank}
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
-        oversubscribed = self.local_size > _usable_cores()
+        oversubscribed = self.local_size > usable_cores()
         self._spin_seconds = 0.0 if oversubscribed else _SPIN_SECONDS
         self._quick_polls = 1 if oversubscribed else _QUICK_POLLS
         self._persistent: dict = {}
@@ -174,7 +174,7 @@ class MPITransport:
         try:
             self._wait_all([request], [r for r in range(self.size) if r != self.rank] or [self.rank])
         except BaseException:
-            self._give_up([request], (mine, every))   # (a collective request cannot be cancelled: kept)
+            self._abandoned.append(([request], (mine, every)))   # a collective cannot be cancelled: kept
             raise
         return [row.tobytes() for row in every]
 
@@ -183,11 +183,12 @@ class MPITransport:
         late message lands in a buffer the caller owns again. Requests that cannot be cancelled are
         kept, with their buffers, until the process ends (freeing them in flight corrupts memory)."""
         inflight, self._inflight = self._inflight, []
-        for (request, _), buf in inflight:
-            self._give_up([request], buf)
+        if inflight:
+            self._give_up([request for (request, _), _ in inflight], [buf for _, buf in inflight])
 
     def _give_up(self, requests: list[MPI.Request], buffers: Any) -> None:
-        """Cancel ``requests`` that are still pending and wait briefly for each to end; keep the rest."""
+        """Cancel point-to-point ``requests`` that are still pending and wait briefly (0.2 s in all)
+        for them to end; if some do not, keep them all, with ``buffers``, for good."""
         for request in requests:
             try:
                 if request != MPI.REQUEST_NULL and not request.Test():
@@ -220,9 +221,9 @@ class MPITransport:
     def farewell(self, completed: int, why: str, failed: bool = False, patience: float = 1.0) -> None:
         """Tell every other rank that this one is leaving, having completed ``completed``
         collectives, because ``why`` ("": its program ended), and whether it ``failed`` (then it is
-        probably not the cause: waiting ranks name a rank that left of its own accord first);
-        then close the control channel. Waits at most ``patience``
-        seconds for the messages to leave (they are small: MPI sends them at once)."""
+        probably not the cause: waiting ranks name a rank that left of its own accord first).
+        Waits at most ``patience`` seconds for the messages to leave (they are small: MPI sends
+        them at once)."""
         for peer in range(self.size):
             if peer != self.rank:
                 self._control(peer, _LEFT, completed, why, flag=failed)
@@ -282,7 +283,7 @@ class MPITransport:
         for peer, pid in self._local_pids.items():
             if peer not in self.departed and _process_state(pid) is not None:
                 raise PeerLost(peer, f"rank {peer} is gone: its process (pid {pid} on this host) ended "
-                                     "without leaving the runtime (killed, or crashed inside Python)")
+                                     "without leaving the runtime (killed, or crashed outside Python's control)")
 
     def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int]) -> None:
         """Poll until ``requests`` are done; the first peer still pending is the one named on timeout."""
@@ -294,12 +295,7 @@ class MPITransport:
             next_check = started + CHECK_INTERVAL
             while not _testall(requests):
                 now = time.monotonic()
-                waited = now - started
-                if waited >= self._spin_seconds:
-                    if waited < _YIELD_SECONDS:
-                        os.sched_yield()   # more ranks than cores: the peer we wait for may need this core
-                    else:
-                        time.sleep(min(waited * _NAP_SHARE, _MAX_NAP))
+                _pause(now - started, self._spin_seconds)
                 if now >= next_check:
                     self.check_peers()
                     next_check = now + CHECK_INTERVAL
@@ -336,35 +332,53 @@ def connect(timeout: float, record: bytes) -> tuple[MPITransport, list[bytes]]:
         raise ValueError(f"setup record of {len(record)} bytes; at most {_SETUP_RECORD_BYTES}")
     deadline = time.monotonic() + timeout
     comm, request = MPI.COMM_WORLD.Idup()   # a private duplicate: our messages never match the user's
-    _wait_setup(request, deadline, "make the runtime's communicator")
+    _wait_setup(request, deadline, "make the runtime's communicator", comm)
     host = socket.gethostname().encode()[:200]
     mine = np.zeros(8 + 256 + _SETUP_RECORD_BYTES, np.uint8)
     mine[:8] = np.frombuffer(np.int64(os.getpid()).tobytes(), np.uint8)
     mine[8:8 + len(host)] = np.frombuffer(host, np.uint8)
     mine[264:264 + len(record)] = np.frombuffer(record, np.uint8)
     every = np.empty((comm.Get_size(), mine.size), np.uint8)
-    _wait_setup(comm.Iallgather(mine, every), deadline, "exchange the settings")
+    _wait_setup(comm.Iallgather(mine, every), deadline, "exchange the settings", comm, mine, every)
     pids = [int(np.frombuffer(row[:8].tobytes(), np.int64)[0]) for row in every]
     hosts = [row[8:264].tobytes().rstrip(b"\0").decode(errors="replace") for row in every]
     records = [row[264:].tobytes().rstrip(b"\0") for row in every]
     return MPITransport(comm, hosts, pids), records
 
 
-def _wait_setup(request: MPI.Request, deadline: float, what: str) -> None:
+def _pause(waited: float, spin_seconds: float) -> None:
+    """Between two polls of a wait that has lasted ``waited`` seconds: nothing while it is younger
+    than ``spin_seconds`` (latency), then give up the core (more ranks than cores: the peer we wait
+    for may need it), then, past _YIELD_SECONDS, nap for _NAP_SHARE of the time waited so far."""
+    if waited < spin_seconds:
+        return
+    if waited < _YIELD_SECONDS:
+        os.sched_yield()
+    else:
+        time.sleep(min(waited * _NAP_SHARE, _MAX_NAP))
+
+
+_unfinished_setups: list = []   # requests of a setup that timed out, kept with their buffers for good
+
+
+def _wait_setup(request: MPI.Request, deadline: float, what: str, *buffers: Any) -> None:
     started = time.monotonic()
     while not request.Test():
         now = time.monotonic()
         if now >= deadline:
+            # A nonblocking collective cannot be cancelled: keep it, and what it writes into, alive.
+            _unfinished_setups.append((request, buffers))
             raise TransportTimeout(-1, now - started, f"every rank to {what} (a rank has not called "
                                                       "into the runtime yet, or will not)")
-        time.sleep(min((now - started) * _NAP_SHARE, _MAX_NAP) if now - started > _YIELD_SECONDS else 0)
+        _pause(now - started, 0.0)
 
 
 def _error_text(error: MPI.Exception) -> str:
     return error.Get_error_string().strip()
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):   # not Linux
