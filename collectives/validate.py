@@ -111,8 +111,11 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether ``a`` and ``b`` share an element; when numpy cannot tell cheaply, assume they do."""
     try:
         return bool(np.shares_memory(a, b, max_work=100_000))
-    except np.exceptions.TooHardError:
+    except _TOO_HARD:
         return True
+
+
+_TOO_HARD = getattr(np, "exceptions", np).TooHardError   # (np.exceptions from numpy 1.25; np itself before)
 
 
 def _kind(x: Any) -> str:
