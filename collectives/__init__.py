@@ -3,12 +3,17 @@
 >>> import numpy as np, collectives as col          # run under mpiexec -n N
 >>> grads = np.ones(4, np.float32) * col.rank()
 >>> col.allreduce(grads, op="avg", out=grads)       # doctest: +SKIP
+>>> work = col.allreduce(grads, out=grads, async_op=True)   # doctest: +SKIP
+>>> work.wait()                                     # doctest: +SKIP
 
 See ``collectives.api`` for each call and ``collectives.world`` for the settings.
 """
-from collectives.api import allgather, allreduce, barrier, broadcast, reduce_scatter, use_local_gpu
+from collectives import timeline
+from collectives.api import allgather, allreduce, allreduce_many, barrier, broadcast, reduce_scatter, use_local_gpu
 from collectives.errors import CollectiveError, CollectiveUsageError
+from collectives.progress import Work
 from collectives.world import init, local_rank, local_size, rank, size
 
-__all__ = ["init", "rank", "size", "local_rank", "local_size", "use_local_gpu", "allreduce", "reduce_scatter", "allgather", "broadcast", "barrier",
+__all__ = ["init", "rank", "size", "local_rank", "local_size", "use_local_gpu", "allreduce", "allreduce_many",
+           "reduce_scatter", "allgather", "broadcast", "barrier", "Work", "timeline",
            "CollectiveError", "CollectiveUsageError"]

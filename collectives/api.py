@@ -23,9 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from collectives import validate
-from collectives.call import begin, collective
+from collectives.call import Call, begin, collective
 from collectives.errors import CollectiveUsageError
-from ring import algorithms, arrays, doubling
+from ring import algorithms, doubling
+from ring.arrays import xp_of
 from ring.partition import chunk_bounds
 
 
@@ -33,14 +34,14 @@ def _flat(x: np.ndarray) -> np.ndarray:
     """A flat C-order view of ``x`` when it is contiguous, else a flat copy (which is then ours)."""
     if x.flags.c_contiguous:
         return x if x.ndim == 1 else x.reshape(-1)
-    return arrays.xp_of(x).ascontiguousarray(x).reshape(-1)
+    return xp_of(x).ascontiguousarray(x).reshape(-1)
 
 
 def _flat_target(result: np.ndarray) -> np.ndarray:
     """Where to compute ``result``: its own flat view when contiguous, else a new flat buffer."""
     if result.flags.c_contiguous:
         return result if result.ndim == 1 else result.reshape(-1)
-    return arrays.xp_of(result).empty(result.size, result.dtype)
+    return xp_of(result).empty(result.size, result.dtype)
 
 
 def _memory(x) -> str:
@@ -56,7 +57,7 @@ def _write_back(result: np.ndarray, flat: np.ndarray) -> np.ndarray:
 
 
 @collective("allreduce")
-def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
+def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *, async_op: bool = False,
               timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Reduce ``x`` elementwise across all ranks; every rank gets the same bits.
 
@@ -76,22 +77,73 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
         in_place = out is not None and validate.out_array("allreduce", out, x, x.shape)
     except CollectiveUsageError as error:
         call.reject(error)
-    w = call.world
-    on_host = isinstance(x, np.ndarray)
     sig = call.signature(op=op, dtype=x.dtype, shape=x.shape, memory=_memory(x))
-    result = out if out is not None else arrays.xp_of(x).empty(x.shape, x.dtype)
+    result = out if out is not None else xp_of(x).empty(x.shape, x.dtype)
     source = _flat(x)
     target = source if in_place else _flat_target(result)
-    if on_host and x.nbytes <= w.small_bytes:
-        call.settle(algorithms.allreduce_small(w.transport, source, target, op, sig), sig)
-    else:
-        call.agree(sig)
-        algorithms.allreduce(w.transport_for(x), source, target, op, w.segment_elems(x.dtype))
+    _allreduce_flat(call, source, target, op, sig)
     return _write_back(result, target)
 
 
+def _allreduce_flat(call: Call, source, target, op: str, sig: bytes, checked: bool = False) -> None:
+    """All-reduce flat contiguous ``source`` into ``target``: by recursive doubling up to
+    ``small_bytes`` on the host (the check rides along), else by the ring after the check
+    (unless ``checked`` already)."""
+    w = call.world
+    if isinstance(source, np.ndarray) and source.nbytes <= w.small_bytes:
+        call.settle(call.phase("small", algorithms.allreduce_small, w.transport, source, target, op, sig), sig)
+    else:
+        if not checked:
+            call.agree(sig)
+        algorithms.allreduce(w.transport_for(source), source, target, op, w.segment_elems(source.dtype))
+
+
+@collective("allreduce_many")
+def allreduce_many(arrays: list, op: str = "sum", *, async_op: bool = False, timeout: float | None = None,
+                   name: str | None = None) -> list:
+    """All-reduce every array in the list ``arrays`` in place, as one fused operation; returns the list.
+
+    Arrays of one dtype are packed into one buffer (Horovod's tensor fusion), so many small
+    gradients cost one ring, not one each; a dtype with a single contiguous array is reduced
+    where it lies. Any shapes; several dtypes are reduced one buffer per dtype, in order of
+    first appearance. The arrays must be writable, all numpy or all cupy, and share no memory.
+
+    >>> w, b = np.ones((2, 3)), np.arange(3.0)                       # doctest: +SKIP
+    >>> col.allreduce_many([w, b], op="avg")                         # doctest: +SKIP
+    """
+    call = begin("allreduce_many", timeout, name)
+    try:
+        validate.timeout("allreduce_many", timeout)
+        validate.call_name("allreduce_many", name)
+        arrays = validate.array_list("allreduce_many", "arrays", arrays, op)
+    except CollectiveUsageError as error:
+        call.reject(error)
+    layout = tuple(f"{a.dtype.str}{a.shape}" for a in arrays)
+    sig = call.signature(op=op, shape=layout, memory=_memory(arrays[0]) if arrays else "")
+    call.nbytes = sum(a.nbytes for a in arrays)
+    groups: dict = {}
+    for a in arrays:
+        groups.setdefault(a.dtype, []).append(a)
+    checked = False
+    for members in groups.values():
+        if len(members) == 1 and members[0].flags.c_contiguous:
+            flat = _flat(members[0])
+            _allreduce_flat(call, flat, flat, op, sig, checked)
+        else:
+            fused = xp_of(members[0]).concatenate([m.reshape(-1) for m in members])
+            _allreduce_flat(call, fused, fused, op, sig, checked)
+            offset = 0
+            for m in members:
+                m[...] = fused[offset:offset + m.size].reshape(m.shape)
+                offset += m.size
+        checked = True   # by the first group's exchange (the small path carries the check)
+    if not groups:
+        call.agree(sig)
+    return arrays
+
+
 @collective("reduce_scatter")
-def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
+def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *, async_op: bool = False,
                    timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Reduce ``x`` across ranks; return this rank's block of the flattened result.
 
@@ -113,11 +165,11 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
     except CollectiveUsageError as error:
         call.reject(error)
     sig = call.signature(op=op, dtype=x.dtype, shape=x.shape, memory=_memory(x))
-    xp = arrays.xp_of(x)
+    xp = xp_of(x)
     source = _flat(x)
     work = xp.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
     if xp is np and x.nbytes <= w.small_bytes:
-        call.settle(algorithms.allreduce_small(w.transport, source, work, op, sig), sig)
+        call.settle(call.phase("small", algorithms.allreduce_small, w.transport, source, work, op, sig), sig)
         owned = slice(owned_start, owned_stop)
     else:
         call.agree(sig)
@@ -128,7 +180,7 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
 
 
 @collective("allgather")
-def allgather(x: np.ndarray, *, timeout: float | None = None, name: str | None = None) -> np.ndarray:
+def allgather(x: np.ndarray, *, async_op: bool = False, timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Concatenate every rank's ``x`` along axis 0, in rank order; axis 0 may differ between ranks.
 
     >>> col.allgather(np.full((col.rank() + 1, 2), col.rank()))   # on 2 ranks  # doctest: +SKIP
@@ -149,7 +201,7 @@ def allgather(x: np.ndarray, *, timeout: float | None = None, name: str | None =
     call.agree(call.signature(dtype=x.dtype, shape=x.shape[1:], memory=_memory(x)))
     every = w.transport.allgather_bytes(np.int64(x.shape[0]).tobytes())
     lengths = np.frombuffer(b"".join(every), np.int64)
-    result = arrays.xp_of(x).empty((int(lengths.sum()),) + x.shape[1:], x.dtype)
+    result = xp_of(x).empty((int(lengths.sum()),) + x.shape[1:], x.dtype)
     row = int(np.prod(x.shape[1:], dtype=np.int64))
     algorithms.allgather(w.transport_for(x), _flat(x), result.reshape(-1), [int(n) * row for n in lengths],
                          w.segment_elems(x.dtype))
@@ -157,7 +209,7 @@ def allgather(x: np.ndarray, *, timeout: float | None = None, name: str | None =
 
 
 @collective("broadcast")
-def broadcast(x: np.ndarray, root: int = 0, *, timeout: float | None = None,
+def broadcast(x: np.ndarray, root: int = 0, *, async_op: bool = False, timeout: float | None = None,
               name: str | None = None) -> np.ndarray:
     """Overwrite ``x`` on every rank with ``root``'s ``x``, in place; returns ``x``.
 
@@ -184,7 +236,7 @@ def broadcast(x: np.ndarray, root: int = 0, *, timeout: float | None = None,
 
 
 @collective("barrier")
-def barrier(*, timeout: float | None = None, name: str | None = None) -> None:
+def barrier(*, async_op: bool = False, timeout: float | None = None, name: str | None = None) -> None:
     """Return once every rank has entered the barrier (and checks that they all meant to)."""
     call = begin("barrier", timeout, name)
     try:
@@ -193,7 +245,7 @@ def barrier(*, timeout: float | None = None, name: str | None = None) -> None:
     except CollectiveUsageError as error:
         call.reject(error)
     sig = call.signature()
-    call.settle(doubling.agree(call.world.transport, sig), sig)   # the exchange itself is the barrier
+    call.settle(call.phase("check", doubling.agree, call.world.transport, sig), sig)   # the exchange is the barrier
 
 
 @collective("use_local_gpu")

@@ -28,10 +28,13 @@ import time
 from threading import get_ident, main_thread
 from typing import Callable, NoReturn, TypeVar
 
-from collectives import validate
+import numpy as np
+
+from collectives import timeline, validate
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.signature import disagreement, signature as make_signature
 from collectives import world as _worlds
+from collectives.progress import Work
 from collectives.world import World, world
 from ring import arrays, doubling
 from ring.transport.base import TransportError, TransportTimeout
@@ -49,24 +52,41 @@ class Call:
         self.world = w
         self.name = name
         self.call_name = call_name if isinstance(call_name, str) else ""   # (a bad one is a usage error)
+        self.thread = _issuer   # the name of the thread that issued the call ("" for the main thread)
+        self.nbytes = 0         # the bytes this rank brings (for the timeline)
         w.seq += 1
         self.seq = w.seq
+        w.current = self
         seconds = w.timeout if timeout is None or not validate.is_timeout(timeout) else timeout
         w.transport.deadline = time.monotonic() + seconds
+        if w.failure is not None:   # stopped meanwhile (see progress.Engine.stop): fail at the first poll
+            w.transport.deadline = float("-inf")
         w.transport.seq = w.seq
 
     def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,
                   memory: str = "") -> bytes:
         """This call's signature (see ``collectives.signature``): these fields plus the collective,
-        the sequence number, the caller's ``name=``, and the calling thread's name ("" for the main
+        the sequence number, the caller's ``name=``, and the issuing thread's name ("" for the main
         thread, which costs single-threaded programs nothing)."""
-        thread = "" if get_ident() == _MAIN_THREAD else threading.current_thread().name
-        return make_signature(self.name, self.seq, op, dtype, shape, root, False, memory, self.call_name, thread)
+        if dtype is not None and shape is not None and timeline.recorder() is not None:
+            self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return make_signature(self.name, self.seq, op, dtype, shape, root, False, memory, self.call_name,
+                              self.thread)
 
     def agree(self, signature: bytes) -> None:
         """Check that every rank makes this same call (unless the check is off); raise on every rank if not."""
         if self.world.check:
-            self.settle(doubling.agree(self.world.transport, signature), signature)
+            self.settle(self.phase("check", doubling.agree, self.world.transport, signature), signature)
+
+    def phase(self, name: str, step: Callable, *args):
+        """``step(*args)``, shown on the timeline as phase ``name`` of this call when one is recorded."""
+        if timeline.recorder() is None:
+            return step(*args)
+        started = time.perf_counter()
+        try:
+            return step(*args)
+        finally:
+            timeline.add(timeline.COLLECTIVES, name, started, time.perf_counter())
 
     def settle(self, agreed: bool, signature: bytes, problem: str = "") -> None:
         """After an agreement round: return if it agreed, else raise the same error on every rank."""
@@ -114,41 +134,88 @@ def begin(name: str, timeout: object = None, call_name: object = None) -> Call:
 
 
 def collective(name: str) -> Callable[[F], F]:
-    """Mark a public collective: one call at a time per process, IEEE floating point, and every
-    way out of it accounted for. A transport failure becomes a CollectiveError that names the
-    collective, its sequence number, this rank and the ranks at fault; it, and any exception
-    that is not a usage error shared by every rank, stops the runtime on this rank."""
+    """Mark a public collective: it runs through this rank's progress engine (``collectives.progress``)
+    in issue order, at once or, with ``async_op=True``, in the background behind a ``Work`` handle;
+    one call at a time per process, IEEE floating point, and every way out of it accounted for
+    (see :func:`_frame`)."""
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def call(*args, **kwargs):
             w = _worlds._world or world(setup_timeout=kwargs.get("timeout"))
             if w.threads_checked:
                 _check_thread(w, name)
-            w.lock.acquire()
-            quiet = arrays.ieee_floating_point()
-            try:
-                result = fn(*args, **kwargs)
-            except CollectiveUsageError:
-                if w.failure is None:
-                    w.completed = w.seq   # raised alike on every rank: still in step
-                raise
-            except TransportError as e:
-                w.transport.abandon()
-                raise _failure(w, name, e) from e
-            except CollectiveError:
-                raise
-            except BaseException as e:
-                w.transport.abandon()
-                w.failure = f"{name} #{w.seq} on rank {w.rank} was interrupted by {_named(e)}"
-                raise
-            else:
-                w.completed = w.seq
-                return result
-            finally:
-                arrays.restore_floating_point(quiet)
-                w.lock.release()
+            issuer = "" if get_ident() == _MAIN_THREAD else threading.current_thread().name
+            async_op = kwargs.pop("async_op", False)
+            if async_op is True:
+                work = Work(name, functools.partial(_frame, w, name, fn, issuer, args, kwargs), w.engine)
+                return w.engine.submit(work, inline=_on_gpu(args))
+            body = fn if async_op is False else _refusal(name, CollectiveUsageError(
+                f"{name}: async_op: expected True or False, got {async_op!r}"))
+            return w.engine.run_now(_frame, w, name, body, issuer, args, kwargs)
         return call
     return decorate
+
+
+_issuer = ""   # the issuing thread of the call being run (one runs at a time: see progress.Engine)
+
+
+def _frame(w: World, name: str, fn: Callable, issuer: str, args: tuple, kwargs: dict):
+    """Run one call of collective ``name`` (the engine's turn is held, in whichever thread).
+
+    A transport failure becomes a CollectiveError that names the collective, its sequence
+    number, this rank and the ranks at fault; it, and any exception that is not a usage
+    error shared by every rank, stops the runtime on this rank."""
+    global _issuer
+    _issuer = issuer
+    quiet = arrays.ieee_floating_point()
+    started = time.perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+    except CollectiveUsageError:
+        if w.failure is None:
+            w.completed = w.seq   # raised alike on every rank: still in step
+        raise
+    except TransportError as e:
+        w.transport.abandon()
+        raise _failure(w, name, e) from e
+    except CollectiveError:
+        raise
+    except BaseException as e:
+        w.transport.abandon()
+        w.failure = w.failure or f"{name} #{w.seq} on rank {w.rank} was interrupted by {_named(e)}"
+        raise
+    else:
+        w.completed = w.seq
+        return result
+    finally:
+        arrays.restore_floating_point(quiet)
+        if timeline.recorder() is not None:
+            _record(w, name, started)
+
+
+def _record(w: World, name: str, started: float) -> None:
+    call = w.current
+    args = {"seq": w.seq, "bytes": call.nbytes if call is not None else 0}
+    if call is not None and call.call_name:
+        args["name"] = call.call_name
+    timeline.add(timeline.COLLECTIVES, f"{name} #{w.seq}", started, time.perf_counter(), args)
+
+
+def _refusal(name: str, error: CollectiveUsageError) -> Callable:
+    """A stand-in body for a call that is wrong before it starts (a bad ``async_op``): it raises
+    ``error`` the way every collective raises a usage error, so every rank hears of it."""
+    def refuse(*args, timeout: object = None, name: object = None, **kwargs):
+        begin(collective_name, timeout, name).reject(error)
+    collective_name = name
+    return refuse
+
+
+def _on_gpu(args: tuple) -> bool:
+    """Whether a call's array (first argument, or the first of a list) is a GPU (cupy) array."""
+    first = args[0] if args else None
+    if isinstance(first, (list, tuple)):
+        first = first[0] if first else None
+    return first is not None and not isinstance(first, np.ndarray) and arrays.is_array(first)
 
 
 def _check_thread(w: World, name: str) -> None:
@@ -169,6 +236,8 @@ def _named(error: BaseException) -> str:
 
 def _failure(w: World, name: str, error: TransportError) -> CollectiveError:
     where = f"{name} #{w.seq} on rank {w.rank}"
+    if w.failure is not None:   # stopped from outside the call (see progress.Engine.stop)
+        return CollectiveError(f"{where} was stopped: {w.failure}")
     detail = f"{error}; {_census(w)}" if isinstance(error, TransportTimeout) else str(error)
     w.failure = f"{where}: {detail}"
     w.failed_by_peer = True

@@ -59,7 +59,7 @@ def _fields(collective: str, op: str, dtype: np.dtype | None, shape: tuple | Non
             rejected: bool, memory: str, name: str, thread: str) -> bytes:
     """Everything but the sequence number, as a ``%d`` template (cached: calls repeat)."""
     dtype_text = "" if dtype is None else dtype.name if dtype.isnative and dtype.fields is None else str(dtype)
-    count = "" if shape is None or collective == "allgather" else _count(shape)
+    count = "" if shape is None or collective in ("allgather", "allreduce_many") else _count(shape)
     shape_text = "" if shape is None else str(shape)
     fields = [_fit(text.replace("%", "%%").replace("|", "/"))
               for text in (op, dtype_text, str(count), shape_text, str(root), name, thread)]
@@ -99,6 +99,8 @@ def disagreement(collective: str, signatures: list[bytes]) -> str:
         name, argument = FIELDS[i]
         if collective == "allgather" and name == "shape":
             name = "trailing shape"
+        if collective == "allreduce_many" and name == "shape":
+            name, argument = "dtype and shape of each array", "arrays"
         prefix = f"{argument}: " if argument else ""
         clauses.append(f"{prefix}{name} differs across ranks: {_listing([r[i] for r in rows])}")
     return f"{collective}: " + "; ".join(clauses or ["ranks disagree about this call"])

@@ -71,6 +71,40 @@ def reducible(collective: str, argument: str, x: np.ndarray, op: Any) -> None:
         fail(collective, "op", f"'avg' needs a floating dtype, {argument} is {x.dtype} (use 'sum' and divide)")
 
 
+def array_list(collective: str, argument: str, given: Any, op: Any) -> list:
+    """``given`` as a list of arrays that can each be reduced with ``op`` in place: a list or
+    tuple of numpy arrays (or of cupy arrays, not both), writable, no two sharing memory."""
+    if not isinstance(given, (list, tuple)):
+        fail(collective, argument, f"expected a list of arrays, got {type(given).__name__}")
+    result = []
+    for i, a in enumerate(given):
+        a = plain(collective, f"{argument}[{i}]", a)
+        reducible(collective, f"{argument}[{i}]", a, op)
+        writable(collective, f"{argument}[{i}]", a)
+        if result and isinstance(a, np.ndarray) != isinstance(result[0], np.ndarray):
+            fail(collective, f"{argument}[{i}]", f"is a {_kind(a)}, {argument}[0] a {_kind(result[0])}: "
+                                                 "one call moves host or GPU arrays, not both")
+        result.append(a)
+    if not result:
+        reducible(collective, argument, np.empty(0, np.float64), op)   # (op is still checked)
+    _apart(collective, argument, result)
+    return result
+
+
+def _apart(collective: str, argument: str, given: list) -> None:
+    """No two arrays of ``given`` share an element. Sorted by memory extent, each array is checked
+    against the one before it that reaches furthest: no quadratic scan over a model's gradients."""
+    extents = sorted((arrays.extent(a), i) for i, a in enumerate(given) if a.size)
+    furthest, widest = -1, -1
+    for (start, end), i in extents:
+        if start < furthest and (not isinstance(given[i], np.ndarray) or _overlap(given[i], given[widest])):
+            first, second = sorted((i, widest))
+            fail(collective, argument, f"{argument}[{first}] and {argument}[{second}] share memory; "
+                                       "each array is reduced in place, so they must be apart")
+        if end > furthest:
+            furthest, widest = end, i
+
+
 def writable(collective: str, argument: str, x: np.ndarray) -> None:
     if not getattr(x.flags, "writeable", True):   # (cupy arrays are always writable)
         fail(collective, argument, "is read-only")

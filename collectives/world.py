@@ -42,6 +42,7 @@ import time
 
 import numpy as np
 
+from collectives import progress, timeline as timelines
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.sizes import parse_size
 from ring.doubling import MAX_PAYLOAD_BYTES
@@ -58,7 +59,8 @@ class World:
     """Rank, size, the ring's transport and the settings, shared by every collective."""
 
     def __init__(self, transport, segment_bytes: int, small_bytes: int, check: bool, timeout: float,
-                 gpu_transport: str = "auto", threads_checked: bool = False):
+                 gpu_transport: str = "auto", threads_checked: bool = False, threaded: bool = False,
+                 timeline: str = ""):
         self.transport = transport
         self.gpu_transport = gpu_transport
         self.device_transport = None   # made by the first collective on a cupy array (see transport_for)
@@ -71,7 +73,9 @@ class World:
         self.seq = 0                       # collectives called so far, the same on every rank in step
         self.completed = 0                 # collectives that returned (or raised in step on every rank)
         self.failure: str | None = None    # set once a failure left the ranks out of step
-        self.lock = threading.Lock()       # one call at a time: calls from several threads are serialized
+        self.engine = progress.Engine(self, threaded)   # runs the calls one at a time, in issue order
+        self.current = None                # the call running (collectives.call.Call), for the timeline
+        self.timeline = timeline           # where the trace goes ("": none); see collectives.timeline
         self.threads_checked = threads_checked   # MPI is not thread-safe here: only its main thread may call
         self.closed = False                # the process has left (see collectives.world._leave)
         self.failed_by_peer = False        # the failure came from another rank (timeout, a peer gone)
@@ -109,7 +113,8 @@ _world: World | None = None
 
 #: The settings that change what moves between ranks: (keyword, environment variable).
 WIRE_SETTINGS = (("segment_bytes", "COLLECTIVES_SEGMENT_BYTES"), ("small_bytes", "COLLECTIVES_SMALL_BYTES"),
-                 ("check", "COLLECTIVES_CHECK"), ("gpu_transport", "COLLECTIVES_GPU_TRANSPORT"))
+                 ("check", "COLLECTIVES_CHECK"), ("gpu_transport", "COLLECTIVES_GPU_TRANSPORT"),
+                 ("timeline", "COLLECTIVES_TIMELINE"))
 
 
 def _byte_count(raw: str) -> int:
@@ -134,6 +139,7 @@ _SETTINGS = {
                 "a positive number of seconds"),
     "gpu_transport": ("COLLECTIVES_GPU_TRANSPORT", "auto", str, lambda v: v in device_transports.CHOICES,
                       " or ".join(map(repr, device_transports.CHOICES))),
+    "timeline": ("COLLECTIVES_TIMELINE", "", str, lambda v: isinstance(v, str), "a file name (or '' for none)"),
 }
 
 
@@ -162,6 +168,8 @@ def _read_settings(given: dict, from_environment: bool) -> tuple[dict, str]:
         else:
             continue
         settings[name] = value
+    if settings.get("timeline"):
+        problem = problem or timelines.check_path(settings["timeline"])
     return settings, problem
 
 
@@ -226,6 +234,8 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
             raise CollectiveError(f"init: the ranks did not all change their settings together: {e}") from e
     for name, value in settings.items():
         setattr(_world, name, value)
+    if "timeline" in settings:
+        timelines.start(_world.timeline, _world.rank)
 
 
 _setting_up = threading.Lock()   # two threads' first calls set up one world, not two
@@ -257,7 +267,9 @@ def _set_up(settings: dict, problem: str, left: str = "", timeout: float | None 
         transport.close()
         raise
     threads_checked = MPI.Query_thread() < MPI.THREAD_SERIALIZED
-    w = World(transport, threads_checked=threads_checked, **settings)
+    w = World(transport, threads_checked=threads_checked, threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE,
+              **settings)
+    timelines.start(w.timeline, w.rank)
     keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: _leave() or MPI.SUCCESS)
     MPI.COMM_SELF.Set_attr(keyval, True)   # MPI.Finalize() deletes COMM_SELF's attributes first thing
     return w
@@ -317,6 +329,9 @@ def _leave() -> None:
         return
     if w.closed:
         return
+    w.engine.close(f"rank {w.rank} is ending ({_why_leaving})" if _why_leaving else "")
+    if w.timeline:
+        _write_timeline(w)
     w.closed = True
     failed = w.failure is not None
     w.failure = w.failure or "this process has left the runtime (at exit or MPI.Finalize())"
@@ -327,6 +342,31 @@ def _leave() -> None:
         if w.device_transport is not None:
             w.device_transport.close(failed)
         w.transport.close(failed)
+
+
+def _write_timeline(w: World) -> None:
+    """At exit: rank 0 writes every rank's events, gathered by one last collective; a rank that
+    cannot meet the others (after a failure, or on its way out after an uncaught exception)
+    writes its own (see ``collectives.timeline``)."""
+    recorder = timelines.recorder()
+    if recorder is None:
+        return
+    if w.failure is None and not _why_leaving:
+        from collectives.api import allgather
+        mine = np.frombuffer(json.dumps(recorder.trace_events()).encode(), np.uint8)
+        try:
+            every = allgather(mine, name="timeline at exit")
+            lengths = allgather(np.array([mine.size], np.int64), name="timeline lengths at exit")
+        except (CollectiveError, CollectiveUsageError) as e:
+            print(f"[rank {w.rank}] collectives: the timeline could not be gathered ({e}); "
+                  "writing this rank's own", file=sys.stderr, flush=True)
+        else:
+            if w.rank == 0:
+                ends = np.cumsum(lengths)
+                events = [e for end, n in zip(ends, lengths) for e in json.loads(every[end - n:end].tobytes())]
+                timelines.write(w.timeline, events)
+            return
+    timelines.write(timelines.own_file(w.timeline, w.rank), recorder.trace_events())
 
 
 def _mpi_running() -> bool:

@@ -37,7 +37,7 @@ def reduce_scatter(transport: Transport, input: Any, work: Any, op: str, segment
     elif n == 1 and work is not input:
         arrays.copy_(work, input)
     combine = arrays.combiner(xp, op)
-    run(reduce_scatter_plan(rank, bounds, segment_elems), transport, work, input, combine)
+    run(reduce_scatter_plan(rank, bounds, segment_elems), transport, work, input, combine, "reduce-scatter")
     owned = slice(*bounds[rank])
     if op == "avg" and not prescale and n > 1:
         arrays.divide_(work[owned], n)
@@ -73,7 +73,7 @@ def allreduce(transport: Transport, input: Any, output: Any, op: str, segment_el
     """
     reduce_scatter(transport, input, output, op, segment_elems)
     bounds = chunk_bounds(output.size, transport.size)
-    run(allgather_plan(transport.rank, bounds, segment_elems), transport, output)
+    run(allgather_plan(transport.rank, bounds, segment_elems), transport, output, phase="all-gather")
 
 
 def allgather(transport: Transport, input: Any, output: Any, counts: list[int], segment_elems: int) -> None:
@@ -81,10 +81,10 @@ def allgather(transport: Transport, input: Any, output: Any, counts: list[int], 
     bounds = bounds_from_counts(counts)
     start, stop = bounds[transport.rank]
     arrays.copy_(output[start:stop], input)
-    run(allgather_plan(transport.rank, bounds, segment_elems), transport, output)
+    run(allgather_plan(transport.rank, bounds, segment_elems), transport, output, phase="all-gather")
 
 
 def broadcast(transport: Transport, buffer: Any, root: int, segment_elems: int) -> None:
     """Every rank's ``buffer`` becomes ``root``'s, pipelined along the ring from the root."""
     plan = broadcast_plan(transport.rank, transport.size, root, buffer.size, segment_elems)
-    run(plan, transport, buffer)
+    run(plan, transport, buffer, phase="broadcast")

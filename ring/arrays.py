@@ -39,6 +39,15 @@ def address(x: Any) -> int:
     return x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr
 
 
+def extent(x: Any) -> tuple[int, int]:
+    """The bytes ``[start, end)`` that hold ``x``'s elements (strides may skip some; x not empty)."""
+    start = end = address(x)
+    for n, stride in zip(x.shape, x.strides):
+        reach = (n - 1) * stride
+        start, end = (start + reach, end) if reach < 0 else (start, end + reach)
+    return start, end + x.itemsize
+
+
 def current_gpu() -> int:
     """The index of this process's current GPU (cupy must be installed)."""
     import cupy

@@ -1,6 +1,7 @@
 """The one loop that walks a plan over a transport."""
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Any, Callable
 
 from ring import arrays
@@ -9,9 +10,13 @@ from ring.transport.base import Transport
 
 Combine = Callable[[Any, Any, Any], None]
 
+#: Told of every plan carried out: ``observer(phase, started, ended, bytes)`` (perf_counter
+#: seconds). Set by ``collectives.timeline`` while a timeline is recorded; None costs nothing.
+observer: Callable[[str, float, float, int], None] | None = None
+
 
 def run(plan: Plan, transport: Transport, output: Any, input: Any = None,
-        combine: Combine | None = None) -> None:
+        combine: Combine | None = None, phase: str = "ring") -> None:
     """Carry out ``plan`` on flat contiguous arrays; ``input`` defaults to ``output`` (in place).
 
     In place means ``input is output``: the very same object. Two distinct arrays must not
@@ -28,9 +33,20 @@ def run(plan: Plan, transport: Transport, output: Any, input: Any = None,
     reduced, except a send that forwards what transfer k produces (``send_waits``).
     A ``lockstep`` plan has nothing to overlap (see ``Plan``), so each transfer is one
     blocking exchange, which costs fewer calls.
+
+    ``phase`` names the plan for the ``observer`` ("reduce-scatter", "all-gather", ...).
     """
     if not plan:
         return
+    if observer is not None:
+        started = perf_counter()
+        _walk(plan, transport, output, input, combine)
+        observer(phase, started, perf_counter(), output.nbytes)
+    else:
+        _walk(plan, transport, output, input, combine)
+
+
+def _walk(plan: Plan, transport: Transport, output: Any, input: Any, combine: Combine | None) -> None:
     if input is None:
         input = output
     in_place = input is output

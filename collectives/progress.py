@@ -1,0 +1,238 @@
+"""Nonblocking collectives: the ``Work`` handle, and the one engine that runs every call in issue order.
+
+Every collective call is a job run by this rank's :class:`Engine`, one at a time, in the
+order the calls were issued (which must be the same on every rank, as for blocking calls).
+A blocking call waits for its turn and then runs in the caller's own thread: no thread hop,
+so the latency path pays nothing for the engine. A call made with ``async_op=True`` returns
+a :class:`Work` at once and is run by the engine's background thread, which keeps MPI
+moving while the caller computes (numpy and BLAS release the GIL). One rank, two async
+all-reduces, then a blocking barrier:
+
+=========  =========================  ===================================
+time       caller's thread            engine thread
+=========  =========================  ===================================
+t0         a = allreduce(g1, async)   runs a
+t1         b = allreduce(g2, async)   (a still running: b is queued)
+t2         computes backward          a done; runs b
+t3         barrier(): waits its turn  b done
+t4         runs the barrier itself    idle
+t5         a.wait(), b.wait(): done
+=========  =========================  ===================================
+
+What is not threaded: calls on cupy arrays run in the caller's thread when their turn
+comes (they only queue work on the caller's CUDA stream, as the blocking call does; their
+``wait`` synchronizes that stream), and so does every call where MPI was started with less
+than ``MPI_THREAD_MULTIPLE`` (the program's own MPI calls could then collide with the
+engine's): there ``async_op=True`` runs the call at once and returns a completed handle.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import deque
+from time import perf_counter
+from typing import Any, Callable
+
+from collectives import timeline
+from collectives.errors import CollectiveUsageError
+from collectives.validate import is_timeout
+
+
+class Work:
+    """A collective issued with ``async_op=True``.
+
+    ``wait()`` returns what the blocking call returns, or raises what it would raise;
+    ``is_completed()`` never blocks. Until ``wait`` returns, the call may still be reading
+    and writing its arrays: do not touch them.
+
+    >>> work = col.allreduce(grads, out=grads, async_op=True)   # doctest: +SKIP
+    >>> loss = model.backward_rest()                            # doctest: +SKIP
+    >>> work.wait()                                             # doctest: +SKIP
+
+    A handle dropped without ``wait`` still runs in its turn and writes its result; later
+    calls are unaffected. If it fails, the failure is not lost: one that stops the runtime
+    makes every later call raise CollectiveError naming it, and a usage error (which leaves
+    the ranks in step) is reported as a RuntimeWarning when the handle is garbage collected.
+    """
+
+    __slots__ = ("name", "seq", "issued_at", "started_at", "completed_at", "_job", "_engine", "_done",
+                 "_result", "_error", "_waited", "_after", "__weakref__")
+
+    def __init__(self, name: str, job: Callable[[], Any], engine: "Engine"):
+        self.name = name
+        self.seq: int | None = None           # its sequence number, once it has run
+        self.issued_at = perf_counter()       # perf_counter seconds: issued, started, completed
+        self.started_at: float | None = None
+        self.completed_at: float | None = None
+        self._job = job
+        self._engine = engine
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._waited = False
+        self._after: Callable[[], None] | None = None   # what wait() must still do (a GPU stream's sync)
+
+    def is_completed(self) -> bool:
+        """Whether the call has finished on this rank (then ``wait`` returns at once)."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the call has finished; return its result, or raise its error.
+
+        ``timeout`` (seconds) bounds this wait: if the call has not finished by then, the
+        runtime stops as after a call's own timeout (what is in flight is abandoned, and
+        this and every later call raise CollectiveError), since the ranks are no longer
+        known to be in step. Ctrl-C while waiting does the same and raises KeyboardInterrupt.
+        """
+        if timeout is not None and not is_timeout(timeout):
+            raise CollectiveUsageError(f"wait: timeout: expected a positive number of seconds or None, "
+                                       f"got {timeout!r}")
+        waiting = perf_counter()
+        try:
+            if not self._done.wait(timeout):
+                self._engine.stop(f"rank {self._engine.world.rank}: wait(timeout={timeout}) on {self} ran out")
+                self._done.wait()
+        except KeyboardInterrupt:
+            self._engine.stop(f"rank {self._engine.world.rank}: interrupted by KeyboardInterrupt while "
+                              f"waiting for {self}")
+            raise
+        self._waited = True
+        if self._after is not None:
+            self._after()
+        timeline.add(timeline.PROGRAM, f"wait {self.name} #{self.seq}", waiting, perf_counter())
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _run(self) -> None:
+        """Run the call (the engine's turn is held); keep its result or error; never raise."""
+        self.started_at = perf_counter()
+        try:
+            self._result = self._job()
+        except BaseException as error:
+            self._error = error
+        self.seq = self._engine.world.seq
+        self.completed_at = perf_counter()
+        self._job = None   # (let go of the arguments)
+        if self.started_at - self.issued_at > 1e-6:
+            timeline.add(timeline.QUEUE, f"{self.name} #{self.seq} queued", self.issued_at, self.started_at)
+        self._done.set()
+
+    def __repr__(self) -> str:
+        state = "completed" if self.is_completed() else "in flight"
+        return f"<Work {self.name} #{self.seq if self.seq is not None else '?'} {state}>"
+
+    def __del__(self) -> None:
+        if not self._waited and isinstance(self._error, CollectiveUsageError):
+            warnings.warn(f"the handle of {self.name} #{self.seq} was dropped without wait(), and its call raised: "
+                          f"{self._error}", RuntimeWarning, stacklevel=2)
+
+
+class Engine:
+    """Runs one world's calls one at a time, in issue order (see the module docstring).
+
+    ``threaded``: async calls run on a background thread (MPI_THREAD_MULTIPLE); else at once.
+    """
+
+    def __init__(self, world, threaded: bool):
+        self.world = world
+        self.threaded = threaded
+        self._turns = threading.Condition(threading.Lock())
+        self._queue: deque[Work] = deque()   # issued, not yet started; inline ones wait for their caller
+        self._inline: set[int] = set()       # ids of queued works their caller runs itself
+        self._busy = False                   # a call is running, in some thread
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    def run_now(self, job: Callable[..., Any], *args) -> Any:
+        """A blocking call: wait for the calls issued before it, then run ``job(*args)`` here."""
+        with self._turns:
+            if self._busy or self._queue:
+                self._wait_for_turn()
+            self._busy = True
+        try:
+            return job(*args)
+        finally:
+            self._release()
+
+    def _wait_for_turn(self) -> None:
+        """(Holding the lock) queue a place for the caller and wait until it is at the head."""
+        place = Work("(blocking call)", None, self)
+        self._queue.append(place)
+        self._inline.add(id(place))
+        try:
+            while self._busy or self._queue[0] is not place:
+                self._turns.wait()
+        except BaseException:   # Ctrl-C while waiting: give the place up, and stop (out of step)
+            self._queue.remove(place)
+            self._inline.discard(id(place))
+            self._turns.notify_all()
+            self._stop_locked(f"rank {self.world.rank}: interrupted while waiting for the calls before "
+                              "this one to finish")
+            raise
+        self._queue.popleft()
+        self._inline.discard(id(place))
+
+    def submit(self, work: Work, inline: bool = False) -> Work:
+        """An async call: queue ``work`` and return it. ``inline``: its caller runs it when its turn
+        comes (a GPU call), in its own thread; so is every call of an unthreaded engine."""
+        if inline or not self.threaded:
+            self.run_now(work._run)
+            return work
+        with self._turns:
+            self._queue.append(work)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="collectives-progress", daemon=True)
+                self._thread.start()
+            self._turns.notify_all()
+        return work
+
+    def _release(self) -> None:
+        with self._turns:
+            self._busy = False
+            self._turns.notify_all()
+
+    def _serve(self) -> None:
+        """The engine thread: run queued calls until closed."""
+        while True:
+            with self._turns:
+                while not self._queue or self._busy or id(self._queue[0]) in self._inline:
+                    if self._closing and not self._queue:
+                        return
+                    self._turns.wait()
+                work = self._queue.popleft()
+                self._busy = True
+            try:
+                work._run()
+            finally:
+                del work   # (a dropped handle is collected here, not at the next call)
+                self._release()
+
+    def idle(self) -> bool:
+        with self._turns:
+            return not self._busy and not self._queue
+
+    def stop(self, reason: str) -> None:
+        """Stop the runtime: the running call fails at its next poll, queued ones fail at once."""
+        with self._turns:
+            self._stop_locked(reason)
+
+    def _stop_locked(self, reason: str) -> None:
+        w = self.world
+        if w.failure is None:
+            w.failure = reason
+        w.transport.deadline = float("-inf")
+
+    def close(self, reason: str = "") -> None:
+        """At exit: let the calls still queued run (or, with a ``reason``, stop them), then end the
+        engine thread. Each call is bounded by its own timeout; a stopped one ends at its next poll."""
+        if reason:
+            self.stop(reason)
+        with self._turns:
+            self._closing = True
+            self._turns.notify_all()
+            while self._busy or self._queue:
+                self._turns.wait()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
