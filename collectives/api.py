@@ -101,7 +101,7 @@ def _allreduce_flat(call: Call, source, target, op: str, sig: bytes, checked: bo
 @collective("allreduce_many")
 def allreduce_many(arrays: list, op: str = "sum", *, async_op: bool = False, timeout: float | None = None,
                    name: str | None = None) -> list:
-    """All-reduce every array in the list ``arrays`` in place, as one fused operation; returns the list.
+    """All-reduce every array in the list ``arrays`` in place, as one fused operation; returns ``arrays``.
 
     Arrays of one dtype are packed into one buffer (Horovod's tensor fusion), so many small
     gradients cost one ring, not one each; a dtype with a single contiguous array is reduced
@@ -115,14 +115,14 @@ def allreduce_many(arrays: list, op: str = "sum", *, async_op: bool = False, tim
     try:
         validate.timeout("allreduce_many", timeout)
         validate.call_name("allreduce_many", name)
-        arrays = validate.array_list("allreduce_many", "arrays", arrays, op)
+        plain = validate.array_list("allreduce_many", "arrays", arrays, op)
     except CollectiveUsageError as error:
         call.reject(error)
-    layout = tuple(f"{a.dtype.str}{a.shape}" for a in arrays)
-    sig = call.signature(op=op, shape=layout, memory=_memory(arrays[0]) if arrays else "")
-    call.nbytes = sum(a.nbytes for a in arrays)
+    layout = tuple(f"{a.dtype.str}{a.shape}" for a in plain)
+    sig = call.signature(op=op, shape=layout, memory=_memory(plain[0]) if plain else "")
+    call.nbytes = sum(a.nbytes for a in plain)
     groups: dict = {}
-    for a in arrays:
+    for a in plain:
         groups.setdefault(a.dtype, []).append(a)
     checked = False
     for members in groups.values():

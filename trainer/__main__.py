@@ -7,9 +7,12 @@
 
 Rank 0 initialises the model and broadcasts it. Each step the global batch
 (--batch-size) is split across ranks like np.array_split; each rank computes the
-gradient sum of its shard scaled by 1/global batch, and one fused allreduce over
-the flat gradient buffer gives every rank the exact mean gradient, so n ranks
-train the same model as 1 rank with the same global batch (up to float rounding).
+gradient sum of its shard scaled by 1/global batch, and all-reducing the flat
+gradient buffer gives every rank the exact mean gradient, so n ranks train the
+same model as 1 rank with the same global batch (up to float rounding). The buffer
+is all-reduced in buckets (--bucket-mb), each launched as soon as backward has
+produced it so that communication hides behind the rest of backward; --no-overlap
+all-reduces it in one call after backward instead.
 Every epoch reshuffles with a seed all ranks share. Only rank 0 prints and writes.
 """
 from __future__ import annotations
@@ -46,6 +49,7 @@ from collectives.cli import (FAULT, USAGE, ArgumentParser, finite_non_negative, 
                              launch_note)
 from ring import arrays  # noqa: E402
 from trainer import checkpoint, data  # noqa: E402
+from trainer.buckets import GradientBuckets  # noqa: E402
 from trainer.model import MLP  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
 
@@ -83,6 +87,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=_at_least(0), default=0, help="initialisation and shuffling seed (>= 0)")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                    help="element type of the model, the data and the gradients")
+    p.add_argument("--bucket-mb", type=finite_positive, default=25.0,
+                   help="gradient bucket size in MB (1e6 bytes, as DDP's bucket_cap_mb); each bucket's all-reduce "
+                        "starts as soon as backward has produced it (the first bucket holds at most 1 MiB)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="one all-reduce of every gradient after backward, instead of buckets overlapped with it")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the model and data on each rank's GPU (cupy), gradients over NCCL")
     p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file; with --resume, "
@@ -285,30 +294,29 @@ def train(args) -> tuple[list[dict], list[dict]]:
     history, n_train, step = [], len(dataset.train_y), start * -(-len(dataset.train_y) // args.batch_size)
     earlier = earlier_records(args.metrics, start) if args.resume and col.rank() == 0 else []
     metrics = open(args.metrics, "a" if args.resume else "w") if args.metrics and col.rank() == 0 else None
+    buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6)
     for epoch in range(start, args.epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
-        loss_sum, comm_s, began = 0.0, 0.0, time.perf_counter()
+        loss_sum, comm_s, exposed_s, steps, began = 0.0, 0.0, 0.0, 0, time.perf_counter()
         for first in range(0, n_train, args.batch_size):
             batch = order[first: first + args.batch_size]
             shard = xp.asarray(np.array_split(batch, col.size())[col.rank()])
-            loss_sum += model.loss_and_grads(dataset.train_x[shard], dataset.train_y[shard], 1.0 / len(batch))
-            arrays.synchronize(model.flat_grads)   # (on a GPU: so that the time below is the allreduce's own)
-            t = time.perf_counter()
-            col.allreduce(model.flat_grads, op="sum", out=model.flat_grads)    # one fused call per step
-            arrays.synchronize(model.flat_grads)
-            comm_s += time.perf_counter() - t
-            opt.step(model.flat_grads)
-            step += 1
+            loss, in_flight, exposed = train_step(model, opt, buckets, dataset.train_x[shard],
+                                                  dataset.train_y[shard], 1.0 / len(batch))
+            loss_sum, comm_s, exposed_s, steps, step = loss_sum + loss, comm_s + in_flight, exposed_s + exposed, \
+                steps + 1, step + 1
         elapsed = time.perf_counter() - began
         record = {"epoch": epoch + 1, "step": step,
                   "loss": float(col.allreduce(np.array([loss_sum]))[0]) / n_train,
                   "train_accuracy": accuracy(model, dataset.train_x, dataset.train_y),
                   "test_accuracy": accuracy(model, dataset.test_x, dataset.test_y),
-                  "samples_per_sec": n_train / elapsed, "comm_fraction": comm_s / elapsed}
+                  "samples_per_sec": n_train / elapsed, "step_time": elapsed / steps,
+                  "comm_time": comm_s / steps, "exposed_comm_time": exposed_s / steps}
         history.append(record)
         say(f"epoch {epoch + 1:3d}/{args.epochs}  loss {record['loss']:.4f}  train {record['train_accuracy']:6.2%}  "
             f"test {record['test_accuracy']:6.2%}  {record['samples_per_sec']:9.0f} samples/s  "
-            f"comm {record['comm_fraction']:5.1%}")
+            f"step {record['step_time'] * 1e3:6.2f} ms  comm {record['comm_time'] / record['step_time']:5.1%}  "
+            f"exposed {record['exposed_comm_time'] / record['step_time']:5.1%}")
         if metrics:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
@@ -325,6 +333,27 @@ def train(args) -> tuple[list[dict], list[dict]]:
     if metrics:
         metrics.close()
     return earlier, history
+
+
+def train_step(model: MLP, opt: SGD, buckets: GradientBuckets | None, x, y, scale: float) -> tuple[float, float, float]:
+    """One step: gradients, averaged across ranks, then the update. Returns the loss sum of this
+    rank's shard, the seconds gradients were being all-reduced, and the seconds the step waited
+    for that (exposed). With ``buckets``, each bucket's all-reduce runs while backward goes on;
+    without, one all-reduce of the whole flat buffer follows backward (nothing hidden)."""
+    if buckets is not None:
+        loss = model.loss_and_grads(x, y, scale, layer_done=buckets.layer_done)
+        with col.timeline.span("wait for gradients"):
+            in_flight, exposed = buckets.wait()
+    else:
+        loss = model.loss_and_grads(x, y, scale)
+        arrays.synchronize(model.flat_grads)   # (on a GPU: so that the time below is the all-reduce's own)
+        began = time.perf_counter()
+        col.allreduce(model.flat_grads, op="sum", out=model.flat_grads)
+        arrays.synchronize(model.flat_grads)
+        in_flight = exposed = time.perf_counter() - began
+    with col.timeline.span("optimizer step"):
+        opt.step(model.flat_grads)
+    return loss, in_flight, exposed
 
 
 def plot(history: list[dict], path: Path) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from collectives import timeline
+
 
 class MLP:
     """``sizes = [inputs, hidden..., classes]``; ``params[name]``/``grads[name]`` are views of the flat buffers.
@@ -26,9 +28,10 @@ class MLP:
         self.xp = xp
         self.flat_params = xp.zeros(total, dtype=dtype)
         self.flat_grads = xp.zeros(total, dtype=dtype)
-        self.params, self.grads, offset = {}, {}, 0
+        self.params, self.grads, self._offsets, offset = {}, {}, {}, 0
         for name, shape in shapes.items():
             size = int(np.prod(shape))
+            self._offsets[name] = offset
             self.params[name] = self.flat_params[offset: offset + size].reshape(shape)
             self.grads[name] = self.flat_grads[offset: offset + size].reshape(shape)
             offset += size
@@ -36,6 +39,7 @@ class MLP:
                 init = rng.normal(scale=np.sqrt(2.0 / shape[0]), size=shape).astype(dtype)
                 self.params[name][...] = xp.asarray(init)
         self.layers = len(sizes) - 1
+        self._spans = [(self._offsets[f"w{i}"], self._offsets[f"b{i}"] + sizes[i + 1]) for i in range(self.layers)]
 
     def logits(self, x):
         h = x
@@ -45,17 +49,29 @@ class MLP:
                 h = self.xp.maximum(h, 0)
         return h
 
-    def loss_and_grads(self, x, y, scale: float) -> float:
+    def layer_span(self, i: int) -> tuple[int, int]:
+        """Where layer ``i``'s gradients (``w{i}`` then ``b{i}``) lie in ``flat_grads``: [start, stop).
+        The layers lie in order, so layers i..j are one contiguous span too.
+
+        >>> MLP([4, 8, 3], np.random.default_rng(0), np.float64).layer_span(1)
+        (40, 67)
+        """
+        return self._spans[i]
+
+    def loss_and_grads(self, x, y, scale: float, layer_done=None) -> float:
         """Write ``scale * sum over the batch`` of per-sample gradients into ``grads``; return the loss sum.
 
         With ``scale = 1 / global batch size`` the ranks' gradients add up (allreduce
         "sum") to exactly the gradient of the mean loss over the global batch.
+        ``layer_done(i)`` is called as soon as layer ``i``'s gradients are written (last layer
+        first), so that their all-reduce can start while backward goes on.
         """
         xp = self.xp
         activations = [x]
-        for i in range(self.layers):
-            z = activations[-1] @ self.params[f"w{i}"] + self.params[f"b{i}"]
-            activations.append(xp.maximum(z, 0) if i < self.layers - 1 else z)
+        with timeline.span("forward"):
+            for i in range(self.layers):
+                z = activations[-1] @ self.params[f"w{i}"] + self.params[f"b{i}"]
+                activations.append(xp.maximum(z, 0) if i < self.layers - 1 else z)
         logits = activations[-1]
         shifted = logits - logits.max(axis=1, keepdims=True)
         log_probs = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
@@ -65,8 +81,11 @@ class MLP:
         delta[rows, y] -= 1
         delta *= scale
         for i in reversed(range(self.layers)):
-            self.grads[f"w{i}"][...] = activations[i].T @ delta
-            self.grads[f"b{i}"][...] = delta.sum(axis=0)
-            if i > 0:
-                delta = (delta @ self.params[f"w{i}"].T) * (activations[i] > 0)
+            with timeline.span(f"backward {i}"):
+                self.grads[f"w{i}"][...] = activations[i].T @ delta
+                self.grads[f"b{i}"][...] = delta.sum(axis=0)
+                if layer_done is not None:
+                    layer_done(i)
+                if i > 0:
+                    delta = (delta @ self.params[f"w{i}"].T) * (activations[i] > 0)
         return loss_sum

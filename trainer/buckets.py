@@ -1,0 +1,79 @@
+"""Gradient buckets: each one's all-reduce starts as soon as backward has produced it (DDP's overlap).
+
+Backward produces gradients last layer first. The layers' gradients lie in order in the
+flat gradient buffer, so the layers from i to j are one contiguous span: a bucket is a
+slice of that buffer, reduced in place (``async_op=True``) with no copy. Walking the
+layers from the last, a bucket closes once it holds at least its cap; the first bucket's
+cap is at most 1 MiB (as DDP's), so that communication starts early. Layers 0, 1, 2 of
+4 MB, 1.2 MB and 0.05 MB with a 2 MB cap (the example below):
+
+=======  =================  =============  ===============================
+bucket   layers, in order   bytes          launched when backward is done
+         of backward                       with layer
+=======  =================  =============  ===============================
+0        2, 1               1.25 MB        1
+1        0                  4 MB           0
+=======  =================  =============  ===============================
+"""
+from __future__ import annotations
+
+from time import perf_counter
+
+import collectives as col
+
+FIRST_BUCKET_BYTES = 1 << 20
+
+
+class GradientBuckets:
+    """Launch each bucket's all-reduce when backward reaches its first layer; ``wait`` for them all.
+
+    >>> import numpy as np
+    >>> from trainer.model import MLP
+    >>> m = MLP([1000, 1000, 300, 40], np.random.default_rng(0), np.float32)
+    >>> GradientBuckets(m, cap_bytes=2_000_000).plan   # (completing layer, start, stop) in flat_grads
+    [(1, 1001000, 1313340), (0, 0, 1001000)]
+    """
+
+    def __init__(self, model, cap_bytes: float):
+        self.flat = model.flat_grads
+        itemsize = self.flat.dtype.itemsize
+        self.plan: list[tuple[int, int, int]] = []   # (layer that completes it, start, stop), in launch order
+        cap, stop = min(FIRST_BUCKET_BYTES, cap_bytes), None
+        for i in reversed(range(model.layers)):
+            start, layer_stop = model.layer_span(i)
+            stop = layer_stop if stop is None else stop
+            if (stop - start) * itemsize >= cap or i == 0:
+                self.plan.append((i, start, stop))
+                cap, stop = cap_bytes, None
+        self._launch_at = {layer: k for k, (layer, _, _) in enumerate(self.plan)}
+        self.works: list[col.Work] = []
+
+    def layer_done(self, layer: int) -> None:
+        """Backward has written ``layer``'s gradients: launch the bucket it completes, if any. The
+        last bucket completes with backward itself, so it has nothing to hide behind: ``wait``
+        reduces it in the calling thread, which saves the hand-over to the progress thread."""
+        k = self._launch_at.get(layer)
+        if k is not None and k < len(self.plan) - 1:
+            self.works.append(col.allreduce(self._span(k), out=self._span(k), async_op=True, name=f"bucket {k}"))
+
+    def _span(self, k: int):
+        _, start, stop = self.plan[k]
+        return self.flat[start:stop]
+
+    def wait(self) -> tuple[float, float]:
+        """Reduce the last bucket and wait for the others; return (seconds the buckets' all-reduces
+        were in flight, seconds spent here: the communication backward did not hide)."""
+        waiting = perf_counter()
+        last = len(self.plan) - 1
+        col.allreduce(self._span(last), out=self._span(last), name=f"bucket {last}")   # after the others
+        done = perf_counter()
+        for work in self.works:
+            work.wait()
+        in_flight, reach = 0.0, float("-inf")
+        for began, ended in [(w.issued_at, w.completed_at) for w in self.works] + [(waiting, done)]:
+            began = max(began, reach)   # the union of the intervals: they run one after another
+            if ended > began:
+                in_flight += ended - began
+                reach = ended
+        self.works = []
+        return in_flight, perf_counter() - waiting
