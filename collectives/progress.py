@@ -90,11 +90,12 @@ class Work:
         waiting = perf_counter()
         try:
             if not self._done.wait(timeout):
-                self._engine.stop(f"rank {self._engine.world.rank}: wait(timeout={timeout}) on {self} ran out")
+                self._engine.stop(f"rank {self._engine.world.rank}: wait(timeout={timeout}) for an async "
+                                  f"{self.name} ran out before the call finished")
                 self._done.wait()
         except KeyboardInterrupt:
             self._engine.stop(f"rank {self._engine.world.rank}: interrupted by KeyboardInterrupt while "
-                              f"waiting for {self}")
+                              f"waiting for an async {self.name}")
             raise
         self._waited = True
         if self._after is not None:
@@ -119,8 +120,9 @@ class Work:
         self._done.set()
 
     def __repr__(self) -> str:
-        state = "completed" if self.is_completed() else "in flight"
-        return f"<Work {self.name} #{self.seq if self.seq is not None else '?'} {state}>"
+        if self.is_completed():
+            return f"<Work {self.name} #{self.seq}, completed>"
+        return f"<Work {self.name}, {'running' if self.started_at is not None else 'queued'}>"
 
     def __del__(self) -> None:
         if not self._waited and isinstance(self._error, CollectiveUsageError):

@@ -90,6 +90,49 @@ def test_a_rank_that_leaves_fails_the_waiting_ranks_fast_naming_it(scenario, why
     assert wall < 30, output
 
 
+@pytest.mark.parametrize("bound", ["call", "wait"])
+def test_an_async_call_times_out_from_wait_on_every_rank(bound):
+    status, output, wall = _fault(3, "async-absent", bound)
+    errors = _errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < 30, output
+    for rank, (seconds, message) in errors.items():
+        assert 2 <= seconds < 4, output
+        if bound == "call":
+            assert re.match(rf"allreduce #2 on rank {rank}: timed out after 2(\.\d+)? s", message), output
+        else:
+            assert message == (f"allreduce #2 on rank {rank} was stopped: rank {rank}: wait(timeout=2) for an "
+                               "async allreduce ran out before the call finished"), output
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_that_dies_with_handles_in_flight_fails_the_others_waits_fast(n):
+    status, output, wall = _fault(n, "async-uncaught")
+    errors = _errors(output)
+    assert status not in (0, -9) and sorted(errors) == [r for r in range(n) if r != 1] and wall < 30, output
+    for seconds, message in errors.values():   # rank 1's engine may have finished some handles first
+        assert seconds < LEAVE_BOUND_S and re.search(
+            r"rank 1 left: uncaught RuntimeError: user bug on rank 1 \(after [345] collective\(s\)\)$", message), output
+
+
+def test_ctrl_c_while_waiting_for_a_handle_stops_the_runtime_and_tells_the_others():
+    status, output, _ = _fault(3, "async-ctrl-c")
+    assert "rank 1: KeyboardInterrupt inside wait" in output, output
+    assert ("rank 1: then CollectiveError: allreduce: the runtime stopped after an earlier failure (rank 1: "
+            "interrupted by KeyboardInterrupt while waiting for an async allreduce)") in output, output
+    assert "WRONG" not in output and "Traceback" not in output, output
+    errors = _errors(output)
+    assert 2 in errors, output   # rank 0 may have had all it needed from rank 1 already (then its sum is right)
+    for rank, (seconds, message) in errors.items():
+        assert seconds < LEAVE_BOUND_S and "rank 1 left: it stopped after a failure: rank 1: interrupted by " \
+            "KeyboardInterrupt while waiting for an async allreduce" in message, output
+
+
+def test_handles_a_program_leaves_unwaited_are_finished_at_exit():
+    status, output, _ = _fault(3, "async-dropped-at-exit")
+    assert status == 0 and output.count("right") == 4 and "WRONG" not in output, output
+    assert "Warning" not in output and "Traceback" not in output, output
+
+
 def test_a_rank_that_crashes_before_its_first_collective_is_named_at_setup():
     status, output, _ = _fault(3, "crash-first")
     errors = _errors(output)

@@ -288,10 +288,69 @@ def idle() -> None:
         _say(f"rank 0: waited {time.monotonic() - wall:.2f} s using {time.process_time() - cpu:.2f} s of CPU")
 
 
+def async_absent() -> None:
+    """The last rank never issues the call; the others' handles raise from wait, bounded by the
+    call's timeout= or by wait(timeout=) (argv[2]: "call" or "wait"), and the next call refuses."""
+    col.barrier()
+    if col.rank() == col.size() - 1:
+        time.sleep(6)
+        _say(f"rank {col.rank()}: stayed away")
+        return
+    bound = {"call": {"timeout": 2}, "wait": {}}[sys.argv[2]]
+    work = col.allreduce(_ints(1000, col.rank()), async_op=True, **bound)
+    _report("wait", work.wait, **({"timeout": 2} if sys.argv[2] == "wait" else {}))
+
+
+def async_uncaught() -> None:
+    """Rank 1 raises an uncaught exception with handles in flight; the others wait on theirs."""
+    _three_calls()
+    works = [col.allreduce(_ints(300_000, col.rank()), async_op=True) for _ in range(3)]
+    if col.rank() == 1:
+        raise RuntimeError("user bug on rank 1")
+    for k, work in enumerate(works):
+        _report(f"wait {k}", work.wait)
+
+
+def async_ctrl_c() -> None:
+    """Ctrl-C lands on rank 1 while it waits for a handle (rank 0 comes late): wait raises
+    KeyboardInterrupt, the runtime stops, and the other ranks hear why at once."""
+    _three_calls()
+    if col.rank() == 0:
+        time.sleep(1.5)
+    work = col.allreduce(_ints(1000, col.rank()), async_op=True)
+    if col.rank() == 1:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            work.wait()
+            _say("rank 1: the wait was not interrupted")
+        except KeyboardInterrupt:
+            _say("rank 1: KeyboardInterrupt inside wait")
+        try:
+            col.allreduce(_ints(10, 1))
+        except col.CollectiveError as e:
+            _say(f"rank 1: then CollectiveError: {e}")
+        return
+    right = np.array_equal(_report("wait", work.wait), _expected_sum(1000, col.size()))
+    _say(f"rank {col.rank()}: sum {'right' if right else 'WRONG'}")
+
+
+def async_dropped_at_exit() -> None:
+    """Rank 0 issues two calls and ends its program without waiting for them; the other ranks
+    wait for theirs: the runtime finishes rank 0's calls at exit, so the others get the right sums."""
+    works = [col.allreduce(_ints(200_000, col.rank(), salt), async_op=True) for salt in (1, 2)]
+    if col.rank() == 0:
+        _say("rank 0: leaving without waiting")
+        return
+    for salt, work in zip((1, 2), works):
+        right = np.array_equal(_report(f"wait {salt}", work.wait), _expected_sum(200_000, col.size(), salt))
+        _say(f"rank {col.rank()}: sum {salt} {'right' if right else 'WRONG'}")
+
+
 if __name__ == "__main__":
     {"absent": absent, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught, "exits": exits,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "idle": idle, "crash-first": crash_first,
      "absent-at-setup": absent_at_setup, "unchecked": unchecked,
-     "funneled": funneled}[sys.argv[1]]()
+     "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
+     "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit}[sys.argv[1]]()
