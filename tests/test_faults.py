@@ -109,9 +109,9 @@ def test_a_rank_that_dies_with_handles_in_flight_fails_the_others_waits_fast(n):
     status, output, wall = _fault(n, "async-uncaught")
     errors = _errors(output)
     assert status not in (0, -9) and sorted(errors) == [r for r in range(n) if r != 1] and wall < 30, output
-    for seconds, message in errors.values():   # rank 1's engine may have finished some handles first
-        assert seconds < LEAVE_BOUND_S and re.search(
-            r"rank 1 left: uncaught RuntimeError: user bug on rank 1 \(after [345] collective\(s\)\)$", message), output
+    for seconds, message in errors.values():
+        assert seconds < LEAVE_BOUND_S and message.endswith(
+            "rank 1 left: uncaught RuntimeError: user bug on rank 1 (after 3 collective(s))"), output
 
 
 def test_ctrl_c_while_waiting_for_a_handle_stops_the_runtime_and_tells_the_others():

@@ -87,26 +87,26 @@ class MPITransport:
             request = self.comm.Isend([buf, MPI.BYTE], self._right, _TAG)
         except MPI.Exception as e:
             raise TransportError(f"send to rank {self._right} failed: {_error_text(e)}") from e
-        return self._posted(request, self._right, buf)
+        return self._posted(request, self._right, buf, receive=False)
 
     def recv_from_left(self, buf: Any) -> tuple[MPI.Request, int]:
         try:
             request = self.comm.Irecv([buf, MPI.BYTE], self._left, _TAG)
         except MPI.Exception as e:
             raise TransportError(f"receive from rank {self._left} failed: {_error_text(e)}") from e
-        return self._posted(request, self._left, buf)
+        return self._posted(request, self._left, buf, receive=True)
 
-    def _posted(self, request: MPI.Request, peer: int, buf: Any) -> tuple[MPI.Request, int]:
+    def _posted(self, request: MPI.Request, peer: int, buf: Any, receive: bool) -> tuple[MPI.Request, int]:
         """Remember a posted request until it is waited for (see ``abandon``)."""
         posted = (request, peer)
-        self._inflight.append((posted, buf))
+        self._inflight.append((posted, buf, receive))
         return posted
 
     def wait(self, request: tuple[MPI.Request, int] | None) -> None:
         if request is None:
             return
         self._wait_all([request[0]], [request[1]])
-        for i, (posted, _) in enumerate(self._inflight):   # at most a few entries
+        for i, (posted, _, _) in enumerate(self._inflight):   # at most a few entries
             if posted is request:
                 del self._inflight[i]
                 break
@@ -130,7 +130,7 @@ class MPITransport:
         except MPI.Exception as e:
             raise TransportError(f"exchange with ranks {source} and {dest} failed: {_error_text(e)}") from e
         except BaseException:
-            self._give_up(requests, (send, recv))
+            self._give_up(requests, (send, recv), requests[:1] if recv is not None else [])
             raise
 
     def _exchange_again(self, send: Any, recv: Any, dest: int, source: int) -> None:
@@ -155,7 +155,7 @@ class MPITransport:
             # Started and unfinished persistent requests must be cancelled or kept, never freed in
             # flight; forget this entry so that it is not started again (its buffers stay with it).
             self._persistent.pop(key, None)
-            self._give_up(requests, entry)
+            self._give_up(requests, entry, requests[:1])
             raise
 
     def _free_persistent(self) -> None:
@@ -184,12 +184,15 @@ class MPITransport:
         kept, with their buffers, until the process ends (freeing them in flight corrupts memory)."""
         inflight, self._inflight = self._inflight, []
         if inflight:
-            self._give_up([request for (request, _), _ in inflight], [buf for _, buf in inflight])
+            self._give_up([request for (request, _), _, _ in inflight], [buf for _, buf, _ in inflight],
+                          [request for (request, _), _, receive in inflight if receive])
 
-    def _give_up(self, requests: list[MPI.Request], buffers: Any) -> None:
-        """Cancel point-to-point ``requests`` that are still pending and wait briefly (0.2 s in all)
-        for them to end; if some do not, keep them all, with ``buffers``, for good."""
-        for request in requests:
+    def _give_up(self, requests: list[MPI.Request], buffers: Any, receives: list[MPI.Request]) -> None:
+        """Cancel the ``receives`` among point-to-point ``requests`` that are still pending, and wait
+        briefly (0.2 s in all) for all to end; if some do not, keep them all, with ``buffers``, for
+        good. Sends are never cancelled: MPI 4 deprecates it, and MPICH crashed cancelling a send
+        that a peer had begun to receive before it left (a rank ending with a call in flight)."""
+        for request in receives:
             try:
                 if request != MPI.REQUEST_NULL and not request.Test():
                     request.Cancel()

@@ -302,8 +302,11 @@ def async_absent() -> None:
 
 
 def async_uncaught() -> None:
-    """Rank 1 raises an uncaught exception with handles in flight; the others wait on theirs."""
+    """Rank 1 raises an uncaught exception with handles in flight (rank 0 issues late, so they
+    cannot have finished); the others wait on theirs."""
     _three_calls()
+    if col.rank() == 0:
+        time.sleep(1)
     works = [col.allreduce(_ints(300_000, col.rank()), async_op=True) for _ in range(3)]
     if col.rank() == 1:
         raise RuntimeError("user bug on rank 1")
