@@ -204,9 +204,12 @@ class Engine:
                     self._turns.wait()
                 work = self._queue.popleft()
                 self._busy = True
+            transport = self.world.transport
+            transport.background = True   # the caller computes meanwhile: poll gently (see ring.transport.mpi)
             try:
                 work._run()
             finally:
+                transport.background = False
                 del work   # (a dropped handle is collected here, not at the next call)
                 self._release()
 

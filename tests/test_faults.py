@@ -2,6 +2,7 @@
 (an uncaught exception, sys.exit, Ctrl-C, a skipped step, a crash before the first collective),
 Ctrl-C inside a call, settings that differ, threads, MPI.Finalize by the program. Every world is
 bounded in time, and each test asserts what every rank printed."""
+import json
 import os
 import random
 import re
@@ -131,6 +132,52 @@ def test_handles_a_program_leaves_unwaited_are_finished_at_exit():
     status, output, _ = _fault(3, "async-dropped-at-exit")
     assert status == 0 and output.count("right") == 4 and "WRONG" not in output, output
     assert "Warning" not in output and "Traceback" not in output, output
+
+
+def _trace(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["traceEvents"]
+
+
+def test_the_timeline_is_a_chrome_trace_with_a_track_per_rank_and_every_phase(tmp_path):
+    path = tmp_path / "trace.json"
+    result = run_world(3, ["-m", "tests.programs.faults", "timeline", "ok"], BOUND_S,
+                       env={"COLLECTIVES_TIMELINE": str(path)})
+    assert result.returncode == 0, result.stdout
+    events = _trace(path)
+    assert {e["pid"] for e in events} == {0, 1, 2}
+    spans = [e for e in events if e["ph"] == "X"]
+    for rank in range(3):
+        mine = [e for e in spans if e["pid"] == rank]
+        calls = [e for e in mine if e["tid"] == 1 and " #" in e["name"]]
+        assert [e["name"] for e in sorted(calls, key=lambda e: e["args"]["seq"])] == [
+            "allreduce #1", "allreduce #2", "reduce_scatter #3", "allgather #4", "broadcast #5", "barrier #6",
+            "allreduce #7"], calls
+        assert calls[0]["args"]["bytes"] == 1_200_000 and calls[-1]["args"]["name"] == "last"
+        phases = {e["name"] for e in mine if e["tid"] == 1 and " #" not in e["name"]}
+        assert phases == {"check", "small", "reduce-scatter", "all-gather", "broadcast"}, phases
+        program = {e["name"].split(" #")[0] for e in mine if e["tid"] == 0}
+        assert {"my step", "wait allreduce", "wait reduce_scatter"} <= program, program
+        for call in calls:   # every phase lies inside its call
+            inside = [e for e in mine if e["tid"] == 1 and " #" not in e["name"]
+                      and call["ts"] <= e["ts"] <= call["ts"] + call["dur"]]
+            assert all(e["ts"] + e["dur"] <= call["ts"] + call["dur"] + 1 for e in inside)
+
+
+def test_after_a_failure_each_rank_writes_its_own_timeline(tmp_path):
+    path = tmp_path / "trace.json"
+    result = run_world(3, ["-m", "tests.programs.faults", "timeline", "fail"], BOUND_S,
+                       env={"COLLECTIVES_TIMELINE": str(path)})
+    assert result.returncode not in (0, -9), result.stdout
+    for rank, written in ((0, path), (1, tmp_path / "trace.rank1.json"), (2, tmp_path / "trace.rank2.json")):
+        assert {e["pid"] for e in _trace(written)} == {rank}, result.stdout
+
+
+def test_a_timeline_path_that_cannot_be_written_is_refused_at_setup(tmp_path):
+    result = run_world(2, ["-m", "tests.programs.faults", "timeline", "ok"], BOUND_S,
+                       env={"COLLECTIVES_TIMELINE": str(tmp_path / "missing" / "trace.json")})
+    assert result.returncode not in (0, -9), result.stdout
+    assert result.stdout.count(f"COLLECTIVES_TIMELINE / timeline: the directory {tmp_path / 'missing'} does not "
+                               "exist") == 2, result.stdout
 
 
 def test_a_rank_that_crashes_before_its_first_collective_is_named_at_setup():

@@ -36,6 +36,7 @@ def _share_cores_between_local_ranks() -> None:
 _share_cores_between_local_ranks()
 
 import argparse  # noqa: E402  (after the thread settings, which numpy reads on import)
+import hashlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -332,7 +333,19 @@ def train(args) -> tuple[list[dict], list[dict]]:
                                 f"{epoch + 1}: {e.strerror or e}", FAULT) from e
     if metrics:
         metrics.close()
+    check_replicas(model)
     return earlier, history
+
+
+def check_replicas(model: MLP) -> None:
+    """Every rank must end with the very same parameters (the all-reduce gives every rank the same
+    bits): compare a digest of each rank's, and stop with an error naming the ranks that differ."""
+    digest = hashlib.blake2b(arrays.to_host(model.flat_params).tobytes(), digest_size=8).digest()
+    every = col.allgather(np.frombuffer(digest, np.uint8)[None, :])
+    differing = [r for r in range(len(every)) if not np.array_equal(every[r], every[0])]
+    if differing:
+        raise UsageExit(f"the parameters of rank(s) {differing} differ from rank 0's after training", FAULT)
+    say(f"parameters identical on every rank (blake2b {digest.hex()})")
 
 
 def train_step(model: MLP, opt: SGD, buckets: GradientBuckets | None, x, y, scale: float) -> tuple[float, float, float]:

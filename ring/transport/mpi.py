@@ -69,6 +69,9 @@ class MPITransport:
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
         oversubscribed = self.local_size > usable_cores()
         self._spin_seconds = 0.0 if oversubscribed else _SPIN_SECONDS
+        # In the background (another thread of this process computes meanwhile): never spin or
+        # yield, nap from the first poll on, so the computing thread keeps its core.
+        self.background = False
         self._quick_polls = 1 if oversubscribed else _QUICK_POLLS
         self._persistent: dict = {}
         self._inflight: list = []      # (request, peer) posted and not yet waited for, with its buffer
@@ -298,7 +301,7 @@ class MPITransport:
             next_check = started + CHECK_INTERVAL
             while not _testall(requests):
                 now = time.monotonic()
-                _pause(now - started, self._spin_seconds)
+                _pause(now - started, self._spin_seconds, self.background)
                 if now >= next_check:
                     self.check_peers()
                     next_check = now + CHECK_INTERVAL
@@ -349,10 +352,14 @@ def connect(timeout: float, record: bytes) -> tuple[MPITransport, list[bytes]]:
     return MPITransport(comm, hosts, pids), records
 
 
-def _pause(waited: float, spin_seconds: float) -> None:
+def _pause(waited: float, spin_seconds: float, background: bool = False) -> None:
     """Between two polls of a wait that has lasted ``waited`` seconds: nothing while it is younger
     than ``spin_seconds`` (latency), then give up the core (more ranks than cores: the peer we wait
-    for may need it), then, past _YIELD_SECONDS, nap for _NAP_SHARE of the time waited so far."""
+    for may need it), then, past _YIELD_SECONDS, nap for _NAP_SHARE of the time waited so far.
+    ``background``: nap from the start (a thread of this process computes on the core)."""
+    if background:
+        time.sleep(min(waited * _NAP_SHARE, _MAX_NAP))
+        return
     if waited < spin_seconds:
         return
     if waited < _YIELD_SECONDS:

@@ -349,6 +349,23 @@ def async_dropped_at_exit() -> None:
         _say(f"rank {col.rank()}: sum {salt} {'right' if right else 'WRONG'}")
 
 
+def timeline() -> None:
+    """Every collective, blocking and async, small and large, with a program span, under
+    COLLECTIVES_TIMELINE; argv[2] "fail": rank 1 then raises an uncaught exception."""
+    big, small = _ints(300_000, col.rank()), _ints(100, col.rank())
+    with col.timeline.span("my step", step=1):
+        col.allreduce(big)
+        works = [col.allreduce(small, async_op=True), col.reduce_scatter(big, async_op=True)]
+        col.allgather(big)
+        col.broadcast(big.copy(), root=0)
+        col.barrier()
+        for work in works:
+            work.wait()
+    if sys.argv[2] == "fail" and col.rank() == 1:
+        raise RuntimeError("user bug on rank 1")
+    col.allreduce(small, name="last")
+
+
 if __name__ == "__main__":
     {"absent": absent, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught, "exits": exits,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
@@ -356,4 +373,5 @@ if __name__ == "__main__":
      "idle": idle, "crash-first": crash_first,
      "absent-at-setup": absent_at_setup, "unchecked": unchecked,
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
-     "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit}[sys.argv[1]]()
+     "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
+     "timeline": timeline}[sys.argv[1]]()
