@@ -91,7 +91,7 @@ def _allreduce_flat(call: Call, source, target, op: str, sig: bytes, checked: bo
     (unless ``checked`` already)."""
     w = call.world
     if isinstance(source, np.ndarray) and source.nbytes <= w.small_bytes:
-        call.settle(call.phase("small", algorithms.allreduce_small, w.transport, source, target, op, sig), sig)
+        call.settle(algorithms.allreduce_small(w.transport, source, target, op, sig), sig)
     else:
         if not checked:
             call.agree(sig)
@@ -169,7 +169,7 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
     source = _flat(x)
     work = xp.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
     if xp is np and x.nbytes <= w.small_bytes:
-        call.settle(call.phase("small", algorithms.allreduce_small, w.transport, source, work, op, sig), sig)
+        call.settle(algorithms.allreduce_small(w.transport, source, work, op, sig), sig)
         owned = slice(owned_start, owned_stop)
     else:
         call.agree(sig)
@@ -245,7 +245,7 @@ def barrier(*, async_op: bool = False, timeout: float | None = None, name: str |
     except CollectiveUsageError as error:
         call.reject(error)
     sig = call.signature()
-    call.settle(call.phase("check", doubling.agree, call.world.transport, sig), sig)   # the exchange is the barrier
+    call.settle(doubling.agree(call.world.transport, sig), sig)   # the exchange itself is the barrier
 
 
 @collective("use_local_gpu")

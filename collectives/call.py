@@ -68,7 +68,7 @@ class Call:
         """This call's signature (see ``collectives.signature``): these fields plus the collective,
         the sequence number, the caller's ``name=``, and the issuing thread's name ("" for the main
         thread, which costs single-threaded programs nothing)."""
-        if dtype is not None and shape is not None and timeline.recorder() is not None:
+        if dtype is not None and shape is not None and timeline.current is not None:
             self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return make_signature(self.name, self.seq, op, dtype, shape, root, False, memory, self.call_name,
                               self.thread)
@@ -76,17 +76,7 @@ class Call:
     def agree(self, signature: bytes) -> None:
         """Check that every rank makes this same call (unless the check is off); raise on every rank if not."""
         if self.world.check:
-            self.settle(self.phase("check", doubling.agree, self.world.transport, signature), signature)
-
-    def phase(self, name: str, step: Callable, *args):
-        """``step(*args)``, shown on the timeline as phase ``name`` of this call when one is recorded."""
-        if timeline.recorder() is None:
-            return step(*args)
-        started = time.perf_counter()
-        try:
-            return step(*args)
-        finally:
-            timeline.add(timeline.COLLECTIVES, name, started, time.perf_counter())
+            self.settle(doubling.agree(self.world.transport, signature), signature)
 
     def settle(self, agreed: bool, signature: bytes, problem: str = "") -> None:
         """After an agreement round: return if it agreed, else raise the same error on every rank."""
@@ -168,7 +158,7 @@ def _frame(w: World, name: str, fn: Callable, issuer: str, args: tuple, kwargs: 
     global _issuer
     _issuer = issuer
     quiet = arrays.ieee_floating_point()
-    started = time.perf_counter()
+    started = time.perf_counter() if timeline.current is not None else 0.0
     try:
         result = fn(*args, **kwargs)
     except CollectiveUsageError:
@@ -189,7 +179,7 @@ def _frame(w: World, name: str, fn: Callable, issuer: str, args: tuple, kwargs: 
         return result
     finally:
         arrays.restore_floating_point(quiet)
-        if timeline.recorder() is not None:
+        if started and timeline.current is not None:
             _record(w, name, started)
 
 

@@ -139,7 +139,8 @@ class Engine:
     def __init__(self, world, threaded: bool):
         self.world = world
         self.threaded = threaded
-        self._turns = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._turns = threading.Condition(self._lock)   # waited on only when a call must wait its turn
         self._queue: deque[Work] = deque()   # issued, not yet started; inline ones wait for their caller
         self._inline: set[int] = set()       # ids of queued works their caller runs itself
         self._busy = False                   # a call is running, in some thread
@@ -148,14 +149,17 @@ class Engine:
 
     def run_now(self, job: Callable[..., Any], *args) -> Any:
         """A blocking call: wait for the calls issued before it, then run ``job(*args)`` here."""
-        with self._turns:
+        with self._lock:   # (a plain lock: the uncontended path is a few C calls)
             if self._busy or self._queue:
                 self._wait_for_turn()
             self._busy = True
         try:
             return job(*args)
         finally:
-            self._release()
+            with self._lock:   # (_release, written out: this is every blocking call's path)
+                self._busy = False
+                if self._queue or self._closing:
+                    self._turns.notify_all()
 
     def _wait_for_turn(self) -> None:
         """(Holding the lock) queue a place for the caller and wait until it is at the head."""
@@ -190,9 +194,10 @@ class Engine:
         return work
 
     def _release(self) -> None:
-        with self._turns:
+        with self._lock:
             self._busy = False
-            self._turns.notify_all()
+            if self._queue or self._closing:   # someone waits for the turn (see _wait_for_turn, _serve, close)
+                self._turns.notify_all()
 
     def _serve(self) -> None:
         """The engine thread: run queued calls until closed."""

@@ -72,24 +72,20 @@ class Recorder:
         return out
 
 
-_recorder: Recorder | None = None
-
-
-def recorder() -> Recorder | None:
-    """The recorder of this process, or None while no timeline is recorded."""
-    return _recorder
+#: The recorder of this process, or None while no timeline is recorded.
+current: Recorder | None = None
 
 
 def start(path: str, rank: int) -> None:
     """Record from now on (``path``: where the trace goes; "" stops recording)."""
-    global _recorder
-    _recorder = Recorder(path, rank) if path else None
+    global current
+    current = Recorder(path, rank) if path else None
     execute.observer = _phase if path else None
 
 
 def _phase(name: str, started: float, ended: float, nbytes: int) -> None:
-    if _recorder is not None:
-        _recorder.add(COLLECTIVES, name, started, ended, {"bytes": nbytes})
+    if current is not None:
+        current.add(COLLECTIVES, name, started, ended, {"bytes": nbytes} if nbytes else None)
 
 
 @contextlib.contextmanager
@@ -100,14 +96,14 @@ def span(name: str, **args) -> Iterator[None]:
     try:
         yield
     finally:
-        if _recorder is not None:
-            _recorder.add(PROGRAM, name, started, perf_counter(), args or None)
+        if current is not None:
+            current.add(PROGRAM, name, started, perf_counter(), args or None)
 
 
 def add(track: str, name: str, start: float, end: float, args: dict | None = None) -> None:
     """Record one span (perf_counter seconds) if a timeline is recorded."""
-    if _recorder is not None:
-        _recorder.add(track, name, start, end, args)
+    if current is not None:
+        current.add(track, name, start, end, args)
 
 
 def write(path: str, events: list[dict]) -> None:

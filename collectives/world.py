@@ -348,7 +348,7 @@ def _write_timeline(w: World) -> None:
     """At exit: rank 0 writes every rank's events, gathered by one last collective; a rank that
     cannot meet the others (after a failure, or on its way out after an uncaught exception)
     writes its own (see ``collectives.timeline``)."""
-    recorder = timelines.recorder()
+    recorder = timelines.current
     if recorder is None:
         return
     if w.failure is None and not _why_leaving:

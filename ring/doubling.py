@@ -29,11 +29,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from time import perf_counter
 from typing import Any
 
 import numpy as np
 
-from ring import arrays
+from ring import arrays, execute
 from ring.execute import Combine
 from ring.transport.base import Transport
 
@@ -89,7 +90,20 @@ def agree(transport: Transport, signature: bytes, payload: Any = None, combine: 
 
     >>> agree(transport, b"allreduce float32 x1024")        # doctest: +SKIP
     True
+
+    Reported to ``ring.execute.observer`` as phase "small" (with a payload) or "check".
     """
+    if execute.observer is None:
+        return _agree(transport, signature, payload, combine, out)
+    started = perf_counter()
+    try:
+        return _agree(transport, signature, payload, combine, out)
+    finally:
+        execute.observer("check" if payload is None else "small", started, perf_counter(),
+                         0 if payload is None else payload.nbytes)
+
+
+def _agree(transport: Transport, signature: bytes, payload: Any, combine: Combine | None, out: Any) -> bool:
     if len(signature) > SIGNATURE_BYTES:
         raise ValueError(f"signature of {len(signature)} bytes; at most {SIGNATURE_BYTES}")
     nbytes = 0 if payload is None else payload.nbytes
