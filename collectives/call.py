@@ -14,7 +14,9 @@ Every public collective starts with :func:`begin` and is wrapped in :func:`colle
   or after a timeout which call every other rank is in. Any other exception inside
   a call (Ctrl-C's KeyboardInterrupt, MemoryError) cancels what the call had posted.
   After either, the runtime refuses further calls, since the ranks are no longer in step.
-* Calls are serialized: one thread at a time per process. The calling thread's
+* Calls run one at a time per process, in the order they were issued, through the
+  progress engine (``collectives.progress``): blocking ones in the caller's thread,
+  ``async_op=True`` ones in the background behind a ``Work``. The issuing thread's
   name is part of the cross-rank check, so two threads whose calls interleave in
   another order on another rank raise CollectiveUsageError instead of mixing data.
 * Floating-point reductions follow IEEE rules (overflow gives inf) whatever
