@@ -16,3 +16,14 @@ def test_the_use_example_runs_and_shows_its_results(tmp_path):
         report = (f"rank {rank} of 3 (local {rank} of 3 on its host): sum [ 0.  6. 12.]..., my block {block}, "
                   "gathered (6, 4)")
         assert result.stdout.count(report) == 1, result.stdout
+
+
+def test_the_overlap_example_runs_and_shows_its_results(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("## Overlap: nonblocking calls, fused all-reduce, a timeline\n\n```python\n", 1)[1]
+    script = tmp_path / "overlap.py"
+    script.write_text(example.split("```", 1)[0])
+    result = run_world(2, [str(script)], 120)
+    assert result.returncode == 0, result.stdout
+    for rank in (0, 1):   # 1 + 2 = 3; the average of arange(3) * 1 and * 2 is arange(3) * 1.5
+        assert result.stdout.count(f"rank {rank}: grads[0] 3.0, b [0.  1.5 3. ]") == 1, result.stdout
