@@ -141,8 +141,8 @@ class Engine:
         self.threaded = threaded
         self._lock = threading.Lock()
         self._turns = threading.Condition(self._lock)   # waited on only when a call must wait its turn
-        self._queue: deque[Work] = deque()   # issued, not yet started; inline ones wait for their caller
-        self._inline: set[int] = set()       # ids of queued works their caller runs itself
+        self._queue: deque[Work] = deque()   # issued, not yet started; a place with no job is a blocking
+                                             # call's, which its caller runs itself (see _wait_for_turn)
         self._busy = False                   # a call is running, in some thread
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -165,19 +165,16 @@ class Engine:
         """(Holding the lock) queue a place for the caller and wait until it is at the head."""
         place = Work("(blocking call)", None, self)
         self._queue.append(place)
-        self._inline.add(id(place))
         try:
             while self._busy or self._queue[0] is not place:
                 self._turns.wait()
         except BaseException:   # Ctrl-C while waiting: give the place up, and stop (out of step)
             self._queue.remove(place)
-            self._inline.discard(id(place))
             self._turns.notify_all()
             self._stop_locked(f"rank {self.world.rank}: interrupted while waiting for the calls before "
                               "this one to finish")
             raise
         self._queue.popleft()
-        self._inline.discard(id(place))
 
     def submit(self, work: Work, inline: bool = False) -> Work:
         """An async call: queue ``work`` and return it. ``inline``: its caller runs it when its turn
@@ -203,7 +200,7 @@ class Engine:
         """The engine thread: run queued calls until closed."""
         while True:
             with self._turns:
-                while not self._queue or self._busy or id(self._queue[0]) in self._inline:
+                while not self._queue or self._busy or self._queue[0]._job is None:
                     if self._closing and not self._queue:
                         return
                     self._turns.wait()
@@ -217,10 +214,6 @@ class Engine:
                 transport.background = False
                 del work   # (a dropped handle is collected here, not at the next call)
                 self._release()
-
-    def idle(self) -> bool:
-        with self._turns:
-            return not self._busy and not self._queue
 
     def stop(self, reason: str) -> None:
         """Stop the runtime: the running call fails at its next poll, queued ones fail at once."""
