@@ -9,11 +9,14 @@
 See ``collectives.api`` for each call and ``collectives.world`` for the settings.
 """
 from collectives import timeline
-from collectives.api import allgather, allreduce, allreduce_many, barrier, broadcast, reduce_scatter, use_local_gpu
+from collectives.api import (allgather, allreduce, allreduce_many, barrier, broadcast, new_group, reduce_scatter,
+                             split, use_local_gpu)
 from collectives.errors import CollectiveError, CollectiveUsageError
+from collectives.group import Group, NonMember
 from collectives.progress import Work
 from collectives.world import init, local_rank, local_size, rank, size
 
 __all__ = ["init", "rank", "size", "local_rank", "local_size", "use_local_gpu", "allreduce", "allreduce_many",
-           "reduce_scatter", "allgather", "broadcast", "barrier", "Work", "timeline",
+           "reduce_scatter", "allgather", "broadcast", "barrier", "new_group", "split", "Group", "NonMember",
+           "Work", "timeline",
            "CollectiveError", "CollectiveUsageError"]

@@ -25,6 +25,7 @@ import numpy as np
 from collectives import validate
 from collectives.call import Call, begin, collective
 from collectives.errors import CollectiveUsageError
+from collectives.group import Group, NonMember
 from ring import algorithms, doubling
 from ring.arrays import xp_of
 from ring.partition import chunk_bounds
@@ -57,8 +58,8 @@ def _write_back(result: np.ndarray, flat: np.ndarray) -> np.ndarray:
 
 
 @collective("allreduce")
-def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *, async_op: bool = False,
-              timeout: float | None = None, name: str | None = None) -> np.ndarray:
+def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *, group: Group | None = None,
+              async_op: bool = False, timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Reduce ``x`` elementwise across all ranks; every rank gets the same bits.
 
     ``op`` is "sum", "avg", "min", "max" or "prod". ``out=x`` reduces in place;
@@ -69,7 +70,7 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *, 
     >>> col.allreduce(np.full(3, col.rank() + 1.0))       # on 3 ranks  # doctest: +SKIP
     array([6., 6., 6.])
     """
-    call = begin("allreduce", timeout, name)
+    call = begin("allreduce", group, timeout, name)
     try:
         validate.timeout("allreduce", timeout)
         x, out = validate.inputs("allreduce", x, out, name)
@@ -89,18 +90,22 @@ def _allreduce_flat(call: Call, source, target, op: str, sig: bytes, checked: bo
     """All-reduce flat contiguous ``source`` into ``target``: by recursive doubling up to
     ``small_bytes`` on the host (the check rides along), else by the ring after the check
     (unless ``checked`` already)."""
-    w = call.world
-    if isinstance(source, np.ndarray) and source.nbytes <= w.small_bytes:
-        call.settle(algorithms.allreduce_small(w.transport, source, target, op, sig), sig)
+    g, runtime = call.group, call.runtime
+    if isinstance(source, np.ndarray) and source.nbytes <= runtime.small_bytes:
+        call.settle(algorithms.allreduce_small(g.transport, source, target, op, sig), sig)
+        return
+    if not checked:
+        call.agree(sig)
+    segment = runtime.segment_elems(source.dtype)
+    if g.levels is not None and isinstance(source, np.ndarray):
+        algorithms.allreduce_two_level(*g.levels, source, target, op, segment)
     else:
-        if not checked:
-            call.agree(sig)
-        algorithms.allreduce(w.transport_for(source), source, target, op, w.segment_elems(source.dtype))
+        algorithms.allreduce(g.transport_for(source), source, target, op, segment)
 
 
 @collective("allreduce_many")
-def allreduce_many(arrays: list, op: str = "sum", *, async_op: bool = False, timeout: float | None = None,
-                   name: str | None = None) -> list:
+def allreduce_many(arrays: list, op: str = "sum", *, group: Group | None = None, async_op: bool = False,
+                   timeout: float | None = None, name: str | None = None) -> list:
     """All-reduce every array in the list ``arrays`` in place, as one fused operation; returns ``arrays``.
 
     Arrays of one dtype are packed into one buffer (Horovod's tensor fusion), so many small
@@ -111,7 +116,7 @@ def allreduce_many(arrays: list, op: str = "sum", *, async_op: bool = False, tim
     >>> w, b = np.ones((2, 3)), np.arange(3.0)                       # doctest: +SKIP
     >>> col.allreduce_many([w, b], op="avg")                         # doctest: +SKIP
     """
-    call = begin("allreduce_many", timeout, name)
+    call = begin("allreduce_many", group, timeout, name)
     try:
         validate.timeout("allreduce_many", timeout)
         validate.call_name("allreduce_many", name)
@@ -143,8 +148,8 @@ def allreduce_many(arrays: list, op: str = "sum", *, async_op: bool = False, tim
 
 
 @collective("reduce_scatter")
-def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *, async_op: bool = False,
-                   timeout: float | None = None, name: str | None = None) -> np.ndarray:
+def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *, group: Group | None = None,
+                   async_op: bool = False, timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Reduce ``x`` across ranks; return this rank's block of the flattened result.
 
     Blocks are split like ``np.array_split(x.ravel(), size())``: with 10 elements
@@ -153,13 +158,13 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
     >>> col.reduce_scatter(np.arange(10.0))               # rank 1 of 3  # doctest: +SKIP
     array([12., 15., 18.])
     """
-    call = begin("reduce_scatter", timeout, name)
-    w = call.world
+    call = begin("reduce_scatter", group, timeout, name)
+    g = call.group
     try:
         validate.timeout("reduce_scatter", timeout)
         x, out = validate.inputs("reduce_scatter", x, out, name)
         validate.reducible("reduce_scatter", "x", x, op)
-        owned_start, owned_stop = chunk_bounds(x.size, w.size)[w.rank]
+        owned_start, owned_stop = chunk_bounds(x.size, g.size())[g.rank()]
         if out is not None:
             validate.out_array("reduce_scatter", out, x, (owned_stop - owned_start,))
     except CollectiveUsageError as error:
@@ -168,19 +173,20 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
     xp = xp_of(x)
     source = _flat(x)
     work = xp.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
-    if xp is np and x.nbytes <= w.small_bytes:
-        call.settle(algorithms.allreduce_small(w.transport, source, work, op, sig), sig)
+    if xp is np and x.nbytes <= call.runtime.small_bytes:
+        call.settle(algorithms.allreduce_small(g.transport, source, work, op, sig), sig)
         owned = slice(owned_start, owned_stop)
     else:
         call.agree(sig)
-        owned = algorithms.reduce_scatter(w.transport_for(x), source, work, op, w.segment_elems(x.dtype))
+        owned = algorithms.reduce_scatter(g.transport_for(x), source, work, op, call.runtime.segment_elems(x.dtype))
     result = out if out is not None else xp.empty(owned_stop - owned_start, x.dtype)
     result[...] = work[owned]
     return result
 
 
 @collective("allgather")
-def allgather(x: np.ndarray, *, async_op: bool = False, timeout: float | None = None, name: str | None = None) -> np.ndarray:
+def allgather(x: np.ndarray, *, group: Group | None = None, async_op: bool = False, timeout: float | None = None,
+              name: str | None = None) -> np.ndarray:
     """Concatenate every rank's ``x`` along axis 0, in rank order; axis 0 may differ between ranks.
 
     >>> col.allgather(np.full((col.rank() + 1, 2), col.rank()))   # on 2 ranks  # doctest: +SKIP
@@ -188,7 +194,7 @@ def allgather(x: np.ndarray, *, async_op: bool = False, timeout: float | None = 
            [1, 1],
            [1, 1]])
     """
-    call = begin("allgather", timeout, name)
+    call = begin("allgather", group, timeout, name)
     try:
         validate.timeout("allgather", timeout)
         x, _ = validate.inputs("allgather", x, name=name)
@@ -197,20 +203,20 @@ def allgather(x: np.ndarray, *, async_op: bool = False, timeout: float | None = 
             validate.fail("allgather", "x", "is 0-dimensional; allgather concatenates along axis 0")
     except CollectiveUsageError as error:
         call.reject(error)
-    w = call.world
+    g = call.group
     call.agree(call.signature(dtype=x.dtype, shape=x.shape[1:], memory=_memory(x)))
-    every = w.transport.allgather_bytes(np.int64(x.shape[0]).tobytes())
+    every = g.transport.allgather_bytes(np.int64(x.shape[0]).tobytes())
     lengths = np.frombuffer(b"".join(every), np.int64)
     result = xp_of(x).empty((int(lengths.sum()),) + x.shape[1:], x.dtype)
     row = int(np.prod(x.shape[1:], dtype=np.int64))
-    algorithms.allgather(w.transport_for(x), _flat(x), result.reshape(-1), [int(n) * row for n in lengths],
-                         w.segment_elems(x.dtype))
+    algorithms.allgather(g.transport_for(x), _flat(x), result.reshape(-1), [int(n) * row for n in lengths],
+                         call.runtime.segment_elems(x.dtype))
     return result
 
 
 @collective("broadcast")
-def broadcast(x: np.ndarray, root: int = 0, *, async_op: bool = False, timeout: float | None = None,
-              name: str | None = None) -> np.ndarray:
+def broadcast(x: np.ndarray, root: int = 0, *, group: Group | None = None, async_op: bool = False,
+              timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Overwrite ``x`` on every rank with ``root``'s ``x``, in place; returns ``x``.
 
     A pipelined chain along the ring: large buffers move at nearly one link's
@@ -218,34 +224,35 @@ def broadcast(x: np.ndarray, root: int = 0, *, async_op: bool = False, timeout: 
 
     >>> params = col.broadcast(params, root=0)                         # doctest: +SKIP
     """
-    call = begin("broadcast", timeout, name)
-    w = call.world
+    call = begin("broadcast", group, timeout, name)
+    g = call.group
     try:
         validate.timeout("broadcast", timeout)
         x, _ = validate.inputs("broadcast", x, name=name)
         validate.array("broadcast", "x", x)
-        validate.root("broadcast", root, w.size)
-        if w.rank != root:
+        validate.root("broadcast", root, g.size())
+        if g.rank() != root:
             validate.writable("broadcast", "x", x)
     except CollectiveUsageError as error:
         call.reject(error)
     call.agree(call.signature(dtype=x.dtype, shape=x.shape, root=int(root), memory=_memory(x)))
-    buffer = _flat(x) if w.rank == root else _flat_target(x)
-    algorithms.broadcast(w.transport_for(x), buffer, int(root), w.segment_elems(x.dtype))
-    return _write_back(x, buffer) if w.rank != root else x
+    buffer = _flat(x) if g.rank() == root else _flat_target(x)
+    algorithms.broadcast(g.transport_for(x), buffer, int(root), call.runtime.segment_elems(x.dtype))
+    return _write_back(x, buffer) if g.rank() != root else x
 
 
 @collective("barrier")
-def barrier(*, async_op: bool = False, timeout: float | None = None, name: str | None = None) -> None:
+def barrier(*, group: Group | None = None, async_op: bool = False, timeout: float | None = None,
+            name: str | None = None) -> None:
     """Return once every rank has entered the barrier (and checks that they all meant to)."""
-    call = begin("barrier", timeout, name)
+    call = begin("barrier", group, timeout, name)
     try:
         validate.timeout("barrier", timeout)
         validate.call_name("barrier", name)
     except CollectiveUsageError as error:
         call.reject(error)
     sig = call.signature()
-    call.settle(doubling.agree(call.world.transport, sig), sig)   # the exchange itself is the barrier
+    call.settle(doubling.agree(call.group.transport, sig), sig)   # the exchange itself is the barrier
 
 
 @collective("use_local_gpu")
@@ -262,10 +269,75 @@ def use_local_gpu(*, timeout: float | None = None) -> int:
     >>> gpu = col.use_local_gpu()                                    # doctest: +SKIP
     >>> g = cupy.ones(1 << 20, cupy.float32); col.allreduce(g, out=g)  # doctest: +SKIP
     """
-    call = begin("use_local_gpu", timeout)
+    call = begin("use_local_gpu", None, timeout)
     try:
         validate.timeout("use_local_gpu", timeout)
     except CollectiveUsageError as error:
         call.reject(error)
     call.agree(call.signature())
-    return call.world.open_device_transport(None)
+    return call.group.open_device_transport(None)
+
+
+@collective("new_group")
+def new_group(ranks, *, group: Group | None = None, timeout: float | None = None,
+              name: str | None = None) -> Group | NonMember:
+    """Make a group of the world ranks ``ranks``, in that order (group rank i is ``ranks[i]``).
+
+    Every rank of the world (of ``group``, whose members ``ranks`` must be) calls it with the
+    same list, as in torch.distributed; members get the :class:`Group`, the others a falsy
+    ``NonMember``. Ranks that disagree about the list, or a rank making another call, make
+    every rank raise CollectiveUsageError (this check is made even with COLLECTIVES_CHECK=0).
+
+    >>> evens = col.new_group(range(0, col.size(), 2))   # doctest: +SKIP
+    >>> if evens:                                        # doctest: +SKIP
+    ...     evens.allreduce(x)
+    """
+    call = begin("new_group", group, timeout, name)
+    parent = call.group
+    try:
+        validate.timeout("new_group", timeout)
+        validate.call_name("new_group", name)
+        members = validate.members("new_group", "ranks", ranks, parent.ranks)
+    except CollectiveUsageError as error:
+        call.reject(error)
+    _agree_always(call, call.signature(shape=members))
+    me = parent.ranks[parent.rank()]
+    inside = me in members
+    return _joined(call, parent.transport.split(0 if inside else None, members.index(me) if inside else 0), members)
+
+
+@collective("split")
+def split(color: int | None, key: int = 0, *, group: Group | None = None, timeout: float | None = None,
+          name: str | None = None) -> Group | NonMember:
+    """Split the world (or ``group``) into groups by ``color``, as MPI's Comm_split: every rank calls
+    it, and the ranks that pass the same color form one group, ordered by ``key``, then by rank.
+
+    ``color``: an int >= 0, or None for no group (the rank gets a falsy ``NonMember``).
+
+    >>> rows = col.split(col.rank() // 2)     # 4 ranks: [0, 1] and [2, 3]   # doctest: +SKIP
+    >>> cols = col.split(col.rank() % 2)      #          [0, 2] and [1, 3]   # doctest: +SKIP
+    """
+    call = begin("split", group, timeout, name)
+    try:
+        validate.timeout("split", timeout)
+        validate.call_name("split", name)
+        validate.color("split", color)
+        validate.integer("split", "key", key)
+    except CollectiveUsageError as error:
+        call.reject(error)
+    _agree_always(call, call.signature())
+    return _joined(call, call.group.transport.split(color, int(key)), ())
+
+
+def _agree_always(call: Call, sig: bytes) -> None:
+    """The cross-rank check, whatever COLLECTIVES_CHECK says: a group's communicator is made by a
+    blocking MPI call, which every rank must be known to reach."""
+    call.settle(doubling.agree(call.group.transport, sig), sig)
+
+
+def _joined(call: Call, transport, members: tuple[int, ...]) -> Group | NonMember:
+    """The group on ``transport`` (made by a split), or, for a rank left out (None), its marker."""
+    parent = call.group
+    if transport is None:
+        return NonMember(members, parent.ranks[parent.rank()])
+    return call.runtime.make_group(transport, tuple(transport.names))

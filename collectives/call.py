@@ -36,8 +36,9 @@ from collectives import timeline, validate
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.signature import disagreement, signature as make_signature
 from collectives import world as _worlds
+from collectives.group import Group, NonMember
 from collectives.progress import Work
-from collectives.world import World, world
+from collectives.world import world
 from ring import arrays, doubling
 from ring.transport.base import TransportError, TransportTimeout
 
@@ -48,22 +49,26 @@ _ROLL_CALL_GRACE = 1.0   # seconds the ranks that timed out spend finding out wh
 
 
 class Call:
-    """The state of one call of one collective on this rank."""
+    """The state of one call of one collective on this rank, on ``group``."""
 
-    def __init__(self, w: World, name: str, timeout: object, call_name: object = None):
-        self.world = w
+    def __init__(self, group: Group, name: str, timeout: object, call_name: object = None):
+        self.group = group
+        runtime = self.runtime = group.runtime
         self.name = name
         self.call_name = call_name if isinstance(call_name, str) else ""   # (a bad one is a usage error)
         self.thread = _issuer   # the name of the thread that issued the call ("" for the main thread)
         self.nbytes = 0         # the bytes this rank brings (for the timeline)
-        w.seq += 1
-        self.seq = w.seq
-        w.current = self
-        seconds = w.timeout if timeout is None or not validate.is_timeout(timeout) else timeout
-        w.transport.deadline = time.monotonic() + seconds
-        if w.failure is not None:   # stopped meanwhile (see progress.Engine.stop): fail at the first poll
-            w.transport.deadline = float("-inf")
-        w.transport.seq = w.seq
+        group.seq += 1
+        self.seq = group.seq
+        runtime.current = self
+        seconds = runtime.timeout if timeout is None or not validate.is_timeout(timeout) else timeout
+        deadline = time.monotonic() + seconds
+        if runtime.failure is not None:   # stopped meanwhile (see progress.Engine.stop): fail at the first poll
+            deadline = float("-inf")
+        group.transport.deadline = deadline
+        group.transport.seq = group.seq
+        for level in group.levels or ():
+            level.deadline = deadline
 
     def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,
                   memory: str = "") -> bytes:
@@ -77,8 +82,8 @@ class Call:
 
     def agree(self, signature: bytes) -> None:
         """Check that every rank makes this same call (unless the check is off); raise on every rank if not."""
-        if self.world.check:
-            self.settle(doubling.agree(self.world.transport, signature), signature)
+        if self.runtime.check:
+            self.settle(doubling.agree(self.group.transport, signature), signature)
 
     def settle(self, agreed: bool, signature: bytes, problem: str = "") -> None:
         """After an agreement round: return if it agreed, else raise the same error on every rank."""
@@ -86,43 +91,46 @@ class Call:
             return
         packed = signature.ljust(doubling.SIGNATURE_BYTES, b"\0")
         text = problem.encode()[:_PROBLEM_BYTES].ljust(_PROBLEM_BYTES, b"\0")
-        every = self.world.transport.allgather_bytes(packed + text)
+        every = self.group.transport.allgather_bytes(packed + text)
         signatures = [row[:doubling.SIGNATURE_BYTES] for row in every]
         problems = [row[doubling.SIGNATURE_BYTES:].rstrip(b"\0").decode(errors="replace") for row in every]
         for r, other in enumerate(problems):
             if other:
-                raise CollectiveUsageError(f"{other} (on rank {r}; this call was abandoned on every rank)")
-        raise CollectiveUsageError(disagreement(self.name, signatures))
+                raise CollectiveUsageError(f"{other} (on rank {self.group.ranks[r]}; this call was abandoned on "
+                                           f"every rank{' of the ' + self.group.label if self.group.label else ''})")
+        raise CollectiveUsageError(disagreement(self.name, signatures, self.group.ranks, self.group.label))
 
     def reject(self, error: CollectiveUsageError) -> NoReturn:
         """Raise this rank's usage ``error``; with the check on, first share it so every rank raises
         instead of waiting for this one (every collective validates in ``try: ... except
         CollectiveUsageError as error: call.reject(error)``). With the check off the other ranks
         cannot be told: they go on waiting, so this rank stops the runtime (out of step)."""
-        if self.world.check:
+        if self.runtime.check:
             signature = make_signature(self.name, self.seq, rejected=True)
             try:
-                self.settle(doubling.agree(self.world.transport, signature), signature, str(error))
+                self.settle(doubling.agree(self.group.transport, signature), signature, str(error))
             except CollectiveUsageError:
                 pass   # this rank raises its own, more precise error
         else:
-            self.world.failure = (f"{self.name} #{self.seq} on rank {self.world.rank} was refused with "
-                                  f"COLLECTIVES_CHECK=0, so the other ranks were not told: {error}")
+            self.runtime.failure = (f"{self.name} #{self.seq} on {self.group.where()} was refused with "
+                                    f"COLLECTIVES_CHECK=0, so the other ranks were not told: {error}")
         raise error
 
 
-def begin(name: str, timeout: object = None, call_name: object = None) -> Call:
-    """Start a call of collective ``name``: take the next sequence number, set the deadline.
-    ``call_name`` is the caller's ``name=`` for it (checked by ``validate.call_name``).
+def begin(name: str, group: Group | None = None, timeout: object = None, call_name: object = None) -> Call:
+    """Start a call of collective ``name`` on ``group`` (None: the world): take the group's next
+    sequence number, set the deadline. ``call_name`` is the caller's ``name=`` for it (checked
+    by ``validate.call_name``).
 
     An invalid ``timeout`` is reported by ``collectives.validate.timeout`` inside the
     call, so that it is shared like any usage error; until then the default applies.
     """
-    w = _worlds._world   # (set up by the call's frame, see collective)
-    if w.failure is not None:
-        raise CollectiveError(f"{name}: the runtime stopped after an earlier failure ({w.failure}); "
+    g = group if group is not None else _worlds._world   # (set up by the call's frame, see collective)
+    failure = g.runtime.failure
+    if failure is not None:
+        raise CollectiveError(f"{name}: the runtime stopped after an earlier failure ({failure}); "
                               "the ranks are no longer in step, so end the job and restart it")
-    return Call(w, name, timeout, call_name)
+    return Call(g, name, timeout, call_name)
 
 
 def collective(name: str) -> Callable[[F], F]:
@@ -134,16 +142,20 @@ def collective(name: str) -> Callable[[F], F]:
         @functools.wraps(fn)
         def call(*args, **kwargs):
             w = _worlds._world or world(setup_timeout=kwargs.get("timeout"))
-            if w.threads_checked:
-                _check_thread(w, name)
+            group = kwargs.get("group")
+            if group is not None:
+                group = kwargs["group"] = _member_group(name, group)
+            runtime = w.runtime
+            if runtime.threads_checked:
+                _check_thread(name)
             issuer = "" if get_ident() == _MAIN_THREAD else threading.current_thread().name
             async_op = kwargs.pop("async_op", False)
             if async_op is True:
-                work = Work(name, functools.partial(_frame, w, name, fn, issuer, args, kwargs), w.engine)
-                return w.engine.submit(work, inline=_on_gpu(args))
+                work = Work(name, functools.partial(_frame, group or w, name, fn, issuer, args, kwargs), runtime.engine)
+                return runtime.engine.submit(work, inline=_on_gpu(args))
             body = fn if async_op is False else _refusal(name, CollectiveUsageError(
                 f"{name}: async_op: expected True or False, got {async_op!r}"))
-            return w.engine.run_now(_frame, w, name, body, issuer, args, kwargs)
+            return runtime.engine.run_now(_frame, group or w, name, body, issuer, args, kwargs)
         return call
     return decorate
 
@@ -151,53 +163,70 @@ def collective(name: str) -> Callable[[F], F]:
 _issuer = ""   # the issuing thread of the call being run (one runs at a time: see progress.Engine)
 
 
-def _frame(w: World, name: str, fn: Callable, issuer: str, args: tuple, kwargs: dict):
-    """Run one call of collective ``name`` (the engine's turn is held, in whichever thread).
+def _member_group(name: str, group: object) -> Group:
+    """``group=``: a Group this rank belongs to; anything else is this rank's usage error (raised
+    here alone: the members of a group it is not in are not waiting for it)."""
+    if isinstance(group, NonMember):
+        raise group.refusal(name)
+    if not isinstance(group, Group):
+        raise CollectiveUsageError(f"{name}: group: expected a collectives.Group (from new_group or split) "
+                                   f"or None for the world, got {type(group).__name__}")
+    if group.runtime is not _worlds._world.runtime:
+        raise CollectiveUsageError(f"{name}: group: {group.label} belongs to another runtime")
+    return group
+
+
+def _frame(g: Group, name: str, fn: Callable, issuer: str, args: tuple, kwargs: dict):
+    """Run one call of collective ``name`` on group ``g`` (the engine's turn is held, in whichever
+    thread).
 
     A transport failure becomes a CollectiveError that names the collective, its sequence
     number, this rank and the ranks at fault; it, and any exception that is not a usage
     error shared by every rank, stops the runtime on this rank."""
     global _issuer
     _issuer = issuer
+    runtime = g.runtime
     quiet = arrays.ieee_floating_point()
     started = time.perf_counter() if timeline.current is not None else 0.0
     try:
         result = fn(*args, **kwargs)
     except CollectiveUsageError:
-        if w.failure is None:
-            w.completed = w.seq   # raised alike on every rank: still in step
+        if runtime.failure is None:
+            g.completed = g.seq   # raised alike on every rank: still in step
         raise
     except TransportError as e:
-        w.transport.abandon()
-        raise _failure(w, name, e) from e
+        g.abandon()
+        raise _failure(g, name, e) from e
     except CollectiveError:
         raise
     except BaseException as e:
-        w.transport.abandon()
-        w.failure = w.failure or f"{name} #{w.seq} on rank {w.rank} was interrupted by {_named(e)}"
+        g.abandon()
+        runtime.failure = runtime.failure or f"{name} #{g.seq} on {g.where()} was interrupted by {_named(e)}"
         raise
     else:
-        w.completed = w.seq
+        g.completed = g.seq
         return result
     finally:
         arrays.restore_floating_point(quiet)
         if started and timeline.current is not None:
-            _record(w, name, started)
+            _record(g, name, started)
 
 
-def _record(w: World, name: str, started: float) -> None:
-    call = w.current
-    args = {"seq": w.seq, "bytes": call.nbytes if call is not None else 0}
+def _record(g: Group, name: str, started: float) -> None:
+    call = g.runtime.current
+    args = {"seq": g.seq, "bytes": call.nbytes if call is not None else 0}
     if call is not None and call.call_name:
         args["name"] = call.call_name
-    timeline.add(timeline.COLLECTIVES, f"{name} #{w.seq}", started, time.perf_counter(), args)
+    if g.label:
+        args["group"] = g.label
+    timeline.add(timeline.COLLECTIVES, f"{name} #{g.seq}", started, time.perf_counter(), args)
 
 
 def _refusal(name: str, error: CollectiveUsageError) -> Callable:
     """A stand-in body for a call that is wrong before it starts (a bad ``async_op``): it raises
     ``error`` the way every collective raises a usage error, so every rank hears of it."""
-    def refuse(*args, timeout: object = None, name: object = None, **kwargs):
-        begin(collective_name, timeout, name).reject(error)
+    def refuse(*args, group: Group | None = None, timeout: object = None, name: object = None, **kwargs):
+        begin(collective_name, group, timeout, name).reject(error)
     collective_name = name
     return refuse
 
@@ -210,7 +239,7 @@ def _on_gpu(args: tuple) -> bool:
     return first is not None and not isinstance(first, np.ndarray) and arrays.is_array(first)
 
 
-def _check_thread(w: World, name: str) -> None:
+def _check_thread(name: str) -> None:
     """MPI was started without thread support (below MPI_THREAD_SERIALIZED): only its main thread may call."""
     from mpi4py import MPI
     if not MPI.Is_thread_main():
@@ -226,22 +255,25 @@ def _named(error: BaseException) -> str:
     return type(error).__name__ + (f": {text}" if text else "")
 
 
-def _failure(w: World, name: str, error: TransportError) -> CollectiveError:
-    where = f"{name} #{w.seq} on rank {w.rank}"
-    if w.failure is not None:   # stopped from outside the call (see progress.Engine.stop)
-        return CollectiveError(f"{where} was stopped: {w.failure}")
-    detail = f"{error}; {_census(w)}" if isinstance(error, TransportTimeout) else str(error)
-    w.failure = f"{where}: {detail}"
-    w.failed_by_peer = True
-    return CollectiveError(w.failure)
+def _failure(g: Group, name: str, error: TransportError) -> CollectiveError:
+    where = f"{name} #{g.seq} on {g.where()}"
+    runtime = g.runtime
+    if runtime.failure is not None:   # stopped from outside the call (see progress.Engine.stop)
+        return CollectiveError(f"{where} was stopped: {runtime.failure}")
+    detail = f"{error}; {_census(g)}" if isinstance(error, TransportTimeout) else str(error)
+    runtime.failure = f"{where}: {detail}"
+    runtime.failed_by_peer = True
+    return CollectiveError(runtime.failure)
 
 
-def _census(w: World) -> str:
-    """After a timeout: which call every other rank is in, as far as they answer (see roll_call)."""
-    heard = w.transport.roll_call(_ROLL_CALL_GRACE)
-    here = [r for r, seq in sorted(heard.items()) if seq == w.seq]
-    elsewhere = [f"{r} (#{seq})" for r, seq in sorted(heard.items()) if seq != w.seq]
-    silent = [r for r in range(w.size) if r != w.rank and r not in heard]
+def _census(g: Group) -> str:
+    """After a timeout: which call of this group every other member is in, as far as they answer
+    (see roll_call): ranks are world ranks, call numbers count this group's calls."""
+    heard = g.transport.roll_call(_ROLL_CALL_GRACE)
+    here = [r for r, seq in sorted(heard.items()) if seq == g.seq]
+    elsewhere = [f"{r} (#{seq})" for r, seq in sorted(heard.items()) if seq != g.seq]
+    me = g.ranks[g.rank()]
+    silent = [r for r in g.ranks if r != me and r not in heard]
     parts = []
     if silent:
         parts.append(f"rank(s) in no collective call (busy elsewhere, or gone): {', '.join(map(str, silent))}")

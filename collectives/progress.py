@@ -90,11 +90,11 @@ class Work:
         waiting = perf_counter()
         try:
             if not self._done.wait(timeout):
-                self._engine.stop(f"rank {self._engine.world.rank}: wait(timeout={timeout}) for an async "
+                self._engine.stop(f"rank {self._engine.world_rank()}: wait(timeout={timeout}) for an async "
                                   f"{self.name} ran out before the call finished")
                 self._done.wait()
         except KeyboardInterrupt:
-            self._engine.stop(f"rank {self._engine.world.rank}: interrupted by KeyboardInterrupt while "
+            self._engine.stop(f"rank {self._engine.world_rank()}: interrupted by KeyboardInterrupt while "
                               f"waiting for an async {self.name}")
             raise
         self._waited = True
@@ -112,7 +112,7 @@ class Work:
             self._result = self._job()
         except BaseException as error:
             self._error = error
-        self.seq = self._engine.world.seq
+        self.seq = self._engine.runtime.current.seq if self._engine.runtime.current is not None else None
         self.completed_at = perf_counter()
         self._job = None   # (let go of the arguments)
         if self.started_at - self.issued_at > 1e-6:
@@ -131,13 +131,13 @@ class Work:
 
 
 class Engine:
-    """Runs one world's calls one at a time, in issue order (see the module docstring).
+    """Runs one process's calls, on every group, one at a time in issue order (see the module docstring).
 
     ``threaded``: async calls run on a background thread (MPI_THREAD_MULTIPLE); else at once.
     """
 
-    def __init__(self, world, threaded: bool):
-        self.world = world
+    def __init__(self, runtime, threaded: bool):
+        self.runtime = runtime   # (collectives.world.Runtime)
         self.threaded = threaded
         self._lock = threading.Lock()
         self._turns = threading.Condition(self._lock)   # waited on only when a call must wait its turn
@@ -171,7 +171,7 @@ class Engine:
         except BaseException:   # Ctrl-C while waiting: give the place up, and stop (out of step)
             self._queue.remove(place)
             self._turns.notify_all()
-            self._stop_locked(f"rank {self.world.rank}: interrupted while waiting for the calls before "
+            self._stop_locked(f"rank {self.world_rank()}: interrupted while waiting for the calls before "
                               "this one to finish")
             raise
         self._queue.popleft()
@@ -206,12 +206,11 @@ class Engine:
                     self._turns.wait()
                 work = self._queue.popleft()
                 self._busy = True
-            transport = self.world.transport
-            transport.background = True   # the caller computes meanwhile: poll gently (see ring.transport.mpi)
+            self._poll_gently(True)   # the caller computes meanwhile (see ring.transport.mpi)
             try:
                 work._run()
             finally:
-                transport.background = False
+                self._poll_gently(False)
                 del work   # (a dropped handle is collected here, not at the next call)
                 self._release()
 
@@ -221,10 +220,17 @@ class Engine:
             self._stop_locked(reason)
 
     def _stop_locked(self, reason: str) -> None:
-        w = self.world
-        if w.failure is None:
-            w.failure = reason
-        w.transport.deadline = float("-inf")
+        if self.runtime.failure is None:
+            self.runtime.failure = reason
+        for transport in self.runtime.transports():
+            transport.deadline = float("-inf")
+
+    def _poll_gently(self, gently: bool) -> None:
+        for transport in self.runtime.transports():
+            transport.background = gently
+
+    def world_rank(self) -> int:
+        return self.runtime.world.rank() if self.runtime.world is not None else -1
 
     def close(self, reason: str = "") -> None:
         """At exit: let the calls still queued run (or, with a ``reason``, stop them), then end the

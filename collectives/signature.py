@@ -59,7 +59,7 @@ def _fields(collective: str, op: str, dtype: np.dtype | None, shape: tuple | Non
             rejected: bool, memory: str, name: str, thread: str) -> bytes:
     """Everything but the sequence number, as a ``%d`` template (cached: calls repeat)."""
     dtype_text = "" if dtype is None else dtype.name if dtype.isnative and dtype.fields is None else str(dtype)
-    count = "" if shape is None or collective in ("allgather", "allreduce_many") else _count(shape)
+    count = "" if shape is None or collective in ("allgather", "allreduce_many", "new_group") else _count(shape)
     shape_text = "" if shape is None else str(shape)
     fields = [_fit(text.replace("%", "%%").replace("|", "/"))
               for text in (op, dtype_text, str(count), shape_text, str(root), name, thread)]
@@ -82,9 +82,12 @@ def _count(shape: tuple) -> int:
     return count
 
 
-def disagreement(collective: str, signatures: list[bytes]) -> str:
+def disagreement(collective: str, signatures: list[bytes], names: tuple[int, ...] | None = None,
+                 group: str = "") -> str:
     """The message for a call whose ranks passed ``signatures`` (not all equal), naming each field
-    that differs and each rank's value. A differing count hides the shape (it says the same)."""
+    that differs and each rank's value, ranks named by ``names`` (world ranks; default: their
+    place in ``signatures``), in ``group`` (its name, "" for the world). A differing count hides
+    the shape (it says the same)."""
     rows = [s.rstrip(b"\0").decode(errors="replace").split("|") for s in signatures]
     rows = [r + [""] * (len(FIELDS) - len(r)) for r in rows]
     for r in rows:
@@ -101,14 +104,18 @@ def disagreement(collective: str, signatures: list[bytes]) -> str:
             name = "trailing shape"
         if collective == "allreduce_many" and name == "shape":
             name, argument = "dtype and shape of each array", "arrays"
+        if collective == "new_group" and name == "shape":
+            name, argument = "members", "ranks"
         prefix = f"{argument}: " if argument else ""
-        clauses.append(f"{prefix}{name} differs across ranks: {_listing([r[i] for r in rows])}")
-    return f"{collective}: " + "; ".join(clauses or ["ranks disagree about this call"])
+        clauses.append(f"{prefix}{name} differs across ranks: {_listing([r[i] for r in rows], names)}")
+    where = f" on {group}" if group else ""
+    return f"{collective}{where}: " + "; ".join(clauses or ["ranks disagree about this call"])
 
 
-def _listing(values: list[str]) -> str:
-    """Rank 0's value and every rank that differs from it (at most a few, then a count)."""
+def _listing(values: list[str], names: tuple[int, ...] | None = None) -> str:
+    """The first rank's value and every rank that differs from it (at most a few, then a count)."""
     shown = [0] + [r for r, v in enumerate(values) if v != values[0]]
     more = len(shown) - _SHOWN_RANKS
-    text = ", ".join(f"rank {r}: {values[r] or '-'}" for r in shown[:_SHOWN_RANKS])
+    names = names or range(len(values))
+    text = ", ".join(f"rank {names[r]}: {values[r] or '-'}" for r in shown[:_SHOWN_RANKS])
     return text + (f", and {more} more" if more > 0 else "")

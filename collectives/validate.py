@@ -163,6 +163,45 @@ def root(collective: str, value: Any, size: int) -> None:
         fail(collective, "root", f"rank {value} is out of range for a world of {size} (0..{size - 1})")
 
 
+def integer(collective: str, argument: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(collective, argument, f"expected an int, got {type(value).__name__}")
+
+
+def color(collective: str, value: Any) -> None:
+    """A split's color: an int >= 0 (the group), or None (no group)."""
+    if value is not None:
+        integer(collective, "color", value)
+        if value < 0:
+            fail(collective, "color", f"expected an int >= 0 or None (no group), got {value}")
+
+
+def members(collective: str, argument: str, value: Any, allowed: tuple[int, ...]) -> tuple[int, ...]:
+    """A group's world ranks: distinct ints among ``allowed`` (the parent group's), at least one.
+
+    >>> members("new_group", "ranks", [2, 0], (0, 1, 2))
+    (2, 0)
+    """
+    try:
+        ranks = list(value)
+    except TypeError:
+        fail(collective, argument, f"expected a list of ranks, got {type(value).__name__}")
+    for r in ranks:
+        integer(collective, argument, r)
+    ranks = [int(r) for r in ranks]
+    if not ranks:
+        fail(collective, argument, "is empty; a group needs at least one rank")
+    outside = [r for r in ranks if r not in set(allowed)]
+    if outside:
+        within = "the world" if allowed == tuple(range(len(allowed))) else f"the parent group {list(allowed)}"
+        fail(collective, argument, f"rank(s) {outside} are not in {within} (ranks 0..{len(allowed) - 1})"
+             if within == "the world" else f"rank(s) {outside} are not in {within}")
+    if len(set(ranks)) < len(ranks):
+        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+        fail(collective, argument, f"rank(s) {twice} appear more than once")
+    return tuple(ranks)
+
+
 def is_timeout(value: Any) -> bool:
     """A positive number of seconds (not a bool)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0

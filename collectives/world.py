@@ -44,10 +44,11 @@ import numpy as np
 
 from collectives import progress, timeline as timelines
 from collectives.errors import CollectiveError, CollectiveUsageError
+from collectives.group import Group, hosts_of, two_level_layout
 from collectives.sizes import parse_size
 from ring.doubling import MAX_PAYLOAD_BYTES
 from ring.transport import device as device_transports
-from ring.transport.base import Transport, TransportError
+from ring.transport.base import TransportError
 
 DEFAULT_SEGMENT_BYTES = 4 << 20
 MAX_SEGMENT_BYTES = 1 << 30   # MPI counts messages in ints: keep every message well below 2 GiB
@@ -55,66 +56,62 @@ DEFAULT_SMALL_BYTES = 32 << 10
 DEFAULT_TIMEOUT = 600.0
 
 
-class World:
-    """Rank, size, the ring's transport and the settings, shared by every collective."""
+class Runtime:
+    """What one process's groups share: the settings, the progress engine that runs their calls
+    one at a time, and whether the runtime has stopped here (``failure``)."""
 
-    def __init__(self, transport, segment_bytes: int, small_bytes: int, check: bool, timeout: float,
+    def __init__(self, segment_bytes: int, small_bytes: int, check: bool, timeout: float,
                  gpu_transport: str = "auto", threads_checked: bool = False, threaded: bool = False,
-                 timeline: str = ""):
-        self.transport = transport
+                 timeline: str = "", algorithm: str = "auto", hosts: int = 0):
         self.gpu_transport = gpu_transport
-        self.device_transport = None   # made by the first collective on a cupy array (see transport_for)
-        self.rank = transport.rank
-        self.size = transport.size
         self.segment_bytes = segment_bytes
         self.small_bytes = small_bytes
         self.check = check
         self.timeout = timeout
-        self.seq = 0                       # collectives called so far, the same on every rank in step
-        self.completed = 0                 # collectives that returned (or raised in step on every rank)
-        self.failure: str | None = None    # set once a failure left the ranks out of step
+        self.algorithm = algorithm         # all-reduce across hosts: "ring", "hierarchical" or "auto"
+        self.hosts = hosts                 # declared hosts (0: the real ones), see hosts_of
+        self.timeline = timeline           # where the trace goes ("": none); see collectives.timeline
+        self.groups: list[Group] = []      # the groups this rank belongs to, the world first
+        self.world: Group | None = None
+        self.failure: str | None = None    # set once a failure left this rank out of step
+        self.failed_by_peer = False        # the failure came from another rank (timeout, a peer gone)
         self.engine = progress.Engine(self, threaded)   # runs the calls one at a time, in issue order
         self.current = None                # the call running (collectives.call.Call), for the timeline
-        self.timeline = timeline           # where the trace goes ("": none); see collectives.timeline
         self.threads_checked = threads_checked   # MPI is not thread-safe here: only its main thread may call
         self.closed = False                # the process has left (see collectives.world._leave)
-        self.failed_by_peer = False        # the failure came from another rank (timeout, a peer gone)
 
     def segment_elems(self, dtype: np.dtype) -> int:
         return max(1, self.segment_bytes // dtype.itemsize)
 
-    def transport_for(self, x) -> Transport:
-        """The transport that carries ``x``: MPI for numpy arrays; for cupy arrays the device
-        transport, made on first use (every rank must be in this call: collectives agree first)."""
-        if isinstance(x, np.ndarray):
-            return self.transport
-        self.open_device_transport(x.device.id)
-        return self.device_transport
+    def transports(self) -> list:
+        """Every transport of every group, for what concerns them all (stopping, polling gently)."""
+        return [t for g in self.groups for t in g.transports()]
 
-    def open_device_transport(self, device: int | None) -> int:
-        """Make the transport for cupy arrays on GPU ``device`` (None: GPU ``local_rank %
-        visible GPUs``), made current, unless it exists (then ``device`` must be its GPU); return
-        the GPU's index. Every rank must make it together, as the first collective on a cupy
-        array does (see ``ring.transport.device``)."""
-        if self.device_transport is None:
-            try:
-                self.device_transport = device_transports.open_transport(self.transport, device,
-                                                                         self.gpu_transport)
-            except device_transports.Unavailable as e:   # the same on every rank: still in step
-                setting = " (COLLECTIVES_GPU_TRANSPORT=nccl)" if self.gpu_transport == "nccl" else ""
-                raise CollectiveError(f"{e}{setting}") from e
-        elif device is not None and device != self.device_transport.gpu:
-            raise CollectiveError(f"rank {self.rank}: an array on GPU {device}, but this rank's "
-                                  f"collectives run on GPU {self.device_transport.gpu} (one GPU per rank)")
-        return self.device_transport.gpu
+    def make_group(self, transport, ranks: tuple[int, ...], world: bool = False) -> Group:
+        """A group over ``transport`` with the two levels of the hierarchical all-reduce when it
+        takes that path (every member must call this together: it makes communicators)."""
+        levels = None
+        hosts = hosts_of(ranks, transport.hosts, self.hosts, len(ranks) if world else self.world.size())
+        if self.algorithm != "ring" and not two_level_layout(hosts):
+            here = hosts[transport.rank]
+            on_host = [r for r in range(len(hosts)) if hosts[r] == here]
+            host_order = list(dict.fromkeys(hosts))
+            local = transport.split(host_order.index(here), transport.rank, watched=True)
+            across = transport.split(on_host.index(transport.rank), host_order.index(here), watched=True)
+            levels = (local, across)
+        return Group(self, transport, ranks, world, levels)
 
 
-_world: World | None = None
+_world: Group | None = None   # the world group, once set up
 
 #: The settings that change what moves between ranks: (keyword, environment variable).
 WIRE_SETTINGS = (("segment_bytes", "COLLECTIVES_SEGMENT_BYTES"), ("small_bytes", "COLLECTIVES_SMALL_BYTES"),
                  ("check", "COLLECTIVES_CHECK"), ("gpu_transport", "COLLECTIVES_GPU_TRANSPORT"),
-                 ("timeline", "COLLECTIVES_TIMELINE"))
+                 ("timeline", "COLLECTIVES_TIMELINE"), ("algorithm", "COLLECTIVES_ALGORITHM"),
+                 ("hosts", "COLLECTIVES_HOSTS"))
+#: Settings fixed when the runtime is set up (they shape its communicators): init() cannot change them later.
+SETUP_SETTINGS = ("algorithm", "hosts")
+ALGORITHMS = ("auto", "ring", "hierarchical")
 
 
 def _byte_count(raw: str) -> int:
@@ -140,6 +137,10 @@ _SETTINGS = {
     "gpu_transport": ("COLLECTIVES_GPU_TRANSPORT", "auto", str, lambda v: v in device_transports.CHOICES,
                       " or ".join(map(repr, device_transports.CHOICES))),
     "timeline": ("COLLECTIVES_TIMELINE", "", str, lambda v: isinstance(v, str), "a file name (or '' for none)"),
+    "algorithm": ("COLLECTIVES_ALGORITHM", "auto", lambda raw: raw.strip(), lambda v: v in ALGORITHMS,
+                  " or ".join(map(repr, ALGORITHMS))),
+    "hosts": ("COLLECTIVES_HOSTS", 0, int, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+              "a number of hosts to treat consecutive blocks of ranks as (0: the real hosts)"),
 }
 
 
@@ -199,58 +200,79 @@ def _record(settings: dict, problem: str, left: str = "") -> bytes:
 
 
 def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, check: bool | None = None,
-         timeout: float | None = None, gpu_transport: str | None = None) -> None:
+         timeout: float | None = None, gpu_transport: str | None = None, algorithm: str | None = None,
+         hosts: int | None = None, comm=None) -> None:
     """Start MPI (if needed) and this runtime; idempotent, and done lazily by the first collective.
 
     Every rank sets up together (the first ``init`` or collective is a collective call),
     bounded by the timeout. Arguments override the environment variables of the module
-    docstring. On a later call, the ones given replace the current settings: ``timeout``
-    on this rank alone; the others are compared across ranks again, so every rank must
-    make that call.
+    docstring. ``comm``: an mpi4py intracommunicator whose ranks are the world (default:
+    MPI.COMM_WORLD); the runtime works on its own duplicate of it. On a later call, the ones
+    given replace the current settings: ``timeout`` on this rank alone; the others are compared
+    across ranks again, so every rank must make that call (``algorithm``, ``hosts`` and
+    ``comm`` are fixed once set up).
 
     >>> import collectives as col
     >>> col.init(); col.init(timeout=60)          # the second call only sets the timeout
     >>> 0 <= col.rank() < col.size()
     True
+    >>> col.init(comm=MPI.COMM_WORLD.Split(MPI.COMM_WORLD.Get_rank() % 2))   # halves  # doctest: +SKIP
     """
-    global _world
     given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout,
-                 gpu_transport=gpu_transport)
+                 gpu_transport=gpu_transport, algorithm=algorithm, hosts=hosts)
     if _world is None:
-        _start(given)
+        _start(given, comm=_communicator(comm))
         return
+    fixed = [name for name in SETUP_SETTINGS if given[name] is not None and given[name] != getattr(_world.runtime, name)]
+    if comm is not None and _communicator(comm).Compare(_world.transport.comm) not in (_mpi().IDENT, _mpi().CONGRUENT):
+        fixed.append("comm")
+    if fixed:
+        raise CollectiveUsageError(f"init: {', '.join(fixed)}: fixed when the runtime was set up (by the first "
+                                   "init or collective); give it to the first init")
     settings, problem = _read_settings(given, from_environment=False)
+    runtime = _world.runtime
     if not any(given[name] is not None for name, _ in WIRE_SETTINGS):
         if problem:
             raise CollectiveUsageError(problem)   # only the timeout: this rank's own business
     else:
-        w = _world
-        current = {name: getattr(w, name) for name, _ in WIRE_SETTINGS}
-        w.transport.deadline = time.monotonic() + settings.get("timeout", w.timeout)
+        current = {name: getattr(runtime, name) for name, _ in WIRE_SETTINGS}
+        _world.transport.deadline = time.monotonic() + settings.get("timeout", runtime.timeout)
         try:
-            _check_records(w.transport.allgather_bytes(_record({**current, **settings}, problem)))
+            _check_records(_world.transport.allgather_bytes(_record({**current, **settings}, problem)))
         except TransportError as e:
-            w.failure = f"init on rank {w.rank}: {e}"
+            runtime.failure = f"init on rank {_world.rank()}: {e}"
             raise CollectiveError(f"init: the ranks did not all change their settings together: {e}") from e
     for name, value in settings.items():
-        setattr(_world, name, value)
+        setattr(runtime, name, value)
     if "timeline" in settings:
-        timelines.start(_world.timeline, _world.rank)
+        timelines.start(runtime.timeline, _world.rank())
+
+
+def _communicator(comm):
+    """``init(comm=...)``: an mpi4py intracommunicator (None: MPI.COMM_WORLD), else a usage error."""
+    if comm is None:
+        return None
+    MPI = _mpi()
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        shown = "MPI.COMM_NULL" if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL else type(comm).__name__
+        raise CollectiveUsageError(f"init: comm: expected an mpi4py intracommunicator (like MPI.COMM_WORLD "
+                                   f"or one made by its Split), got {shown}")
+    return comm
 
 
 _setting_up = threading.Lock()   # two threads' first calls set up one world, not two
 
 
-def _start(given: dict, setup_timeout: float | None = None) -> None:
+def _start(given: dict, setup_timeout: float | None = None, comm=None) -> None:
     """Set the world up once (``setup_timeout``: the first call's own ``timeout=`` bounds it)."""
     global _world
     with _setting_up:
         if _world is None:
             settings, problem = _read_settings(given, from_environment=True)
-            _world = _set_up(settings, problem, timeout=setup_timeout)
+            _world = _set_up(settings, problem, timeout=setup_timeout, comm=comm)
 
 
-def _set_up(settings: dict, problem: str, left: str = "", timeout: float | None = None) -> World:
+def _set_up(settings: dict, problem: str, left: str = "", timeout: float | None = None, comm=None) -> Group:
     """Every rank: start MPI if needed, make the private communicator, agree on the settings.
     ``left``: this process is ending before it ever set up; it takes part only to tell the
     others why (see :func:`_leave`)."""
@@ -258,21 +280,37 @@ def _set_up(settings: dict, problem: str, left: str = "", timeout: float | None 
     from ring.transport.mpi import connect
     try:
         transport, records = connect(timeout or settings.get("timeout", DEFAULT_TIMEOUT),
-                                     _record(settings, problem, left))
+                                     _record(settings, problem, left), comm)
     except TransportError as e:
         raise CollectiveError(f"init: {e}") from e
     try:
         _check_records(records)
+        _check_layout(settings, transport)
     except (CollectiveUsageError, CollectiveError):
         transport.close()
         raise
     threads_checked = MPI.Query_thread() < MPI.THREAD_SERIALIZED
-    w = World(transport, threads_checked=threads_checked, threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE,
-              **settings)
-    timelines.start(w.timeline, w.rank)
+    runtime = Runtime(threads_checked=threads_checked, threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE,
+                      **settings)
+    w = runtime.world = runtime.make_group(transport, tuple(range(transport.size)), world=True)
+    timelines.start(runtime.timeline, w.rank())
     keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: _leave() or MPI.SUCCESS)
     MPI.COMM_SELF.Set_attr(keyval, True)   # MPI.Finalize() deletes COMM_SELF's attributes first thing
     return w
+
+
+def _check_layout(settings: dict, transport) -> None:
+    """The declared hosts fit the world, and a hierarchical all-reduce asked for can run on it (the
+    same verdict on every rank: every rank knows every rank's host)."""
+    declared, n = settings.get("hosts", 0), transport.size
+    if declared > n:
+        raise CollectiveUsageError(f"init: COLLECTIVES_HOSTS / hosts: {declared} hosts, but the world has only "
+                                   f"{n} rank(s) (the runtime is not set up on any rank)")
+    why_not = two_level_layout(hosts_of(tuple(range(n)), transport.hosts, declared, n))
+    if settings.get("algorithm") == "hierarchical" and why_not:
+        raise CollectiveUsageError(f"init: COLLECTIVES_ALGORITHM / algorithm: 'hierarchical' needs ranks on "
+                                   f"several hosts, the same number (more than one) on each, but {why_not} "
+                                   "(use 'auto' or 'ring'; COLLECTIVES_HOSTS declares hosts on one machine)")
 
 
 def _mpi():
@@ -327,46 +365,48 @@ def _leave() -> None:
             except (CollectiveError, CollectiveUsageError):
                 pass   # nobody was waiting in setup (or they were told)
         return
-    if w.closed:
+    runtime = w.runtime
+    if runtime.closed:
         return
-    w.engine.close(f"rank {w.rank} is ending ({_why_leaving})" if _why_leaving else "")
-    if w.timeline:
+    runtime.engine.close(f"rank {w.rank()} is ending ({_why_leaving})" if _why_leaving else "")
+    if runtime.timeline:
         _write_timeline(w)
-    w.closed = True
-    failed = w.failure is not None
-    w.failure = w.failure or "this process has left the runtime (at exit or MPI.Finalize())"
+    runtime.closed = True
+    failed = runtime.failure is not None
+    runtime.failure = runtime.failure or "this process has left the runtime (at exit or MPI.Finalize())"
+    why = _why_leaving or (f"it stopped after a failure: {runtime.failure}" if failed else "")
     try:
-        why = _why_leaving or (f"it stopped after a failure: {w.failure}" if failed else "")
-        w.transport.farewell(w.completed, why, failed=w.failed_by_peer)
+        for g in runtime.groups:   # each group's members count their calls on it
+            g.transport.farewell(g.completed, why, failed=runtime.failed_by_peer)
     finally:
-        if w.device_transport is not None:
-            w.device_transport.close(failed)
-        w.transport.close(failed)
+        for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
+            for transport in reversed(g.transports()):
+                transport.close(failed)
 
 
-def _write_timeline(w: World) -> None:
+def _write_timeline(w: Group) -> None:
     """At exit: rank 0 writes every rank's events, gathered by one last collective; a rank that
     cannot meet the others (after a failure, or on its way out after an uncaught exception)
     writes its own (see ``collectives.timeline``)."""
     recorder = timelines.current
     if recorder is None:
         return
-    if w.failure is None and not _why_leaving:
+    if w.runtime.failure is None and not _why_leaving:
         from collectives.api import allgather
         mine = np.frombuffer(json.dumps(recorder.trace_events()).encode(), np.uint8)
         try:
             every = allgather(mine, name="timeline at exit")
             lengths = allgather(np.array([mine.size], np.int64), name="timeline lengths at exit")
         except (CollectiveError, CollectiveUsageError) as e:
-            print(f"[rank {w.rank}] collectives: the timeline could not be gathered ({e}); "
+            print(f"[rank {w.rank()}] collectives: the timeline could not be gathered ({e}); "
                   "writing this rank's own", file=sys.stderr, flush=True)
         else:
-            if w.rank == 0:
+            if w.rank() == 0:
                 ends = np.cumsum(lengths)
                 events = [e for end, n in zip(ends, lengths) for e in json.loads(every[end - n:end].tobytes())]
-                timelines.write(w.timeline, events)
+                timelines.write(w.runtime.timeline, events)
             return
-    timelines.write(timelines.own_file(w.timeline, w.rank), recorder.trace_events())
+    timelines.write(timelines.own_file(w.runtime.timeline, w.rank()), recorder.trace_events())
 
 
 def _mpi_running() -> bool:
@@ -383,8 +423,8 @@ atexit.register(_finalize_if_nobody_will)
 atexit.register(_leave)
 
 
-def world(setup_timeout: object = None) -> World:
-    """The world, set up first if need be, within ``setup_timeout`` seconds if it is one."""
+def world(setup_timeout: object = None) -> Group:
+    """The world group, set up first if need be, within ``setup_timeout`` seconds if it is one."""
     if _world is None:
         _start({}, setup_timeout if isinstance(setup_timeout, (int, float)) and not isinstance(setup_timeout, bool)
                and 0 < setup_timeout < float("inf") else None)
@@ -408,9 +448,9 @@ def local_size() -> int:
 
 def rank() -> int:
     """This process's rank in the world, 0..size()-1. Local: never waits for other ranks."""
-    return _world.rank if _world is not None else _mpi().COMM_WORLD.Get_rank()
+    return _world.rank() if _world is not None else _mpi().COMM_WORLD.Get_rank()
 
 
 def size() -> int:
     """The number of ranks in the world. Local: never waits for other ranks."""
-    return _world.size if _world is not None else _mpi().COMM_WORLD.Get_size()
+    return _world.size() if _world is not None else _mpi().COMM_WORLD.Get_size()

@@ -76,6 +76,32 @@ def allreduce(transport: Transport, input: Any, output: Any, op: str, segment_el
     run(allgather_plan(transport.rank, bounds, segment_elems), transport, output, phase="all-gather")
 
 
+def allreduce_two_level(local: Transport, across: Transport, input: Any, output: Any, op: str,
+                        segment_elems: int) -> None:
+    """``allreduce`` over ranks on several hosts, in two levels (the hierarchical all-reduce of
+    Horovod and NCCL): reduce-scatter within each host, all-reduce of each rank's chunk across
+    hosts among the ranks with the same place on theirs (``across``), all-gather within each
+    host (``local``). Every host must hold the same number of ranks. 4 ranks, 2 hosts:
+
+    =======================  ==============  ==============
+    step                     host A: 0, 1    host B: 2, 3
+    =======================  ==============  ==============
+    reduce-scatter (local)   0: A[c0]        2: B[c0]
+                             1: A[c1]        3: B[c1]
+    all-reduce (across)      0, 2: A[c0] + B[c0];  1, 3: A[c1] + B[c1]
+    all-gather (local)       every rank: (A + B)[c0, c1]
+    =======================  ==============  ==============
+
+    Only the chunks (1/local size of the data) cross between hosts. "avg" averages within a
+    host, then across hosts: the hosts being equal, that is the mean over every rank.
+    """
+    owned = reduce_scatter(local, input, output, op, segment_elems)
+    chunk = output[owned]
+    allreduce(across, chunk, chunk, op, segment_elems)
+    bounds = chunk_bounds(output.size, local.size)
+    run(allgather_plan(local.rank, bounds, segment_elems), local, output, phase="all-gather")
+
+
 def allgather(transport: Transport, input: Any, output: Any, counts: list[int], segment_elems: int) -> None:
     """``output`` = every rank's ``input`` laid end to end in rank order; rank r brings ``counts[r]`` elements."""
     bounds = bounds_from_counts(counts)

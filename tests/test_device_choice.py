@@ -161,9 +161,11 @@ def test_every_rank_reaches_the_same_verdict(monkeypatch, n):
 
 def test_a_rank_keeps_one_gpu_once_its_device_transport_exists():
     from collectives.errors import CollectiveError
-    from collectives.world import World
+    from collectives.group import Group
+    from collectives.world import Runtime
     from ring.transport.inprocess import InProcessWorld
-    w = World(InProcessWorld(1).transport(0), segment_bytes=1024, small_bytes=0, check=True, timeout=5.0)
+    runtime = Runtime(segment_bytes=1024, small_bytes=0, check=True, timeout=5.0)
+    w = Group(runtime, InProcessWorld(1).transport(0), (0,), world=True)
     w.device_transport = device.StagedTransport(w.transport)
     w.device_transport.gpu = 0
     on_gpu = lambda index: types.SimpleNamespace(device=types.SimpleNamespace(id=index))  # noqa: E731

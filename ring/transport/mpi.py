@@ -50,13 +50,21 @@ _SETUP_RECORD_BYTES = 1024
 class MPITransport:
     """The ring's neighbours on an MPI communicator (use a private duplicate, never the user's).
 
-    Made by :func:`connect`, which also learns where every rank runs.
+    Made by :func:`connect`, which also learns where every rank runs, or by :meth:`split`
+    for a subset of the ranks. ``names``: how messages name each rank of ``comm`` (the
+    world's ranks, for a subset; default: its own ranks). ``watch``: another transport over
+    the same ranks or more, whose control channel tells this one of departures (a transport
+    used only inside the calls of another, such as the two levels of a hierarchical all-reduce).
     """
 
-    def __init__(self, comm: MPI.Comm, hosts: Sequence[str], pids: Sequence[int]):
+    def __init__(self, comm: MPI.Comm, hosts: Sequence[str], pids: Sequence[int],
+                 names: Sequence[int] | None = None, watch: "MPITransport | None" = None):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self.hosts, self.pids = list(hosts), list(pids)
+        self.names = list(names) if names is not None else list(range(self.size))
+        self.watch = watch
         self.deadline = float("inf")
         self.seq = 0   # the call under way (set by the caller with the deadline); peers are judged against it
         self._right = right(self.rank, self.size)
@@ -89,14 +97,14 @@ class MPITransport:
         try:
             request = self.comm.Isend([buf, MPI.BYTE], self._right, _TAG)
         except MPI.Exception as e:
-            raise TransportError(f"send to rank {self._right} failed: {_error_text(e)}") from e
+            raise TransportError(f"send to rank {self.names[self._right]} failed: {_error_text(e)}") from e
         return self._posted(request, self._right, buf, receive=False)
 
     def recv_from_left(self, buf: Any) -> tuple[MPI.Request, int]:
         try:
             request = self.comm.Irecv([buf, MPI.BYTE], self._left, _TAG)
         except MPI.Exception as e:
-            raise TransportError(f"receive from rank {self._left} failed: {_error_text(e)}") from e
+            raise TransportError(f"receive from rank {self.names[self._left]} failed: {_error_text(e)}") from e
         return self._posted(request, self._left, buf, receive=True)
 
     def _posted(self, request: MPI.Request, peer: int, buf: Any, receive: bool) -> tuple[MPI.Request, int]:
@@ -131,7 +139,8 @@ class MPITransport:
                 peers.append(dest)
             self._wait_all(requests, peers)
         except MPI.Exception as e:
-            raise TransportError(f"exchange with ranks {source} and {dest} failed: {_error_text(e)}") from e
+            raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
+                                 f"{_error_text(e)}") from e
         except BaseException:
             self._give_up(requests, (send, recv), requests[:1] if recv is not None else [])
             raise
@@ -148,7 +157,8 @@ class MPITransport:
                 requests = [self.comm.Recv_init([recv, MPI.BYTE], source, _TAG),
                             self.comm.Send_init([send, MPI.BYTE], dest, _TAG)]
             except MPI.Exception as e:
-                raise TransportError(f"exchange with ranks {source} and {dest} failed: {_error_text(e)}") from e
+                raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
+                                     f"{_error_text(e)}") from e
             entry = self._persistent[key] = (requests, (source, dest), send, recv)   # buffers kept alive: ids stay unique
         requests = entry[0]
         try:
@@ -213,7 +223,8 @@ class MPITransport:
 
     def roll_call(self, grace: float) -> dict[int, int]:
         """After a timeout: ask every rank which call it is in; return ``{rank: call}`` for the ranks
-        that answered within ``grace`` seconds (a rank answers while it waits inside a collective)."""
+        that answered within ``grace`` seconds (a rank answers while it waits inside a collective
+        on this transport), ranks as ``names`` gives them."""
         self._heard = {}
         for peer in range(self.size):
             if peer != self.rank:
@@ -222,7 +233,7 @@ class MPITransport:
         while time.monotonic() < give_up and len(self._heard) + len(self.departed) < self.size - 1:
             self._read_control()
             time.sleep(5e-3)
-        return dict(self._heard)
+        return {self.names[r]: seq for r, seq in self._heard.items()}
 
     def farewell(self, completed: int, why: str, failed: bool = False, patience: float = 1.0) -> None:
         """Tell every other rank that this one is leaving, having completed ``completed``
@@ -237,6 +248,25 @@ class MPITransport:
         requests = [r for r, _ in self._control_out]
         while requests and not _testall(requests) and time.monotonic() < give_up:
             time.sleep(1e-3)
+
+    def split(self, color: int | None, key: int, watched: bool = False) -> "MPITransport | None":
+        """A transport over the ranks that pass the same ``color``, ordered by ``key`` then by rank
+        (MPI's Comm_split); None for ``color=None``. Every rank of this transport must call it, and
+        all must be known to be here (it blocks inside MPI: there is no nonblocking split), as they
+        are after a collective's cross-rank check. ``watched``: the new transport learns of
+        departures through this one's control channel (see the class docstring)."""
+        try:
+            comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
+        except MPI.Exception as e:
+            raise TransportError(f"making a communicator for a subset of the ranks failed: {_error_text(e)}") from e
+        if comm == MPI.COMM_NULL:
+            return None
+        inner, outer = comm.Get_group(), self.comm.Get_group()
+        mine = MPI.Group.Translate_ranks(inner, list(range(comm.Get_size())), outer)
+        inner.Free()
+        outer.Free()
+        return MPITransport(comm, [self.hosts[r] for r in mine], [self.pids[r] for r in mine],
+                            [self.names[r] for r in mine], self if watched else None)
 
     def close(self, failed: bool = False) -> None:
         """Free this transport's communicator, unless requests on it could not be ended."""
@@ -278,17 +308,20 @@ class MPITransport:
 
     def check_peers(self) -> None:
         """Raise PeerLost if a rank this call needs is gone: it left before completing this call,
-        or its process on this host ended without a word."""
+        or its process on this host ended without a word (and likewise for ``watch``)."""
+        if self.watch is not None:
+            self.watch.check_peers()
         self._read_control()
         gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
                 if completed < self.seq]
         if gone:
             _, completed, peer, why = min(gone)
-            raise PeerLost(peer, f"rank {peer} left: {why} (after {completed} collective(s))" if why else
-                           f"rank {peer} ended its program after {completed} collective(s)")
+            name = self.names[peer]
+            raise PeerLost(name, f"rank {name} left: {why} (after {completed} collective(s))" if why else
+                           f"rank {name} ended its program after {completed} collective(s)")
         for peer, pid in self._local_pids.items():
             if peer not in self.departed and _process_state(pid) is not None:
-                raise PeerLost(peer, f"rank {peer} is gone: its process (pid {pid} on this host) ended "
+                raise PeerLost(self.names[peer], f"rank {self.names[peer]} is gone: its process (pid {pid} on this host) ended "
                                      "without leaving the runtime (killed, or crashed outside Python's control)")
 
     def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int]) -> None:
@@ -307,7 +340,7 @@ class MPITransport:
                     next_check = now + CHECK_INTERVAL
                 if now >= self.deadline:
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
-                    raise TransportTimeout((pending or peers)[0], now - started)
+                    raise TransportTimeout(self.names[(pending or peers)[0]], now - started)
         except MPI.Exception as e:
             raise TransportError(self._failure_text(e, requests, peers)) from e
 
@@ -320,16 +353,18 @@ class MPITransport:
                     request.Test()
                 except MPI.Exception as cause:
                     return self._failure_text(cause, [request], [peer])
-        peer_text = f"rank {peers[0]}" if len(set(peers)) == 1 else f"ranks {sorted(set(peers))}"
+        named = sorted({self.names[p] for p in peers})
+        peer_text = f"rank {named[0]}" if len(named) == 1 else f"ranks {named}"
         if error.Get_error_class() == MPI.ERR_TRUNCATE:
             return (f"a message from {peer_text} was longer than this rank expected: the ranks disagree "
                     "about this call's size (is the cross-rank check off?)")
         return f"communication with {peer_text} failed: {_error_text(error)}"
 
 
-def connect(timeout: float, record: bytes) -> tuple[MPITransport, list[bytes]]:
-    """Set up the runtime's private communicator with every rank, bounded by ``timeout`` seconds,
-    and exchange ``record`` (at most 1 KiB: the settings, or a problem found on this rank).
+def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None) -> tuple[MPITransport, list[bytes]]:
+    """Set up the runtime's private communicator, a duplicate of ``comm`` (default: every rank,
+    MPI.COMM_WORLD), bounded by ``timeout`` seconds, and exchange ``record`` (at most 1 KiB: the
+    settings, or a problem found on this rank).
 
     Returns the transport and every rank's record. Nothing here blocks inside MPI, so a rank
     that never comes makes the others raise TransportTimeout instead of waiting for ever.
@@ -337,7 +372,7 @@ def connect(timeout: float, record: bytes) -> tuple[MPITransport, list[bytes]]:
     if len(record) > _SETUP_RECORD_BYTES:
         raise ValueError(f"setup record of {len(record)} bytes; at most {_SETUP_RECORD_BYTES}")
     deadline = time.monotonic() + timeout
-    comm, request = MPI.COMM_WORLD.Idup()   # a private duplicate: our messages never match the user's
+    comm, request = (comm or MPI.COMM_WORLD).Idup()   # a private duplicate: our messages never match the user's
     _wait_setup(request, deadline, "make the runtime's communicator", comm)
     host = socket.gethostname().encode()[:200]
     mine = np.zeros(8 + 256 + _SETUP_RECORD_BYTES, np.uint8)
