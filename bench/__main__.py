@@ -151,7 +151,7 @@ def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
 
 def environment(comm: MPI.Comm, device: str) -> dict:
     """Where these figures come from (printed, and written into the JSON and CSV)."""
-    w = world()
+    w = world().runtime
     hosts = sorted(set(comm.allgather(MPI.Get_processor_name())))
     return {
         "ranks_per_host": comm.allreduce(col.local_size(), op=MPI.MAX),
@@ -169,6 +169,7 @@ def environment(comm: MPI.Comm, device: str) -> dict:
         "segment_bytes": w.segment_bytes,
         "small_bytes": w.small_bytes,
         "check": w.check,
+        "algorithm": w.algorithm,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python -m bench " + " ".join(sys.argv[1:]),
     }

@@ -230,7 +230,7 @@ def broadcast(x: np.ndarray, root: int = 0, *, group: Group | None = None, async
         validate.timeout("broadcast", timeout)
         x, _ = validate.inputs("broadcast", x, name=name)
         validate.array("broadcast", "x", x)
-        validate.root("broadcast", root, g.size())
+        validate.root("broadcast", root, g.size(), g.is_world)
         if g.rank() != root:
             validate.writable("broadcast", "x", x)
     except CollectiveUsageError as error:

@@ -276,7 +276,8 @@ def _census(g: Group) -> str:
     silent = [r for r in g.ranks if r != me and r not in heard]
     parts = []
     if silent:
-        parts.append(f"rank(s) in no collective call (busy elsewhere, or gone): {', '.join(map(str, silent))}")
+        on = "" if g.is_world else " on this group"
+        parts.append(f"rank(s) in no collective call{on} (busy elsewhere, or gone): {', '.join(map(str, silent))}")
     if elsewhere:
         parts.append(f"rank(s) in another call: {', '.join(elsewhere)}")
     if here:

@@ -200,8 +200,8 @@ def _record(settings: dict, problem: str, left: str = "") -> bytes:
 
 
 def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, check: bool | None = None,
-         timeout: float | None = None, gpu_transport: str | None = None, algorithm: str | None = None,
-         hosts: int | None = None, comm=None) -> None:
+         timeout: float | None = None, gpu_transport: str | None = None, timeline: str | None = None,
+         algorithm: str | None = None, hosts: int | None = None, comm=None) -> None:
     """Start MPI (if needed) and this runtime; idempotent, and done lazily by the first collective.
 
     Every rank sets up together (the first ``init`` or collective is a collective call),
@@ -219,7 +219,7 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
     >>> col.init(comm=MPI.COMM_WORLD.Split(MPI.COMM_WORLD.Get_rank() % 2))   # halves  # doctest: +SKIP
     """
     given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout,
-                 gpu_transport=gpu_transport, algorithm=algorithm, hosts=hosts)
+                 gpu_transport=gpu_transport, timeline=timeline, algorithm=algorithm, hosts=hosts)
     if _world is None:
         _start(given, comm=_communicator(comm))
         return

@@ -334,3 +334,44 @@ def _trainer_pids(marker: str) -> list[int]:
             pids.append(int(entry.name))
     assert pids, f"no trainer processes found for {marker}"
     return pids
+
+
+def test_a_rank_absent_from_a_groups_call_is_named_by_its_world_rank():
+    status, output, wall = _fault(3, "group-absent")
+    errors = _errors(output)
+    assert status not in (0, -9) and sorted(errors) == [1] and wall < BOUND_S, output
+    seconds, message = errors[1]
+    assert 2 <= seconds < 5, output
+    assert re.match(r"allreduce #1 on rank 1 in group \[1, 2\]: timed out after 2(\.\d+)? s waiting for rank 2; "
+                    r"rank\(s\) in no collective call on this group \(busy elsewhere, or gone\): 2$", message), output
+
+
+def test_a_group_member_that_dies_ends_the_groups_and_the_worlds_calls():
+    status, output, wall = _fault(3, "group-member-dies")
+    errors = _errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < BOUND_S, output
+    why = "rank 2 left: uncaught RuntimeError: user bug on rank 2 (after 1 collective(s))"
+    assert errors[1][1] == f"allreduce #2 on rank 1 in group [1, 2]: {why}", output
+    assert errors[0][1] == f"barrier #2 on rank 0: {why}", output
+    assert all(seconds < LEAVE_BOUND_S for seconds, _ in errors.values()), output
+
+
+def test_a_group_made_on_some_ranks_only_ends_when_the_last_rank_leaves():
+    status, output, wall = _fault(3, "group-partial")
+    errors = _errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < BOUND_S, output
+    for rank, (seconds, message) in errors.items():
+        assert seconds < LEAVE_BOUND_S and message == f"new_group #2 on rank {rank}: rank 2 ended its program " \
+                                                      "after 1 collective(s)", output
+
+
+def test_init_with_a_communicator_makes_it_the_world():
+    status, output, _ = _fault(4, "group-comm")
+    assert status == 0, output
+    for world_rank in range(4):
+        assert (f"rank {world_rank}: runtime rank {world_rank // 2} of 2, half rank {world_rank // 2} of 2, "
+                "allreduce right") in output, output
+        assert (f"rank {world_rank}: second init: init: comm: fixed when the runtime was set up (by the first init "
+                "or collective); give it to the first init") in output, output
+    assert ("rank 0: bad comm: init: comm: expected an mpi4py intracommunicator (like MPI.COMM_WORLD or one made "
+            "by its Split), got str") in output, output

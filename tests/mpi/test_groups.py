@@ -4,6 +4,8 @@ tests/test_worlds.py runs this file under mpiexec -n 1..5: parity groups (even a
 uneven at n=5), a singleton group, a reversed order, disjoint groups at once, and
 overlapping groups in alternation, with rank-dependent inputs.
 """
+import re
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -173,3 +175,74 @@ def test_split_with_no_color_gives_a_non_member():
     else:
         agree(group.ranks == tuple(range(1, N)), f"the rest: {group.ranks}")
         group.barrier()
+
+
+def _raised_everywhere(call, match: str) -> None:
+    """``call()`` raises CollectiveUsageError matching ``match`` on every rank (and they stay in step)."""
+    try:
+        call()
+    except col.CollectiveUsageError as e:
+        ok, text = re.search(match, str(e)) is not None, str(e)
+    else:
+        ok, text = False, "no error"
+    agree(ok, f"rank {RANK}: expected /{match}/, got: {text}")
+    agree(np.all(col.allreduce(np.ones(2)) == N), "still in step afterwards")
+
+
+@pytest.mark.skipif(N < 2, reason="needs two ranks to disagree")
+def test_ranks_that_disagree_about_a_groups_members_all_raise():
+    ranks = [0] if RANK == 0 else list(range(N))
+    _raised_everywhere(lambda: col.new_group(ranks),
+                       r"new_group: ranks: members differs across ranks: rank 0: \(0,\), rank 1: \(0, 1")
+
+
+@pytest.mark.skipif(N < 2, reason="needs two ranks to differ")
+def test_a_group_made_on_some_ranks_only_raises_on_every_rank():
+    _raised_everywhere(lambda: col.new_group([0]) if RANK % 2 == 0 else col.barrier(),
+                       r"collective differs across ranks: rank 0: new_group, rank 1: barrier")
+
+
+@pytest.mark.parametrize("ranks, problem", [
+    ([0, 0], r"rank\(s\) \[0\] appear more than once"),
+    ([0, 99], r"rank\(s\) \[99\] are not in the world"),
+    ([], "is empty"),
+    (["0"], "expected an int, got str"),
+    (3, "expected a list of ranks, got int"),
+])
+def test_bad_members_are_refused_on_every_rank(ranks, problem):
+    _raised_everywhere(lambda: col.new_group(ranks), "new_group: ranks: " + problem)
+
+
+@pytest.mark.skipif(N < 2, reason="needs a rank whose argument alone is wrong")
+def test_one_ranks_bad_color_is_raised_on_every_rank():
+    color = -1 if RANK == N - 1 else 0
+    _raised_everywhere(lambda: col.split(color), r"split: color: expected an int >= 0 or None \(no group\), got -1")
+
+
+def test_a_root_outside_the_group_is_refused():
+    group = col.split(RANK % 2)
+    _raised_everywhere(lambda: group.broadcast(np.ones(3), root=group.size()),
+                       rf"broadcast: root: rank {group.size()} is out of range for a group of {group.size()}")
+
+
+def test_a_bad_group_argument_is_this_ranks_usage_error():
+    with pytest.raises(col.CollectiveUsageError, match="allreduce: group: expected a collectives.Group"):
+        col.allreduce(np.ones(2), group="world")
+
+
+@pytest.mark.skipif(N < 2, reason="needs two ranks")
+def test_a_mismatch_on_a_group_names_world_ranks_and_the_group():
+    group = col.new_group([N - 1, 0])   # group rank 0 is world rank N-1
+    if group:
+        count = 3 if RANK == 0 else 4
+        try:
+            group.allreduce(np.ones(count))
+        except col.CollectiveUsageError as e:
+            text = str(e)
+        else:
+            text = "no error"
+        expected = f"allreduce on group [{N - 1}, 0]: x: count differs across ranks: rank {N - 1}: 4, rank 0: 3"
+        ok = text == expected
+    else:
+        ok, text, expected = True, "", ""
+    agree(ok, f"rank {RANK}: {text!r} != {expected!r}")

@@ -366,6 +366,61 @@ def timeline() -> None:
     col.allreduce(small, name="last")
 
 
+def group_absent() -> None:
+    """In group [1, 2] of 3 ranks, rank 2 never comes to the group's allreduce: rank 1 times out
+    naming world rank 2 (its rank 1 in the group) and the group."""
+    group = col.new_group([1, 2])
+    if col.rank() == 1:
+        _report("group call", group.allreduce, _ints(1000, 1), timeout=2)
+    time.sleep(4)
+
+
+def group_member_dies() -> None:
+    """Rank 2 raises an uncaught exception after one call on group [1, 2]; rank 1 waits for it in
+    the group's next call, rank 0 in the world's."""
+    group = col.new_group([1, 2])
+    if group:
+        group.allreduce(_ints(1000, col.rank()))
+    if col.rank() == 2:
+        raise RuntimeError("user bug on rank 2")
+    if group:
+        _report("group call 2", group.allreduce, _ints(1000, col.rank()))
+    else:
+        _report("world call", col.barrier)
+
+
+def group_partial() -> None:
+    """Ranks 0 and 1 make a group; the last rank never calls new_group and ends its program."""
+    col.barrier()
+    if col.rank() == col.size() - 1:
+        return
+    _report("new_group", col.new_group, [0, 1])
+
+
+def group_comm() -> None:
+    """init(comm=) with each half of the world (split by mpi4py): the runtime's world is the half."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    half = world.Split(world.Get_rank() % 2, world.Get_rank())
+    col.init(comm=half)
+    x = _ints(100_000, world.Get_rank())
+    expected = np.empty_like(x)
+    half.Allreduce(x, expected)
+    ours = col.allreduce(x)
+    _say(f"rank {world.Get_rank()}: runtime rank {col.rank()} of {col.size()}, half rank {half.Get_rank()} of "
+         f"{half.Get_size()}, allreduce {'right' if np.array_equal(ours, expected) else 'WRONG'}")
+    try:
+        col.init(comm=world)
+    except col.CollectiveUsageError as e:
+        _say(f"rank {world.Get_rank()}: second init: {e}")
+    col.init(comm=half)   # the same ranks: nothing to change
+    if world.Get_rank() == 0:
+        try:
+            col.init(comm="world")
+        except col.CollectiveUsageError as e:
+            _say(f"rank 0: bad comm: {e}")
+
+
 if __name__ == "__main__":
     {"absent": absent, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught, "exits": exits,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
@@ -374,4 +429,5 @@ if __name__ == "__main__":
      "absent-at-setup": absent_at_setup, "unchecked": unchecked,
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
-     "timeline": timeline}[sys.argv[1]]()
+     "timeline": timeline, "group-absent": group_absent, "group-member-dies": group_member_dies,
+     "group-partial": group_partial, "group-comm": group_comm}[sys.argv[1]]()
