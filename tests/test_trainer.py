@@ -226,3 +226,42 @@ def test_overlapped_buckets_train_the_same_model_as_one_rank(tmp_path, overlap):
         assert {e["pid"] for e in trace} == set(range(n)) and "allreduce" in buckets, buckets
     for n in (2, 4):
         np.testing.assert_allclose(runs[n], runs[1], rtol=1e-5, atol=1e-6, err_msg=f"{n} ranks diverged from 1")
+
+
+TENSOR = ["--hidden", "32", "16", "--epochs", "2"]   # layers: column, row, whole
+
+
+def test_tensor_parallel_trains_the_same_model_as_one_rank(tmp_path):
+    reference, _ = final_params(train(1, tmp_path, "n1", *TENSOR)[0])
+    for n in (2, 4):
+        directory, log = train(n, tmp_path, f"n{n}-tp2", *TENSOR, "--tensor-parallel", "2",
+                               "--metrics", str(tmp_path / f"n{n}.jsonl"))
+        params, _ = final_params(directory)
+        np.testing.assert_allclose(params, reference, rtol=1e-5, atol=1e-9,
+                                   err_msg=f"--tensor-parallel 2 on {n} ranks diverged from 1 rank")
+        layout = f"{n // 2} x 2 (dp x tp)"
+        assert f"with {n} rank(s) as {layout}" in log and log.count(f"  {layout}\n") == 2, log
+        assert "parameters identical on every rank" in log, log
+        records = [json.loads(line) for line in (tmp_path / f"n{n}.jsonl").read_text().splitlines()]
+        assert [(r["layout"], r["dp"], r["tp"]) for r in records] == [(layout, n // 2, 2)] * 2
+
+
+@pytest.mark.parametrize("first, then", [("2", "1"), ("1", "2")])
+def test_a_checkpoint_resumes_at_another_tensor_parallel_split(tmp_path, first, then):
+    straight, _ = train(2, tmp_path, "straight", *TENSOR)
+    directory, _ = train(2, tmp_path, "switched", *TENSOR, "--epochs", "1", "--tensor-parallel", first)
+    _, log = train(2, tmp_path, "switched", *TENSOR, "--resume", "--tensor-parallel", then)
+    assert "resuming from" in log and f"as {2 // int(then)} x {then} (dp x tp)" in log, log
+    for resumed, expected in zip(final_params(directory), final_params(straight)):
+        np.testing.assert_allclose(resumed, expected, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("n, flags, message", [
+    (3, ["--tensor-parallel", "2"], "--tensor-parallel 2: 3 rank(s) do not split into groups of 2 (the number "
+                                    "of ranks must be a multiple of T)"),
+    (2, ["--tensor-parallel", "2", "--hidden", "33", "8"], "--tensor-parallel 2: the split layers' widths [33] "
+                                                          "(of --hidden) are not multiples of 2"),
+])
+def test_a_tensor_parallel_split_that_does_not_fit_is_a_usage_error(tmp_path, n, flags, message):
+    result = run_world(n, ["-m", "trainer", *flags], 60)
+    assert result.returncode == 2 and f"error: {message}" in result.stdout, result.stdout[-3000:]

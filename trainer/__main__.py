@@ -51,7 +51,8 @@ from collectives.cli import (FAULT, USAGE, ArgumentParser, finite_non_negative, 
 from ring import arrays  # noqa: E402
 from trainer import checkpoint, data  # noqa: E402
 from trainer.buckets import GradientBuckets  # noqa: E402
-from trainer.model import MLP  # noqa: E402
+from trainer.layout import Layout, make_layout  # noqa: E402
+from trainer.model import MLP, split_widths  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
 
 
@@ -93,6 +94,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "starts as soon as backward has produced it (the first bucket holds at most 1 MiB)")
     p.add_argument("--no-overlap", action="store_true",
                    help="one all-reduce of every gradient after backward, instead of buckets overlapped with it")
+    p.add_argument("--tensor-parallel", type=_positive_int, default=1, metavar="T",
+                   help="split each pair of layers across T consecutive ranks (Megatron-LM's tensor parallelism); "
+                        "the n/T replicas train data-parallel. n must be a multiple of T")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the model and data on each rank's GPU (cupy), gradients over NCCL")
     p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file; with --resume, "
@@ -224,8 +228,10 @@ def changed_settings(saved: dict, config: dict) -> list[str]:
 
 
 def resume(args, model: MLP, opt: SGD, config: dict) -> int:
-    """Load the newest valid checkpoint on rank 0 and broadcast it; returns the epoch to start at (0-based)."""
+    """Load the newest valid checkpoint on rank 0 and broadcast it; returns the epoch to start at (0-based).
+    A checkpoint holds the whole model, whatever --tensor-parallel wrote it: each rank takes its part."""
     status, problem = np.zeros(2, np.int64), ""   # [found a usable one, epochs already done]
+    full_params, full_velocity = (model.xp.empty(model.full_size(), model.flat_params.dtype) for _ in range(2))
     if col.rank() == 0:
         found = checkpoint.newest_valid(args.checkpoint_dir, report=lambda m: print(m, file=sys.stderr))
         if found is None:
@@ -235,28 +241,28 @@ def resume(args, model: MLP, opt: SGD, config: dict) -> int:
             saved_config = json.loads(str(saved["config"]))
             changed = changed_settings(saved_config, config)
             if saved_config["sizes"] != config["sizes"] or saved["params"].shape != \
-                    model.flat_params.shape or str(saved["params"].dtype) != args.dtype:
+                    (model.full_size(),) or str(saved["params"].dtype) != args.dtype:
                 problem = f"{USAGE}:--resume: {path.name} was written for another model: {saved['config']}"
             elif changed and not args.resume_changed:
                 problem = (f"{USAGE}:--resume: this run changes the checkpoint's settings ({', '.join(changed)}); "
                            "give the same flags, or add --resume-changed to continue with the new ones")
             else:
-                model.flat_params[...] = model.xp.asarray(saved["params"])
-                opt.velocity[...] = model.xp.asarray(saved["velocity"])
+                full_params[...] = model.xp.asarray(saved["params"])
+                full_velocity[...] = model.xp.asarray(saved["velocity"])
                 status[:] = (1, checkpoint.epochs_done(saved))
                 print(f"resuming from {path} (epoch {checkpoint.epochs_done(saved)} done)", flush=True)
     _agree_on(problem)
     col.broadcast(status, root=0)
-    col.broadcast(model.flat_params, root=0)
-    col.broadcast(opt.velocity, root=0)
+    model.load_full(col.broadcast(full_params, root=0))
+    model.load_full(col.broadcast(full_velocity, root=0), into=opt.velocity)
     return int(status[1])
 
 
-def accuracy(model: MLP, x: np.ndarray, y: np.ndarray) -> float:
-    """Each rank scores its share; the counts are summed exactly (int64)."""
-    mine = model.xp.asarray(np.array_split(np.arange(len(y)), col.size())[col.rank()])
+def accuracy(model: MLP, x: np.ndarray, y: np.ndarray, layout: Layout) -> float:
+    """Each replica scores its share; the counts are summed exactly (int64)."""
+    mine = model.xp.asarray(np.array_split(np.arange(len(y)), layout.dp_size)[layout.dp_rank])
     correct = np.array([int((model.logits(x[mine]).argmax(axis=1) == y[mine]).sum())], np.int64)
-    return float(col.allreduce(correct)[0]) / len(y)
+    return float(col.allreduce(correct, group=layout.dp)[0]) / len(y)
 
 
 def earlier_records(path: Path | None, epochs_done: int) -> list[dict]:
@@ -283,64 +289,85 @@ def train(args) -> tuple[list[dict], list[dict]]:
     xp = array_module(args.device)
     dataset = load_dataset(args, xp)
     config = config_of(args, dataset)
-    model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype), xp)
-    col.broadcast(model.flat_params, root=0)          # rank 0's initialisation is the model
+    check_split(args.tensor_parallel, config["sizes"])
+    layout = make_layout(args.tensor_parallel)
+    model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype), xp, layout.tp)
+    model.load_full(col.broadcast(model.to_full(model.flat_params), root=0))   # rank 0's initialisation is the model
     opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
     start = resume(args, model, opt, config) if args.resume else 0
     pids = col.allgather(np.array([os.getpid()], np.int64))
     say("ranks (pid): " + ", ".join(f"{r} ({pid})" for r, pid in enumerate(pids)) +
         "  (a launcher that reports a dead pid names its rank here)")
     say(f"training {config['sizes']} on {args.dataset} ({len(dataset.train_y)} train, {len(dataset.test_y)} test) "
-        f"with {col.size()} rank(s), global batch {args.batch_size}, {model.flat_params.size} parameters")
+        f"with {col.size()} rank(s) as {layout}, global batch {args.batch_size}, {model.full_size()} parameters")
     history, n_train, step = [], len(dataset.train_y), start * -(-len(dataset.train_y) // args.batch_size)
     earlier = earlier_records(args.metrics, start) if args.resume and col.rank() == 0 else []
     metrics = open(args.metrics, "a" if args.resume else "w") if args.metrics and col.rank() == 0 else None
-    buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6)
+    buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6, layout.dp)
     for epoch in range(start, args.epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
         loss_sum, comm_s, exposed_s, steps, began = 0.0, 0.0, 0.0, 0, time.perf_counter()
         for first in range(0, n_train, args.batch_size):
             batch = order[first: first + args.batch_size]
-            shard = xp.asarray(np.array_split(batch, col.size())[col.rank()])
+            shard = xp.asarray(np.array_split(batch, layout.dp_size)[layout.dp_rank])
             loss, in_flight, exposed = train_step(model, opt, buckets, dataset.train_x[shard],
-                                                  dataset.train_y[shard], 1.0 / len(batch))
+                                                  dataset.train_y[shard], 1.0 / len(batch), layout.dp)
             loss_sum, comm_s, exposed_s, steps, step = loss_sum + loss, comm_s + in_flight, exposed_s + exposed, \
                 steps + 1, step + 1
         elapsed = time.perf_counter() - began
         record = {"epoch": epoch + 1, "step": step,
-                  "loss": float(col.allreduce(np.array([loss_sum]))[0]) / n_train,
-                  "train_accuracy": accuracy(model, dataset.train_x, dataset.train_y),
-                  "test_accuracy": accuracy(model, dataset.test_x, dataset.test_y),
+                  "loss": float(col.allreduce(np.array([loss_sum]), group=layout.dp)[0]) / n_train,
+                  "train_accuracy": accuracy(model, dataset.train_x, dataset.train_y, layout),
+                  "test_accuracy": accuracy(model, dataset.test_x, dataset.test_y, layout),
                   "samples_per_sec": n_train / elapsed, "step_time": elapsed / steps,
-                  "comm_time": comm_s / steps, "exposed_comm_time": exposed_s / steps}
+                  "comm_time": comm_s / steps, "exposed_comm_time": exposed_s / steps,
+                  "layout": str(layout), "dp": layout.dp_size, "tp": layout.tp_size}
         history.append(record)
         say(f"epoch {epoch + 1:3d}/{args.epochs}  loss {record['loss']:.4f}  train {record['train_accuracy']:6.2%}  "
             f"test {record['test_accuracy']:6.2%}  {record['samples_per_sec']:9.0f} samples/s  "
             f"step {record['step_time'] * 1e3:6.2f} ms  comm {record['comm_time'] / record['step_time']:5.1%}  "
-            f"exposed {record['exposed_comm_time'] / record['step_time']:5.1%}")
+            f"exposed {record['exposed_comm_time'] / record['step_time']:5.1%}  {layout}")
         if metrics:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
         last = epoch + 1 == args.epochs
-        if args.checkpoint_dir and col.rank() == 0 and ((epoch + 1) % args.checkpoint_every == 0 or last):
-            host = {"params": model.flat_params, "velocity": opt.velocity}
-            if xp is not np:
-                host = {name: xp.asnumpy(a) for name, a in host.items()}
-            try:
-                checkpoint.save(args.checkpoint_dir, epoch + 1, step, host, config, args.keep)
-            except OSError as e:   # a full disk, say: the run stops with the last good checkpoint in place
-                raise UsageExit(f"--checkpoint-dir {args.checkpoint_dir}: cannot write the checkpoint of epoch "
-                                f"{epoch + 1}: {e.strerror or e}", FAULT) from e
+        if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or last):
+            save_checkpoint(args, model, opt, epoch, step, config)
     if metrics:
         metrics.close()
     check_replicas(model)
     return earlier, history
 
 
+def check_split(parts: int, sizes: list[int]) -> None:
+    """--tensor-parallel T fits this world and model (the same verdict on every rank)."""
+    if col.size() % parts:
+        raise UsageExit(f"--tensor-parallel {parts}: {col.size()} rank(s) do not split into groups of {parts} "
+                        "(the number of ranks must be a multiple of T)")
+    uneven = [width for width in split_widths(sizes, parts) if width % parts]
+    if uneven:
+        raise UsageExit(f"--tensor-parallel {parts}: the split layers' widths {uneven} (of --hidden) are not "
+                        f"multiples of {parts}; each rank must hold an equal part")
+
+
+def save_checkpoint(args, model: MLP, opt: SGD, epoch: int, step: int, config: dict) -> None:
+    """Every rank: the whole model is gathered (over the tensor-parallel group, if any); rank 0 writes it."""
+    host = {"params": model.to_full(model.flat_params), "velocity": model.to_full(opt.velocity)}
+    if col.rank() != 0:
+        return
+    host = {name: arrays.to_host(a) for name, a in host.items()}
+    try:
+        checkpoint.save(args.checkpoint_dir, epoch + 1, step, host, config, args.keep)
+    except OSError as e:   # a full disk, say: the run stops with the last good checkpoint in place
+        raise UsageExit(f"--checkpoint-dir {args.checkpoint_dir}: cannot write the checkpoint of epoch "
+                        f"{epoch + 1}: {e.strerror or e}", FAULT) from e
+
+
 def check_replicas(model: MLP) -> None:
     """Every rank must end with the very same parameters (the all-reduce gives every rank the same
-    bits): compare a digest of each rank's, and stop with an error naming the ranks that differ."""
-    digest = hashlib.blake2b(arrays.to_host(model.flat_params).tobytes(), digest_size=8).digest()
+    bits): compare a digest of each rank's (of the whole model, gathered over the tensor-parallel
+    group), and stop with an error naming the ranks that differ."""
+    digest = hashlib.blake2b(arrays.to_host(model.to_full(model.flat_params)).tobytes(), digest_size=8).digest()
     every = col.allgather(np.frombuffer(digest, np.uint8)[None, :])
     differing = [r for r in range(len(every)) if not np.array_equal(every[r], every[0])]
     if differing:
@@ -348,8 +375,9 @@ def check_replicas(model: MLP) -> None:
     say(f"parameters identical on every rank (blake2b {digest.hex()})")
 
 
-def train_step(model: MLP, opt: SGD, buckets: GradientBuckets | None, x, y, scale: float) -> tuple[float, float, float]:
-    """One step: gradients, averaged across ranks, then the update. Returns the loss sum of this
+def train_step(model: MLP, opt: SGD, buckets: GradientBuckets | None, x, y, scale: float,
+               dp: col.Group | None = None) -> tuple[float, float, float]:
+    """One step: gradients, averaged across the replicas (the ranks of ``dp``; None: the world), then the update. Returns the loss sum of this
     rank's shard, the seconds gradients were being all-reduced, and the seconds the step waited
     for that (exposed). With ``buckets``, each bucket's all-reduce runs while backward goes on;
     without, one all-reduce of the whole flat buffer follows backward (nothing hidden)."""
@@ -361,7 +389,7 @@ def train_step(model: MLP, opt: SGD, buckets: GradientBuckets | None, x, y, scal
         loss = model.loss_and_grads(x, y, scale)
         arrays.synchronize(model.flat_grads)   # (on a GPU: so that the time below is the all-reduce's own)
         began = time.perf_counter()
-        col.allreduce(model.flat_grads, op="sum", out=model.flat_grads)
+        col.allreduce(model.flat_grads, op="sum", out=model.flat_grads, group=dp)
         arrays.synchronize(model.flat_grads)
         in_flight = exposed = time.perf_counter() - began
     with col.timeline.span("optimizer step"):

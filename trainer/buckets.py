@@ -34,8 +34,9 @@ class GradientBuckets:
     [(1, 1001000, 1313340), (0, 0, 1001000)]
     """
 
-    def __init__(self, model, cap_bytes: float):
+    def __init__(self, model, cap_bytes: float, group: col.Group | None = None):
         self.flat = model.flat_grads
+        self.group = group   # the ranks that average these gradients (None: the world)
         itemsize = self.flat.dtype.itemsize
         self.plan: list[tuple[int, int, int]] = []   # (layer that completes it, start, stop), in launch order
         cap, stop = min(FIRST_BUCKET_BYTES, cap_bytes), None
@@ -54,7 +55,8 @@ class GradientBuckets:
         reduces it in the calling thread, which saves the hand-over to the progress thread."""
         k = self._launch_at.get(layer)
         if k is not None and k < len(self.plan) - 1:
-            self.works.append(col.allreduce(self._span(k), out=self._span(k), async_op=True, name=f"bucket {k}"))
+            self.works.append(col.allreduce(self._span(k), out=self._span(k), async_op=True, name=f"bucket {k}",
+                                            group=self.group))
 
     def _span(self, k: int):
         _, start, stop = self.plan[k]
@@ -65,7 +67,7 @@ class GradientBuckets:
         were in flight, seconds spent here: the communication backward did not hide)."""
         waiting = perf_counter()
         last = len(self.plan) - 1
-        col.allreduce(self._span(last), out=self._span(last), name=f"bucket {last}")   # after the others
+        col.allreduce(self._span(last), out=self._span(last), name=f"bucket {last}", group=self.group)   # after the others
         done = perf_counter()
         for work in self.works:
             work.wait()
