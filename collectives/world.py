@@ -1,5 +1,9 @@
 """The process's one world: MPI started lazily, a private communicator, the settings, the exit path.
 
+The world is the group of every rank (``collectives.group.Group``); what the process's
+groups share (these settings, the progress engine, whether the runtime has stopped) is its
+:class:`Runtime`.
+
 Settings (keyword arguments of :func:`init`, or environment variables). Those that
 change what moves between ranks (all but the timeout) are compared across ranks
 when the runtime is set up: if they differ, or a rank cannot read its own, every
@@ -25,11 +29,19 @@ rank raises the same CollectiveUsageError naming the setting and each rank's val
     ``ring.transport.device``). The transport is made by ``use_local_gpu()`` (GPU
     ``local_rank() % visible GPUs``), or else by the first collective on a cupy
     array, for the GPU that array is on: one GPU per rank.
+``COLLECTIVES_ALGORITHM`` / ``algorithm``
+    All-reduce over ranks on several hosts: "auto" (default) takes two levels (see
+    ``ring.algorithms.allreduce_two_level``) where a group's ranks span more than one host
+    with the same number, more than one, on each, and the flat ring elsewhere; "ring"
+    never; "hierarchical" insists (refused at setup where the world's layout does not allow it).
+``COLLECTIVES_HOSTS`` / ``hosts``
+    Treat the ranks as this many hosts, consecutive blocks of ranks (0, default: the real
+    hosts), to run the two-level all-reduce on one machine. Like the algorithm, fixed at setup.
 
 Leaving: when a process ends (its program returns, calls ``sys.exit``, raises, is
 interrupted by Ctrl-C, or calls ``MPI.Finalize()``), it tells every other rank how
-many collectives it completed and why it left, so that a rank waiting for it in a
-later call raises CollectiveError within a second instead of waiting for the timeout.
+many collectives it completed (on each of its groups) and why it left, so that a rank waiting
+for it in a later call raises CollectiveError within a second instead of waiting for the timeout.
 """
 from __future__ import annotations
 
