@@ -14,15 +14,21 @@ REFERENCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.ma
 def simulate(n, body):
     """Run ``body(transport)`` on n threads (one per rank); return each rank's result, re-raise any error."""
     world = InProcessWorld(n, timeout=20)
-    results, errors = [None] * n, []
+    return run_ranks([lambda rank=rank: body(world.transport(rank)) for rank in range(n)])
+
+
+def run_ranks(bodies):
+    """Run each of ``bodies`` on its own thread (one per simulated rank); return their results in
+    order, re-raise any error, and fail if one hangs."""
+    results, errors = [None] * len(bodies), []
 
     def rank_main(rank):
         try:
-            results[rank] = body(world.transport(rank))
+            results[rank] = bodies[rank]()
         except BaseException as e:   # noqa: BLE001 - handed to the test thread
             errors.append(e)
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n)]
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(len(bodies))]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,13 +1,11 @@
 """The hierarchical (two-level) all-reduce: simulated hosts as threads (tier 1), then real worlds
 with declared hosts (COLLECTIVES_HOSTS) against the flat ring and MPI, and its settings' errors."""
-import threading
-
 import numpy as np
 import pytest
 
 from ring import algorithms
 from ring.transport.inprocess import InProcessWorld
-from tests.test_simulated_ring import reference
+from tests.test_simulated_ring import reference, run_ranks
 from tests.worlds import run_world
 
 
@@ -16,25 +14,8 @@ def simulate_hosts(hosts: int, per_host: int, body):
     of its ranks, and one world across hosts per place on a host. Returns each rank's result."""
     local_worlds = [InProcessWorld(per_host, timeout=20) for _ in range(hosts)]
     across_worlds = [InProcessWorld(hosts, timeout=20) for _ in range(per_host)]
-    n = hosts * per_host
-    results, errors = [None] * n, []
-
-    def rank_main(host, place):
-        try:
-            results[host * per_host + place] = body(local_worlds[host].transport(place),
-                                                    across_worlds[place].transport(host), host * per_host + place)
-        except BaseException as e:   # noqa: BLE001 - handed to the test thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=rank_main, args=(h, p)) for h in range(hosts) for p in range(per_host)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a simulated rank hung"
-    if errors:
-        raise errors[0]
-    return results
+    return run_ranks([lambda h=h, p=p: body(local_worlds[h].transport(p), across_worlds[p].transport(h), h * per_host + p)
+                      for h in range(hosts) for p in range(per_host)])
 
 
 @pytest.mark.parametrize("hosts, per_host", [(2, 2), (2, 3), (3, 2), (4, 2), (2, 4)])
