@@ -5,8 +5,11 @@
 >>> col.allreduce(grads, op="avg", out=grads)       # doctest: +SKIP
 >>> work = col.allreduce(grads, out=grads, async_op=True)   # doctest: +SKIP
 >>> work.wait()                                     # doctest: +SKIP
+>>> rows = col.split(col.rank() // 2)               # groups: collectives on subsets  # doctest: +SKIP
+>>> rows.allreduce(grads)                           # doctest: +SKIP
 
-See ``collectives.api`` for each call and ``collectives.world`` for the settings.
+See ``collectives.api`` for each call, ``collectives.group`` for groups and ``collectives.world``
+for the settings.
 """
 from collectives import timeline
 from collectives.api import (allgather, allreduce, allreduce_many, barrier, broadcast, new_group, reduce_scatter,

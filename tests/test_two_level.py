@@ -51,7 +51,7 @@ def test_two_levels_in_place_float16_avg_stays_in_range():
 def _run(n: int, path, **env):
     result = run_world(n, ["-m", "tests.programs.two_level", str(path)], 120, env=env)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert result.stdout.count("close to MPI, identical on every rank") == 4 * n, result.stdout[-3000:]
+    assert result.stdout.count("close to MPI, identical on every rank") == 5 * n, result.stdout[-3000:]
     return result.stdout
 
 
@@ -60,6 +60,7 @@ def test_declared_hosts_take_two_levels_and_agree_with_the_flat_ring(n, hosts, t
     two = _run(n, tmp_path / "two.npz", COLLECTIVES_HOSTS=str(hosts))
     flat = _run(n, tmp_path / "flat.npz", COLLECTIVES_HOSTS=str(hosts), COLLECTIVES_ALGORITHM="ring")
     assert f"rank 0: two levels: {n // hosts} ranks per host, {hosts} hosts" in two, two
+    assert two.count("reversed group: close to MPI, identical on every rank, two levels") == n, two
     assert "rank 0: the flat ring" in flat, flat
     ours, ring = np.load(tmp_path / "two.npz"), np.load(tmp_path / "flat.npz")
     for name in ("int64_sum", "float32_max"):   # exact whatever the order

@@ -37,6 +37,15 @@ def main(path: str) -> None:
         _say(f"rank {rank}: {name}: {'close to MPI' if close else 'FAR FROM MPI'}, "
              f"{'identical on every rank' if identical else 'DIFFERS BETWEEN RANKS'}")
         results[name] = ours
+    group = col.new_group(list(reversed(range(n))))   # every rank, in reverse: the hosts' blocks reversed too
+    x = cases["float64_avg"][0]
+    expected = np.empty_like(x)
+    MPI.COMM_WORLD.Allreduce(x, expected)
+    ours = group.allreduce(x)
+    identical = len(set(MPI.COMM_WORLD.allgather(hashlib.blake2b(ours.tobytes()).hexdigest()))) == 1
+    _say(f"rank {rank}: reversed group: {'close to MPI' if np.allclose(ours, expected) else 'FAR FROM MPI'}, "
+         f"{'identical on every rank' if identical else 'DIFFERS BETWEEN RANKS'}, "
+         f"{'two levels' if group.levels is not None else 'the flat ring'}")
     levels = world().levels
     if rank == 0:
         _say("rank 0: " + ("the flat ring" if levels is None else
