@@ -193,11 +193,12 @@ def members(collective: str, argument: str, value: Any, allowed: tuple[int, ...]
     ranks = [int(r) for r in ranks]
     if not ranks:
         fail(collective, argument, "is empty; a group needs at least one rank")
-    outside = [r for r in ranks if r not in set(allowed)]
+    members_of_parent = set(allowed)
+    outside = [r for r in ranks if r not in members_of_parent]
     if outside:
-        within = "the world" if allowed == tuple(range(len(allowed))) else f"the parent group {list(allowed)}"
-        fail(collective, argument, f"rank(s) {outside} are not in {within} (ranks 0..{len(allowed) - 1})"
-             if within == "the world" else f"rank(s) {outside} are not in {within}")
+        within = (f"the world (ranks 0..{len(allowed) - 1})" if allowed == tuple(range(len(allowed)))
+                  else f"the parent group {list(allowed)}")
+        fail(collective, argument, f"rank(s) {outside} are not in {within}")
     if len(set(ranks)) < len(ranks):
         twice = sorted({r for r in ranks if ranks.count(r) > 1})
         fail(collective, argument, f"rank(s) {twice} appear more than once")
