@@ -235,8 +235,9 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
     if _world is None:
         _start(given, comm=_communicator(comm))
         return
-    fixed = [name for name in SETUP_SETTINGS if given[name] is not None and given[name] != getattr(_world.runtime, name)]
-    if comm is not None and _communicator(comm).Compare(_world.transport.comm) not in (_mpi().IDENT, _mpi().CONGRUENT):
+    runtime = _world.runtime
+    fixed = [name for name in SETUP_SETTINGS if given[name] not in (None, getattr(runtime, name))]
+    if comm is not None and not _same_ranks(_communicator(comm), _world.transport.comm):
         fixed.append("comm")
     if fixed:
         raise CollectiveUsageError(f"init: {', '.join(fixed)}: fixed when the runtime was set up (by the first "
@@ -258,6 +259,12 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
         setattr(runtime, name, value)
     if "timeline" in settings:
         timelines.start(runtime.timeline, _world.rank())
+
+
+def _same_ranks(comm, ours) -> bool:
+    """Whether ``comm`` has the runtime's ranks in the runtime's order (``ours`` is its duplicate)."""
+    MPI = _mpi()
+    return MPI.Comm.Compare(comm, ours) in (MPI.IDENT, MPI.CONGRUENT)
 
 
 def _communicator(comm):

@@ -14,7 +14,8 @@ def simulate_hosts(hosts: int, per_host: int, body):
     of its ranks, and one world across hosts per place on a host. Returns each rank's result."""
     local_worlds = [InProcessWorld(per_host, timeout=20) for _ in range(hosts)]
     across_worlds = [InProcessWorld(hosts, timeout=20) for _ in range(per_host)]
-    return run_ranks([lambda h=h, p=p: body(local_worlds[h].transport(p), across_worlds[p].transport(h), h * per_host + p)
+    return run_ranks([lambda h=h, p=p: body(local_worlds[h].transport(p), across_worlds[p].transport(h),
+                                            h * per_host + p)
                       for h in range(hosts) for p in range(per_host)])
 
 

@@ -377,9 +377,9 @@ def check_replicas(model: MLP) -> None:
 
 def train_step(model: MLP, opt: SGD, buckets: GradientBuckets | None, x, y, scale: float,
                dp: col.Group | None = None) -> tuple[float, float, float]:
-    """One step: gradients, averaged across the replicas (the ranks of ``dp``; None: the world), then the update. Returns the loss sum of this
-    rank's shard, the seconds gradients were being all-reduced, and the seconds the step waited
-    for that (exposed). With ``buckets``, each bucket's all-reduce runs while backward goes on;
+    """One step: gradients, averaged across the replicas (the ranks of ``dp``; None: the world), then
+    the update. Returns the loss sum of this rank's shard, the seconds gradients were being
+    all-reduced, and the seconds the step waited for that (exposed). With ``buckets``, each bucket's all-reduce runs while backward goes on;
     without, one all-reduce of the whole flat buffer follows backward (nothing hidden)."""
     if buckets is not None:
         loss = model.loss_and_grads(x, y, scale, layer_done=buckets.layer_done)

@@ -67,7 +67,8 @@ class GradientBuckets:
         were in flight, seconds spent here: the communication backward did not hide)."""
         waiting = perf_counter()
         last = len(self.plan) - 1
-        col.allreduce(self._span(last), out=self._span(last), name=f"bucket {last}", group=self.group)   # after the others
+        last_span = self._span(last)   # reduced after the others: the engine runs calls in issue order
+        col.allreduce(last_span, out=last_span, name=f"bucket {last}", group=self.group)
         done = perf_counter()
         for work in self.works:
             work.wait()

@@ -321,7 +321,8 @@ class MPITransport:
                            f"rank {name} ended its program after {completed} collective(s)")
         for peer, pid in self._local_pids.items():
             if peer not in self.departed and _process_state(pid) is not None:
-                raise PeerLost(self.names[peer], f"rank {self.names[peer]} is gone: its process (pid {pid} on this host) ended "
+                name = self.names[peer]
+                raise PeerLost(name, f"rank {name} is gone: its process (pid {pid} on this host) ended "
                                      "without leaving the runtime (killed, or crashed outside Python's control)")
 
     def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int]) -> None:
