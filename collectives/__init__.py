@@ -16,10 +16,12 @@ from collectives.api import (allgather, allreduce, allreduce_many, barrier, broa
                              split, use_local_gpu)
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group, NonMember
+from collectives.p2p import Request, irecv, isend, recv, send, wait_all
 from collectives.progress import Work
 from collectives.world import init, local_rank, local_size, rank, size
 
 __all__ = ["init", "rank", "size", "local_rank", "local_size", "use_local_gpu", "allreduce", "allreduce_many",
            "reduce_scatter", "allgather", "broadcast", "barrier", "new_group", "split", "Group", "NonMember",
+           "send", "recv", "isend", "irecv", "wait_all", "Request",
            "Work", "timeline",
            "CollectiveError", "CollectiveUsageError"]

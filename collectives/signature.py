@@ -25,7 +25,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from ring.doubling import SIGNATURE_BYTES
 
 #: The fields, in the order they are packed: (name in messages, argument it belongs to).
 FIELDS = (

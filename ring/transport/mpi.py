@@ -30,6 +30,8 @@ from ring.transport.base import PeerLost, TransportError, TransportTimeout
 
 _TAG = 7
 _CONTROL_TAG = 8
+_P2P_TAG = 64   # point-to-point messages use tags from here up: never the ring's nor the control channel's
+MAX_P2P_TAG = 30000   # (MPI promises tags up to 32767)
 CHECK_INTERVAL = 0.5       # seconds between looks at the control channel and the local peers' processes
 _SPIN_SECONDS = 50e-6      # poll flat out this long (latency), then yield the core between polls
 _YIELD_SECONDS = 20e-3     # then yield between polls until the wait is this old, then nap
@@ -92,6 +94,7 @@ class MPITransport:
         self._control_status = MPI.Status()
         self._control_out: list = []   # control messages sent and not yet known complete, with their buffers
         self._heard: dict[int, int] = {}   # roll call: rank -> the call it said it is in
+        self.expecting: set[int] | None = _COLLECTIVE   # whose departure ends a wait (see check_peers)
 
     def send_to_right(self, buf: Any) -> tuple[MPI.Request, int]:
         try:
@@ -308,12 +311,15 @@ class MPITransport:
 
     def check_peers(self) -> None:
         """Raise PeerLost if a rank this call needs is gone: it left before completing this call,
-        or its process on this host ended without a word (and likewise for ``watch``)."""
+        or its process on this host ended without a word (and likewise for ``watch``). During a
+        point-to-point wait (``expecting`` a set of ranks, or None for any rank), a departure of
+        a rank it expects ends it, whatever that rank had completed."""
         if self.watch is not None:
             self.watch.check_peers()
         self._read_control()
+        expecting = self.expecting
         gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
-                if completed < self.seq]
+                if (completed < self.seq if expecting is _COLLECTIVE else expecting is None or peer in expecting)]
         if gone:
             _, completed, peer, why = min(gone)
             name = self.names[peer]
@@ -325,15 +331,44 @@ class MPITransport:
                 raise PeerLost(name, f"rank {name} is gone: its process (pid {pid} on this host) ended "
                                      "without leaving the runtime (killed, or crashed outside Python's control)")
 
-    def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int]) -> None:
-        """Poll until ``requests`` are done; the first peer still pending is the one named on timeout."""
+    def post(self, buf: Any, peer: int | None, tag: int, receive: bool) -> MPI.Request:
+        """Post a point-to-point send of ``buf`` to ``peer``, or a receive into it from ``peer``
+        (None: any rank), with ``tag`` (0..MAX_P2P_TAG); wait for it with :meth:`wait_posted`."""
+        try:
+            if receive:
+                request = self.comm.Irecv([buf, MPI.BYTE], MPI.ANY_SOURCE if peer is None else peer, _P2P_TAG + tag)
+            else:
+                request = self.comm.Isend([buf, MPI.BYTE], peer, _P2P_TAG + tag)
+        except MPI.Exception as e:
+            raise TransportError(f"{'receive from' if receive else 'send to'} rank "
+                                 f"{'any' if peer is None else self.names[peer]} failed: {_error_text(e)}") from e
+        self._inflight.append(((request, peer), buf, receive))
+        return request
+
+    def wait_posted(self, requests: list[MPI.Request], peers: list[int | None]) -> list[int]:
+        """Wait for posted point-to-point ``requests`` (to or from ``peers``; None: any rank) until the
+        deadline; a departure of a rank they expect ends the wait (PeerLost). Returns each one's
+        source (for sends: the destination)."""
+        statuses = [MPI.Status() for _ in requests]
+        self.expecting = None if None in peers else set(peers)
+        try:
+            self._wait_all(requests, [p if p is not None else -1 for p in peers], statuses)
+        finally:
+            self.expecting = _COLLECTIVE
+        posted = set(map(id, requests))
+        self._inflight = [entry for entry in self._inflight if id(entry[0][0]) not in posted]
+        return [status.Get_source() if peer is None else peer for status, peer in zip(statuses, peers)]
+
+    def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int], statuses: list | None = None) -> None:
+        """Poll until ``requests`` are done; the first peer still pending is the one named on timeout
+        (-1: any rank)."""
         try:
             for _ in range(self._quick_polls):   # a few microseconds, without the clock: the latency path
-                if _testall(requests):
+                if _testall(requests, statuses):
                     return
             started = time.monotonic()
             next_check = started + CHECK_INTERVAL
-            while not _testall(requests):
+            while not _testall(requests, statuses):
                 now = time.monotonic()
                 _pause(now - started, self._spin_seconds, self.background)
                 if now >= next_check:
@@ -341,7 +376,10 @@ class MPITransport:
                     next_check = now + CHECK_INTERVAL
                 if now >= self.deadline:
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
-                    raise TransportTimeout(self.names[(pending or peers)[0]], now - started)
+                    peer = (pending or peers)[0]
+                    if peer < 0:
+                        raise TransportTimeout(-1, now - started, "a message from any rank")
+                    raise TransportTimeout(self.names[peer], now - started)
         except MPI.Exception as e:
             raise TransportError(self._failure_text(e, requests, peers)) from e
 
@@ -404,6 +442,7 @@ def _pause(waited: float, spin_seconds: float, background: bool = False) -> None
         time.sleep(min(waited * _NAP_SHARE, _MAX_NAP))
 
 
+_COLLECTIVE = object()   # (MPITransport.expecting: a collective is waiting, not a point-to-point call)
 _unfinished_setups: list = []   # requests of a setup that timed out, kept with their buffers for good
 
 

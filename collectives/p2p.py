@@ -1,0 +1,134 @@
+"""Point-to-point messages between two ranks of a group: ``send``/``recv`` and their nonblocking forms.
+
+For programs whose ranks do not all do the same thing (a parameter server and its workers):
+host arrays move as raw bytes (no pickling) on the runtime's own communicator, under the
+runtime's rules. Every wait is bounded by ``timeout=`` (default COLLECTIVES_TIMEOUT) and ends
+early, with CollectiveError naming the rank, when a rank it expects has left (its farewell)
+or died on this host; either stops the runtime, as a failed collective does. A receive
+from ``source=None`` expects any rank of the group, so any departure ends it.
+
+Calls run in the progress engine's turn, like collectives (one at a time per process), so
+a blocking ``recv`` holds back this process's other calls until it returns.
+
+>>> if col.rank() == 0:                                         # doctest: +SKIP
+...     col.send(np.arange(4.0), dest=1, tag=5)
+... elif col.rank() == 1:
+...     x = np.empty(4); col.recv(x, source=0, tag=5)
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from collectives import validate
+from collectives import world as _worlds
+from collectives.call import _member_group
+from collectives.errors import CollectiveError, CollectiveUsageError
+from collectives.group import Group
+from ring.transport.base import TransportError
+from ring.transport.mpi import MAX_P2P_TAG
+
+
+class Request:
+    """A posted ``isend``/``irecv``; ``wait()`` returns the rank it came from (a receive) or went to."""
+
+    __slots__ = ("_group", "_request", "_peer", "_what", "_done", "_source")
+
+    def __init__(self, group: Group, request, peer: int | None, what: str):
+        self._group, self._request, self._peer, self._what = group, request, peer, what
+        self._done, self._source = False, -1
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until done (at most ``timeout`` seconds); return the peer's rank in the group."""
+        return wait_all([self], timeout)[0]
+
+
+def send(x: np.ndarray, dest: int, tag: int = 0, *, group: Group | None = None, timeout: float | None = None) -> None:
+    """Send host array ``x`` to rank ``dest`` of the group; returns once ``x`` may be reused."""
+    isend(x, dest, tag, group=group).wait(timeout)
+
+
+def recv(x: np.ndarray, source: int | None = None, tag: int = 0, *, group: Group | None = None,
+         timeout: float | None = None) -> int:
+    """Receive into host array ``x`` (exactly its size) from rank ``source`` (None: any rank) with
+    ``tag``; return the rank it came from."""
+    return irecv(x, source, tag, group=group).wait(timeout)
+
+
+def isend(x: np.ndarray, dest: int, tag: int = 0, *, group: Group | None = None) -> Request:
+    """Start sending ``x`` to rank ``dest``; do not touch ``x`` until the request is waited for."""
+    return _post("isend", x, dest, tag, group, receive=False)
+
+
+def irecv(x: np.ndarray, source: int | None = None, tag: int = 0, *, group: Group | None = None) -> Request:
+    """Start receiving into ``x`` from rank ``source`` (None: any rank)."""
+    return _post("irecv", x, source, tag, group, receive=True)
+
+
+def wait_all(requests: list[Request], timeout: float | None = None) -> list[int]:
+    """Wait for every request (of one group) within ``timeout`` seconds; return their peers' ranks."""
+    pending = [r for r in requests if not r._done]
+    if pending:
+        g = pending[0]._group
+        if any(r._group is not g for r in pending):
+            raise CollectiveUsageError("wait_all: requests: all must belong to one group")
+        validate.timeout("wait_all", timeout)
+        sources = _in_turn(g, "wait", lambda: _wait(g, pending, timeout))
+        for r, source in zip(pending, sources):
+            r._done, r._source = True, source
+    return [r._source for r in requests]
+
+
+def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive: bool) -> Request:
+    w = _worlds._world or _worlds.world()
+    g = _member_group(what, group) if group is not None else w
+    if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
+        validate.fail(what, "x", "expected a contiguous numpy.ndarray (point-to-point moves host arrays)")
+    if receive:
+        validate.writable(what, "x", x)
+    if peer is not None or not receive:
+        argument = "source" if receive else "dest"
+        validate.integer(what, argument, peer)
+        if not 0 <= peer < g.size():
+            validate.fail(what, argument, f"rank {peer} is out of range for {g.label or 'the world'} "
+                                          f"(0..{g.size() - 1})")
+    validate.integer(what, "tag", tag)
+    if not 0 <= tag <= MAX_P2P_TAG:
+        validate.fail(what, "tag", f"expected 0..{MAX_P2P_TAG}, got {tag}")
+    request = _in_turn(g, what, lambda: g.transport.post(x, peer, int(tag), receive))
+    return Request(g, request, peer, f"{what} {'from' if receive else 'to'} "
+                                     f"{'any rank' if peer is None else f'rank {g.ranks[peer]}'} (tag {tag})")
+
+
+def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
+    transport = g.transport
+    transport.deadline = time.monotonic() + (g.runtime.timeout if timeout is None else timeout)
+    try:
+        return transport.wait_posted([r._request for r in pending], [r._peer for r in pending])
+    except TransportError as e:
+        g.abandon()
+        what = ", ".join(r._what for r in pending[:3]) + (", ..." if len(pending) > 3 else "")
+        g.runtime.failure = f"{what} on {g.where()}: {e}"
+        g.runtime.failed_by_peer = True
+        raise CollectiveError(g.runtime.failure) from e
+
+
+def _in_turn(g: Group, what: str, job):
+    """Run ``job`` in the engine's turn, as collectives run; refused once the runtime has stopped."""
+    runtime = g.runtime
+    if runtime.failure is not None:
+        raise CollectiveError(f"{what}: the runtime stopped after an earlier failure ({runtime.failure}); "
+                              "the ranks are no longer in step, so end the job and restart it")
+
+    def guarded():
+        try:
+            return job()
+        except (CollectiveError, CollectiveUsageError):
+            raise
+        except BaseException as e:   # Ctrl-C while waiting: nothing posted may land later
+            g.abandon()
+            runtime.failure = runtime.failure or f"{what} on {g.where()} was interrupted by {type(e).__name__}"
+            raise
+    return runtime.engine.run_now(guarded)
