@@ -51,9 +51,11 @@ from collectives.cli import (FAULT, USAGE, ArgumentParser, finite_non_negative, 
 from ring import arrays  # noqa: E402
 from trainer import checkpoint, data  # noqa: E402
 from trainer.buckets import GradientBuckets  # noqa: E402
-from trainer.layout import Layout, make_layout  # noqa: E402
+from trainer.common import UsageExit, accuracy, epoch_line, save_checkpoint, say  # noqa: E402
+from trainer.layout import make_layout  # noqa: E402
 from trainer.model import MLP, split_widths  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
+from trainer.strategies import ps  # noqa: E402
 
 
 def _at_least(least: int):
@@ -97,6 +99,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tensor-parallel", type=_positive_int, default=1, metavar="T",
                    help="split each pair of layers across T consecutive ranks (Megatron-LM's tensor parallelism); "
                         "the n/T replicas train data-parallel. n must be a multiple of T")
+    p.add_argument("--strategy", choices=["allreduce", "ps"], default="allreduce",
+                   help="allreduce: synchronous data parallelism; ps: parameter servers (see trainer/strategies/ps.py)")
+    p.add_argument("--servers", type=_positive_int, default=argparse.SUPPRESS,
+                   help="--strategy ps: how many of the ranks (the last ones) are servers (default: 1)")
+    p.add_argument("--max-staleness", type=_at_least(0), default=argparse.SUPPRESS, metavar="K",
+                   help="--strategy ps: a worker's pull waits until every worker has pushed its step - K "
+                        "gradients; 0: synchronous (default: unbounded, fully asynchronous)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the model and data on each rank's GPU (cupy), gradients over NCCL")
     p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file; with --resume, "
@@ -115,6 +124,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--resume needs --checkpoint-dir")
     if args.resume_changed and not args.resume:
         p.error("--resume-changed goes with --resume")
+    given = [flag for flag in ("--servers", "--max-staleness") if hasattr(args, flag[2:].replace("-", "_"))]
+    if given and args.strategy != "ps":
+        p.error(f"{', '.join(given)}: only for --strategy ps")
+    args.servers = getattr(args, "servers", 1)
+    args.max_staleness = getattr(args, "max_staleness", None)
+    if args.strategy == "ps" and args.device != "cpu":
+        p.error("--strategy ps: runs on the CPU (--device cpu)")
     given = [f"--{name}" for name in SYNTHETIC_DEFAULTS if hasattr(args, name)]
     if given and args.dataset != "synthetic":
         p.error(f"{', '.join(given)}: only for --dataset synthetic (the digits have their own size)")
@@ -131,19 +147,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         except ImportError:
             p.error("--plot needs matplotlib: pip install -e '.[plot]'")
     return args
-
-
-def say(*parts) -> None:
-    if col.rank() == 0:
-        print(*parts, flush=True)
-
-
-class UsageExit(Exception):
-    """A problem every rank agrees on: print it on rank 0 and exit with ``status`` everywhere."""
-
-    def __init__(self, message: str, status: int = USAGE):
-        super().__init__(message)
-        self.status = status
 
 
 def _agree_on(problem: str) -> None:
@@ -258,13 +261,6 @@ def resume(args, model: MLP, opt: SGD, config: dict) -> int:
     return int(status[1])
 
 
-def accuracy(model: MLP, x: np.ndarray, y: np.ndarray, layout: Layout) -> float:
-    """Each replica scores its share; the counts are summed exactly (int64)."""
-    mine = model.xp.asarray(np.array_split(np.arange(len(y)), layout.dp_size)[layout.dp_rank])
-    correct = np.array([int((model.logits(x[mine]).argmax(axis=1) == y[mine]).sum())], np.int64)
-    return float(col.allreduce(correct, group=layout.dp)[0]) / len(y)
-
-
 def earlier_records(path: Path | None, epochs_done: int) -> list[dict]:
     """The metrics records of the epochs a resumed run keeps (1..epochs_done), from ``path``; the
     file is cut back to them, so that it stays the record of one run whatever crashed when."""
@@ -289,20 +285,28 @@ def train(args) -> tuple[list[dict], list[dict]]:
     xp = array_module(args.device)
     dataset = load_dataset(args, xp)
     config = config_of(args, dataset)
+    if args.strategy == "ps":
+        ps.check_flags(args, col.size())
     check_split(args.tensor_parallel, config["sizes"])
     layout = make_layout(args.tensor_parallel)
     model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype), xp, layout.tp)
     model.load_full(col.broadcast(model.to_full(model.flat_params), root=0))   # rank 0's initialisation is the model
     opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
     start = resume(args, model, opt, config) if args.resume else 0
+    arrangement = ps.Roles(col.size(), args.servers, 1).describe() if args.strategy == "ps" else str(layout)
     pids = col.allgather(np.array([os.getpid()], np.int64))
     say("ranks (pid): " + ", ".join(f"{r} ({pid})" for r, pid in enumerate(pids)) +
         "  (a launcher that reports a dead pid names its rank here)")
     say(f"training {config['sizes']} on {args.dataset} ({len(dataset.train_y)} train, {len(dataset.test_y)} test) "
-        f"with {col.size()} rank(s) as {layout}, global batch {args.batch_size}, {model.full_size()} parameters")
+        f"with {col.size()} rank(s) as {arrangement}, global batch {args.batch_size}, {model.full_size()} parameters")
     history, n_train, step = [], len(dataset.train_y), start * -(-len(dataset.train_y) // args.batch_size)
     earlier = earlier_records(args.metrics, start) if args.resume and col.rank() == 0 else []
     metrics = open(args.metrics, "a" if args.resume else "w") if args.metrics and col.rank() == 0 else None
+    if args.strategy == "ps":
+        history = ps.train(args, dataset, config, model, opt, start, step, metrics)
+        if metrics:
+            metrics.close()
+        return earlier, history
     buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6, layout.dp)
     for epoch in range(start, args.epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
@@ -323,10 +327,7 @@ def train(args) -> tuple[list[dict], list[dict]]:
                   "comm_time": comm_s / steps, "exposed_comm_time": exposed_s / steps,
                   "layout": str(layout), "dp": layout.dp_size, "tp": layout.tp_size}
         history.append(record)
-        say(f"epoch {epoch + 1:3d}/{args.epochs}  loss {record['loss']:.4f}  train {record['train_accuracy']:6.2%}  "
-            f"test {record['test_accuracy']:6.2%}  {record['samples_per_sec']:9.0f} samples/s  "
-            f"step {record['step_time'] * 1e3:6.2f} ms  comm {record['comm_time'] / record['step_time']:5.1%}  "
-            f"exposed {record['exposed_comm_time'] / record['step_time']:5.1%}  {layout}")
+        say(epoch_line(record, args.epochs))
         if metrics:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
@@ -348,19 +349,6 @@ def check_split(parts: int, sizes: list[int]) -> None:
     if uneven:
         raise UsageExit(f"--tensor-parallel {parts}: the split layers' widths {uneven} (of --hidden) are not "
                         f"multiples of {parts}; each rank must hold an equal part")
-
-
-def save_checkpoint(args, model: MLP, opt: SGD, epoch: int, step: int, config: dict) -> None:
-    """Every rank: the whole model is gathered (over the tensor-parallel group, if any); rank 0 writes it."""
-    host = {"params": model.to_full(model.flat_params), "velocity": model.to_full(opt.velocity)}
-    if col.rank() != 0:
-        return
-    host = {name: arrays.to_host(a) for name, a in host.items()}
-    try:
-        checkpoint.save(args.checkpoint_dir, epoch + 1, step, host, config, args.keep)
-    except OSError as e:   # a full disk, say: the run stops with the last good checkpoint in place
-        raise UsageExit(f"--checkpoint-dir {args.checkpoint_dir}: cannot write the checkpoint of epoch "
-                        f"{epoch + 1}: {e.strerror or e}", FAULT) from e
 
 
 def check_replicas(model: MLP) -> None:

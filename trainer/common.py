@@ -1,0 +1,57 @@
+"""What both training strategies share (``trainer/__main__.py`` and ``trainer/strategies/``):
+rank 0's messages, the usage error every rank agrees on, scoring, the epoch line, checkpoints."""
+from __future__ import annotations
+
+import numpy as np
+
+import collectives as col
+from collectives.cli import FAULT, USAGE
+from ring import arrays
+from trainer import checkpoint
+from trainer.layout import Layout
+from trainer.model import MLP
+from trainer.optim import SGD
+
+
+def say(*parts) -> None:
+    if col.rank() == 0:
+        print(*parts, flush=True)
+
+
+class UsageExit(Exception):
+    """A problem every rank agrees on: print it on rank 0 and exit with ``status`` everywhere."""
+
+    def __init__(self, message: str, status: int = USAGE):
+        super().__init__(message)
+        self.status = status
+
+
+def accuracy(model: MLP, x: np.ndarray, y: np.ndarray, layout: Layout) -> float:
+    """Each replica scores its share; the counts are summed exactly (int64)."""
+    mine = model.xp.asarray(np.array_split(np.arange(len(y)), layout.dp_size)[layout.dp_rank])
+    correct = np.array([int((model.logits(x[mine]).argmax(axis=1) == y[mine]).sum())], np.int64)
+    return float(col.allreduce(correct, group=layout.dp)[0]) / len(y)
+
+
+def save_checkpoint(args, model: MLP, opt: SGD, epoch: int, step: int, config: dict) -> None:
+    """Every rank: the whole model is gathered (over the tensor-parallel group, if any); rank 0 writes it."""
+    host = {"params": model.to_full(model.flat_params), "velocity": model.to_full(opt.velocity)}
+    if col.rank() != 0:
+        return
+    host = {name: arrays.to_host(a) for name, a in host.items()}
+    try:
+        checkpoint.save(args.checkpoint_dir, epoch + 1, step, host, config, args.keep)
+    except OSError as e:   # a full disk, say: the run stops with the last good checkpoint in place
+        raise UsageExit(f"--checkpoint-dir {args.checkpoint_dir}: cannot write the checkpoint of epoch "
+                        f"{epoch + 1}: {e.strerror or e}", FAULT) from e
+
+
+def epoch_line(record: dict, epochs: int) -> str:
+    """The line rank 0 prints after each epoch (the record's optional fields only when present)."""
+    line = (f"epoch {record['epoch']:3d}/{epochs}  loss {record['loss']:.4f}  train {record['train_accuracy']:6.2%}  "
+            f"test {record['test_accuracy']:6.2%}  {record['samples_per_sec']:9.0f} samples/s  "
+            f"step {record['step_time'] * 1e3:6.2f} ms  comm {record['comm_time'] / record['step_time']:5.1%}  "
+            f"exposed {record['exposed_comm_time'] / record['step_time']:5.1%}")
+    if "staleness_mean" in record:
+        line += f"  staleness {record['staleness_mean']:.2f} (max {record['staleness_max']})"
+    return line + f"  {record['layout']}"

@@ -1,0 +1,1 @@
+"""Training strategies beside the all-reduce loop of ``trainer/__main__.py``: parameter servers (``ps``)."""
