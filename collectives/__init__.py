@@ -18,9 +18,9 @@ from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group, NonMember
 from collectives.p2p import Request, irecv, isend, recv, send, wait_all
 from collectives.progress import Work
-from collectives.world import init, local_rank, local_size, rank, size
+from collectives.world import abort, init, local_rank, local_size, rank, size
 
-__all__ = ["init", "rank", "size", "local_rank", "local_size", "use_local_gpu", "allreduce", "allreduce_many",
+__all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "use_local_gpu", "allreduce", "allreduce_many",
            "reduce_scatter", "allgather", "broadcast", "barrier", "new_group", "split", "Group", "NonMember",
            "send", "recv", "isend", "irecv", "wait_all", "Request",
            "Work", "timeline",

@@ -403,6 +403,23 @@ def _leave() -> None:
                 transport.close(failed)
 
 
+def abort(code: int = 1, grace: float = 2.0) -> None:
+    """End the whole job after a failure: tell every other rank that this one leaves and why (its
+    farewell), give them ``grace`` seconds to report it, then abort every process of the job, so
+    that a rank stuck outside the runtime (a stalled loop) cannot keep it alive for ever.
+
+    >>> try:                                                   # doctest: +SKIP
+    ...     train()
+    ... except col.CollectiveError as e:
+    ...     print(f"[rank {col.rank()}] error: {e}", file=sys.stderr, flush=True)
+    ...     col.abort(1)
+    """
+    if _world is not None and not _world.runtime.closed:
+        _leave()
+    time.sleep(grace)
+    _mpi().COMM_WORLD.Abort(code)
+
+
 def _write_timeline(w: Group) -> None:
     """At exit: rank 0 writes every rank's events, gathered by one last collective; a rank that
     cannot meet the others (after a failure, or on its way out after an uncaught exception)

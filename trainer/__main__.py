@@ -427,14 +427,19 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run(argv=None) -> None:
+    """The program: main(), with a failure reported by the rank that saw it, and the exit status."""
     try:
-        code = main()
+        code = main(argv)
     except col.CollectiveError as e:   # another rank failed or left: it says why; this one says what it saw
         print(f"[rank {col.rank()}] error: {e}", file=sys.stderr, flush=True)
-        code = FAULT
+        col.abort(FAULT)   # after the others have had time to report: a rank stuck elsewhere must not keep the job
     except Exception:   # the ranks waiting for this one hear of it at once (the runtime's farewell)
         sys.stderr.write(f"[rank {col.rank()}] " + traceback.format_exc())
         sys.stderr.flush()
         code = FAULT
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    run()

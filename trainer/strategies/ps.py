@@ -109,8 +109,15 @@ class Server:
 
     def serve(self) -> None:
         header, gradient, done = np.zeros(4, np.int64), np.empty_like(self.params), set()
+        heard = {w: time.monotonic() for w in self.rank_of_workers}
         while len(done) < len(self.rank_of_workers):
-            worker = col.recv(header, None, HEADER)
+            try:
+                worker = col.recv(header, None, HEADER)
+            except col.CollectiveError as e:   # a worker that stalls: name the one silent longest
+                silent = min((w for w in heard if w not in done), key=heard.get)
+                raise col.CollectiveError(f"{e}; the server heard nothing from worker rank {silent} for "
+                                          f"{time.monotonic() - heard[silent]:.1f} s") from e
+            heard[worker] = time.monotonic()
             kind, number = int(header[0]), int(header[1])
             if kind == PUSH:
                 col.recv(gradient, worker, GRADIENT)
