@@ -13,9 +13,13 @@ setup(
     extras_require={
         # A self-contained MPI from PyPI (mpiexec lands in the venv's bin/); leave it out to use the system's MPI.
         "mpich": ["mpich>=4.2"],
-        # matplotlib: the tests check the bench's and the trainer's plots too
-        "test": ["pytest>=8", "pytest-mpi>=0.6", "pytest-timeout>=2.3", "hypothesis>=6.100", "matplotlib>=3.7"],
+        # matplotlib: the tests check the bench's and the trainer's plots too; tensorboardX and tensorboard:
+        # the trainer's TensorBoard files, written and read back
+        "test": ["pytest>=8", "pytest-mpi>=0.6", "pytest-timeout>=2.3", "hypothesis>=6.100", "matplotlib>=3.7",
+                 "tensorboardX>=2.6", "tensorboard>=2.14"],
         "plot": ["matplotlib>=3.7"],
+        # --tensorboard: tensorboardX writes the event files (tensorboard itself reads them: the tests do)
+        "tensorboard": ["tensorboardX>=2.6"],
         "cuda12": ["cupy-cuda12x>=13", "nvidia-nccl-cu12>=2.20"],
         "cuda13": ["cupy-cuda13x>=13.6", "nvidia-nccl-cu13>=2.27"],
     },

@@ -27,8 +27,7 @@ from collectives import world as _worlds
 from collectives.call import _member_group
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group
-from ring.transport.base import TransportError
-from ring.transport.mpi import MAX_P2P_TAG
+from ring.transport.base import MAX_P2P_TAG, TransportError
 
 
 class Request:

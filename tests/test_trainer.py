@@ -265,3 +265,30 @@ def test_a_checkpoint_resumes_at_another_tensor_parallel_split(tmp_path, first, 
 def test_a_tensor_parallel_split_that_does_not_fit_is_a_usage_error(tmp_path, n, flags, message):
     result = run_world(n, ["-m", "trainer", *flags], 60)
     assert result.returncode == 2 and f"error: {message}" in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "ps"])
+def test_tensorboard_files_hold_the_metrics(tmp_path, strategy):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    board, metrics = tmp_path / "board", tmp_path / "m.jsonl"
+    result = run_world(3, ["-m", "trainer", *SMALL, "--strategy", strategy, "--metrics", str(metrics),
+                           "--tensorboard", str(board)], TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-3000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    events = EventAccumulator(str(board))
+    events.Reload()
+    keys = ["loss", "train_accuracy", "test_accuracy", "samples_per_sec", "exposed_comm_time"]
+    keys += ["staleness_mean", "staleness_max", "updates"] if strategy == "ps" else []
+    assert set(keys) <= set(events.Tags()["scalars"]), events.Tags()
+    for key in keys:
+        scalars = events.Scalars(key)
+        assert [s.step for s in scalars] == [r["epoch"] for r in records], key
+        np.testing.assert_allclose([s.value for s in scalars], [r[key] for r in records], rtol=1e-6, err_msg=key)
+
+
+def test_tensorboard_without_its_extra_says_what_to_install():
+    code = ("import sys; sys.modules['tensorboardX'] = None; from trainer.__main__ import run; "
+            "run(['--tensorboard', 'board'])")
+    result = run_world(1, ["-c", code], 60)
+    assert result.returncode == 2 and ("--tensorboard needs tensorboardX: pip install -e '.[tensorboard]'"
+                                       in result.stdout), result.stdout[-2000:]

@@ -51,7 +51,7 @@ from collectives.cli import (FAULT, USAGE, ArgumentParser, finite_non_negative, 
 from ring import arrays  # noqa: E402
 from trainer import checkpoint, data  # noqa: E402
 from trainer.buckets import GradientBuckets  # noqa: E402
-from trainer.common import UsageExit, accuracy, epoch_line, save_checkpoint, say  # noqa: E402
+from trainer.common import EpochLog, UsageExit, accuracy, save_checkpoint, say  # noqa: E402
 from trainer.layout import make_layout  # noqa: E402
 from trainer.model import MLP, split_widths  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
@@ -110,6 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="cuda: the model and data on each rank's GPU (cupy), gradients over NCCL")
     p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file; with --resume, "
                                                 "the epochs after the checkpoint are replaced (default: none)")
+    p.add_argument("--tensorboard", type=Path, metavar="DIR",
+                   help="write TensorBoard event files of every epoch's numbers to DIR (rank 0; needs tensorboardX: "
+                        "pip install -e '.[tensorboard]') (default: none)")
     p.add_argument("--plot", type=Path, help="draw loss and accuracy curves of the whole run to this PNG "
                                              "(needs matplotlib) (default: none)")
     p.add_argument("--checkpoint-dir", type=Path, help="save checkpoints here (rank 0) (default: none)")
@@ -146,6 +149,11 @@ def parse_args(argv=None) -> argparse.Namespace:
             import matplotlib  # noqa: F401
         except ImportError:
             p.error("--plot needs matplotlib: pip install -e '.[plot]'")
+    if args.tensorboard:
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError:
+            p.error("--tensorboard needs tensorboardX: pip install -e '.[tensorboard]'")
     return args
 
 
@@ -175,6 +183,8 @@ def check_outputs(args) -> str:
             return f"{USAGE}:{flag} {path}: the directory {path.parent} does not exist"
         if not os.access(path.parent, os.W_OK):
             return f"{FAULT}:{flag} {path}: the directory {path.parent} is not writable"
+    if args.tensorboard is not None and args.tensorboard.exists() and not args.tensorboard.is_dir():
+        return f"{USAGE}:--tensorboard {args.tensorboard}: is a file, not a directory"
     if args.checkpoint_dir is not None:
         if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
             return f"{USAGE}:--checkpoint-dir {args.checkpoint_dir}: is a file, not a directory"
@@ -301,11 +311,10 @@ def train(args) -> tuple[list[dict], list[dict]]:
         f"with {col.size()} rank(s) as {arrangement}, global batch {args.batch_size}, {model.full_size()} parameters")
     history, n_train, step = [], len(dataset.train_y), start * -(-len(dataset.train_y) // args.batch_size)
     earlier = earlier_records(args.metrics, start) if args.resume and col.rank() == 0 else []
-    metrics = open(args.metrics, "a" if args.resume else "w") if args.metrics and col.rank() == 0 else None
+    log = EpochLog(args, args.resume)
     if args.strategy == "ps":
-        history = ps.train(args, dataset, config, model, opt, start, step, metrics)
-        if metrics:
-            metrics.close()
+        history = ps.train(args, dataset, config, model, opt, start, step, log)
+        log.close()
         return earlier, history
     buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6, layout.dp)
     for epoch in range(start, args.epochs):
@@ -327,15 +336,11 @@ def train(args) -> tuple[list[dict], list[dict]]:
                   "comm_time": comm_s / steps, "exposed_comm_time": exposed_s / steps,
                   "layout": str(layout), "dp": layout.dp_size, "tp": layout.tp_size}
         history.append(record)
-        say(epoch_line(record, args.epochs))
-        if metrics:
-            metrics.write(json.dumps(record) + "\n")
-            metrics.flush()
+        log.write(record)
         last = epoch + 1 == args.epochs
         if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or last):
             save_checkpoint(args, model, opt, epoch, step, config)
-    if metrics:
-        metrics.close()
+    log.close()
     check_replicas(model)
     return earlier, history
 

@@ -2,6 +2,8 @@
 rank 0's messages, the usage error every rank agrees on, scoring, the epoch line, checkpoints."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 import collectives as col
@@ -55,3 +57,34 @@ def epoch_line(record: dict, epochs: int) -> str:
     if "staleness_mean" in record:
         line += f"  staleness {record['staleness_mean']:.2f} (max {record['staleness_max']})"
     return line + f"  {record['layout']}"
+
+
+class EpochLog:
+    """Rank 0's account of each epoch: the printed line, one JSON object in ``--metrics``, and with
+    ``--tensorboard`` every number of the record as a TensorBoard scalar (tag: the record's key,
+    step: the epoch), written by tensorboardX. Other ranks write nothing."""
+
+    def __init__(self, args, resumed: bool):
+        self.epochs = args.epochs
+        mine = col.rank() == 0
+        self.metrics = open(args.metrics, "a" if resumed else "w") if args.metrics and mine else None
+        self.board = None
+        if args.tensorboard and mine:
+            from tensorboardX import SummaryWriter   # (checked by parse_args)
+            self.board = SummaryWriter(str(args.tensorboard))
+
+    def write(self, record: dict) -> None:
+        say(epoch_line(record, self.epochs))
+        if self.metrics:
+            self.metrics.write(json.dumps(record) + "\n")
+            self.metrics.flush()
+        if self.board:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("epoch", "step"):
+                    self.board.add_scalar(key, value, record["epoch"])
+            self.board.flush()
+
+    def close(self) -> None:
+        for output in (self.metrics, self.board):
+            if output:
+                output.close()

@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 
+MAX_P2P_TAG = 30000   # the largest point-to-point tag a program may use (MPI promises 32767; ours start at 64)
+
+
 class TransportError(RuntimeError):
     """The network failed underneath a collective (a peer died, a message was cut short)."""
 

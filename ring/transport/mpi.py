@@ -31,7 +31,6 @@ from ring.transport.base import PeerLost, TransportError, TransportTimeout
 _TAG = 7
 _CONTROL_TAG = 8
 _P2P_TAG = 64   # point-to-point messages use tags from here up: never the ring's nor the control channel's
-MAX_P2P_TAG = 30000   # (MPI promises tags up to 32767)
 CHECK_INTERVAL = 0.5       # seconds between looks at the control channel and the local peers' processes
 _SPIN_SECONDS = 50e-6      # poll flat out this long (latency), then yield the core between polls
 _YIELD_SECONDS = 20e-3     # then yield between polls until the wait is this old, then nap
@@ -333,7 +332,7 @@ class MPITransport:
 
     def post(self, buf: Any, peer: int | None, tag: int, receive: bool) -> MPI.Request:
         """Post a point-to-point send of ``buf`` to ``peer``, or a receive into it from ``peer``
-        (None: any rank), with ``tag`` (0..MAX_P2P_TAG); wait for it with :meth:`wait_posted`."""
+        (None: any rank), with ``tag`` (0..base.MAX_P2P_TAG); wait for it with :meth:`wait_posted`."""
         try:
             if receive:
                 request = self.comm.Irecv([buf, MPI.BYTE], MPI.ANY_SOURCE if peer is None else peer, _P2P_TAG + tag)

@@ -27,14 +27,13 @@ snapshot and leaves its loop.
 """
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
 
 import collectives as col
 from ring.partition import chunk_bounds
-from trainer.common import UsageExit, accuracy, epoch_line, save_checkpoint, say
+from trainer.common import EpochLog, UsageExit, accuracy, save_checkpoint
 from trainer.layout import Layout
 from trainer.optim import SGD
 
@@ -71,7 +70,7 @@ def check_flags(args, n: int) -> None:
         raise UsageExit("--tensor-parallel: not with --strategy ps")
 
 
-def train(args, dataset, config: dict, model, opt: SGD, start: int, step: int, metrics) -> list[dict]:
+def train(args, dataset, config: dict, model, opt: SGD, start: int, step: int, log: EpochLog) -> list[dict]:
     """Every rank: serve or work until every epoch is done; return the chief's records."""
     roles = Roles(col.size(), args.servers, model.flat_params.size)
     workers = col.split(0 if col.rank() in roles.workers else None)
@@ -84,7 +83,7 @@ def train(args, dataset, config: dict, model, opt: SGD, start: int, step: int, m
         Server(args, roles, index, model, opt, start * steps_per_epoch).serve()
         history = []
     else:
-        history = Worker(args, roles, workers, chief, model, opt).run(dataset, config, start, step, metrics)
+        history = Worker(args, roles, workers, chief, model, opt).run(dataset, config, start, step, log)
     col.barrier(name="parameter servers done")   # nobody leaves while another still waits for it
     return history
 
@@ -231,7 +230,7 @@ class Worker:
             rows.append(statistics)
         return updates, np.array(rows)
 
-    def run(self, dataset, config: dict, start: int, step: int, metrics) -> list[dict]:
+    def run(self, dataset, config: dict, start: int, step: int, log: EpochLog) -> list[dict]:
         args, model = self.args, self.model
         n_train, history = len(dataset.train_y), []
         for epoch in range(start, args.epochs):
@@ -258,10 +257,7 @@ class Worker:
                     col.send(np.array([DONE, 0, 0, 0], np.int64), server, HEADER)
             updates, statistics = self.state(step, final=last)
             history.append(self._record(epoch, step, loss, dataset, elapsed, steps, comm_s, updates, statistics))
-            say(epoch_line(history[-1], args.epochs))
-            if metrics:
-                metrics.write(json.dumps(history[-1]) + "\n")
-                metrics.flush()
+            log.write(history[-1])
             if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or last):
                 save_checkpoint(args, model, self.opt, epoch, step, config)
         if not self.chief:
