@@ -39,27 +39,40 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="the figure (PNG)")
     parser.add_argument("--table", type=Path, help="also write the table to this file")
     parser.add_argument("--ranks", type=int, nargs="+", default=[3, 4])
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each; the table shows medians, the "
+                                                                "figure the run of median training time")
     parser.add_argument("trainer_flags", nargs="*", help="after --: flags for python -m trainer")
     args = parser.parse_args()
-    runs = {}
+    every: dict = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for n in args.ranks:
-            for label, flags in STRATEGIES.items():
-                runs[(label, n)] = run(n, [*flags, *args.trainer_flags], Path(scratch) / f"{n}-{len(runs)}.jsonl")
+        for repeat in range(args.repeats):   # interleaved, so that a noisy moment spreads over all
+            for n in args.ranks:
+                for label, flags in STRATEGIES.items():
+                    every.setdefault((label, n), []).append(
+                        run(n, [*flags, *args.trainer_flags], Path(scratch) / f"{n}-{len(every)}-{repeat}.jsonl"))
+    runs = {key: median_run(records) for key, records in every.items()}
     lines = [f"# python scripts/compare_strategies.py {' '.join(sys.argv[1:])}",
+             f"# {args.repeats} runs of each, interleaved; the run of median training time is shown, its samples/s "
+             "the median over its epochs",
              f"{'strategy':22} {'n':>2} {'test acc':>8} {'best':>6} {'samples/s':>10} {'train s':>8} "
-             f"{'staleness':>9} {'max':>4}"]
+             f"{'staleness':>9} {'max':>4}  (train s of each run)"]
     for (label, n), records in runs.items():
         seconds = training_seconds(records)[-1]
         speed = sorted(r["samples_per_sec"] for r in records)[len(records) // 2]
+        each = " ".join(f"{training_seconds(other)[-1]:.2f}" for other in every[(label, n)])
         lines.append(f"{label:22} {n:>2} {records[-1]['test_accuracy']:8.2%} "
                      f"{max(r['test_accuracy'] for r in records):6.2%} {speed:10.0f} {seconds:8.2f} "
                      f"{sum(r.get('staleness_mean', 0) for r in records) / len(records):9.2f} "
-                     f"{max(r.get('staleness_max', 0) for r in records):>4}")
+                     f"{max(r.get('staleness_max', 0) for r in records):>4}  ({each})")
     print("\n".join(lines))
     if args.table:
         args.table.write_text("\n".join(lines) + "\n")
     draw(runs, args.out)
+
+
+def median_run(runs: list[list[dict]]) -> list[dict]:
+    """The run whose training time is the median of ``runs``."""
+    return sorted(runs, key=lambda records: training_seconds(records)[-1])[len(runs) // 2]
 
 
 def training_seconds(records: list[dict]) -> list[float]:
