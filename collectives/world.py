@@ -418,6 +418,7 @@ def abort(code: int = 1, grace: float = 2.0) -> None:
         _leave()
     time.sleep(grace)
     _mpi().COMM_WORLD.Abort(code)
+    os._exit(code)   # (MPICH's Abort has been seen to return when another process had already ended)
 
 
 def _write_timeline(w: Group) -> None:

@@ -438,7 +438,8 @@ def run(argv=None) -> None:
         code = main(argv)
     except col.CollectiveError as e:   # another rank failed or left: it says why; this one says what it saw
         print(f"[rank {col.rank()}] error: {e}", file=sys.stderr, flush=True)
-        col.abort(FAULT)   # after the others have had time to report: a rank stuck elsewhere must not keep the job
+        code = FAULT
+        col.abort(code)   # after the others have had time to report: a rank stuck elsewhere must not keep the job
     except Exception:   # the ranks waiting for this one hear of it at once (the runtime's farewell)
         sys.stderr.write(f"[rank {col.rank()}] " + traceback.format_exc())
         sys.stderr.flush()

@@ -380,12 +380,17 @@ class MPITransport:
                         raise TransportTimeout(-1, now - started, "a message from any rank")
                     raise TransportTimeout(self.names[peer], now - started)
         except MPI.Exception as e:
-            raise TransportError(self._failure_text(e, requests, peers)) from e
+            raise TransportError(self._failure_text(e, requests, peers, statuses)) from e
 
-    def _failure_text(self, error: MPI.Exception, requests: list[MPI.Request], peers: Sequence[int]) -> str:
+    def _failure_text(self, error: MPI.Exception, requests: list[MPI.Request], peers: Sequence[int],
+                      statuses: list | None = None) -> str:
         """What went wrong, in this runtime's words: MPI's "see the status" points at the request
-        whose own error is the cause."""
+        (or, where they were kept, the status) whose own error is the cause."""
         if error.Get_error_class() == MPI.ERR_IN_STATUS:
+            for status, peer in zip(statuses or (), peers):
+                code = status.Get_error()
+                if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                    return self._failure_text(MPI.Exception(code), requests, [peer])
             for request, peer in zip(requests, peers):
                 try:
                     request.Test()

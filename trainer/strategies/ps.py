@@ -112,8 +112,10 @@ class Server:
         while len(done) < len(self.rank_of_workers):
             try:
                 worker = col.recv(header, None, HEADER)
-            except col.CollectiveError as e:   # a worker that stalls: name the one silent longest
-                silent = min((w for w in heard if w not in done), key=heard.get)
+            except col.CollectiveError as e:
+                if "timed out" not in str(e):
+                    raise
+                silent = min((w for w in heard if w not in done), key=heard.get)   # a stalled worker: name it
                 raise col.CollectiveError(f"{e}; the server heard nothing from worker rank {silent} for "
                                           f"{time.monotonic() - heard[silent]:.1f} s") from e
             heard[worker] = time.monotonic()
