@@ -48,7 +48,7 @@ class Roles:
 
     >>> r = Roles(5, 2, 103)
     >>> r.workers, r.servers, r.shards
-    ([0, 1, 2], [3, 4], [(0, 52), (52, 103)])
+    ([0, 1, 2], [3, 4], ((0, 52), (52, 103)))
     """
 
     def __init__(self, n: int, servers: int, parameters: int):
@@ -93,7 +93,7 @@ class Server:
 
     def __init__(self, args, roles: Roles, index: int, model, opt: SGD, first_step: int):
         start, stop = roles.shards[index]
-        self.roles, self.rank_of_workers = roles, roles.workers
+        self.workers = roles.workers
         self.params = np.array(model.flat_params[start:stop])
         self.opt = SGD(self.params, args.lr, args.momentum, args.weight_decay)
         self.opt.velocity[...] = opt.velocity[start:stop]
@@ -108,8 +108,8 @@ class Server:
 
     def serve(self) -> None:
         header, gradient, done = np.zeros(4, np.int64), np.empty_like(self.params), set()
-        heard = {w: time.monotonic() for w in self.rank_of_workers}
-        while len(done) < len(self.rank_of_workers):
+        heard = {w: time.monotonic() for w in self.workers}
+        while len(done) < len(self.workers):
             try:
                 worker = col.recv(header, None, HEADER)
             except col.CollectiveError as e:
@@ -139,14 +139,14 @@ class Server:
             self.version += 1
             return
         self.round[worker] = gradient.copy()
-        if len(self.round) == len(self.rank_of_workers):   # every worker's gradient of this step: one update
-            total = self.round[self.rank_of_workers[0]]
-            for w in self.rank_of_workers[1:]:
+        if len(self.round) == len(self.workers):   # every worker's gradient of this step: one update
+            total = self.round[self.workers[0]]
+            for w in self.workers[1:]:
                 total += self.round[w]
             self.opt.step(total)
             self.version += 1
             self.round = {}
-            for _ in self.rank_of_workers:
+            for _ in self.workers:
                 self._note_staleness(0)
 
     def _note_staleness(self, staleness: int) -> None:

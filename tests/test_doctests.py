@@ -1,0 +1,18 @@
+"""The worked examples in the docstrings of the modules that need no MPI run as written."""
+import doctest
+import importlib
+
+import numpy as np
+import pytest
+
+MODULES = ["ring.partition", "ring.schedule", "ring.doubling", "ring.arrays", "collectives.signature",
+           "collectives.sizes", "collectives.validate", "collectives.group", "trainer.model", "trainer.optim",
+           "trainer.buckets", "trainer.strategies.ps", "bench.sizes"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_the_examples_in_a_modules_docstrings_hold(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, extraglobs={"np": np}, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{name} has no examples to run"
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed (see above)"
