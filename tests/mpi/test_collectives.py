@@ -163,6 +163,21 @@ def test_broadcast_matches_mpi(root, count):
     agree(col.broadcast(x, root=root) is x and np.array_equal(x, expected), f"root {root}: differs from MPI")
 
 
+@pytest.mark.parametrize("count", [4, 5000])   # the latency path and the ring
+def test_broadcast_keeps_every_bit_from_a_read_only_root(count):
+    special = np.array([-0.0, np.nan, -np.inf, 5e-324], np.float64)   # a sign, a NaN, a subnormal
+    source = np.resize(special, count)
+    payloads = np.uint64(0x7FF8000000000000) | np.arange(len(source[1::4]), dtype=np.uint64)
+    source[1::4] = payloads.view(np.float64)   # NaNs, each with its own payload
+    if RANK == 0:
+        source.flags.writeable = False
+        x = source
+    else:
+        x = np.full(count, 7.0)
+    col.broadcast(x, root=0)
+    agree(x.tobytes() == source.tobytes(), "broadcast changed some bits")
+
+
 def test_broadcast_into_a_non_contiguous_view():
     big = np.full((4, 6), -1.0)
     view = big[:, ::2]
