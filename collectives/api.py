@@ -26,7 +26,7 @@ from collectives import validate
 from collectives.call import Call, begin, collective
 from collectives.errors import CollectiveUsageError
 from collectives.group import Group, NonMember
-from ring import algorithms, doubling
+from ring import algorithms
 from ring.arrays import xp_of
 from ring.partition import chunk_bounds
 
@@ -252,7 +252,7 @@ def barrier(*, group: Group | None = None, async_op: bool = False, timeout: floa
     except CollectiveUsageError as error:
         call.reject(error)
     sig = call.signature()
-    call.settle(doubling.agree(call.group.transport, sig), sig)   # the exchange itself is the barrier
+    call.agree(sig, always=True)   # the exchange itself is the barrier
 
 
 @collective("use_local_gpu")
@@ -300,7 +300,7 @@ def new_group(ranks, *, group: Group | None = None, timeout: float | None = None
         members = validate.members("new_group", "ranks", ranks, parent.ranks)
     except CollectiveUsageError as error:
         call.reject(error)
-    _agree_always(call, call.signature(shape=members))
+    call.agree(call.signature(shape=members), always=True)   # a split blocks inside MPI: every rank must come
     me = parent.ranks[parent.rank()]
     inside = me in members
     return _joined(call, parent.transport.split(0 if inside else None, members.index(me) if inside else 0), members)
@@ -325,14 +325,8 @@ def split(color: int | None, key: int = 0, *, group: Group | None = None, timeou
         validate.integer("split", "key", key)
     except CollectiveUsageError as error:
         call.reject(error)
-    _agree_always(call, call.signature())
+    call.agree(call.signature(), always=True)   # (as in new_group)
     return _joined(call, call.group.transport.split(color, int(key)), ())
-
-
-def _agree_always(call: Call, sig: bytes) -> None:
-    """The cross-rank check, whatever COLLECTIVES_CHECK says: a group's communicator is made by a
-    blocking MPI call, which every rank must be known to reach."""
-    call.settle(doubling.agree(call.group.transport, sig), sig)
 
 
 def _joined(call: Call, transport, members: tuple[int, ...]) -> Group | NonMember:

@@ -80,9 +80,11 @@ class Call:
         return make_signature(self.name, self.seq, op, dtype, shape, root, False, memory, self.call_name,
                               self.thread)
 
-    def agree(self, signature: bytes) -> None:
-        """Check that every rank makes this same call (unless the check is off); raise on every rank if not."""
-        if self.runtime.check:
+    def agree(self, signature: bytes, always: bool = False) -> None:
+        """Check that every rank makes this same call; raise on every rank if not. Skipped when the
+        check is off (COLLECTIVES_CHECK=0), unless ``always`` (the exchange is the call's own work,
+        or what follows blocks inside MPI and needs every rank known to be there)."""
+        if always or self.runtime.check:
             self.settle(doubling.agree(self.group.transport, signature), signature)
 
     def settle(self, agreed: bool, signature: bytes, problem: str = "") -> None:
@@ -126,11 +128,15 @@ def begin(name: str, group: Group | None = None, timeout: object = None, call_na
     call, so that it is shared like any usage error; until then the default applies.
     """
     g = group if group is not None else _worlds._world   # (set up by the call's frame, see collective)
-    failure = g.runtime.failure
-    if failure is not None:
-        raise CollectiveError(f"{name}: the runtime stopped after an earlier failure ({failure}); "
-                              "the ranks are no longer in step, so end the job and restart it")
+    refuse_if_stopped(name, g.runtime)
     return Call(g, name, timeout, call_name)
+
+
+def refuse_if_stopped(name: str, runtime) -> None:
+    """Raise CollectiveError for call ``name`` if the runtime has stopped on this rank after a failure."""
+    if runtime.failure is not None:
+        raise CollectiveError(f"{name}: the runtime stopped after an earlier failure ({runtime.failure}); "
+                              "the ranks are no longer in step, so end the job and restart it")
 
 
 def collective(name: str) -> Callable[[F], F]:
@@ -141,21 +147,20 @@ def collective(name: str) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            w = _worlds._world or world(setup_timeout=kwargs.get("timeout"))
-            group = kwargs.get("group")
-            if group is not None:
-                group = kwargs["group"] = _member_group(name, group)
-            runtime = w.runtime
+            g = _worlds._world or world(setup_timeout=kwargs.get("timeout"))
+            if kwargs.get("group") is not None:
+                g = kwargs["group"] = _member_group(name, kwargs["group"])
+            runtime = g.runtime
             if runtime.threads_checked:
                 _check_thread(name)
             issuer = "" if get_ident() == _MAIN_THREAD else threading.current_thread().name
             async_op = kwargs.pop("async_op", False)
             if async_op is True:
-                work = Work(name, functools.partial(_frame, group or w, name, fn, issuer, args, kwargs), runtime.engine)
+                work = Work(name, functools.partial(_frame, g, name, fn, issuer, args, kwargs), runtime.engine)
                 return runtime.engine.submit(work, inline=_on_gpu(args))
             body = fn if async_op is False else _refusal(name, CollectiveUsageError(
                 f"{name}: async_op: expected True or False, got {async_op!r}"))
-            return runtime.engine.run_now(_frame, group or w, name, body, issuer, args, kwargs)
+            return runtime.engine.run_now(_frame, g, name, body, issuer, args, kwargs)
         return call
     return decorate
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from collectives import validate
 from collectives import world as _worlds
-from collectives.call import _member_group
+from collectives.call import _member_group, _named, refuse_if_stopped
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group
 from ring.transport.base import MAX_P2P_TAG, TransportError
@@ -81,18 +81,13 @@ def wait_all(requests: list[Request], timeout: float | None = None) -> list[int]
 
 
 def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive: bool) -> Request:
-    w = _worlds._world or _worlds.world()
-    g = _member_group(what, group) if group is not None else w
+    g = _member_group(what, group) if group is not None else _worlds.world()
     if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
         validate.fail(what, "x", "expected a contiguous numpy.ndarray (point-to-point moves host arrays)")
     if receive:
         validate.writable(what, "x", x)
     if peer is not None or not receive:
-        argument = "source" if receive else "dest"
-        validate.integer(what, argument, peer)
-        if not 0 <= peer < g.size():
-            validate.fail(what, argument, f"rank {peer} is out of range for {g.label or 'the world'} "
-                                          f"(0..{g.size() - 1})")
+        validate.rank(what, "source" if receive else "dest", peer, g.size(), g.is_world)
     validate.integer(what, "tag", tag)
     if not 0 <= tag <= MAX_P2P_TAG:
         validate.fail(what, "tag", f"expected 0..{MAX_P2P_TAG}, got {tag}")
@@ -117,9 +112,7 @@ def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
 def _in_turn(g: Group, what: str, job):
     """Run ``job`` in the engine's turn, as collectives run; refused once the runtime has stopped."""
     runtime = g.runtime
-    if runtime.failure is not None:
-        raise CollectiveError(f"{what}: the runtime stopped after an earlier failure ({runtime.failure}); "
-                              "the ranks are no longer in step, so end the job and restart it")
+    refuse_if_stopped(what, runtime)
 
     def guarded():
         try:
@@ -128,6 +121,6 @@ def _in_turn(g: Group, what: str, job):
             raise
         except BaseException as e:   # Ctrl-C while waiting: nothing posted may land later
             g.abandon()
-            runtime.failure = runtime.failure or f"{what} on {g.where()} was interrupted by {type(e).__name__}"
+            runtime.failure = runtime.failure or f"{what} on {g.where()} was interrupted by {_named(e)}"
             raise
     return runtime.engine.run_now(guarded)

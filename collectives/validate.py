@@ -157,12 +157,16 @@ def _kind(x: Any) -> str:
 
 
 def root(collective: str, value: Any, size: int, world: bool = True) -> None:
+    rank(collective, "root", value, size, world)
+
+
+def rank(collective: str, argument: str, value: Any, size: int, world: bool = True) -> None:
     """A rank of the call's ranks: of the world, or of its group (``world=False``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(collective, "root", f"expected an int rank, got {type(value).__name__}")
+        fail(collective, argument, f"expected an int rank, got {type(value).__name__}")
     if not 0 <= value < size:
-        fail(collective, "root", f"rank {value} is out of range for a {'world' if world else 'group'} of {size} "
-                                 f"(0..{size - 1})")
+        fail(collective, argument, f"rank {value} is out of range for a {'world' if world else 'group'} of "
+                                   f"{size} (0..{size - 1})")
 
 
 def integer(collective: str, argument: str, value: Any) -> None:

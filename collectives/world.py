@@ -243,7 +243,6 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
         raise CollectiveUsageError(f"init: {', '.join(fixed)}: fixed when the runtime was set up (by the first "
                                    "init or collective); give it to the first init")
     settings, problem = _read_settings(given, from_environment=False)
-    runtime = _world.runtime
     if not any(given[name] is not None for name, _ in WIRE_SETTINGS):
         if problem:
             raise CollectiveUsageError(problem)   # only the timeout: this rank's own business

@@ -341,8 +341,7 @@ class MPITransport:
         except MPI.Exception as e:
             raise TransportError(f"{'receive from' if receive else 'send to'} rank "
                                  f"{'any' if peer is None else self.names[peer]} failed: {_error_text(e)}") from e
-        self._inflight.append(((request, peer), buf, receive))
-        return request
+        return self._posted(request, peer, buf, receive)[0]
 
     def wait_posted(self, requests: list[MPI.Request], peers: list[int | None]) -> list[int]:
         """Wait for posted point-to-point ``requests`` (to or from ``peers``; None: any rank) until the
