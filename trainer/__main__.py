@@ -51,7 +51,7 @@ from collectives.cli import (FAULT, USAGE, ArgumentParser, finite_non_negative, 
 from ring import arrays  # noqa: E402
 from trainer import checkpoint, data  # noqa: E402
 from trainer.buckets import GradientBuckets  # noqa: E402
-from trainer.common import EpochLog, UsageExit, accuracy, save_checkpoint, say  # noqa: E402
+from trainer.common import EpochLog, UsageExit, epoch_record, save_checkpoint, say  # noqa: E402
 from trainer.layout import make_layout  # noqa: E402
 from trainer.model import MLP, split_widths  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
@@ -328,13 +328,9 @@ def train(args) -> tuple[list[dict], list[dict]]:
             loss_sum, comm_s, exposed_s, steps, step = loss_sum + loss, comm_s + in_flight, exposed_s + exposed, \
                 steps + 1, step + 1
         elapsed = time.perf_counter() - began
-        record = {"epoch": epoch + 1, "step": step,
-                  "loss": float(col.allreduce(np.array([loss_sum]), group=layout.dp)[0]) / n_train,
-                  "train_accuracy": accuracy(model, dataset.train_x, dataset.train_y, layout),
-                  "test_accuracy": accuracy(model, dataset.test_x, dataset.test_y, layout),
-                  "samples_per_sec": n_train / elapsed, "step_time": elapsed / steps,
-                  "comm_time": comm_s / steps, "exposed_comm_time": exposed_s / steps,
-                  "layout": str(layout), "dp": layout.dp_size, "tp": layout.tp_size}
+        loss = float(col.allreduce(np.array([loss_sum]), group=layout.dp)[0]) / n_train
+        record = {**epoch_record(epoch, step, loss, model, dataset, layout, elapsed, steps, comm_s, exposed_s,
+                                 str(layout)), "dp": layout.dp_size, "tp": layout.tp_size}
         history.append(record)
         log.write(record)
         last = epoch + 1 == args.epochs

@@ -48,6 +48,18 @@ def save_checkpoint(args, model: MLP, opt: SGD, epoch: int, step: int, config: d
                         f"{epoch + 1}: {e.strerror or e}", FAULT) from e
 
 
+def epoch_record(epoch: int, step: int, loss: float, model: MLP, dataset, layout: Layout, elapsed: float,
+                 steps: int, comm_s: float, exposed_s: float, arrangement: str) -> dict:
+    """What every strategy records of an epoch (0-based ``epoch``, just ended after ``steps`` steps
+    in ``elapsed`` seconds): the model scored by the ranks of ``layout``, times per step, and how
+    the ranks were arranged. Each strategy adds its own keys."""
+    return {"epoch": epoch + 1, "step": step, "loss": loss,
+            "train_accuracy": accuracy(model, dataset.train_x, dataset.train_y, layout),
+            "test_accuracy": accuracy(model, dataset.test_x, dataset.test_y, layout),
+            "samples_per_sec": len(dataset.train_y) / elapsed, "step_time": elapsed / steps,
+            "comm_time": comm_s / steps, "exposed_comm_time": exposed_s / steps, "layout": arrangement}
+
+
 def epoch_line(record: dict, epochs: int) -> str:
     """The line rank 0 prints after each epoch (the record's optional fields only when present)."""
     line = (f"epoch {record['epoch']:3d}/{epochs}  loss {record['loss']:.4f}  train {record['train_accuracy']:6.2%}  "

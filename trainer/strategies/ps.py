@@ -33,7 +33,7 @@ import numpy as np
 
 import collectives as col
 from ring.partition import chunk_bounds
-from trainer.common import EpochLog, UsageExit, accuracy, save_checkpoint
+from trainer.common import EpochLog, UsageExit, epoch_record, save_checkpoint
 from trainer.layout import Layout
 from trainer.optim import SGD
 
@@ -255,26 +255,25 @@ class Worker:
                 continue
             last = epoch + 1 == args.epochs
             if last:
-                for server in self.roles.servers:
-                    col.send(np.array([DONE, 0, 0, 0], np.int64), server, HEADER)
+                self.done()   # (then the servers' final state comes unasked)
             updates, statistics = self.state(step, final=last)
             history.append(self._record(epoch, step, loss, dataset, elapsed, steps, comm_s, updates, statistics))
             log.write(history[-1])
             if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or last):
                 save_checkpoint(args, model, self.opt, epoch, step, config)
         if not self.chief:
-            for server in self.roles.servers:
-                col.send(np.array([DONE, 0, 0, 0], np.int64), server, HEADER)
+            self.done()
         return history
+
+    def done(self) -> None:
+        """Tell every server that this worker has pushed its last gradient."""
+        for server in self.roles.servers:
+            col.send(np.array([DONE, 0, 0, 0], np.int64), server, HEADER)
 
     def _record(self, epoch, step, loss, dataset, elapsed, steps, comm_s, updates, statistics) -> dict:
         count = statistics[:, 1].sum()
-        return {"epoch": epoch + 1, "step": step, "loss": loss,
-                "train_accuracy": accuracy(self.model, dataset.train_x, dataset.train_y, self.alone),
-                "test_accuracy": accuracy(self.model, dataset.test_x, dataset.test_y, self.alone),
-                "samples_per_sec": len(dataset.train_y) / elapsed, "step_time": elapsed / steps,
-                "comm_time": comm_s / steps, "exposed_comm_time": comm_s / steps,
-                "layout": self.roles.describe(), "strategy": "ps",
+        return {**epoch_record(epoch, step, loss, self.model, dataset, self.alone, elapsed, steps, comm_s, comm_s,
+                               self.roles.describe()), "strategy": "ps",
                 "staleness_mean": float(statistics[:, 0].sum() / count) if count else 0.0,
                 "staleness_max": int(statistics[:, 2].max()), "updates": updates,
                 "server_bytes_per_sec": [float(row[3] / row[4]) if row[4] else 0.0 for row in statistics]}
