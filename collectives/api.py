@@ -63,9 +63,10 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *, 
     """Reduce ``x`` elementwise across all ranks; every rank gets the same bits.
 
     ``op`` is "sum", "avg", "min", "max" or "prod". ``out=x`` reduces in place;
-    without ``out`` a new array is returned and ``x`` is not modified. Up to
-    ``small_bytes`` (32 KiB) it takes the latency path (recursive doubling), above
-    it the bandwidth-optimal ring.
+    without ``out`` a new array is returned and ``x`` is not modified. The algorithm is
+    the one the cost model (``ring.cost``) predicts fastest for the size and the group:
+    recursive doubling for small buffers, Rabenseifner's halving and doubling in the
+    middle, the bandwidth-optimal ring for large ones (and two levels across hosts).
 
     >>> col.allreduce(np.full(3, col.rank() + 1.0))       # on 3 ranks  # doctest: +SKIP
     array([6., 6., 6.])
@@ -87,18 +88,22 @@ def allreduce(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *, 
 
 
 def _allreduce_flat(call: Call, source, target, op: str, sig: bytes, checked: bool = False) -> None:
-    """All-reduce flat contiguous ``source`` into ``target``: by recursive doubling up to
-    ``small_bytes`` on the host (the check rides along), else by the ring after the check
-    (unless ``checked`` already)."""
+    """All-reduce flat contiguous ``source`` into ``target`` by the group's algorithm for its size
+    (``Runtime.algorithm_for``): recursive doubling carries the check along; the others run after
+    the check (unless ``checked`` already)."""
     g, runtime = call.group, call.runtime
-    if isinstance(source, np.ndarray) and source.nbytes <= runtime.small_bytes:
+    host = isinstance(source, np.ndarray)
+    algorithm = runtime.algorithm_for("allreduce", g.size(), source.nbytes, host)
+    if algorithm == "doubling":
         call.settle(algorithms.allreduce_small(g.transport, source, target, op, sig), sig)
         return
     if not checked:
         call.agree(sig)
     segment = runtime.segment_elems(source.dtype)
-    if g.levels is not None and isinstance(source, np.ndarray):
+    if g.levels is not None and host:
         algorithms.allreduce_two_level(*g.levels, source, target, op, segment)
+    elif algorithm == "halving":
+        algorithms.allreduce_halving_doubling(g.transport, source, target, op, segment)
     else:
         algorithms.allreduce(g.transport_for(source), source, target, op, segment)
 
@@ -173,7 +178,7 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
     xp = xp_of(x)
     source = _flat(x)
     work = xp.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
-    if xp is np and x.nbytes <= call.runtime.small_bytes:
+    if call.runtime.algorithm_for("reduce_scatter", g.size(), x.nbytes, xp is np) == "doubling":
         call.settle(algorithms.allreduce_small(g.transport, source, work, op, sig), sig)
         owned = slice(owned_start, owned_stop)
     else:
@@ -204,13 +209,19 @@ def allgather(x: np.ndarray, *, group: Group | None = None, async_op: bool = Fal
     except CollectiveUsageError as error:
         call.reject(error)
     g = call.group
-    call.agree(call.signature(dtype=x.dtype, shape=x.shape[1:], memory=_memory(x)))
-    every = g.transport.allgather_bytes(np.int64(x.shape[0]).tobytes())
-    lengths = np.frombuffer(b"".join(every), np.int64)
+    sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory=_memory(x))
+    lengths = algorithms.gather_counts(g.transport, x.shape[0], sig)   # (carries the check)
+    if lengths is None:
+        call.settle(False, sig)
     result = xp_of(x).empty((int(lengths.sum()),) + x.shape[1:], x.dtype)
     row = int(np.prod(x.shape[1:], dtype=np.int64))
-    algorithms.allgather(g.transport_for(x), _flat(x), result.reshape(-1), [int(n) * row for n in lengths],
-                         call.runtime.segment_elems(x.dtype))
+    counts = [int(n) * row for n in lengths]
+    host = isinstance(x, np.ndarray)
+    if call.runtime.algorithm_for("allgather", g.size(), result.nbytes, host) == "doubling":
+        call.settle(algorithms.allgather_small(g.transport, _flat(x), result.reshape(-1), counts, sig), sig)
+    else:
+        algorithms.allgather(g.transport_for(x), _flat(x), result.reshape(-1), counts,
+                             call.runtime.segment_elems(x.dtype))
     return result
 
 

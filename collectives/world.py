@@ -14,8 +14,9 @@ rank raises the same CollectiveUsageError naming the setting and each rank's val
     plain byte counts are accepted. Bounds the receive scratch to two segments (and to
     the data) and sets how finely reduction overlaps transfer.
 ``COLLECTIVES_SMALL_BYTES`` / ``small_bytes``
-    All-reduces (and reduce-scatters) of at most this many bytes take the latency path,
-    recursive doubling, instead of the ring. Default 32 KiB, at most 64 KiB; 0 turns it off.
+    The largest call that may take recursive doubling (the latency path, whose messages
+    carry the whole buffer and the cross-rank check); below it the cost model chooses
+    (``ring.cost``). Default and most 256 KiB; 0 turns the latency path off.
 ``COLLECTIVES_CHECK`` / ``check``
     1 (default): before data moves, every rank checks that all ranks make the same call
     (see ``collectives.call``). 0: skip that check on the ring path to save its round trip.
@@ -30,10 +31,13 @@ rank raises the same CollectiveUsageError naming the setting and each rank's val
     ``local_rank() % visible GPUs``), or else by the first collective on a cupy
     array, for the GPU that array is on: one GPU per rank.
 ``COLLECTIVES_ALGORITHM`` / ``algorithm``
-    All-reduce over ranks on several hosts: "auto" (default) takes two levels (see
-    ``ring.algorithms.allreduce_two_level``) where a group's ranks span more than one host
-    with the same number, more than one, on each, and the flat ring elsewhere; "ring"
-    never; "hierarchical" insists (refused at setup where the world's layout does not allow it).
+    "auto" (default): each call takes the algorithm the cost model (``ring.cost``) predicts
+    fastest for its size and group, and an all-reduce that does not take recursive doubling
+    takes two levels (``ring.algorithms.allreduce_two_level``) where the group's ranks span
+    more than one host with the same number, more than one, on each. "ring", "halving"
+    (Rabenseifner's) or "doubling" (up to ``small_bytes``, above it the ring) force that
+    algorithm on every collective that has it, never two levels; "hierarchical" insists on two
+    levels (refused at setup where the world's layout does not allow it). Fixed at setup.
 ``COLLECTIVES_HOSTS`` / ``hosts``
     Treat the ranks as this many hosts, consecutive blocks of ranks (0, default: the real
     hosts), to run the two-level all-reduce on one machine. Like the algorithm, fixed at setup.
@@ -58,13 +62,14 @@ from collectives import progress, timeline as timelines
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group, hosts_of, two_level_layout
 from collectives.sizes import parse_size
+from ring import cost
 from ring.doubling import MAX_PAYLOAD_BYTES
 from ring.transport import device as device_transports
 from ring.transport.base import TransportError
 
 DEFAULT_SEGMENT_BYTES = 4 << 20
 MAX_SEGMENT_BYTES = 1 << 30   # MPI counts messages in ints: keep every message well below 2 GiB
-DEFAULT_SMALL_BYTES = 32 << 10
+DEFAULT_SMALL_BYTES = MAX_PAYLOAD_BYTES
 DEFAULT_TIMEOUT = 600.0
 
 
@@ -80,7 +85,7 @@ class Runtime:
         self.small_bytes = small_bytes
         self.check = check
         self.timeout = timeout
-        self.algorithm = algorithm         # all-reduce across hosts: "ring", "hierarchical" or "auto"
+        self.algorithm = algorithm         # one of ALGORITHMS: "auto" lets the cost model choose
         self.hosts = hosts                 # declared hosts (0: the real ones), see hosts_of
         self.timeline = timeline           # where the trace goes ("": none); see collectives.timeline
         self.groups: list[Group] = []      # the groups this rank belongs to, the world first
@@ -91,6 +96,30 @@ class Runtime:
         self.current = None                # the call running (collectives.call.Call), for the timeline
         self.threads_checked = threads_checked   # MPI is not thread-safe here: only its main thread may call
         self.closed = False                # the process has left (see collectives.world._leave)
+        self._choices: dict = {}           # (collective, ranks, bytes, on the host) -> algorithm
+
+    def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True) -> str:
+        """The algorithm of ``ring.cost.ALGORITHMS[op]`` that runs ``op`` on ``n`` ranks and ``nbytes``:
+        the forced one (COLLECTIVES_ALGORITHM) where ``op`` has it, else the cost model's choice.
+        Recursive doubling is for host arrays up to ``small_bytes``; GPU arrays take the ring.
+        The same on every rank for the same call (remembered: choosing costs more than a small call)."""
+        key = (op, n, nbytes, host)
+        found = self._choices.get(key)
+        if found is None:
+            if len(self._choices) >= 4096:
+                self._choices.clear()
+            doubling_bytes = self.small_bytes if host else -1
+            if not host:
+                found = "ring"
+            elif self.algorithm in cost.ALGORITHMS[op] and (self.algorithm != "doubling" or nbytes <= doubling_bytes):
+                found = self.algorithm
+            elif self.algorithm in cost.ALGORITHMS["allreduce"]:   # forced, but not for this call
+                found = "ring"
+            else:
+                found = cost.choose(op, n, nbytes, segment_bytes=self.segment_bytes, check=self.check,
+                                    doubling_bytes=doubling_bytes)
+            self._choices[key] = found
+        return found
 
     def segment_elems(self, dtype: np.dtype) -> int:
         return max(1, self.segment_bytes // dtype.itemsize)
@@ -104,7 +133,7 @@ class Runtime:
         takes that path (every member must call this together: it makes communicators)."""
         levels = None
         hosts = hosts_of(ranks, transport.hosts, self.hosts, len(ranks) if world else self.world.size())
-        if self.algorithm != "ring" and not two_level_layout(hosts):
+        if self.algorithm in ("auto", "hierarchical") and not two_level_layout(hosts):
             here = hosts[transport.rank]
             on_host = [r for r in range(len(hosts)) if hosts[r] == here]
             host_order = list(dict.fromkeys(hosts))
@@ -123,7 +152,7 @@ WIRE_SETTINGS = (("segment_bytes", "COLLECTIVES_SEGMENT_BYTES"), ("small_bytes",
                  ("hosts", "COLLECTIVES_HOSTS"))
 #: Settings fixed when the runtime is set up (they shape its communicators): init() cannot change them later.
 SETUP_SETTINGS = ("algorithm", "hosts")
-ALGORITHMS = ("auto", "ring", "hierarchical")
+ALGORITHMS = ("auto", "ring", "halving", "doubling", "hierarchical")
 
 
 def _byte_count(raw: str) -> int:
@@ -141,7 +170,7 @@ _SETTINGS = {
                       f"a byte count from 1 to {MAX_SEGMENT_BYTES} (1G), like 4194304 or 4M"),
     "small_bytes": ("COLLECTIVES_SMALL_BYTES", DEFAULT_SMALL_BYTES, _byte_count,
                     lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_PAYLOAD_BYTES,
-                    f"a byte count from 0 to {MAX_PAYLOAD_BYTES} (64K)"),
+                    f"a byte count from 0 to {MAX_PAYLOAD_BYTES} (256K)"),
     "check": ("COLLECTIVES_CHECK", True, _flag, lambda v: isinstance(v, bool), "True/False (environment: 1 or 0)"),
     "timeout": ("COLLECTIVES_TIMEOUT", DEFAULT_TIMEOUT, float,
                 lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),

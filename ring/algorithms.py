@@ -12,7 +12,7 @@ import numpy as np
 from ring import arrays, doubling
 from ring.execute import run
 from ring.partition import bounds_from_counts, chunk_bounds
-from ring.schedule import allgather_plan, broadcast_plan, reduce_scatter_plan
+from ring.schedule import allgather_plan, broadcast_plan, doubling_gather_plan, halving_plans, reduce_scatter_plan
 from ring.transport.base import Transport
 
 
@@ -76,6 +76,33 @@ def allreduce(transport: Transport, input: Any, output: Any, op: str, segment_el
     run(allgather_plan(transport.rank, bounds, segment_elems), transport, output, phase="all-gather")
 
 
+def allreduce_halving_doubling(transport: Transport, input: Any, output: Any, op: str, segment_elems: int) -> None:
+    """``allreduce`` by Rabenseifner's algorithm: reduce-scatter by recursive halving, all-gather by
+    recursive doubling (``ring.schedule.halving_plans``, ``doubling_gather_plan``). The ring's bytes
+    per rank in 2 log2(n) messages instead of 2(n-1), for the sizes where latency still counts; a
+    world that is not a power of two first folds its extra ranks in (two more messages of the
+    whole buffer). Each chunk is reduced on one rank and copied to the others: identical bits.
+    """
+    n = transport.size
+    if n == 1:
+        if output is not input:
+            arrays.copy_(output, input)
+        return
+    xp = arrays.xp_of(output)
+    prescale = _prescales(op, output.dtype)
+    if prescale:
+        xp.true_divide(input, n, out=output)
+        input = output
+    combine = arrays.combiner(xp, op)
+    first, rest, owned = halving_plans(transport.rank, n, output.size, segment_elems)
+    run(first, transport, output, input, combine, "reduce-scatter")
+    run(rest, transport, output, None, combine, "reduce-scatter")
+    if op == "avg" and not prescale:
+        arrays.divide_(output[slice(*owned)], n)
+    run(doubling_gather_plan(transport.rank, n, output.size, segment_elems), transport, output,
+        phase="all-gather")
+
+
 def allreduce_two_level(local: Transport, across: Transport, input: Any, output: Any, op: str,
                         segment_elems: int) -> None:
     """``allreduce`` over ranks on several hosts, in two levels (the hierarchical all-reduce of
@@ -100,6 +127,31 @@ def allreduce_two_level(local: Transport, across: Transport, input: Any, output:
     allreduce(across, chunk, chunk, op, segment_elems)
     bounds = chunk_bounds(output.size, local.size)
     run(allgather_plan(local.rank, bounds, segment_elems), local, output, phase="all-gather")
+
+
+def gather_counts(transport: Transport, count: int, signature: bytes) -> np.ndarray | None:
+    """Every rank's ``count`` in rank order, by one recursive-doubling exchange that also checks
+    ``signature`` (None on every rank if any rank's differs): what an all-gather needs first."""
+    mine = np.zeros(transport.size, np.int64)
+    mine[transport.rank] = count
+    every = np.empty_like(mine)
+    return every if doubling.agree(transport, signature, mine, arrays.combiner(np, "sum"), every) else None
+
+
+def allgather_small(transport: Transport, input: np.ndarray, output: np.ndarray, counts: list[int],
+                    signature: bytes) -> bool:
+    """``allgather`` of a small host buffer by recursive doubling: each rank brings a message as
+    large as ``output`` holding its own bytes in place and zeros elsewhere, and the messages are
+    combined by bitwise or, which puts every rank's bytes in place, exact for any dtype. Returns
+    False (``output`` untouched) if any rank's ``signature`` differs."""
+    start, stop = bounds_from_counts(counts)[transport.rank]
+    mine = np.zeros(output.nbytes, np.uint8)
+    mine[start * output.itemsize:stop * output.itemsize] = input.view(np.uint8)
+    return doubling.agree(transport, signature, mine, _bitwise_or, output.view(np.uint8))
+
+
+def _bitwise_or(out: np.ndarray, mine: np.ndarray, received: np.ndarray) -> None:
+    np.bitwise_or(mine, received, out=out)
 
 
 def allgather(transport: Transport, input: Any, output: Any, counts: list[int], segment_elems: int) -> None:

@@ -35,13 +35,14 @@ from typing import Any
 import numpy as np
 
 from ring import arrays, execute
+from ring.cost import DOUBLING_MAX_BYTES
 from ring.execute import Combine
 from ring.transport.base import Transport
 
 #: Largest signature, in bytes; signatures are padded to this length.
 SIGNATURE_BYTES = 256
 #: Largest payload a doubling all-reduce may carry (the receive buffer is this big).
-MAX_PAYLOAD_BYTES = 64 << 10
+MAX_PAYLOAD_BYTES = DOUBLING_MAX_BYTES
 _HEADER = SIGNATURE_BYTES + 8   # signature, then an "all agree so far" byte, padded so the payload is aligned
 
 
@@ -170,7 +171,7 @@ class _Layout:
 
 
 class _Messages:
-    """This thread's send and receive buffers (2 x 64 KiB, allocated once) and their layouts."""
+    """This thread's send and receive buffers (2 x 256 KiB, allocated once) and their layouts."""
 
     def __init__(self):
         self._send = np.zeros(_HEADER + MAX_PAYLOAD_BYTES, np.uint8)

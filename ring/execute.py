@@ -32,7 +32,8 @@ def run(plan: Plan, transport: Transport, output: Any, input: Any = None,
     Overlap: the receive and send of transfer k+1 are posted before transfer k is
     reduced, except a send that forwards what transfer k produces (``send_waits``).
     A ``lockstep`` plan has nothing to overlap (see ``Plan``), so each transfer is one
-    blocking exchange, which costs fewer calls.
+    blocking exchange, which costs fewer calls; plans that talk to other peers than the
+    ring's neighbours (``Transfer.peer``) are lockstep.
 
     ``phase`` names the plan for the ``observer`` ("reduce-scatter", "all-gather", ...).
     """
@@ -54,7 +55,7 @@ def _walk(plan: Plan, transport: Transport, output: Any, input: Any, combine: Co
     if plan.lockstep:
         for k, t in enumerate(plan):
             received = _incoming(t, k, output, in_place)
-            transport.exchange(_outgoing(t, input, output), received)
+            transport.exchange(_outgoing(t, input, output), received, dest=t.peer, source=t.peer)
             _reduce(t, output, input, received, combine)
         return
 

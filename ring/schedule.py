@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import zip_longest
 
-from ring.partition import Range, segment_bounds
+from ring.partition import Range, chunk_bounds, segment_bounds
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ class Transfer:
     same range and written to the output; otherwise they land in the output as is.
     ``send_waits``: the send reads what the previous transfer writes, so it may only be
     posted once that transfer is finished.
+    ``peer``: the rank both directions talk to, for the schedules that are not rings
+    (``None``: the ring's neighbours). A plan with peers runs in lockstep.
     """
 
     send: Range | None
@@ -64,6 +66,7 @@ class Transfer:
     reduce: bool
     send_from_input: bool = False
     send_waits: bool = False
+    peer: int | None = None
 
 
 class Plan(tuple):
@@ -132,7 +135,7 @@ def reduce_scatter_plan(rank: int, bounds: tuple[Range, ...], segment_elems: int
     """Transfers of the reduce-scatter half for ``rank``; chunk ``rank`` ends fully reduced in the output.
 
     >>> reduce_scatter_plan(0, ((0, 1), (1, 2)), 4)[0]
-    Transfer(send=(1, 2), recv=(0, 1), reduce=True, send_from_input=True, send_waits=False)
+    Transfer(send=(1, 2), recv=(0, 1), reduce=True, send_from_input=True, send_waits=False, peer=None)
     """
     steps = reduce_scatter_steps(rank, len(bounds))
     return _segmented(steps, bounds, segment_elems, reduce=True, first_from_input=True)
@@ -143,7 +146,7 @@ def allgather_plan(rank: int, bounds: tuple[Range, ...], segment_elems: int) -> 
     """Transfers of the all-gather half for ``rank``; expects chunk ``rank`` already in the output.
 
     >>> allgather_plan(0, ((0, 1), (1, 2)), 4)[0]
-    Transfer(send=(0, 1), recv=(1, 2), reduce=False, send_from_input=False, send_waits=False)
+    Transfer(send=(0, 1), recv=(1, 2), reduce=False, send_from_input=False, send_waits=False, peer=None)
     """
     steps = allgather_steps(rank, len(bounds))
     return _segmented(steps, bounds, segment_elems, reduce=False, first_from_input=False)
@@ -173,3 +176,113 @@ def broadcast_plan(rank: int, nranks: int, root: int, count: int, segment_elems:
         plan.append(Transfer(send=send, recv=recv, reduce=False,
                              send_waits=_overlaps(send, plan[-1].recv if plan else None)))
     return Plan(p for p in plan if p.send or p.recv)
+
+
+def core_size(nranks: int) -> int:
+    """The largest power of two <= ``nranks``: the ranks that halve and double (the others fold in).
+
+    >>> [core_size(n) for n in (1, 2, 3, 4, 5, 8, 9)]
+    [1, 2, 2, 4, 4, 8, 8]
+    """
+    return 1 << (nranks.bit_length() - 1)
+
+
+@lru_cache(maxsize=256)
+def halving_plans(rank: int, nranks: int, count: int, segment_elems: int) -> tuple[Plan, Plan, Range]:
+    """Rabenseifner's reduce-scatter by recursive halving, for ``rank``: (the transfers that read the
+    input, the ones that run in place after them, the range this rank then owns reduced).
+
+    With p = ``core_size(nranks)``, the buffer is cut into p chunks (``chunk_bounds``). A rank
+    r >= p first hands its whole input to rank r - p, which reduces it into its own (the fold),
+    and then owns nothing. The p core ranks halve: at distance d = p/2, p/4, ..., 1 rank r pairs
+    with r ^ d, sends the half of its current chunk range that the partner keeps, and reduces the
+    half it keeps; after log2(p) steps core rank r owns chunk r. For 4 ranks (chunks sent ->
+    chunks kept):
+
+    =====  ==========  ==========  ==========  ==========
+    step   rank 0      rank 1      rank 2      rank 3
+    =====  ==========  ==========  ==========  ==========
+    d=2    2,3 -> 0,1  2,3 -> 0,1  0,1 -> 2,3  0,1 -> 2,3
+    d=1    1 -> 0      0 -> 1      3 -> 2      2 -> 3
+    =====  ==========  ==========  ==========  ==========
+
+    Each rank sends (p-1)/p of the buffer, as in the ring, in log2(p) messages instead of p-1.
+
+    >>> first, rest, owned = halving_plans(1, 4, 8, 100)
+    >>> [(t.send, t.recv, t.peer) for t in first + rest], owned
+    ([((4, 8), (0, 4), 3), ((0, 2), (2, 4), 0)], (2, 4))
+    >>> first, rest, owned = halving_plans(4, 5, 8, 100)     # folds into rank 0
+    >>> [(t.send, t.recv, t.peer) for t in first], rest, owned
+    ([((0, 8), None, 0)], (), (0, 0))
+    """
+    p = core_size(nranks)
+    whole = (0, count)
+    if rank >= p:
+        return Plan(_segments(_paired(whole, None, rank - p, reduce=False, from_input=True), segment_elems)), Plan(()), (0, 0)
+    bounds = chunk_bounds(count, p)
+    first: list[Transfer] = []
+    if rank + p < nranks:
+        first = _paired(None, whole, rank + p, reduce=True, from_input=False)
+    rest: list[Transfer] = []
+    lo, hi = 0, p
+    distance = p // 2
+    while distance:
+        mid = lo + distance
+        keep, give = ((mid, hi), (lo, mid)) if rank & distance else ((lo, mid), (mid, hi))
+        step = _paired(_elements(bounds, give), _elements(bounds, keep), rank ^ distance, reduce=True,
+                       from_input=not first and not rest)
+        (first if not first and not rest else rest).extend(step)
+        lo, hi = keep
+        distance //= 2
+    return Plan(_segments(first, segment_elems)), Plan(_segments(rest, segment_elems)), bounds[rank]
+
+
+@lru_cache(maxsize=256)
+def doubling_gather_plan(rank: int, nranks: int, count: int, segment_elems: int) -> Plan:
+    """The all-gather half of Rabenseifner's all-reduce: recursive doubling of the owned chunks
+    (the halving steps backwards: at d = 1, 2, ..., p/2 rank r sends the chunk range it holds to
+    r ^ d and receives the partner's), then the folded ranks r >= p get the whole result from r - p.
+
+    >>> [(t.send, t.recv, t.peer) for t in doubling_gather_plan(1, 4, 8, 100)]
+    [((2, 4), (0, 2), 0), ((0, 4), (4, 8), 3)]
+    >>> [(t.send, t.recv, t.peer) for t in doubling_gather_plan(4, 5, 8, 100)]
+    [(None, (0, 8), 0)]
+    """
+    p = core_size(nranks)
+    whole = (0, count)
+    if rank >= p:
+        return Plan(_segments(_paired(None, whole, rank - p, reduce=False, from_input=False), segment_elems))
+    bounds = chunk_bounds(count, p)
+    transfers: list[Transfer] = []
+    distance = 1
+    while distance < p:   # this rank holds the d chunks from (rank // d) * d; its partner the next or previous d
+        mine = (rank // distance) * distance
+        theirs = ((rank ^ distance) // distance) * distance
+        transfers += _paired(_elements(bounds, (mine, mine + distance)),
+                             _elements(bounds, (theirs, theirs + distance)), rank ^ distance,
+                             reduce=False, from_input=False)
+        distance *= 2
+    if rank + p < nranks:
+        transfers += _paired(whole, None, rank + p, reduce=False, from_input=False)
+    return Plan(_segments(transfers, segment_elems))
+
+
+def _elements(bounds: tuple[Range, ...], chunks: Range) -> Range:
+    """The element range of chunks ``chunks[0]`` .. ``chunks[1] - 1``."""
+    return bounds[chunks[0]][0], bounds[chunks[1] - 1][1]
+
+
+def _paired(send: Range | None, recv: Range | None, peer: int, *, reduce: bool, from_input: bool) -> list:
+    return [Transfer(send=send, recv=recv, reduce=reduce, send_from_input=from_input, send_waits=True, peer=peer)]
+
+
+def _segments(transfers: list[Transfer], segment_elems: int) -> list[Transfer]:
+    """Cut each transfer into message pairs of at most ``segment_elems`` elements each way."""
+    cut = []
+    for t in transfers:
+        sends = segment_bounds(t.send, segment_elems) if t.send else []
+        recvs = segment_bounds(t.recv, segment_elems) if t.recv else []
+        for send, recv in zip_longest(sends, recvs):
+            cut.append(Transfer(send=send, recv=recv, reduce=t.reduce, send_from_input=t.send_from_input,
+                                send_waits=True, peer=t.peer))
+    return cut

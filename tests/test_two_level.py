@@ -80,7 +80,7 @@ def test_uneven_hosts_keep_the_flat_ring(tmp_path):
      "(more than one) on each, but all ranks are on one host"),
     ({"COLLECTIVES_HOSTS": "3"}, "init: COLLECTIVES_HOSTS / hosts: 3 hosts, but the world has only 2 rank(s)"),
     ({"COLLECTIVES_ALGORITHM": "tree"},
-     "init: COLLECTIVES_ALGORITHM: expected 'auto' or 'ring' or 'hierarchical', got 'tree'"),
+     "init: COLLECTIVES_ALGORITHM: expected 'auto' or 'ring' or 'halving' or 'doubling' or 'hierarchical', got 'tree'"),
 ])
 def test_a_layout_the_algorithm_cannot_use_is_refused_on_every_rank(env, message, tmp_path):
     result = run_world(2, ["-m", "tests.programs.two_level", str(tmp_path / "x.npz")], 60, env=env)

@@ -1,0 +1,179 @@
+"""The cost model: how long each algorithm takes, and so which one a call should use.
+
+Every algorithm's time is a sum over what it does on its slowest path::
+
+    time = call + alpha * messages + beta * bytes moved + gamma * bytes reduced
+
+``call`` is the fixed cost of one call (Python: validation, the frame, the cross-rank
+check's bookkeeping), ``alpha`` the cost of one message (latency and software), ``beta``
+seconds per byte a rank sends, ``gamma`` seconds per byte combined (or copied). The
+counts come from the schedules (``ring.schedule``, ``ring.doubling``); the four numbers
+are measured: ``python -m bench --model`` fits them to a sweep of every algorithm and
+prints how well they predict it. The runtime picks, per call, the algorithm with the least
+predicted time (:func:`choose`): the same formulas the bench prints, so one source of truth.
+
+Counts for one rank of n (p = the largest power of two <= n, s = doubling steps =
+log2(p) plus 2 when n > p, N = bytes, k = segments per message, check = s header-only
+messages when the cross-rank check is on; "doubling" carries the check itself):
+
+==============  ======================  ==========================  ============================
+algorithm       messages                bytes moved                 bytes reduced
+==============  ======================  ==========================  ============================
+doubling        s                       s N                         (log2 p + [n > p] + 1) N
+ring            check + 2(n-1) k        2(n-1)/n N                  (n-1)/n N / k
+halving         check + 2 log2(p) k     2(p-1)/p N + [n > p] 2N     (p-1)/p N + [n > p] N
+  (Rabenseifner: recursive halving, then doubling)
+==============  ======================  ==========================  ============================
+
+The ``+ 1`` of doubling is its copies into and out of the message; the ring's ``/ k`` is its
+pipeline (it reduces one segment while the next one moves; the others run in lockstep). Two levels (H hosts of
+L ranks) add a local reduce-scatter and all-gather (the ring on L ranks, local link) to an
+all-reduce of N/L across hosts (network link).
+
+>>> costs = Costs(call=10e-6, alpha=2e-6, beta=0.3e-9, gamma=0.2e-9)
+>>> choose("allreduce", 2, 1024, costs), choose("allreduce", 2, 64 << 20, costs)
+('doubling', 'ring')
+>>> choose("allreduce", 64, 256 << 10, costs)
+'halving'
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+#: The algorithms of each collective, in the order ties are broken.
+ALGORITHMS = {
+    "allreduce": ("ring", "halving", "doubling"),
+    "reduce_scatter": ("ring", "doubling"),
+    "allgather": ("ring", "doubling"),
+    "broadcast": ("ring",),
+}
+#: The largest message of the doubling algorithms (``ring.doubling.MAX_PAYLOAD_BYTES``).
+DOUBLING_MAX_BYTES = 256 << 10
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds per call, per message, per byte moved and per byte reduced (see the module)."""
+    call: float
+    alpha: float
+    beta: float
+    gamma: float
+
+    def time(self, terms: "Terms") -> float:
+        return self.call + self.alpha * terms.messages + self.beta * terms.moved + self.gamma * terms.reduced
+
+
+#: Fitted on the 2-core development machine, n = 2, float32 sum, every algorithm of every
+#: collective from 8 B to 64 MiB: ``mpiexec -n 2 python -m bench --model`` (README, "Cost model").
+MEASURED = Costs(call=9.0e-6, alpha=3.0e-6, beta=0.20e-9, gamma=0.15e-9)
+
+
+class Terms(NamedTuple):
+    """What one call does on its slowest rank: messages, bytes sent, bytes reduced (or copied)."""
+    messages: float
+    moved: float
+    reduced: float
+
+    def __add__(self, other):   # (a NamedTuple adds by concatenating)
+        return Terms(self.messages + other.messages, self.moved + other.moved, self.reduced + other.reduced)
+
+
+def doubling_steps(n: int) -> int:
+    """Messages of one recursive-doubling exchange on n ranks.
+
+    >>> [doubling_steps(n) for n in (1, 2, 3, 4, 5, 8)]
+    [0, 1, 3, 2, 4, 3]
+    """
+    p = 1 << (n.bit_length() - 1)
+    return p.bit_length() - 1 + (2 if n > p else 0)
+
+
+def terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int = 4 << 20,
+          check: bool = True) -> Terms:
+    """The counts of the module's table for ``op`` by ``algorithm`` on ``n`` ranks of one host.
+
+    ``nbytes`` is the buffer (allreduce, broadcast), the input (reduce_scatter) or the output
+    (allgather). Allgather always spends one doubling exchange on the ranks' lengths (which
+    carries the check).
+
+    >>> terms("allreduce", "ring", 4, 4096, check=False)
+    Terms(messages=6, moved=6144.0, reduced=3072.0)
+    """
+    if n == 1:
+        return Terms(0, 0, 2 * nbytes if algorithm == "doubling" else nbytes)
+    p = 1 << (n.bit_length() - 1)
+    log_p = p.bit_length() - 1
+    folded = n > p
+    s = doubling_steps(n)
+    checking = Terms(s if check else 0, 0, 0)
+    segments = max(1, math.ceil(nbytes / n / segment_bytes))
+    if op == "allgather":
+        checking = Terms(s, 0, 0)   # the lengths
+    if algorithm == "doubling":
+        rounds = Terms(s, s * nbytes, (log_p + folded + 1) * nbytes)
+        return checking + rounds if op == "allgather" else rounds
+    if algorithm == "halving":
+        fold = Terms(2 * math.ceil(nbytes / segment_bytes), 2 * nbytes, nbytes) if folded else Terms(0, 0, 0)
+        return checking + fold + Terms(2 * log_p * segments, 2 * (p - 1) / p * nbytes, (p - 1) / p * nbytes)
+    if algorithm != "ring":
+        raise ValueError(f"unknown algorithm {algorithm!r}")
+    share = (n - 1) / n * nbytes
+    exposed = share / segments   # the ring reduces one segment while the next moves: one in k shows
+    if op == "allreduce":
+        return checking + Terms(2 * (n - 1) * segments, 2 * share, exposed)
+    if op == "reduce_scatter":
+        return checking + Terms((n - 1) * segments, share, exposed)
+    if op == "allgather":
+        return checking + Terms((n - 1) * segments, share, 0)
+    if op == "broadcast":
+        k = max(1, math.ceil(nbytes / segment_bytes))
+        return checking + Terms(n - 2 + k, (n - 2 + k) * nbytes / k, 0)
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def predict(op: str, algorithm: str, n: int, nbytes: int, costs: Costs = MEASURED, *,
+            segment_bytes: int = 4 << 20, check: bool = True, hosts: tuple[int, int] | None = None,
+            network: Costs | None = None) -> float:
+    """Predicted seconds of one call. ``hosts=(H, L)``: n = H*L ranks on H hosts of L, where
+    ``network`` (default ``costs``) prices what crosses hosts: a flat algorithm then waits on
+    the network at every step; ``algorithm="two-level"`` keeps the network to one all-reduce
+    of N/L among H ranks (by whichever flat algorithm is fastest there).
+
+    >>> host = Costs(0, 1e-6, 1e-10, 1e-10); network = Costs(0, 5e-6, 1e-9, 1e-10)
+    >>> flat = predict("allreduce", "ring", 4096, 1 << 30, host, hosts=(512, 8), network=network)
+    >>> two = predict("allreduce", "two-level", 4096, 1 << 30, host, hosts=(512, 8), network=network)
+    >>> round(flat / two, 1)
+    4.1
+    """
+    network = network or costs
+    if hosts is None or hosts[0] == 1:
+        return costs.time(terms(op, algorithm, n, nbytes, segment_bytes, check))
+    count, per_host = hosts
+    if algorithm != "two-level":
+        link = Costs(costs.call, network.alpha, network.beta, costs.gamma)
+        return link.time(terms(op, algorithm, n, nbytes, segment_bytes, check))
+    local = Terms(2 * (per_host - 1), 2 * (per_host - 1) / per_host * nbytes, (per_host - 1) / per_host * nbytes)
+    chunk = math.ceil(nbytes / per_host)
+    across = Costs(0.0, network.alpha, network.beta, costs.gamma)
+    best_across = min(across.time(terms("allreduce", a, count, chunk, segment_bytes, check=False))
+                      for a in ALGORITHMS["allreduce"] if a != "doubling" or chunk <= DOUBLING_MAX_BYTES)
+    checking = Terms(doubling_steps(n) if check else 0, 0, 0)
+    return costs.time(local + checking) + best_across
+
+
+def choose(op: str, n: int, nbytes: int, costs: Costs = MEASURED, *, segment_bytes: int = 4 << 20,
+           check: bool = True, doubling_bytes: int = DOUBLING_MAX_BYTES,
+           candidates: tuple[str, ...] | None = None) -> str:
+    """The algorithm with the least predicted time for ``op`` on ``n`` ranks and ``nbytes``
+    (ties go to the earlier in ``ALGORITHMS``). Doubling is a candidate up to ``doubling_bytes``
+    (its message buffer); ``candidates`` narrows the choice (GPU arrays: the ring alone)."""
+    best, best_time = "", math.inf
+    for algorithm in candidates or ALGORITHMS[op]:
+        if algorithm == "doubling" and nbytes > doubling_bytes:
+            continue
+        t = predict(op, algorithm, n, nbytes, costs, segment_bytes=segment_bytes, check=check)
+        if t < best_time:
+            best, best_time = algorithm, t
+    return best
