@@ -33,6 +33,7 @@ from collectives.cli import ArgumentParser, launch_note
 from collectives.world import world
 from ring.transport.base import TransportError
 from ring.transport.mpi import usable_cores
+from bench import model
 from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, Case, nccl_supports
 from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
 from bench.sizes import format_size, parse_size, sweep
@@ -58,14 +59,16 @@ def _count(text: str) -> int:
 def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.HelpFormatter)
-    p.add_argument("--op", choices=OPS, default="allreduce", help="the collective (default: allreduce)")
+    p.add_argument("--op", choices=OPS, default=None,
+                   help="the collective (default: allreduce; with --model: all four)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="element type (default: float32)")
     p.add_argument("--redop", choices=REDOPS, default="sum",
                    help="reduction, for allreduce and reduce_scatter (default: sum)")
     p.add_argument("--min-bytes", type=_size, default="8",
                    help="smallest size: 8, 64K, 256M, 1G (binary units) (default: 8)")
-    p.add_argument("--max-bytes", type=_size, default="256M", help="largest size (default: 256M)")
-    p.add_argument("--factor", type=float, default=2.0, help="each size is the last times this (default: 2)")
+    p.add_argument("--max-bytes", type=_size, default=None, help="largest size (default: 256M; with --model: 64M)")
+    p.add_argument("--factor", type=float, default=None,
+                   help="each size is the last times this (default: 2; with --model: 4)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: numpy arrays; cuda: cupy arrays on each rank's GPU (default: cpu)")
     p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=None,
@@ -80,10 +83,27 @@ def parse_args(argv: list[str] | None, n: int) -> argparse.Namespace:
     p.add_argument("--csv", metavar="PATH", help="write every row, with the environment, as CSV, as each size finishes (default: none)")
     p.add_argument("--plot", metavar="PATH", help="draw busbw against size to a PNG (needs matplotlib), at the end or on Ctrl-C "
                         "(default: none)")
+    p.add_argument("--model", action="store_true",
+                   help="fit the cost model (ring/cost.py) to a sweep of every algorithm on the first 2..n ranks, "
+                        "print predicted against measured time, then predictions up to 4096 ranks")
+    p.add_argument("--link", type=model.parse_link, metavar="BW,LATENCY",
+                   help="with --model: the network between hosts for the predictions, like 25GB/s,5us "
+                        "(default: this machine's fitted costs)")
+    p.add_argument("--hosts", type=model.parse_hosts, metavar="HxL",
+                   help="with --model: predict for H hosts of L ranks, two-level all-reduce included, like 512x8")
     p.add_argument("--plant-error", choices=list(IMPLEMENTATIONS), metavar="IMPL",
                    help="for testing the checker: overwrite one element of IMPL's result on the last rank "
                         "(default: none)")
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.model_ops = [args.op] if args.op else list(OPS)
+    args.op = args.op or "allreduce"
+    args.max_bytes = args.max_bytes if args.max_bytes is not None else parse_size("64M" if args.model else "256M")
+    args.factor = args.factor if args.factor is not None else (4.0 if args.model else 2.0)
+    if (args.link or args.hosts) and not args.model:
+        p.error("--link and --hosts describe the predictions of --model")
+    if args.model and (args.device != "cpu" or args.impl or args.plant_error or args.json or args.csv or args.plot):
+        p.error("--model times the host algorithms alone: no --device, --impl, --plant-error, --json, --csv, --plot")
     if args.impl is None:
         args.impl = ["ring", "nccl"] if args.device == "cuda" else ["ring", "mpi"]
     args.impl = list(dict.fromkeys(args.impl))
@@ -322,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     args = parse_args(argv, comm.Get_size())
     try:
-        return run(args, comm)
+        return model.run(args, comm) if args.model else run(args, comm)
     except KeyboardInterrupt:   # outside the sweep: nothing to keep
         return 130
     except Exception:   # one rank failing alone must not leave the others waiting in a barrier

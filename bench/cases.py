@@ -91,8 +91,9 @@ class Case:
     """
 
     def __init__(self, comm: MPI.Comm, op: str, dtype: str, redop: str, nbytes: int, root: int = 0,
-                 xp: ModuleType = np, nccl_comm: Any = None):
+                 xp: ModuleType = np, nccl_comm: Any = None, group: col.Group | None = None):
         self.comm, self.op, self.redop, self.root = comm, op, redop, root
+        self.group = group   # where the ring runs (None: the world), the same ranks as ``comm``
         self.xp, self.nccl_comm = xp, nccl_comm
         self.on_device = xp is not np
         self.dtype = np.dtype(dtype)
@@ -147,19 +148,19 @@ class Case:
 
 
 def _ring_allreduce(c: Case) -> np.ndarray:
-    return col.allreduce(c.x, c.redop, out=c.out)
+    return col.allreduce(c.x, c.redop, out=c.out, group=c.group)
 
 
 def _ring_reduce_scatter(c: Case) -> np.ndarray:
-    return col.reduce_scatter(c.x, c.redop, out=c.out)
+    return col.reduce_scatter(c.x, c.redop, out=c.out, group=c.group)
 
 
 def _ring_allgather(c: Case) -> np.ndarray:
-    return col.allgather(c.x)    # the API returns a new array: its allocation is part of the call
+    return col.allgather(c.x, group=c.group)    # the API returns a new array: its allocation is part of the call
 
 
 def _ring_broadcast(c: Case) -> np.ndarray:
-    return col.broadcast(c.x, root=c.root)
+    return col.broadcast(c.x, root=c.root, group=c.group)
 
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}

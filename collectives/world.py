@@ -96,14 +96,14 @@ class Runtime:
         self.current = None                # the call running (collectives.call.Call), for the timeline
         self.threads_checked = threads_checked   # MPI is not thread-safe here: only its main thread may call
         self.closed = False                # the process has left (see collectives.world._leave)
-        self._choices: dict = {}           # (collective, ranks, bytes, on the host) -> algorithm
+        self._choices: dict = {}           # (collective, ranks, bytes, on the host, setting) -> algorithm
 
     def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True) -> str:
         """The algorithm of ``ring.cost.ALGORITHMS[op]`` that runs ``op`` on ``n`` ranks and ``nbytes``:
         the forced one (COLLECTIVES_ALGORITHM) where ``op`` has it, else the cost model's choice.
         Recursive doubling is for host arrays up to ``small_bytes``; GPU arrays take the ring.
         The same on every rank for the same call (remembered: choosing costs more than a small call)."""
-        key = (op, n, nbytes, host)
+        key = (op, n, nbytes, host, self.algorithm)
         found = self._choices.get(key)
         if found is None:
             if len(self._choices) >= 4096:

@@ -5,7 +5,7 @@ import importlib
 import numpy as np
 import pytest
 
-MODULES = ["ring.partition", "ring.schedule", "ring.doubling", "ring.arrays", "collectives.signature",
+MODULES = ["ring.partition", "ring.schedule", "ring.doubling", "ring.cost", "ring.arrays", "collectives.signature",
            "collectives.sizes", "collectives.validate", "collectives.group", "trainer.model", "trainer.optim",
            "trainer.buckets", "trainer.strategies.ps", "bench.sizes"]
 

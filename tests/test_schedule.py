@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from ring.partition import chunk_bounds
-from ring.schedule import (allgather_plan, allgather_steps, broadcast_plan, reduce_scatter_plan,
-                           reduce_scatter_steps)
+from ring.schedule import (allgather_plan, allgather_steps, broadcast_plan, core_size, doubling_gather_plan,
+                           halving_plans, reduce_scatter_plan, reduce_scatter_steps)
 
 WORLD_SIZES = range(1, 9)
 
@@ -74,3 +74,26 @@ def test_a_send_never_forwards_data_that_is_still_being_reduced(n, count, segmen
                         and previous.recv[0] < t.send[1])
             if overlaps:
                 assert t.send_waits
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 31, 64])
+@pytest.mark.parametrize("count, segment", [(0, 4), (5, 2), (1000, 7), (1000, 1000)])
+def test_halving_doubling_plans_pair_up_and_leave_each_core_rank_its_chunk(n, count, segment):
+    """Between any two ranks, what one sends (in order) is what the other receives (same sizes,
+    same order): MPI pairs messages so. After the halving, core rank r owns chunk r of p."""
+    p = core_size(n)
+    plans = {r: halving_plans(r, n, count, segment) for r in range(n)}
+    gathers = {r: doubling_gather_plan(r, n, count, segment) for r in range(n)}
+    for r in range(n):
+        assert plans[r][2] == (chunk_bounds(count, p)[r] if r < p else (0, 0))
+    for phase in (lambda r: plans[r][0] + plans[r][1], lambda r: gathers[r]):
+        sent = {(a, t.peer): [] for a in range(n) for t in phase(a)}
+        received = {(t.peer, b): [] for b in range(n) for t in phase(b)}
+        for a in range(n):
+            for t in phase(a):
+                if t.send is not None:
+                    sent[(a, t.peer)].append(t.send[1] - t.send[0])
+                if t.recv is not None:
+                    received[(t.peer, a)].append(t.recv[1] - t.recv[0])
+        for pair in set(sent) | set(received):
+            assert sent.get(pair, []) == received.get(pair, []), f"n={n}: {pair} sends and receives differ"

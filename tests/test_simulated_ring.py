@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ring import algorithms
+from ring.partition import chunk_bounds
 from ring.transport.inprocess import InProcessWorld
 
 REFERENCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
@@ -52,12 +53,13 @@ def reference(inputs, op):
     return REFERENCE[op].reduce(np.stack(inputs), axis=0)
 
 
-def allreduce_each(inputs, op, segment, in_place):
-    """A simulated rank's body: all-reduce ``inputs[rank]`` (into itself if ``in_place``), return the result."""
+def allreduce_each(inputs, op, segment, in_place, reduce=algorithms.allreduce):
+    """A simulated rank's body: all-reduce ``inputs[rank]`` (into itself if ``in_place``) by ``reduce``
+    (an all-reduce of ``ring.algorithms``), return the result."""
     def body(t):
         x = inputs[t.rank]
         out = x if in_place else np.empty_like(x)
-        algorithms.allreduce(t, x, out, op, segment)
+        reduce(t, x, out, op, segment)
         return out
     return body
 
@@ -79,15 +81,17 @@ def check_allgather_then_broadcast(n, wrap, counts, dtype, root, segments):
         np.testing.assert_array_equal(buffer, inputs[root])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(n=st.integers(1, 8), count=st.integers(0, 400), segment=st.integers(1, 64),
-       op=st.sampled_from(["sum", "avg", "min", "max", "prod"]), in_place=st.booleans())
-def test_allreduce_matches_numpy(n, count, segment, op, in_place):
+       op=st.sampled_from(["sum", "avg", "min", "max", "prod"]), in_place=st.booleans(),
+       reduce=st.sampled_from([algorithms.allreduce, algorithms.allreduce_halving_doubling]))
+def test_allreduce_matches_numpy(n, count, segment, op, in_place, reduce):
+    """The ring and Rabenseifner's halving-doubling alike."""
     inputs = [rank_input(r, count, np.float64, op) for r in range(n)]
     expected = reference(inputs, op)
     originals = [x.copy() for x in inputs]
 
-    for rank, result in enumerate(simulate(n, allreduce_each(inputs, op, segment, in_place))):
+    for rank, result in enumerate(simulate(n, allreduce_each(inputs, op, segment, in_place, reduce))):
         np.testing.assert_array_equal(result, expected, err_msg=f"rank {rank}")
         if not in_place:
             np.testing.assert_array_equal(inputs[rank], originals[rank], err_msg="input modified")
@@ -159,3 +163,46 @@ def test_broadcast_copies_the_roots_buffer_everywhere(n, count, segment, root):
     for result in simulate(n, body):
         np.testing.assert_array_equal(result, np.arange(count, dtype=float))
 
+
+
+SCALE = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 31, 33, 64]   # up to 64 ranks: powers of two, one off, odd
+
+
+@pytest.mark.parametrize("n", SCALE)
+def test_every_algorithm_of_every_collective_at_scale(n):
+    """Each algorithm the cost model can choose (``ring.cost.ALGORITHMS``), on one uneven size per
+    collective, as n threads: exact against numpy, and the same bits on every rank."""
+    count = 3 * n + 2   # uneven chunks; a few ranks' shares differ by one element
+    segment = 2         # several messages per chunk: the segmented schedules too
+    inputs = [rank_input(r, count, np.int64) for r in range(n)]
+    rows = [r % 3 for r in range(n)]   # all-gather: some ranks bring nothing
+    signature = b"same call"
+
+    def body(t):
+        x = inputs[t.rank]
+        results = {}
+        for name, reduce in [("ring", algorithms.allreduce), ("halving", algorithms.allreduce_halving_doubling)]:
+            results[name] = np.empty_like(x)
+            reduce(t, x, results[name], "sum", segment)
+        results["doubling"] = np.empty_like(x)
+        assert algorithms.allreduce_small(t, x, results["doubling"], "max", signature)
+        work = x.copy()
+        results["reduce_scatter"] = work[algorithms.reduce_scatter(t, x, work, "sum", segment)].copy()
+        counts = algorithms.gather_counts(t, rows[t.rank], signature)
+        mine = np.full(rows[t.rank], t.rank, np.int16)
+        results["allgather ring"] = np.empty(int(counts.sum()), np.int16)
+        algorithms.allgather(t, mine, results["allgather ring"], [int(c) for c in counts], segment)
+        results["allgather doubling"] = np.empty(int(counts.sum()), np.int16)
+        assert algorithms.allgather_small(t, mine, results["allgather doubling"], [int(c) for c in counts], signature)
+        results["broadcast"] = x.copy() if t.rank == n - 1 else np.zeros_like(x)
+        algorithms.broadcast(t, results["broadcast"], n - 1, segment)
+        return results
+
+    outcomes = simulate(n, body)
+    total, gathered = reference(inputs, "sum"), np.repeat(np.arange(n), rows).astype(np.int16)
+    expected = {"ring": total, "halving": total, "doubling": reference(inputs, "max"),
+                "allgather ring": gathered, "allgather doubling": gathered, "broadcast": inputs[-1]}
+    for rank, results in enumerate(outcomes):
+        for name, want in expected.items():
+            assert results[name].tobytes() == want.tobytes(), f"n={n} rank {rank}: {name} differs"
+        np.testing.assert_array_equal(results["reduce_scatter"], total[slice(*chunk_bounds(count, n)[rank])])

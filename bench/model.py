@@ -1,0 +1,204 @@
+"""``python -m bench --model``: fit the cost model (``ring.cost``) to this machine, show how well it
+predicts every algorithm, and what it predicts for large worlds.
+
+1. Sweep: for each world size k = 2 .. n (the first k ranks, as a group), every collective,
+   every algorithm it has (forced, as COLLECTIVES_ALGORITHM does) and every size, time the
+   call as the bench does (barrier, slowest rank, median) and check its result.
+2. Fit: ``call``, ``alpha``, ``beta``, ``gamma`` by least squares on the relative error
+   (each row divided by its measured time, so 8 B counts as much as 64 MiB), none negative.
+3. Print measured against predicted, with the error in %, then the prediction for
+   n = 2 .. 4096 (``--link`` prices the network between hosts, ``--hosts HxL`` puts the
+   ranks on H hosts of L, with the two-level all-reduce among the candidates), and the
+   sizes where the choice changes (the crossovers the runtime acts on).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives as col
+from bench.cases import Case, bus_factor
+from bench.report import GB
+from bench.sizes import format_size, sweep
+from bench.timing import time_interleaved
+from collectives.world import world
+from ring import cost
+
+#: The world sizes and buffer sizes of the predictions.
+SCALES = (2, 4, 8, 16, 64, 256, 1024, 4096)
+PREDICTED_SIZES = tuple(4 ** k * 8 for k in range(13))   # 8 B .. 128 MiB
+
+
+def parse_link(text: str) -> cost.Costs:
+    """``25GB/s,5us`` -> the network's beta (s/B) and alpha (s); units GB/s, MB/s; s, ms, us, ns.
+
+    >>> link = parse_link("25GB/s,5us"); link.beta, link.alpha
+    (4e-11, 5e-06)
+    """
+    match = re.fullmatch(r"\s*([\d.]+)\s*([GM])B/s\s*,\s*([\d.]+)\s*(s|ms|us|ns)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected BANDWIDTH,LATENCY like 25GB/s,5us, got {text!r}")
+    rate = float(match[1]) * {"G": 1e9, "M": 1e6}[match[2]]
+    latency = float(match[3]) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[match[4]]
+    if rate <= 0:
+        raise argparse.ArgumentTypeError(f"the bandwidth must be positive, like 25GB/s,5us, got {text!r}")
+    return cost.Costs(0.0, latency, 1 / rate, 0.0)
+
+
+def parse_hosts(text: str) -> tuple[int, int]:
+    """``512x8`` -> (512 hosts, 8 ranks on each).
+
+    >>> parse_hosts("512x8")
+    (512, 8)
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
+    if not match or int(match[1]) < 1 or int(match[2]) < 1:
+        raise argparse.ArgumentTypeError(f"expected HOSTSxRANKS like 512x8, got {text!r}")
+    return int(match[1]), int(match[2])
+
+
+class _Forced(Case):
+    """A case whose implementations are the algorithms: ``run("halving")`` forces it for that call,
+    as COLLECTIVES_ALGORITHM would, so the algorithms of one size run interleaved like the bench's."""
+
+    def run(self, algorithm: str):
+        runtime = world().runtime
+        runtime.algorithm = algorithm
+        try:
+            return super().run("ring")
+        finally:
+            runtime.algorithm = "auto"
+
+
+def measure(comm: MPI.Comm, args: argparse.Namespace) -> list[dict]:
+    """Step 1 of the module: one row per (k, collective, algorithm, size) with the median seconds."""
+    runtime = world().runtime
+    rows = []
+    for k in range(2, comm.Get_size() + 1):
+        inside = comm.Get_rank() < k
+        sub = comm.Split(0 if inside else MPI.UNDEFINED, comm.Get_rank())
+        group = col.new_group(range(k))
+        if inside:
+            for op in args.model_ops:
+                for nbytes in sweep(args.min_bytes, args.max_bytes, args.factor):
+                    case = _Forced(sub, op, args.dtype, args.redop, nbytes, 0, group=group)
+                    algorithms = [a for a in cost.ALGORITHMS[op] if a != "doubling" or case.nbytes <= runtime.small_bytes]
+                    if case.count == 0:
+                        continue
+                    iters = args.iters or max(5, min(200, (64 << 20) // case.nbytes))
+                    timings = time_interleaved(sub, case, algorithms, iters, max(1, iters // 10))
+                    rows += [{"n": k, "op": op, "algorithm": a, "bytes": case.nbytes, "seconds": t.seconds,
+                              "wrong": t.wrong} for a, t in timings.items()]
+            sub.Free()
+        comm.Barrier()
+    return rows
+
+
+def fit(rows: list[dict], segment_bytes: int, check: bool) -> cost.Costs:
+    """Step 2: the non-negative costs that minimise the squared relative error over ``rows``."""
+    names = ["call", "alpha", "beta", "gamma"]
+    design = np.array([[1.0, *cost.terms(r["op"], r["algorithm"], r["n"], r["bytes"], segment_bytes, check)]
+                       for r in rows])
+    measured = np.array([r["seconds"] for r in rows])
+    free = list(range(4))
+    while True:
+        solution, *_ = np.linalg.lstsq(design[:, free] / measured[:, None], np.ones(len(rows)), rcond=None)
+        if (solution >= 0).all() or len(free) == 1:
+            break
+        free.pop(int(np.argmin(solution)))   # a negative cost means that term explains nothing here
+    values = dict.fromkeys(names, 0.0)
+    for index, value in zip(free, solution):
+        values[names[index]] = max(0.0, float(value))
+    return cost.Costs(**values)
+
+
+def report(rows: list[dict], costs: cost.Costs, args: argparse.Namespace, segment_bytes: int, check: bool) -> None:
+    """Step 3: the printed tables (rank 0)."""
+    print(f"# fitted on this machine ({len(rows)} timings): call {costs.call * 1e6:.2f} us, "
+          f"alpha {costs.alpha * 1e6:.2f} us per message, beta {costs.beta * 1e9:.3f} ns/B "
+          f"({1 / costs.beta / GB if costs.beta else math.inf:.2f} GB/s), gamma {costs.gamma * 1e9:.3f} ns/B "
+          f"({1 / costs.gamma / GB if costs.gamma else math.inf:.2f} GB/s)")
+    print(f"# in ring/cost.py the runtime chooses with: call {cost.MEASURED.call * 1e6:.2f} us, "
+          f"alpha {cost.MEASURED.alpha * 1e6:.2f} us, beta {cost.MEASURED.beta * 1e9:.3f} ns/B, "
+          f"gamma {cost.MEASURED.gamma * 1e9:.3f} ns/B")
+    print("#")
+    print(f"# {'n':>3} {'collective':>14} {'algorithm':>9} {'size':>6} | {'measured':>10} {'predicted':>10} "
+          f"{'error':>7} | the runtime's choice (ring/cost.py), and whether it was the fastest here")
+    errors: dict[int, list[float]] = {}
+    for r in rows:
+        predicted = cost.predict(r["op"], r["algorithm"], r["n"], r["bytes"], costs, segment_bytes=segment_bytes,
+                                 check=check)
+        error = (predicted - r["seconds"]) / r["seconds"] * 100
+        errors.setdefault(r["n"], []).append(abs(error))
+        chosen = world().runtime.algorithm_for(r["op"], r["n"], r["bytes"])
+        best = min((s for s in rows if (s["n"], s["op"], s["bytes"]) == (r["n"], r["op"], r["bytes"])),
+                   key=lambda s: s["seconds"])["algorithm"]
+        mark = "" if r["algorithm"] != chosen else ("chosen, fastest" if chosen == best else "chosen")
+        print(f"  {r['n']:>3} {r['op']:>14} {r['algorithm']:>9} {format_size(r['bytes']):>6} | "
+              f"{r['seconds'] * 1e6:>8.1f}us {predicted * 1e6:>8.1f}us {error:>+6.0f}% | {mark}")
+    for n, e in sorted(errors.items()):
+        print(f"# n={n}: median |error| {np.median(e):.0f}%, 90th percentile {np.percentile(e, 90):.0f}%")
+    wrong = sum(r["wrong"] for r in rows)
+    print(f"# #wrong: {wrong} " + ("(every result exact)" if not wrong else "-- RESULTS ARE WRONG"))
+    _predictions(costs, args, segment_bytes, check)
+
+
+def _predictions(costs: cost.Costs, args: argparse.Namespace, segment_bytes: int, check: bool) -> None:
+    network = args.link or costs
+    hosts = args.hosts
+    where = (f"{hosts[0]} hosts x {hosts[1]} ranks" if hosts else "one host")
+    link = f"network {1 / network.beta / GB:.1f} GB/s, {network.alpha * 1e6:g} us" if args.link else "this machine's costs"
+    op = "allreduce"
+    print("#")
+    print(f"# predicted {op} ({where}; {link}; per call {costs.call * 1e6:.1f} us, gamma {costs.gamma * 1e9:.3f} ns/B)")
+    scales = [hosts[0] * hosts[1]] if hosts else list(SCALES)
+    algorithms = list(cost.ALGORITHMS[op]) + (["two-level"] if hosts else [])
+    print(f"# {'n':>5} {'size':>6} | " + " | ".join(f"{a:>9} time  busbw" for a in algorithms) + " | best")
+    for n in scales:
+        layout = hosts if hosts else (None if not args.link else (n, 1))
+        for nbytes in PREDICTED_SIZES:
+            cells, times = [], {}
+            for algorithm in algorithms:
+                if algorithm == "doubling" and nbytes > cost.DOUBLING_MAX_BYTES:
+                    cells.append(f"{'-':>15} {'-':>6}")
+                    continue
+                t = cost.predict(op, algorithm, n, nbytes, costs, segment_bytes=segment_bytes, check=check,
+                                 hosts=layout, network=network)
+                times[algorithm] = t
+                cells.append(f"{_seconds(t):>15} {nbytes / t * bus_factor(op, n) / GB:>6.2f}")
+            print(f"  {n:>5} {format_size(nbytes):>6} | " + " | ".join(cells) + f" | {min(times, key=times.get)}")
+    print("#")
+    print("# crossovers (the best algorithm by size):")
+    for n in scales:
+        layout = hosts if hosts else (None if not args.link else (n, 1))
+        spans = []
+        for nbytes in sweep(8, 1 << 30, 2):
+            times = {a: cost.predict(op, a, n, nbytes, costs, segment_bytes=segment_bytes, check=check,
+                                     hosts=layout, network=network)
+                     for a in algorithms if a != "doubling" or nbytes <= cost.DOUBLING_MAX_BYTES}
+            best = min(times, key=times.get)
+            if not spans or spans[-1][0] != best:
+                spans.append([best, nbytes, nbytes])
+            spans[-1][2] = nbytes
+        print(f"  n={n:<5} " + ", ".join(f"{a} {format_size(lo)}-{format_size(hi)}" for a, lo, hi in spans))
+
+
+def _seconds(t: float) -> str:
+    return f"{t * 1e6:.1f}us" if t < 1e-3 else f"{t * 1e3:.2f}ms" if t < 1 else f"{t:.2f}s"
+
+
+def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
+    col.init()
+    runtime = world().runtime
+    rows = measure(comm, args)
+    if comm.Get_rank() == 0:
+        costs = fit(rows, runtime.segment_bytes, runtime.check)
+        print(f"# {' '.join(['python -m bench', *args.argv])}")
+        print(f"# the first k ranks of {comm.Get_size()} for k = 2..{comm.Get_size()}; {args.dtype} {args.redop}; "
+              f"{', '.join(args.model_ops)}; {format_size(args.min_bytes)}..{format_size(args.max_bytes)}")
+        report(rows, costs, args, runtime.segment_bytes, runtime.check)
+    return 1 if any(r["wrong"] for r in rows) else 0

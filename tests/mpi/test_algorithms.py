@@ -1,0 +1,79 @@
+"""Tier 2: every algorithm of every collective, each forced in turn, against mpi4py's own collectives.
+
+The runtime picks an algorithm per call (``ring.cost``); these tests force each one as
+COLLECTIVES_ALGORITHM would (the same on every rank), so that each is run at every world
+size whatever the model would choose: sizes from empty to several segments, uneven splits,
+in place and not, and the bits compared across ranks.
+"""
+import numpy as np
+import pytest
+
+import collectives as col
+from collectives.world import world
+from ring import cost
+from tests.mpi.test_collectives import COMM, N, RANK, agree, mpi_reference, rank_input, same_on_every_rank
+
+pytestmark = pytest.mark.mpi
+
+SIZES = [0, 1, N + 1, 1001, 40_000]   # 40 000 float64: several 96-byte segments, above small sizes
+
+
+@pytest.fixture(params=["ring", "halving", "doubling"])
+def algorithm(request):
+    col.init(segment_bytes=96)   # many segments per message: the segmented schedules too
+    runtime = world().runtime
+    runtime.algorithm = request.param
+    yield request.param
+    runtime.algorithm = "auto"
+    col.init(segment_bytes=col.world.DEFAULT_SEGMENT_BYTES)
+
+
+@pytest.mark.parametrize("op, dtype", [("sum", "float64"), ("max", "int32"), ("avg", "float32"),
+                                       ("avg", "float16"), ("prod", "uint8")])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+def test_allreduce(algorithm, op, dtype, in_place):
+    for count in SIZES:
+        x = rank_input(count, dtype, op)
+        expected = mpi_reference(x, op)
+        result = col.allreduce(x, op, out=x if in_place else None)
+        close = np.allclose(result.astype(float), expected.astype(float), rtol=4e-3) if dtype == "float16" \
+            else np.array_equal(result, expected)
+        agree(close, f"{algorithm} {op} {dtype} count={count}: differs from MPI")
+        agree(same_on_every_rank(result), f"{algorithm} {op} {dtype} count={count}: ranks got different bits")
+
+
+def test_the_forced_algorithm_is_the_one_that_runs(algorithm):
+    small = 1000 <= world().runtime.small_bytes
+    expected = algorithm if algorithm != "doubling" or small else "ring"
+    agree(world().runtime.algorithm_for("allreduce", N, 1000) == expected, f"{algorithm} was not chosen")
+
+
+@pytest.mark.parametrize("count", [0, 1, N + 1, 1001, 40_001])
+def test_reduce_scatter(algorithm, count):
+    x = rank_input(count, "int64", "sum")
+    block = np.array_split(mpi_reference(x, "sum"), N)[RANK]
+    agree(np.array_equal(col.reduce_scatter(x), block), f"{algorithm} reduce_scatter count={count}: differs")
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 700])
+def test_allgather_with_uneven_rows(algorithm, rows):
+    x = np.full((rows + RANK % 2 * (rows // 3 + 1), 3), RANK * 1.5 - 0.25, np.float32)
+    x[:, 1] = -0.0
+    expected = np.concatenate(COMM.allgather(x))
+    result = col.allgather(x)
+    agree(result.tobytes() == expected.tobytes(), f"{algorithm} allgather rows={rows}: differs from MPI")
+
+
+def test_allgather_keeps_every_bit(algorithm):
+    """The doubling all-gather combines by bitwise or: NaN payloads and -0.0 must come through."""
+    x = np.array([np.nan, -0.0, 5e-324, RANK], np.float64).view(np.uint64)
+    x[0] |= RANK + 1
+    expected = np.concatenate(COMM.allgather(x))
+    agree(col.allgather(x.view(np.float64)).view(np.uint64).tobytes() == expected.tobytes(),
+          f"{algorithm}: an all-gathered bit changed")
+
+
+def test_every_algorithm_is_known_to_the_model():
+    for op, algorithms in cost.ALGORITHMS.items():
+        for name in algorithms:
+            assert cost.predict(op, name, max(N, 2), 4096) > 0

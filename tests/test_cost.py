@@ -1,0 +1,93 @@
+"""Tier 1: the cost model (ring.cost), its fit (bench.model) and the runtime's choice by it."""
+import argparse
+
+import numpy as np
+import pytest
+
+from bench.model import fit, parse_hosts, parse_link
+from collectives.world import Runtime
+from ring import cost
+
+TRUE = cost.Costs(call=20e-6, alpha=4e-6, beta=0.25e-9, gamma=0.15e-9)
+
+
+def _rows(costs, noise=0.0, seed=0):
+    """Timings an ideal machine with ``costs`` would give (times ``1 + noise * N(0, 1)``)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in (2, 3, 4):
+        for op, algorithms in cost.ALGORITHMS.items():
+            for algorithm in algorithms:
+                for nbytes in (8, 4096, 65536, 1 << 20, 16 << 20):
+                    if algorithm == "doubling" and nbytes > cost.DOUBLING_MAX_BYTES:
+                        continue
+                    t = cost.predict(op, algorithm, n, nbytes, costs) * (1 + noise * rng.standard_normal())
+                    rows.append({"n": n, "op": op, "algorithm": algorithm, "bytes": nbytes, "seconds": t})
+    return rows
+
+
+def test_the_fit_recovers_the_costs_that_made_the_timings():
+    fitted = fit(_rows(TRUE), 4 << 20, True)
+    for name in ("call", "alpha", "beta", "gamma"):
+        assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+
+
+def test_the_fit_is_close_under_noise_and_never_negative():
+    fitted = fit(_rows(TRUE, noise=0.1, seed=3), 4 << 20, True)
+    assert min(fitted.call, fitted.alpha, fitted.beta, fitted.gamma) >= 0
+    assert fitted.beta == pytest.approx(TRUE.beta, rel=0.25)
+    assert fitted.call + fitted.alpha == pytest.approx(TRUE.call + TRUE.alpha, rel=0.25)
+
+
+def test_choose_takes_the_least_predicted_time():
+    for n in (2, 3, 4, 8, 64, 4096):
+        for nbytes in (8, 4096, 1 << 16, 1 << 20, 1 << 26):
+            chosen = cost.choose("allreduce", n, nbytes, TRUE)
+            times = {a: cost.predict("allreduce", a, n, nbytes, TRUE) for a in cost.ALGORITHMS["allreduce"]
+                     if a != "doubling" or nbytes <= cost.DOUBLING_MAX_BYTES}
+            assert times[chosen] == min(times.values()), (n, nbytes)
+
+
+def test_latency_then_bandwidth():
+    """Small calls go to recursive doubling, large ones to a bandwidth-optimal algorithm; the ring's
+    2(n-1) messages lose to Rabenseifner's 2 log2(n) at scale below its pipelined sizes."""
+    assert cost.choose("allreduce", 4, 8, TRUE) == "doubling"
+    assert cost.choose("allreduce", 2, 256 << 20, TRUE) == "ring"
+    assert cost.choose("allreduce", 1024, 1 << 20, TRUE) == "halving"
+    assert cost.choose("allreduce", 4, 1 << 20, TRUE, doubling_bytes=0) != "doubling"
+
+
+def test_two_levels_keep_the_slow_network_to_one_chunk():
+    network = cost.Costs(0, 10e-6, 1 / 1e9, 0)   # slower than the hosts (4 GB/s)
+    flat = cost.predict("allreduce", "ring", 64, 1 << 28, TRUE, hosts=(8, 8), network=network)
+    two = cost.predict("allreduce", "two-level", 64, 1 << 28, TRUE, hosts=(8, 8), network=network)
+    assert two < flat
+
+
+@pytest.mark.parametrize("setting, size, expected", [
+    ("auto", 64, "doubling"), ("auto", 64 << 20, "ring"), ("ring", 64, "ring"), ("halving", 64, "halving"),
+    ("doubling", 64, "doubling"), ("doubling", 1 << 20, "ring"), ("hierarchical", 64, "doubling"),
+])
+def test_the_runtime_forces_or_asks_the_model(setting, size, expected):
+    runtime = Runtime(segment_bytes=4 << 20, small_bytes=256 << 10, check=True, timeout=5.0, algorithm=setting)
+    assert runtime.algorithm_for("allreduce", 2, size) == expected
+    assert runtime.algorithm_for("allreduce", 2, size, host=False) == "ring"   # GPU arrays: the ring
+
+
+def test_small_bytes_zero_turns_doubling_off():
+    runtime = Runtime(segment_bytes=4 << 20, small_bytes=0, check=True, timeout=5.0)
+    assert runtime.algorithm_for("allreduce", 2, 8) != "doubling"
+    assert runtime.algorithm_for("allgather", 2, 8) == "ring"
+
+
+@pytest.mark.parametrize("text", ["25GB/s", "fast,5us", "0GB/s,5us", "25GB/s,5"])
+def test_a_bad_link_is_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="25GB/s,5us"):
+        parse_link(text)
+
+
+def test_links_and_hosts_parse():
+    assert parse_link("100MB/s, 2ms") == cost.Costs(0, 2e-3, 1e-8, 0)
+    assert parse_hosts("4x2") == (4, 2)
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_hosts("0x8")
