@@ -20,6 +20,8 @@ current CuPy stream: the result is ready for anything queued after it there.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from collectives import validate
@@ -213,9 +215,10 @@ def allgather(x: np.ndarray, *, group: Group | None = None, async_op: bool = Fal
     lengths = algorithms.gather_counts(g.transport, x.shape[0], sig)   # (carries the check)
     if lengths is None:
         call.settle(False, sig)
-    result = xp_of(x).empty((int(lengths.sum()),) + x.shape[1:], x.dtype)
-    row = int(np.prod(x.shape[1:], dtype=np.int64))
-    counts = [int(n) * row for n in lengths]
+    rows = lengths.tolist()
+    result = xp_of(x).empty((sum(rows),) + x.shape[1:], x.dtype)
+    row = math.prod(x.shape[1:])
+    counts = [n * row for n in rows]
     host = isinstance(x, np.ndarray)
     if call.runtime.algorithm_for("allgather", g.size(), result.nbytes, host) == "doubling":
         call.settle(algorithms.allgather_small(g.transport, _flat(x), result.reshape(-1), counts, sig), sig)
