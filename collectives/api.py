@@ -192,9 +192,13 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
 
 
 @collective("allgather")
-def allgather(x: np.ndarray, *, group: Group | None = None, async_op: bool = False, timeout: float | None = None,
-              name: str | None = None) -> np.ndarray:
+def allgather(x: np.ndarray, out: np.ndarray | None = None, *, group: Group | None = None, async_op: bool = False,
+              timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Concatenate every rank's ``x`` along axis 0, in rank order; axis 0 may differ between ranks.
+
+    ``out``: where to write the result (its axis 0 must be the sum over the ranks), instead
+    of a new array; it must not overlap ``x``. Writing into the same ``out`` call after call
+    saves allocating, which for large results costs more than the transfer (page faults).
 
     >>> col.allgather(np.full((col.rank() + 1, 2), col.rank()))   # on 2 ranks  # doctest: +SKIP
     array([[0, 0],
@@ -204,28 +208,39 @@ def allgather(x: np.ndarray, *, group: Group | None = None, async_op: bool = Fal
     call = begin("allgather", group, timeout, name)
     try:
         validate.timeout("allgather", timeout)
-        x, _ = validate.inputs("allgather", x, name=name)
+        x, out = validate.inputs("allgather", x, out, name)
         validate.array("allgather", "x", x)
         if x.ndim == 0:
             validate.fail("allgather", "x", "is 0-dimensional; allgather concatenates along axis 0")
+        if out is not None:
+            if getattr(out, "ndim", None) != x.ndim:
+                validate.fail("allgather", "out", f"expected {x.ndim} dimension(s) like x, got "
+                                                  f"{getattr(out, 'ndim', type(out).__name__)}")
+            if validate.out_array("allgather", out, x, out.shape[:1] + x.shape[1:]):
+                validate.fail("allgather", "out", "is x itself; the result must go elsewhere")
     except CollectiveUsageError as error:
         call.reject(error)
     g = call.group
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory=_memory(x))
-    lengths = algorithms.gather_counts(g.transport, x.shape[0], sig)   # (carries the check)
-    if lengths is None:
+    every = algorithms.gather_counts(g.transport, (x.shape[0], -1 if out is None else out.shape[0]), sig)
+    if every is None:   # (the exchange carried the check)
         call.settle(False, sig)
-    rows = lengths.tolist()
-    result = xp_of(x).empty((sum(rows),) + x.shape[1:], x.dtype)
+    rows = every[:, 0].tolist()
+    total = sum(rows)
+    wrong = [g.ranks[r] for r, given in enumerate(every[:, 1].tolist()) if given not in (-1, total)]
+    if wrong:   # known on every rank alike
+        raise CollectiveUsageError(f"allgather: out: axis 0 must be {total} (the rows of every rank together), "
+                                   f"but is not on rank(s) {', '.join(map(str, wrong))}")
+    result = out if out is not None else xp_of(x).empty((total,) + x.shape[1:], x.dtype)
+    target = _flat_target(result)
     row = math.prod(x.shape[1:])
     counts = [n * row for n in rows]
     host = isinstance(x, np.ndarray)
     if call.runtime.algorithm_for("allgather", g.size(), result.nbytes, host) == "doubling":
-        call.settle(algorithms.allgather_small(g.transport, _flat(x), result.reshape(-1), counts, sig), sig)
+        call.settle(algorithms.allgather_small(g.transport, _flat(x), target, counts, sig), sig)
     else:
-        algorithms.allgather(g.transport_for(x), _flat(x), result.reshape(-1), counts,
-                             call.runtime.segment_elems(x.dtype))
-    return result
+        algorithms.allgather(g.transport_for(x), _flat(x), target, counts, call.runtime.segment_elems(x.dtype))
+    return _write_back(result, target)
 
 
 @collective("broadcast")

@@ -135,9 +135,9 @@ class Group:
         """``collectives.reduce_scatter`` on this group (blocks split across its ranks)."""
         return _api().reduce_scatter(x, op, out, group=self, **options)
 
-    def allgather(self, x, **options) -> Any:
+    def allgather(self, x, out=None, **options) -> Any:
         """``collectives.allgather`` on this group (its ranks' arrays, in group order)."""
-        return _api().allgather(x, group=self, **options)
+        return _api().allgather(x, out, group=self, **options)
 
     def broadcast(self, x, root: int = 0, **options) -> Any:
         """``collectives.broadcast`` on this group; ``root`` is a rank of the group."""

@@ -129,13 +129,15 @@ def allreduce_two_level(local: Transport, across: Transport, input: Any, output:
     run(allgather_plan(local.rank, bounds, segment_elems), local, output, phase="all-gather")
 
 
-def gather_counts(transport: Transport, count: int, signature: bytes) -> np.ndarray | None:
-    """Every rank's ``count`` in rank order, by one recursive-doubling exchange that also checks
-    ``signature`` (None on every rank if any rank's differs): what an all-gather needs first."""
-    mine = np.zeros(transport.size, np.int64)
-    mine[transport.rank] = count
+def gather_counts(transport: Transport, counts: tuple[int, ...], signature: bytes) -> np.ndarray | None:
+    """Every rank's ``counts`` (the same number of them on every rank), one row per rank in rank
+    order, by one recursive-doubling exchange that also checks ``signature`` (None on every rank if
+    any rank's differs): what an all-gather needs to know first."""
+    mine = np.zeros((transport.size, len(counts)), np.int64)
+    mine[transport.rank] = counts
     every = np.empty_like(mine)
-    return every if doubling.agree(transport, signature, mine, arrays.combiner(np, "sum"), every) else None
+    agreed = doubling.agree(transport, signature, mine.reshape(-1), arrays.combiner(np, "sum"), every.reshape(-1))
+    return every if agreed else None
 
 
 def allgather_small(transport: Transport, input: np.ndarray, output: np.ndarray, counts: list[int],

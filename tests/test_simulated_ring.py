@@ -188,7 +188,7 @@ def test_every_algorithm_of_every_collective_at_scale(n):
         assert algorithms.allreduce_small(t, x, results["doubling"], "max", signature)
         work = x.copy()
         results["reduce_scatter"] = work[algorithms.reduce_scatter(t, x, work, "sum", segment)].copy()
-        counts = algorithms.gather_counts(t, rows[t.rank], signature)
+        counts = algorithms.gather_counts(t, (rows[t.rank],), signature)[:, 0]
         mine = np.full(rows[t.rank], t.rank, np.int16)
         results["allgather ring"] = np.empty(int(counts.sum()), np.int16)
         algorithms.allgather(t, mine, results["allgather ring"], [int(c) for c in counts], segment)

@@ -77,3 +77,35 @@ def test_every_algorithm_is_known_to_the_model():
     for op, algorithms in cost.ALGORITHMS.items():
         for name in algorithms:
             assert cost.predict(op, name, max(N, 2), 4096) > 0
+
+
+def test_allgather_into_out(algorithm):
+    x = np.full((RANK + 1, 2), RANK, np.int32)
+    expected = np.concatenate(COMM.allgather(x))
+    out = np.full_like(expected, -1)
+    agree(col.allgather(x, out=out) is out and np.array_equal(out, expected), f"{algorithm}: out= differs")
+    wide = np.zeros((expected.shape[0], 4), np.int32)
+    strided = wide[:, ::2]   # not contiguous: written back in place
+    agree(col.allgather(x, out=strided) is strided and np.array_equal(wide[:, ::2], expected)
+          and not wide[:, 1::2].any(), f"{algorithm}: a strided out= was not filled in place")
+
+
+def test_allgather_out_of_the_wrong_length_on_one_rank_fails_on_every_rank(algorithm):
+    x = np.zeros((2, 3))
+    out = np.zeros((2 * N + (1 if RANK == N - 1 else 0), 3))
+    with pytest.raises(col.CollectiveUsageError, match=rf"allgather: out: axis 0 must be {2 * N} .* rank\(s\) {N - 1}"):
+        col.allgather(x, out=out)
+    agree(np.array_equal(col.allgather(x), np.zeros((2 * N, 3))), "the next call was out of step")
+
+
+@pytest.mark.parametrize("out, message", [
+    (lambda x: x, "out: is x itself"), (lambda x: np.zeros((len(x) * N, 3), np.float32), "out: dtype float32"),
+    (lambda x: np.zeros(len(x) * N), "out: expected 2 dimension"), (lambda x: np.zeros((len(x) * N, 4)), "out: shape"),
+])
+def test_allgather_refuses_a_bad_out_on_every_rank(out, message):
+    x = np.zeros((2, 3))
+    bad = out(x) if RANK == 0 else np.zeros((2 * N, 3))
+    if N == 1 and message == "out: is x itself":
+        bad = x
+    with pytest.raises(col.CollectiveUsageError, match="allgather"):
+        col.allgather(x, out=bad)
