@@ -220,11 +220,16 @@ def allgather(x: np.ndarray, out: np.ndarray | None = None, *, group: Group | No
                 validate.fail("allgather", "out", "is x itself; the result must go elsewhere")
     except CollectiveUsageError as error:
         call.reject(error)
-    g = call.group
+    g, n = call.group, call.group.size()
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory=_memory(x))
-    every = algorithms.gather_counts(g.transport, (x.shape[0], -1 if out is None else out.shape[0]), sig)
-    if every is None:   # (the exchange carried the check)
+    source = _flat(x)
+    mine = (x.shape[0], -1 if out is None else out.shape[0])
+    guess = n * x.nbytes + 16 * n   # if every rank brings as many rows: the data and the counts
+    small = call.runtime.algorithm_for("allgather", n, guess, isinstance(x, np.ndarray)) == "doubling"
+    found = algorithms.gather_small(g.transport, mine, source if small else source[:0], sig)   # (the check)
+    if found is None:
         call.settle(False, sig)
+    every, gathered = found
     rows = every[:, 0].tolist()
     total = sum(rows)
     wrong = [g.ranks[r] for r, given in enumerate(every[:, 1].tolist()) if given not in (-1, total)]
@@ -233,13 +238,12 @@ def allgather(x: np.ndarray, out: np.ndarray | None = None, *, group: Group | No
                                    f"but is not on rank(s) {', '.join(map(str, wrong))}")
     result = out if out is not None else xp_of(x).empty((total,) + x.shape[1:], x.dtype)
     target = _flat_target(result)
-    row = math.prod(x.shape[1:])
-    counts = [n * row for n in rows]
-    host = isinstance(x, np.ndarray)
-    if call.runtime.algorithm_for("allgather", g.size(), result.nbytes, host) == "doubling":
-        call.settle(algorithms.allgather_small(g.transport, _flat(x), target, counts, sig), sig)
+    if small and rows.count(x.shape[0]) == n:   # the guess held (on every rank alike): as many rows everywhere
+        target.view(np.uint8)[...] = gathered
     else:
-        algorithms.allgather(g.transport_for(x), _flat(x), target, counts, call.runtime.segment_elems(x.dtype))
+        row = math.prod(x.shape[1:])
+        algorithms.allgather(g.transport_for(x), source, target, [r * row for r in rows],
+                             call.runtime.segment_elems(x.dtype))
     return _write_back(result, target)
 
 

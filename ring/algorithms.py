@@ -129,27 +129,28 @@ def allreduce_two_level(local: Transport, across: Transport, input: Any, output:
     run(allgather_plan(local.rank, bounds, segment_elems), local, output, phase="all-gather")
 
 
-def gather_counts(transport: Transport, counts: tuple[int, ...], signature: bytes) -> np.ndarray | None:
-    """Every rank's ``counts`` (the same number of them on every rank), one row per rank in rank
-    order, by one recursive-doubling exchange that also checks ``signature`` (None on every rank if
-    any rank's differs): what an all-gather needs to know first."""
-    mine = np.zeros((transport.size, len(counts)), np.int64)
-    mine[transport.rank] = counts
-    every = np.empty_like(mine)
-    agreed = doubling.agree(transport, signature, mine.reshape(-1), arrays.combiner(np, "sum"), every.reshape(-1))
-    return every if agreed else None
+def gather_small(transport: Transport, counts: tuple[int, ...], data: np.ndarray,
+                 signature: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+    """One recursive-doubling exchange that carries the check of ``signature``, every rank's
+    ``counts`` (the same number of them on every rank) and, on the guess that every rank brings as
+    many bytes as this one, every rank's ``data``: returns (``counts`` per rank, one row each, and
+    the ranks' bytes laid end to end), or None on every rank if any rank's signature differs.
 
-
-def allgather_small(transport: Transport, input: np.ndarray, output: np.ndarray, counts: list[int],
-                    signature: bytes) -> bool:
-    """``allgather`` of a small host buffer by recursive doubling: each rank brings a message as
-    large as ``output`` holding its own bytes in place and zeros elsewhere, and the messages are
-    combined by bitwise or, which puts every rank's bytes in place, exact for any dtype. Returns
-    False (``output`` untouched) if any rank's ``signature`` differs."""
-    start, stop = bounds_from_counts(counts)[transport.rank]
-    mine = np.zeros(output.nbytes, np.uint8)
-    mine[start * output.itemsize:stop * output.itemsize] = input.view(np.uint8)
-    return doubling.agree(transport, signature, mine, _bitwise_or, output.view(np.uint8))
+    Each rank's message holds its own counts and bytes in its own place and zeros elsewhere, and
+    the messages are combined by bitwise or, which is exact for any dtype. The counts are always
+    right; the bytes only when every rank brought as many as this one (which the counts tell).
+    With ``data`` empty this is the all-gather's first step on the ring path: the counts alone.
+    """
+    n, rank = transport.size, transport.rank
+    head = n * len(counts) * 8
+    width = data.nbytes
+    message = np.zeros(head + n * width, np.uint8)
+    message[:head].view(np.int64).reshape(n, len(counts))[rank] = counts
+    message[head + rank * width:head + (rank + 1) * width] = data.view(np.uint8)
+    gathered = np.empty_like(message)
+    if not doubling.agree(transport, signature, message, _bitwise_or, gathered):
+        return None
+    return gathered[:head].view(np.int64).reshape(n, len(counts)), gathered[head:]
 
 
 def _bitwise_or(out: np.ndarray, mine: np.ndarray, received: np.ndarray) -> None:

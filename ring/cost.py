@@ -96,8 +96,8 @@ def terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int = 4 <
     """The counts of the module's table for ``op`` by ``algorithm`` on ``n`` ranks of one host.
 
     ``nbytes`` is the buffer (allreduce, broadcast), the input (reduce_scatter) or the output
-    (allgather). Allgather always spends one doubling exchange on the ranks' lengths (which
-    carries the check).
+    (allgather). Before its ring, an all-gather spends one doubling exchange on the ranks'
+    lengths (which carries the check); by doubling, the lengths travel with the data.
 
     >>> terms("allreduce", "ring", 4, 4096, check=False)
     Terms(messages=6, moved=6144.0, reduced=3072.0)
@@ -111,10 +111,9 @@ def terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int = 4 <
     checking = Terms(s if check else 0, 0, 0)
     segments = max(1, math.ceil(nbytes / n / segment_bytes))
     if op == "allgather":
-        checking = Terms(s, 0, 0)   # the lengths
+        checking = Terms(s, 0, 0)   # the ranks' lengths, before the ring
     if algorithm == "doubling":
-        rounds = Terms(s, s * nbytes, (log_p + folded + 1) * nbytes)
-        return checking + rounds if op == "allgather" else rounds
+        return Terms(s, s * nbytes, (log_p + folded + 1) * nbytes)
     if algorithm == "halving":
         fold = Terms(2 * math.ceil(nbytes / segment_bytes), 2 * nbytes, nbytes) if folded else Terms(0, 0, 0)
         return checking + fold + Terms(2 * log_p * segments, 2 * (p - 1) / p * nbytes, (p - 1) / p * nbytes)

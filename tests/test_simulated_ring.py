@@ -188,12 +188,13 @@ def test_every_algorithm_of_every_collective_at_scale(n):
         assert algorithms.allreduce_small(t, x, results["doubling"], "max", signature)
         work = x.copy()
         results["reduce_scatter"] = work[algorithms.reduce_scatter(t, x, work, "sum", segment)].copy()
-        counts = algorithms.gather_counts(t, (rows[t.rank],), signature)[:, 0]
         mine = np.full(rows[t.rank], t.rank, np.int16)
+        counts, _ = algorithms.gather_small(t, (rows[t.rank],), mine[:0], signature)
         results["allgather ring"] = np.empty(int(counts.sum()), np.int16)
-        algorithms.allgather(t, mine, results["allgather ring"], [int(c) for c in counts], segment)
-        results["allgather doubling"] = np.empty(int(counts.sum()), np.int16)
-        assert algorithms.allgather_small(t, mine, results["allgather doubling"], [int(c) for c in counts], signature)
+        algorithms.allgather(t, mine, results["allgather ring"], counts[:, 0].tolist(), segment)
+        same = np.full(3, t.rank, np.int16)   # doubling: every rank brings as many
+        counts, results["allgather doubling"] = algorithms.gather_small(t, (3, -t.rank), same, signature)
+        assert counts.tolist() == [[3, -r] for r in range(n)]
         results["broadcast"] = x.copy() if t.rank == n - 1 else np.zeros_like(x)
         algorithms.broadcast(t, results["broadcast"], n - 1, segment)
         return results
@@ -201,7 +202,8 @@ def test_every_algorithm_of_every_collective_at_scale(n):
     outcomes = simulate(n, body)
     total, gathered = reference(inputs, "sum"), np.repeat(np.arange(n), rows).astype(np.int16)
     expected = {"ring": total, "halving": total, "doubling": reference(inputs, "max"),
-                "allgather ring": gathered, "allgather doubling": gathered, "broadcast": inputs[-1]}
+                "allgather ring": gathered, "allgather doubling": np.repeat(np.arange(n), 3).astype(np.int16).view(np.uint8),
+                "broadcast": inputs[-1]}
     for rank, results in enumerate(outcomes):
         for name, want in expected.items():
             assert results[name].tobytes() == want.tobytes(), f"n={n} rank {rank}: {name} differs"
