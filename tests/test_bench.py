@@ -5,12 +5,14 @@ Small sweeps only: the bench's figures are measured by running it, never asserte
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 
 import pytest
 
+from ring import cost
 from tests.worlds import ROOT, mpiexec, run_world
 
 TIMEOUT_S = 240
@@ -81,7 +83,11 @@ def test_impl_picks_a_subset():
                                            (["--root", "5"], "--root 5 is out of range for 2 ranks"),
                                            (["--redop", "avg", "--dtype", "int32"], "--redop avg needs a floating"),
                                            (["--json", "/no/such/dir/b.json"], "--json /no/such/dir/b.json"),
-                                           (["--op", "alltoall"], "invalid choice: 'alltoall'")])
+                                           (["--op", "alltoall"], "invalid choice: 'alltoall'"),
+                                           (["--link", "25GB/s,5us"], "--link and --hosts describe the predictions"),
+                                           (["--model", "--link", "fast"], "expected BANDWIDTH,LATENCY like 25GB/s,5us"),
+                                           (["--model", "--hosts", "8"], "expected HOSTSxRANKS like 512x8"),
+                                           (["--model", "--impl", "mpi"], "--model times the host algorithms alone")])
 def test_bad_arguments_are_named_once_and_exit_2(flags, message):
     result = bench(2, *flags, timeout=60)
     assert result.returncode == 2, result.stdout[-2000:]
@@ -150,3 +156,19 @@ def test_a_bench_without_a_launcher_says_it_runs_one_rank():
                             timeout=TIMEOUT_S, env={**clean, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0 and result.stdout.count("# note: running 1 rank: no MPI launcher") == 1
     assert "# note:" not in bench(1).stdout
+
+
+def test_model_fits_checks_and_predicts_every_algorithm_on_the_first_2_and_3_ranks():
+    """Issue 16: every algorithm of every collective timed on k = 2..n ranks, measured against
+    predicted with the error, results exact, then predictions to 4096 ranks and the crossovers."""
+    result = bench(3, "--model", "--max-bytes", "256K", "--hosts", "512x8", "--link", "1.25GB/s,20us")
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:]
+    assert "# fitted on this machine" in out and "# #wrong: 0 (every result exact)" in out, out[-3000:]
+    for n in (2, 3):
+        for op, algorithms in cost.ALGORITHMS.items():
+            for algorithm in algorithms:
+                assert re.search(rf"^ +{n} +{op} +{algorithm} +\w+ \|.*% \|", out, re.M), (n, op, algorithm)
+        assert re.search(rf"^# n={n}: median \|error\| \d+%", out, re.M)
+    assert re.search(r"^ +4096 +128M \|.*\| (two-level|halving|ring|doubling)$", out, re.M), out[-3000:]
+    assert re.search(r"^  n=4096 +doubling 8-", out, re.M), out[-1500:]
