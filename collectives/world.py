@@ -107,7 +107,7 @@ class Runtime:
         found = self._choices.get(key)
         if found is None:
             if len(self._choices) >= 4096:
-                self._choices.clear()
+                self.forget_choices()
             doubling_bytes = self.small_bytes if host else -1
             if not host:
                 found = "ring"
@@ -120,6 +120,10 @@ class Runtime:
                                     doubling_bytes=doubling_bytes)
             self._choices[key] = found
         return found
+
+    def forget_choices(self) -> None:
+        """After a change of settings: choose again (on every rank alike, as they change together)."""
+        self._choices.clear()
 
     def segment_elems(self, dtype: np.dtype) -> int:
         return max(1, self.segment_bytes // dtype.itemsize)
@@ -285,6 +289,7 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
             raise CollectiveError(f"init: the ranks did not all change their settings together: {e}") from e
     for name, value in settings.items():
         setattr(runtime, name, value)
+    runtime.forget_choices()   # (made with the old segment size, check and small_bytes)
     if "timeline" in settings:
         timelines.start(runtime.timeline, _world.rank())
 

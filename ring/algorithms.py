@@ -129,7 +129,7 @@ def allreduce_two_level(local: Transport, across: Transport, input: Any, output:
     run(allgather_plan(local.rank, bounds, segment_elems), local, output, phase="all-gather")
 
 
-def gather_small(transport: Transport, counts: tuple[int, ...], data: np.ndarray,
+def gather_small(transport: Transport, counts: tuple[int, ...], data: np.ndarray | None,
                  signature: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     """One recursive-doubling exchange that carries the check of ``signature``, every rank's
     ``counts`` (the same number of them on every rank) and, on the guess that every rank brings as
@@ -139,14 +139,15 @@ def gather_small(transport: Transport, counts: tuple[int, ...], data: np.ndarray
     Each rank's message holds its own counts and bytes in its own place and zeros elsewhere, and
     the messages are combined by bitwise or, which is exact for any dtype. The counts are always
     right; the bytes only when every rank brought as many as this one (which the counts tell).
-    With ``data`` empty this is the all-gather's first step on the ring path: the counts alone.
+    With ``data=None`` this is the all-gather's first step on the ring path: the counts alone.
     """
     n, rank = transport.size, transport.rank
     head = n * len(counts) * 8
-    width = data.nbytes
+    width = 0 if data is None else data.nbytes
     message = np.zeros(head + n * width, np.uint8)
     message[:head].view(np.int64).reshape(n, len(counts))[rank] = counts
-    message[head + rank * width:head + (rank + 1) * width] = data.view(np.uint8)
+    if width:
+        message[head + rank * width:head + (rank + 1) * width] = data.view(np.uint8)
     gathered = np.empty_like(message)
     if not doubling.agree(transport, signature, message, _bitwise_or, gathered):
         return None
