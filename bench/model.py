@@ -24,7 +24,7 @@ import collectives as col
 from bench.cases import Case, bus_factor
 from bench.report import GB
 from bench.sizes import format_size, sweep
-from bench.timing import time_interleaved
+from bench.timing import stop_on_ctrl_c, time_interleaved
 from collectives.world import world
 from ring import cost
 
@@ -86,7 +86,8 @@ def measure(comm: MPI.Comm, args: argparse.Namespace) -> list[dict]:
             for op in args.model_ops:
                 for nbytes in sweep(args.min_bytes, args.max_bytes, args.factor):
                     case = _Forced(sub, op, args.dtype, args.redop, nbytes, 0, group=group)
-                    algorithms = [a for a in cost.ALGORITHMS[op] if a != "doubling" or case.nbytes <= runtime.small_bytes]
+                    algorithms = [a for a in cost.ALGORITHMS[op]
+                                  if a != "doubling" or case.nbytes <= runtime.small_bytes]
                     if case.count == 0:
                         continue
                     iters = args.iters or max(5, min(200, (64 << 20) // case.nbytes))
@@ -151,7 +152,8 @@ def _predictions(costs: cost.Costs, args: argparse.Namespace, segment_bytes: int
     network = args.link or costs
     hosts = args.hosts
     where = (f"{hosts[0]} hosts x {hosts[1]} ranks" if hosts else "one host")
-    link = f"network {1 / network.beta / GB:.1f} GB/s, {network.alpha * 1e6:g} us" if args.link else "this machine's costs"
+    link = (f"network {1 / network.beta / GB:.1f} GB/s, {network.alpha * 1e6:g} us" if args.link
+            else "this machine's costs")
     op = "allreduce"
     print("#")
     print(f"# predicted {op} ({where}; {link}; per call {costs.call * 1e6:.1f} us, gamma {costs.gamma * 1e9:.3f} ns/B)")
@@ -194,7 +196,13 @@ def _seconds(t: float) -> str:
 def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
     col.init()
     runtime = world().runtime
-    rows = measure(comm, args)
+    try:
+        with stop_on_ctrl_c():   # every rank stops at the same call (see bench.timing)
+            rows = measure(comm, args)
+    except KeyboardInterrupt:
+        if comm.Get_rank() == 0:
+            print("# interrupted (Ctrl-C): nothing fitted", flush=True)
+        return 130
     if comm.Get_rank() == 0:
         costs = fit(rows, runtime.segment_bytes, runtime.check)
         print(f"# {' '.join(['python -m bench', *args.argv])}")

@@ -217,24 +217,20 @@ def halving_plans(rank: int, nranks: int, count: int, segment_elems: int) -> tup
     """
     p = core_size(nranks)
     whole = (0, count)
-    if rank >= p:
-        return Plan(_segments(_paired(whole, None, rank - p, reduce=False, from_input=True), segment_elems)), Plan(()), (0, 0)
+    if rank >= p:   # hands its input to rank - p, then owns nothing
+        return Plan(_segments([_pair(whole, None, rank - p, from_input=True)], segment_elems)), Plan(()), (0, 0)
     bounds = chunk_bounds(count, p)
-    first: list[Transfer] = []
-    if rank + p < nranks:
-        first = _paired(None, whole, rank + p, reduce=True, from_input=False)
-    rest: list[Transfer] = []
-    lo, hi = 0, p
-    distance = p // 2
+    steps = [_pair(None, whole, rank + p, reduce=True)] if rank + p < nranks else []
+    lo, hi, distance = 0, p, p // 2
     while distance:
         mid = lo + distance
         keep, give = ((mid, hi), (lo, mid)) if rank & distance else ((lo, mid), (mid, hi))
-        step = _paired(_elements(bounds, give), _elements(bounds, keep), rank ^ distance, reduce=True,
-                       from_input=not first and not rest)
-        (first if not first and not rest else rest).extend(step)
+        steps.append(_pair(_elements(bounds, give), _elements(bounds, keep), rank ^ distance, reduce=True,
+                           from_input=not steps))
         lo, hi = keep
         distance //= 2
-    return Plan(_segments(first, segment_elems)), Plan(_segments(rest, segment_elems)), bounds[rank]
+    # The first step reads the input; the others reduce in place what it left in the output.
+    return Plan(_segments(steps[:1], segment_elems)), Plan(_segments(steps[1:], segment_elems)), bounds[rank]
 
 
 @lru_cache(maxsize=256)
@@ -250,21 +246,20 @@ def doubling_gather_plan(rank: int, nranks: int, count: int, segment_elems: int)
     """
     p = core_size(nranks)
     whole = (0, count)
-    if rank >= p:
-        return Plan(_segments(_paired(None, whole, rank - p, reduce=False, from_input=False), segment_elems))
+    if rank >= p:   # gets the whole result from rank - p
+        return Plan(_segments([_pair(None, whole, rank - p)], segment_elems))
     bounds = chunk_bounds(count, p)
-    transfers: list[Transfer] = []
+    steps = []
     distance = 1
     while distance < p:   # this rank holds the d chunks from (rank // d) * d; its partner the next or previous d
         mine = (rank // distance) * distance
         theirs = ((rank ^ distance) // distance) * distance
-        transfers += _paired(_elements(bounds, (mine, mine + distance)),
-                             _elements(bounds, (theirs, theirs + distance)), rank ^ distance,
-                             reduce=False, from_input=False)
+        steps.append(_pair(_elements(bounds, (mine, mine + distance)), _elements(bounds, (theirs, theirs + distance)),
+                           rank ^ distance))
         distance *= 2
     if rank + p < nranks:
-        transfers += _paired(whole, None, rank + p, reduce=False, from_input=False)
-    return Plan(_segments(transfers, segment_elems))
+        steps.append(_pair(whole, None, rank + p))
+    return Plan(_segments(steps, segment_elems))
 
 
 def _elements(bounds: tuple[Range, ...], chunks: Range) -> Range:
@@ -272,8 +267,10 @@ def _elements(bounds: tuple[Range, ...], chunks: Range) -> Range:
     return bounds[chunks[0]][0], bounds[chunks[1] - 1][1]
 
 
-def _paired(send: Range | None, recv: Range | None, peer: int, *, reduce: bool, from_input: bool) -> list:
-    return [Transfer(send=send, recv=recv, reduce=reduce, send_from_input=from_input, send_waits=True, peer=peer)]
+def _pair(send: Range | None, recv: Range | None, peer: int, reduce: bool = False,
+          from_input: bool = False) -> Transfer:
+    """One exchange with ``peer`` (the schedules that are not rings run in lockstep)."""
+    return Transfer(send=send, recv=recv, reduce=reduce, send_from_input=from_input, send_waits=True, peer=peer)
 
 
 def _segments(transfers: list[Transfer], segment_elems: int) -> list[Transfer]:

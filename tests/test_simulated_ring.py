@@ -201,9 +201,9 @@ def test_every_algorithm_of_every_collective_at_scale(n):
 
     outcomes = simulate(n, body)
     total, gathered = reference(inputs, "sum"), np.repeat(np.arange(n), rows).astype(np.int16)
+    same = np.repeat(np.arange(n), 3).astype(np.int16).view(np.uint8)   # (gather_small returns bytes)
     expected = {"ring": total, "halving": total, "doubling": reference(inputs, "max"),
-                "allgather ring": gathered, "allgather doubling": np.repeat(np.arange(n), 3).astype(np.int16).view(np.uint8),
-                "broadcast": inputs[-1]}
+                "allgather ring": gathered, "allgather doubling": same, "broadcast": inputs[-1]}
     for rank, results in enumerate(outcomes):
         for name, want in expected.items():
             assert results[name].tobytes() == want.tobytes(), f"n={n} rank {rank}: {name} differs"
