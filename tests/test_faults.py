@@ -274,10 +274,12 @@ def test_a_long_wait_does_not_burn_a_core():
     assert cpu < 0.25 * waited, f"a rank waiting {waited:.1f} s used {cpu:.2f} s of CPU"
 
 
-def test_a_rank_killed_mid_allreduce_ends_the_job_fast():
+@pytest.mark.parametrize("n, elements, algorithm", [(3, 16 << 20, "ring"), (4, 1 << 20, "halving")])
+def test_a_rank_killed_mid_allreduce_ends_the_job_fast(n, elements, algorithm):
     started = time.monotonic()
-    result = run_world(3, ["-m", "tests.programs.faults", "killed"], BOUND_S)
+    result = run_world(n, ["-m", "tests.programs.faults", "killed", str(elements)], BOUND_S)
     assert time.monotonic() - started < 30, result.stdout
+    assert f"algorithm: {algorithm}" in result.stdout, result.stdout
     assert result.returncode not in (0, -9) and "never noticed" not in result.stdout, result.stdout
 
 

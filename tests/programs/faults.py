@@ -97,8 +97,11 @@ def crash_first() -> None:
 
 
 def killed_mid_allreduce() -> None:
-    """Rank 1 is SIGKILLed while a large allreduce is under way on every rank."""
-    x = np.ones(16 << 20, np.float32)   # 64 MiB: each call takes long enough to be hit in the middle
+    """Rank 1 is SIGKILLed while a large allreduce is under way on every rank (argument: its
+    elements, default 16 Mi: 64 MiB, long enough per call to be hit in the middle)."""
+    x = np.ones(int(sys.argv[2]) if len(sys.argv) > 2 else 16 << 20, np.float32)
+    if col.rank() == 0:
+        _say(f"algorithm: {col.world.world().runtime.algorithm_for('allreduce', col.size(), x.nbytes)}")
     if col.rank() == 1:
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
     started = time.monotonic()
