@@ -252,8 +252,9 @@ def broadcast(x: np.ndarray, root: int = 0, *, group: Group | None = None, async
               timeout: float | None = None, name: str | None = None) -> np.ndarray:
     """Overwrite ``x`` on every rank with ``root``'s ``x``, in place; returns ``x``.
 
-    A pipelined chain along the ring: large buffers move at nearly one link's
-    bandwidth whatever the number of ranks.
+    Small buffers travel by recursive doubling inside the cross-rank check's messages; larger
+    ones along a pipelined chain around the ring, at nearly one link's bandwidth whatever the
+    number of ranks (the cost model chooses: ``ring.cost``).
 
     >>> params = col.broadcast(params, root=0)                         # doctest: +SKIP
     """
@@ -268,9 +269,14 @@ def broadcast(x: np.ndarray, root: int = 0, *, group: Group | None = None, async
             validate.writable("broadcast", "x", x)
     except CollectiveUsageError as error:
         call.reject(error)
-    call.agree(call.signature(dtype=x.dtype, shape=x.shape, root=int(root), memory=_memory(x)))
+    sig = call.signature(dtype=x.dtype, shape=x.shape, root=int(root), memory=_memory(x))
     buffer = _flat(x) if g.rank() == root else _flat_target(x)
-    algorithms.broadcast(g.transport_for(x), buffer, int(root), call.runtime.segment_elems(x.dtype))
+    host = isinstance(x, np.ndarray)
+    if call.runtime.algorithm_for("broadcast", g.size(), x.nbytes, host) == "doubling":
+        call.settle(algorithms.broadcast_small(g.transport, buffer, int(root), sig), sig)
+    else:
+        call.agree(sig)
+        algorithms.broadcast(g.transport_for(x), buffer, int(root), call.runtime.segment_elems(x.dtype))
     return _write_back(x, buffer) if g.rank() != root else x
 
 

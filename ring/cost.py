@@ -25,7 +25,8 @@ halving         check + 2 log2(p) k     2(p-1)/p N + [n > p] 2N     (p-1)/p N + 
   (Rabenseifner: recursive halving, then doubling)
 ==============  ======================  ==========================  ============================
 
-The ``+ 1`` of doubling is its copies into and out of the message; the ring's ``/ k`` is its
+Doubling counts the same for every collective (all-gather and broadcast combine by
+bitwise or where all-reduce reduces). The ``+ 1`` of doubling is its copies into and out of the message; the ring's ``/ k`` is its
 pipeline (it reduces one segment while the next one moves; the others run in lockstep). Two levels (H hosts of
 L ranks) add a local reduce-scatter and all-gather (the ring on L ranks, local link) to an
 all-reduce of N/L across hosts (network link).
@@ -48,7 +49,7 @@ ALGORITHMS = {
     "allreduce": ("halving", "ring", "doubling"),
     "reduce_scatter": ("ring", "doubling"),
     "allgather": ("ring", "doubling"),
-    "broadcast": ("ring",),
+    "broadcast": ("ring", "doubling"),
 }
 #: The largest message of the doubling algorithms (``ring.doubling.MAX_PAYLOAD_BYTES``).
 DOUBLING_MAX_BYTES = 256 << 10

@@ -197,13 +197,16 @@ def test_every_algorithm_of_every_collective_at_scale(n):
         assert counts.tolist() == [[3, -r] for r in range(n)]
         results["broadcast"] = x.copy() if t.rank == n - 1 else np.zeros_like(x)
         algorithms.broadcast(t, results["broadcast"], n - 1, segment)
+        results["broadcast doubling"] = x.copy() if t.rank == 0 else np.full_like(x, -1)
+        assert algorithms.broadcast_small(t, results["broadcast doubling"], 0, signature)
         return results
 
     outcomes = simulate(n, body)
     total, gathered = reference(inputs, "sum"), np.repeat(np.arange(n), rows).astype(np.int16)
     same = np.repeat(np.arange(n), 3).astype(np.int16).view(np.uint8)   # (gather_small returns bytes)
     expected = {"ring": total, "halving": total, "doubling": reference(inputs, "max"),
-                "allgather ring": gathered, "allgather doubling": same, "broadcast": inputs[-1]}
+                "allgather ring": gathered, "allgather doubling": same, "broadcast": inputs[-1],
+                "broadcast doubling": inputs[0]}
     for rank, results in enumerate(outcomes):
         for name, want in expected.items():
             assert results[name].tobytes() == want.tobytes(), f"n={n} rank {rank}: {name} differs"

@@ -109,3 +109,21 @@ def test_allgather_refuses_a_bad_out_on_every_rank(out, message):
         bad = x
     with pytest.raises(col.CollectiveUsageError, match="allgather"):
         col.allgather(x, out=bad)
+
+
+@pytest.mark.parametrize("count", [0, 1, N + 1, 1001, 40_001])
+def test_broadcast_from_every_root_keeps_every_bit(algorithm, count):
+    """The doubling broadcast combines by bitwise or: NaN payloads, -0.0 and subnormals must arrive
+    unchanged, from a read-only root, into a strided buffer elsewhere."""
+    bits = (np.arange(count, dtype=np.uint64) * 0x9E3779B97F4A7C15) | np.uint64(0x7FF0000000000001)
+    bits[::3] = np.float64(-0.0).view(np.uint64)
+    bits[1::5] = 1   # the smallest subnormal
+    for root in sorted({0, N - 1}):
+        if RANK == root:
+            x = bits.view(np.float64).copy()
+            x.flags.writeable = False
+        else:
+            x = np.zeros((count, 2))[:, 0]   # every other element of a wider array
+        result = col.broadcast(x, root=root)
+        agree(np.ascontiguousarray(result).view(np.uint64).tobytes() == bits.tobytes(),
+              f"{algorithm} broadcast of {count} from {root}: a bit changed")
