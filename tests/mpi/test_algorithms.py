@@ -127,3 +127,16 @@ def test_broadcast_from_every_root_keeps_every_bit(algorithm, count):
         result = col.broadcast(x, root=root)
         agree(np.ascontiguousarray(result).view(np.uint64).tobytes() == bits.tobytes(),
               f"{algorithm} broadcast of {count} from {root}: a bit changed")
+
+
+@pytest.mark.skipif(N == 1, reason="one rank cannot disagree with itself")
+def test_allgather_is_checked_even_with_the_check_off():
+    """Its counts exchange carries the signature whatever COLLECTIVES_CHECK says (README)."""
+    col.init(check=False)
+    try:
+        x = np.zeros((2, 3 if RANK == 0 else 4))
+        with pytest.raises(col.CollectiveUsageError, match="allgather: .*differs across ranks"):
+            col.allgather(x)
+        agree(np.array_equal(col.allgather(np.ones((1, 2))), np.ones((N, 2))), "the next call was out of step")
+    finally:
+        col.init(check=True)
