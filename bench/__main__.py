@@ -204,8 +204,10 @@ def _print_header(env: dict, args: argparse.Namespace) -> None:
         print(f"# warning: {env['ranks_per_host']} ranks share {env['usable_cpus']} usable cpus on a host: every "
               "rank waiting for another takes a core it needs, so these times measure the oversubscription "
               "more than the collectives")
-    print(f"# ring: segment {format_size(env['segment_bytes'])}, recursive doubling up to "
-          f"{format_size(env['small_bytes'])}, cross-rank check {'on' if env['check'] else 'off'}; "
+    chosen = "the cost model's choice per size" if env["algorithm"] == "auto" else "forced"
+    print(f"# ring: algorithm {env['algorithm']} ({chosen}), segment "
+          f"{format_size(env['segment_bytes'])}, recursive doubling at most {format_size(env['small_bytes'])}, "
+          f"cross-rank check {'on' if env['check'] else 'off'}; "
           f"{env['threads']}")
     iters = f"{args.iters} iterations" if args.iters else "iterations (about 1 GiB per size, 10 to 1000)"
     print(f"# each call after a barrier, slowest rank, median over {iters} after warm-up; "
