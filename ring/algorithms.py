@@ -27,9 +27,18 @@ def reduce_scatter(transport: Transport, input: Any, work: Any, op: str, segment
     stay in range wherever the true average is (4 ranks of 30000 give 30000, not inf);
     wider types sum first and divide the owned chunk once, which rounds only once.
     """
-    n, rank = transport.size, transport.rank
+    bounds = chunk_bounds(work.size, transport.size)
+    plan = reduce_scatter_plan(transport.rank, bounds, segment_elems)
+    return _reduce_by(transport, (plan,), bounds[transport.rank], input, work, op)
+
+
+def _reduce_by(transport: Transport, plans: tuple, owned: tuple[int, int], input: Any, work: Any,
+               op: str) -> slice:
+    """What every reduce-scatter does around its plans (see reduce_scatter): the first plan reads
+    ``input``, the others reduce in place what it left in ``work``; "avg" pre-scales (float16)
+    or divides the ``owned`` range once. Returns that range as a slice."""
+    n = transport.size
     xp = arrays.xp_of(work)
-    bounds = chunk_bounds(work.size, n)
     prescale = _prescales(op, work.dtype)
     if prescale:
         xp.true_divide(input, n, out=work)
@@ -37,11 +46,11 @@ def reduce_scatter(transport: Transport, input: Any, work: Any, op: str, segment
     elif n == 1 and work is not input:
         arrays.copy_(work, input)
     combine = arrays.combiner(xp, op)
-    run(reduce_scatter_plan(rank, bounds, segment_elems), transport, work, input, combine, "reduce-scatter")
-    owned = slice(*bounds[rank])
+    for k, plan in enumerate(plans):
+        run(plan, transport, work, input if k == 0 else None, combine, "reduce-scatter")
     if op == "avg" and not prescale and n > 1:
-        arrays.divide_(work[owned], n)
-    return owned
+        arrays.divide_(work[slice(*owned)], n)
+    return slice(*owned)
 
 
 def _prescales(op: str, dtype) -> bool:
@@ -83,24 +92,10 @@ def allreduce_halving_doubling(transport: Transport, input: Any, output: Any, op
     world that is not a power of two first folds its extra ranks in (two more messages of the
     whole buffer). Each chunk is reduced on one rank and copied to the others: identical bits.
     """
-    n = transport.size
-    if n == 1:
-        if output is not input:
-            arrays.copy_(output, input)
-        return
-    xp = arrays.xp_of(output)
-    prescale = _prescales(op, output.dtype)
-    if prescale:
-        xp.true_divide(input, n, out=output)
-        input = output
-    combine = arrays.combiner(xp, op)
-    first, rest, owned = halving_plans(transport.rank, n, output.size, segment_elems)
-    run(first, transport, output, input, combine, "reduce-scatter")
-    run(rest, transport, output, None, combine, "reduce-scatter")
-    if op == "avg" and not prescale:
-        arrays.divide_(output[slice(*owned)], n)
-    run(doubling_gather_plan(transport.rank, n, output.size, segment_elems), transport, output,
-        phase="all-gather")
+    n, rank = transport.size, transport.rank
+    first, rest, owned = halving_plans(rank, n, output.size, segment_elems)
+    _reduce_by(transport, (first, rest), owned, input, output, op)
+    run(doubling_gather_plan(rank, n, output.size, segment_elems), transport, output, phase="all-gather")
 
 
 def allreduce_two_level(local: Transport, across: Transport, input: Any, output: Any, op: str,
