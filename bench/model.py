@@ -86,11 +86,10 @@ def measure(comm: MPI.Comm, args: argparse.Namespace) -> list[dict]:
             for op in args.model_ops:
                 for nbytes in sweep(args.min_bytes, args.max_bytes, args.factor):
                     case = _Forced(sub, op, args.dtype, args.redop, nbytes, 0, group=group)
-                    algorithms = [a for a in cost.ALGORITHMS[op]
-                                  if a != "doubling" or case.nbytes <= runtime.small_bytes]
                     if case.count == 0:
                         continue
                     iters = args.iters or max(5, min(200, (64 << 20) // case.nbytes))
+                    algorithms = list(cost.candidates(op, case.nbytes, runtime.small_bytes))
                     timings = time_interleaved(sub, case, algorithms, iters, max(1, iters // 10))
                     rows += [{"n": k, "op": op, "algorithm": a, "bytes": case.nbytes, "seconds": t.seconds,
                               "wrong": t.wrong} for a, t in timings.items()]
@@ -160,28 +159,26 @@ def _predictions(costs: cost.Costs, args: argparse.Namespace, segment_bytes: int
     scales = [hosts[0] * hosts[1]] if hosts else list(SCALES)
     algorithms = list(cost.ALGORITHMS[op]) + (["two-level"] if hosts else [])
     print(f"# {'n':>5} {'size':>6} | " + " | ".join(f"{a:>9} time  busbw" for a in algorithms) + " | best")
+    def predicted(n: int, nbytes: int) -> dict[str, float]:
+        """Seconds of every algorithm that can carry ``nbytes`` on ``n`` ranks (with --link alone,
+        every rank on a host of its own)."""
+        layout = hosts if hosts else ((n, 1) if args.link else None)
+        return {a: cost.predict(op, a, n, nbytes, costs, segment_bytes=segment_bytes, check=check,
+                                hosts=layout, network=network)
+                for a in cost.candidates(op, nbytes) + (("two-level",) if hosts else ())}
+
     for n in scales:
-        layout = hosts if hosts else (None if not args.link else (n, 1))
         for nbytes in PREDICTED_SIZES:
-            cells, times = [], {}
-            for algorithm in algorithms:
-                if algorithm == "doubling" and nbytes > cost.DOUBLING_MAX_BYTES:
-                    cells.append(f"{'-':>15} {'-':>6}")
-                    continue
-                t = cost.predict(op, algorithm, n, nbytes, costs, segment_bytes=segment_bytes, check=check,
-                                 hosts=layout, network=network)
-                times[algorithm] = t
-                cells.append(f"{_seconds(t):>15} {nbytes / t * bus_factor(op, n) / GB:>6.2f}")
+            times = predicted(n, nbytes)
+            cells = [f"{_seconds(times[a]):>15} {nbytes / times[a] * bus_factor(op, n) / GB:>6.2f}" if a in times
+                     else f"{'-':>15} {'-':>6}" for a in algorithms]
             print(f"  {n:>5} {format_size(nbytes):>6} | " + " | ".join(cells) + f" | {min(times, key=times.get)}")
     print("#")
     print("# crossovers (the best algorithm by size):")
     for n in scales:
-        layout = hosts if hosts else (None if not args.link else (n, 1))
         spans = []
         for nbytes in sweep(8, 1 << 30, 2):
-            times = {a: cost.predict(op, a, n, nbytes, costs, segment_bytes=segment_bytes, check=check,
-                                     hosts=layout, network=network)
-                     for a in algorithms if a != "doubling" or nbytes <= cost.DOUBLING_MAX_BYTES}
+            times = predicted(n, nbytes)
             best = min(times, key=times.get)
             if not spans or spans[-1][0] != best:
                 spans.append([best, nbytes, nbytes])

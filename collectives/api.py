@@ -224,7 +224,7 @@ def allgather(x: np.ndarray, out: np.ndarray | None = None, *, group: Group | No
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory=_memory(x))
     source = _flat(x)
     mine = (x.shape[0], -1 if out is None else out.shape[0])
-    guess = n * x.nbytes + 16 * n   # if every rank brings as many rows: the data and the counts
+    guess = n * (x.nbytes + 8 * len(mine))   # if every rank brings as many rows: the data and the counts
     small = call.runtime.algorithm_for("allgather", n, guess, isinstance(x, np.ndarray)) == "doubling"
     found = algorithms.gather_small(g.transport, mine, source if small else None, sig)   # (carries the check)
     if found is None:

@@ -108,16 +108,15 @@ class Runtime:
         if found is None:
             if len(self._choices) >= 4096:
                 self.forget_choices()
-            doubling_bytes = self.small_bytes if host else -1
             if not host:
                 found = "ring"
-            elif self.algorithm in cost.ALGORITHMS[op] and (self.algorithm != "doubling" or nbytes <= doubling_bytes):
+            elif self.algorithm in cost.candidates(op, nbytes, self.small_bytes):
                 found = self.algorithm
             elif self.algorithm in cost.ALGORITHMS["allreduce"]:   # forced, but not for this call
                 found = "ring"
             else:
                 found = cost.choose(op, n, nbytes, segment_bytes=self.segment_bytes, check=self.check,
-                                    doubling_bytes=doubling_bytes)
+                                    doubling_bytes=self.small_bytes)
             self._choices[key] = found
         return found
 

@@ -26,10 +26,11 @@ halving         check + 2 log2(p) k     2(p-1)/p N + [n > p] 2N     (p-1)/p N + 
 ==============  ======================  ==========================  ============================
 
 Doubling counts the same for every collective (all-gather and broadcast combine by
-bitwise or where all-reduce reduces). The ``+ 1`` of doubling is its copies into and out of the message; the ring's ``/ k`` is its
-pipeline (it reduces one segment while the next one moves; the others run in lockstep). Two levels (H hosts of
-L ranks) add a local reduce-scatter and all-gather (the ring on L ranks, local link) to an
-all-reduce of N/L across hosts (network link).
+bitwise or where all-reduce reduces). The ``+ 1`` of doubling is its copies into and out
+of the message; the ring's ``/ k`` is its pipeline (it reduces one segment while the next
+one moves; the others run in lockstep). Two levels (H hosts of L ranks) add a local
+reduce-scatter and all-gather (the ring on L ranks, local link) to an all-reduce of N/L
+across hosts (network link).
 
 >>> costs = Costs(call=10e-6, alpha=2e-6, beta=0.3e-9, gamma=0.2e-9)
 >>> choose("allreduce", 2, 1024, costs), choose("allreduce", 2, 64 << 20, costs)
@@ -83,6 +84,16 @@ class Terms(NamedTuple):
         return Terms(self.messages + other.messages, self.moved + other.moved, self.reduced + other.reduced)
 
 
+def candidates(op: str, nbytes: int, doubling_bytes: int = DOUBLING_MAX_BYTES) -> tuple[str, ...]:
+    """The algorithms of ``op`` that can carry ``nbytes``: recursive doubling only up to
+    ``doubling_bytes`` (its message buffer, or the runtime's ``small_bytes``).
+
+    >>> candidates("allreduce", 8), candidates("allreduce", 1 << 20)
+    (('halving', 'ring', 'doubling'), ('halving', 'ring'))
+    """
+    return tuple(a for a in ALGORITHMS[op] if a != "doubling" or nbytes <= doubling_bytes)
+
+
 def doubling_steps(n: int) -> int:
     """Messages of one recursive-doubling exchange on n ranks.
 
@@ -110,10 +121,8 @@ def terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int = 4 <
     log_p = p.bit_length() - 1
     folded = n > p
     s = doubling_steps(n)
-    checking = Terms(s if check else 0, 0, 0)
+    checking = Terms(s if check or op == "allgather" else 0, 0, 0)   # (an all-gather's lengths, always)
     segments = max(1, math.ceil(nbytes / n / segment_bytes))
-    if op == "allgather":
-        checking = Terms(s, 0, 0)   # the ranks' lengths, before the ring
     if algorithm == "doubling":
         return Terms(s, s * nbytes, (log_p + folded + 1) * nbytes)
     if algorithm == "halving":
@@ -160,21 +169,17 @@ def predict(op: str, algorithm: str, n: int, nbytes: int, costs: Costs = MEASURE
     chunk = math.ceil(nbytes / per_host)
     across = Costs(0.0, network.alpha, network.beta, costs.gamma)
     best_across = min(across.time(terms("allreduce", a, count, chunk, segment_bytes, check=False))
-                      for a in ALGORITHMS["allreduce"] if a != "doubling" or chunk <= DOUBLING_MAX_BYTES)
+                      for a in candidates("allreduce", chunk))
     checking = Terms(doubling_steps(n) if check else 0, 0, 0)
     return costs.time(local + checking) + best_across
 
 
 def choose(op: str, n: int, nbytes: int, costs: Costs = MEASURED, *, segment_bytes: int = 4 << 20,
-           check: bool = True, doubling_bytes: int = DOUBLING_MAX_BYTES,
-           candidates: tuple[str, ...] | None = None) -> str:
+           check: bool = True, doubling_bytes: int = DOUBLING_MAX_BYTES) -> str:
     """The algorithm with the least predicted time for ``op`` on ``n`` ranks and ``nbytes``
-    (ties go to the earlier in ``ALGORITHMS``). Doubling is a candidate up to ``doubling_bytes``
-    (its message buffer); ``candidates`` narrows the choice (GPU arrays: the ring alone)."""
+    (ties go to the earlier in ``ALGORITHMS``), among its ``candidates``."""
     best, best_time = "", math.inf
-    for algorithm in candidates or ALGORITHMS[op]:
-        if algorithm == "doubling" and nbytes > doubling_bytes:
-            continue
+    for algorithm in candidates(op, nbytes, doubling_bytes):
         t = predict(op, algorithm, n, nbytes, costs, segment_bytes=segment_bytes, check=check)
         if t < best_time:
             best, best_time = algorithm, t

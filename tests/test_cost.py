@@ -19,7 +19,7 @@ def _rows(costs, noise=0.0, seed=0):
         for op, algorithms in cost.ALGORITHMS.items():
             for algorithm in algorithms:
                 for nbytes in (8, 4096, 65536, 1 << 20, 16 << 20):
-                    if algorithm == "doubling" and nbytes > cost.DOUBLING_MAX_BYTES:
+                    if algorithm not in cost.candidates(op, nbytes):
                         continue
                     t = cost.predict(op, algorithm, n, nbytes, costs) * (1 + noise * rng.standard_normal())
                     rows.append({"n": n, "op": op, "algorithm": algorithm, "bytes": nbytes, "seconds": t})
@@ -43,8 +43,7 @@ def test_choose_takes_the_least_predicted_time():
     for n in (2, 3, 4, 8, 64, 4096):
         for nbytes in (8, 4096, 1 << 16, 1 << 20, 1 << 26):
             chosen = cost.choose("allreduce", n, nbytes, TRUE)
-            times = {a: cost.predict("allreduce", a, n, nbytes, TRUE) for a in cost.ALGORITHMS["allreduce"]
-                     if a != "doubling" or nbytes <= cost.DOUBLING_MAX_BYTES}
+            times = {a: cost.predict("allreduce", a, n, nbytes, TRUE) for a in cost.candidates("allreduce", nbytes)}
             assert times[chosen] == min(times.values()), (n, nbytes)
 
 
