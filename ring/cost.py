@@ -44,6 +44,9 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ring import doubling
+from ring.schedule import core_size
+
 #: The algorithms of each collective, in the order ties are broken. At n=2 halving and the ring
 #: send the same messages; halving's lockstep exchanges measured 0-8% faster from 128 KiB to 2 MiB.
 ALGORITHMS = {
@@ -52,8 +55,8 @@ ALGORITHMS = {
     "allgather": ("ring", "doubling"),
     "broadcast": ("ring", "doubling"),
 }
-#: The largest message of the doubling algorithms (``ring.doubling.MAX_PAYLOAD_BYTES``).
-DOUBLING_MAX_BYTES = 256 << 10
+#: The largest message of the doubling algorithms (their message buffer).
+DOUBLING_MAX_BYTES = doubling.MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -95,13 +98,12 @@ def candidates(op: str, nbytes: int, doubling_bytes: int = DOUBLING_MAX_BYTES) -
 
 
 def doubling_steps(n: int) -> int:
-    """Messages of one recursive-doubling exchange on n ranks.
+    """Messages of one recursive-doubling exchange on n ranks (on its busiest rank, 0).
 
     >>> [doubling_steps(n) for n in (1, 2, 3, 4, 5, 8)]
     [0, 1, 3, 2, 4, 3]
     """
-    p = 1 << (n.bit_length() - 1)
-    return p.bit_length() - 1 + (2 if n > p else 0)
+    return len(doubling.doubling_steps(0, n))
 
 
 def terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int = 4 << 20,
@@ -117,7 +119,7 @@ def terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int = 4 <
     """
     if n == 1:
         return Terms(0, 0, 2 * nbytes if algorithm == "doubling" else nbytes)
-    p = 1 << (n.bit_length() - 1)
+    p = core_size(n)
     log_p = p.bit_length() - 1
     folded = n > p
     s = doubling_steps(n)

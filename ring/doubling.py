@@ -35,14 +35,14 @@ from typing import Any
 import numpy as np
 
 from ring import arrays, execute
-from ring.cost import DOUBLING_MAX_BYTES
 from ring.execute import Combine
+from ring.schedule import core_size
 from ring.transport.base import Transport
 
 #: Largest signature, in bytes; signatures are padded to this length.
 SIGNATURE_BYTES = 256
 #: Largest payload a doubling all-reduce may carry (the receive buffer is this big).
-MAX_PAYLOAD_BYTES = DOUBLING_MAX_BYTES
+MAX_PAYLOAD_BYTES = 256 << 10
 _HEADER = SIGNATURE_BYTES + 8   # signature, then an "all agree so far" byte, padded so the payload is aligned
 
 
@@ -65,7 +65,7 @@ def doubling_steps(rank: int, n: int) -> tuple[Step, ...]:
     >>> [(s.send_to, s.recv_from, s.merge) for s in doubling_steps(1, 4)]
     [(0, 0, 'theirs_first'), (3, 3, 'mine_first')]
     """
-    p = 1 << (n.bit_length() - 1)
+    p = core_size(n)
     if rank >= p:
         return Step(rank - p, None, None), Step(None, rank - p, "replace")
     steps = []
