@@ -14,6 +14,7 @@ import pytest
 
 from tests.test_trainer import SMALL, final_params, train
 from tests.worlds import ROOT, mpiexec, run_world
+from trainer.strategies import ps
 
 TWO_EPOCHS = ["--epochs", "2", "--hidden", "32", "16"]
 
@@ -107,6 +108,18 @@ def test_a_killed_server_or_worker_ends_the_job_naming_it(victim, role):
     # reports (2 runs in about 15 here, even so: its launcher reports the kill, or fails itself).
     reports = re.findall(r"\[rank \d\] error: .*", output)
     assert all(f"rank {victim}" in report for report in reports), output[-3000:]
+
+
+def test_a_server_that_times_out_names_the_worker_not_waiting_on_it():
+    # Worker 0 waits on the server for its next pull; worker 1 went quiet earlier, but its last message
+    # was read later (messages are heard when read): the stalled one is still worker 1.
+    server = ps.Server.__new__(ps.Server)
+    server.pending = [(0, ps.PULL, 20)]
+    assert server._silent({0: 10.0, 1: 10.5, 2: 9.0}, done={2}) == 1
+    server.pending = []   # nobody waits (unbounded staleness): the one heard from longest ago
+    assert server._silent({0: 10.0, 1: 10.5}, done=set()) == 0
+    server.pending = [(0, ps.PULL, 20), (1, ps.PULL, 20)]   # all wait: still name one
+    assert server._silent({0: 10.0, 1: 10.5}, done=set()) == 0
 
 
 @pytest.mark.parametrize("role, how", [("server", "raises"), ("worker", "raises"), ("server", "stalls"),

@@ -115,7 +115,7 @@ class Server:
             except col.CollectiveError as e:
                 if "timed out" not in str(e):
                     raise
-                silent = min((w for w in heard if w not in done), key=heard.get)   # a stalled worker: name it
+                silent = self._silent(heard, done)
                 raise col.CollectiveError(f"{e}; the server heard nothing from worker rank {silent} for "
                                           f"{time.monotonic() - heard[silent]:.1f} s") from e
             heard[worker] = time.monotonic()
@@ -130,6 +130,14 @@ class Server:
                 done.add(worker)
             self._answer()
         self._send_state(0, final=True)
+
+    def _silent(self, heard: dict[int, float], done: set[int]) -> int:
+        """The worker to name when no message came in time: of those not waiting on this server (a
+        worker with a request pending here is blocked on us, not stalled), the one heard from longest
+        ago. The times alone would mislead: a queued message is heard when read, not when sent."""
+        waiting = {worker for worker, _, _ in self.pending}
+        running = [w for w in heard if w not in done]
+        return min([w for w in running if w not in waiting] or running, key=heard.get)
 
     def _apply(self, worker: int, pulled: int, gradient: np.ndarray) -> None:
         self.clocks[worker] += 1
