@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.test_trainer import SMALL, final_params, train
+from tests.test_trainer import final_params, train
 from tests.worlds import ROOT, mpiexec, run_world
 from trainer.strategies import ps
 
@@ -138,6 +138,6 @@ def test_a_server_or_worker_that_raises_or_stalls_ends_the_job_naming_it(role, h
     for rank, message in errors.items():
         # every survivor names the victim, or (a worker waiting on the server, which waits on a stalled
         # worker) names the server, which names the victim
-        assert f"rank {victim}" in message or (how == "stalls" and f"rank 2" in message), message
+        assert f"rank {victim}" in message or (how == "stalls" and "rank 2" in message), message
     if role == "worker" and how == "stalls":
         assert "the server heard nothing from worker rank 1" in errors["2"], errors
