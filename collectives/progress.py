@@ -35,7 +35,9 @@ from typing import Any, Callable
 
 from collectives import timeline
 from collectives.errors import CollectiveUsageError
-from collectives.validate import is_timeout
+from collectives.validate import bounded, is_timeout
+
+_allocate_lock = threading.Lock
 
 
 class Work:
@@ -56,7 +58,7 @@ class Work:
     """
 
     __slots__ = ("name", "seq", "issued_at", "started_at", "completed_at", "_job", "_engine", "_done",
-                 "_result", "_error", "_waited", "_after", "__weakref__")
+                 "_result", "_error", "_waited", "_after", "_latch", "__weakref__")
 
     def __init__(self, name: str, job: Callable[[], Any], engine: "Engine"):
         self.name = name
@@ -66,7 +68,9 @@ class Work:
         self.completed_at: float | None = None
         self._job = job
         self._engine = engine
-        self._done = threading.Event()
+        self._done = False
+        self._latch = _allocate_lock()   # held until the call is done (lighter than an Event: no Condition)
+        self._latch.acquire()
         self._result: Any = None
         self._error: BaseException | None = None
         self._waited = False
@@ -74,7 +78,7 @@ class Work:
 
     def is_completed(self) -> bool:
         """Whether the call has finished on this rank (then ``wait`` returns at once)."""
-        return self._done.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the call has finished; return its result, or raise its error.
@@ -88,11 +92,13 @@ class Work:
             raise CollectiveUsageError(f"wait: timeout: expected a positive number of seconds or None, "
                                        f"got {timeout!r}")
         waiting = perf_counter()
+        if not self._done:
+            self._engine.help(self)   # still queued at the head: run it here, no thread hop
         try:
-            if not self._done.wait(timeout):
+            if not self._done and not self._finished_within(bounded(timeout)):
                 self._engine.stop(f"rank {self._engine.world_rank()}: wait(timeout={timeout}) for an async "
                                   f"{self.name} ran out before the call finished")
-                self._done.wait()
+                self._finished_within(None)
         except KeyboardInterrupt:
             self._engine.stop(f"rank {self._engine.world_rank()}: interrupted by KeyboardInterrupt while "
                               f"waiting for an async {self.name}")
@@ -100,10 +106,18 @@ class Work:
         self._waited = True
         if self._after is not None:
             self._after()
-        timeline.add(timeline.PROGRAM, f"wait {self.name} #{self.seq}", waiting, perf_counter())
+        if timeline.current is not None:
+            timeline.add(timeline.PROGRAM, f"wait {self.name} #{self.seq}", waiting, perf_counter())
         if self._error is not None:
             raise self._error
         return self._result
+
+    def _finished_within(self, timeout: float | None) -> bool:
+        """Block until the call is done or ``timeout`` seconds (None: no bound) have passed."""
+        if not self._latch.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._latch.release()   # (open for any other thread waiting on this handle)
+        return True
 
     def _run(self) -> None:
         """Run the call (the engine's turn is held); keep its result or error; never raise."""
@@ -115,9 +129,10 @@ class Work:
         self.seq = self._engine.runtime.current.seq if self._engine.runtime.current is not None else None
         self.completed_at = perf_counter()
         self._job = None   # (let go of the arguments)
-        if self.started_at - self.issued_at > 1e-6:
+        if self.started_at - self.issued_at > 1e-6 and timeline.current is not None:
             timeline.add(timeline.QUEUE, f"{self.name} #{self.seq} queued", self.issued_at, self.started_at)
-        self._done.set()
+        self._done = True
+        self._latch.release()
 
     def __repr__(self) -> str:
         if self.is_completed():
@@ -128,6 +143,16 @@ class Work:
         if not self._waited and isinstance(self._error, CollectiveUsageError):
             warnings.warn(f"the handle of {self.name} #{self.seq} was dropped without wait(), and its call raised: "
                           f"{self._error}", RuntimeWarning, stacklevel=2)
+
+
+#: While async calls keep coming (one in the last _ACTIVE_SECONDS), the engine thread is not woken
+#: by each one: it looks at the queue every _PICKUP_SECONDS and runs what nobody has taken. A
+#: handle waited at once, or a blocking call behind it, is run by its caller first (Engine.help),
+#: so no call pays for a thread hand-off: waking a thread and passing it the GIL cost more than a
+#: small call (measured by scripts/async_overhead.py). A call left queued while its caller computes
+#: starts within _PICKUP_SECONDS.
+_ACTIVE_SECONDS = 0.05
+_PICKUP_SECONDS = 200e-6
 
 
 class Engine:
@@ -146,10 +171,14 @@ class Engine:
         self._busy = False                   # a call is running, in some thread
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._asleep = False                 # the engine thread waits for a submit's notify
+        self._last_submit = float("-inf")
 
     def run_now(self, job: Callable[..., Any], *args) -> Any:
         """A blocking call: wait for the calls issued before it, then run ``job(*args)`` here."""
         with self._lock:   # (a plain lock: the uncontended path is a few C calls)
+            while not self._busy and self._queue and self._queue[0]._job is not None:
+                self._run_head_locked()   # async calls issued before this one, not yet taken: run them here
             if self._busy or self._queue:
                 self._wait_for_turn()
             self._busy = True
@@ -162,12 +191,17 @@ class Engine:
                     self._turns.notify_all()
 
     def _wait_for_turn(self) -> None:
-        """(Holding the lock) queue a place for the caller and wait until it is at the head."""
+        """(Holding the lock) queue a place for the caller and wait until it is at the head; async
+        calls queued before it that no thread runs yet, the caller runs itself meanwhile (the
+        engine thread would need a wake-up and the GIL first: two hand-offs per call)."""
         place = Work("(blocking call)", None, self)
         self._queue.append(place)
         try:
             while self._busy or self._queue[0] is not place:
-                self._turns.wait()
+                if not self._busy:
+                    self._run_head_locked()
+                else:
+                    self._turns.wait()
         except BaseException:   # Ctrl-C while waiting: give the place up, and stop (out of step)
             self._queue.remove(place)
             self._turns.notify_all()
@@ -184,11 +218,35 @@ class Engine:
             return work
         with self._turns:
             self._queue.append(work)
+            self._last_submit = work.issued_at
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name="collectives-progress", daemon=True)
                 self._thread.start()
-            self._turns.notify_all()
+            if self._asleep:
+                self._turns.notify_all()
         return work
+
+    def help(self, work: Work) -> None:
+        """Called by a thread about to wait for ``work``: while no call is running and async calls
+        are queued up to and including ``work``, run them here, in order (waiting at once for a
+        handle then costs what the blocking call costs)."""
+        with self._lock:
+            while not self._busy and work in self._queue and self._queue[0]._job is not None:
+                self._run_head_locked()
+
+    def _run_head_locked(self) -> None:
+        """(Holding the lock, no call running, an async call at the head) run that call in this
+        thread, with the lock released meanwhile."""
+        work = self._queue.popleft()
+        self._busy = True
+        self._lock.release()
+        try:
+            work._run()   # (never raises: the handle keeps the call's error)
+        finally:
+            self._lock.acquire()
+            self._busy = False
+            if self._queue or self._closing:
+                self._turns.notify_all()
 
     def _release(self) -> None:
         with self._lock:
@@ -203,7 +261,12 @@ class Engine:
                 while not self._queue or self._busy or self._queue[0]._job is None:
                     if self._closing and not self._queue:
                         return
-                    self._turns.wait()
+                    if perf_counter() - self._last_submit < _ACTIVE_SECONDS:
+                        self._turns.wait(_PICKUP_SECONDS)   # (see submit)
+                    else:
+                        self._asleep = True
+                        self._turns.wait()
+                        self._asleep = False
                 work = self._queue.popleft()
                 self._busy = True
             self._poll_gently(True)   # the caller computes meanwhile (see ring.transport.mpi)

@@ -3,6 +3,7 @@ the collective and the argument, and none of them touches a buffer."""
 from __future__ import annotations
 
 import numbers
+import threading
 from typing import Any
 
 import numpy as np
@@ -212,6 +213,18 @@ def members(collective: str, argument: str, value: Any, allowed: tuple[int, ...]
 def is_timeout(value: Any) -> bool:
     """A positive number of seconds (not a bool)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+
+
+def bounded(seconds: float | None) -> float | None:
+    """A timeout as the threading module takes it: None (no bound) for ``inf`` or anything past
+    what the platform's clock can count (``threading.TIMEOUT_MAX``, about 292 years on Linux).
+
+    >>> bounded(2.5), bounded(float("inf")), bounded(1e12), bounded(None)
+    (2.5, None, None, None)
+    """
+    if seconds is None or seconds >= threading.TIMEOUT_MAX:
+        return None
+    return seconds
 
 
 def timeout(collective: str, value: Any) -> None:
