@@ -7,8 +7,14 @@ early, with CollectiveError naming the rank, when a rank it expects has left (it
 or died on this host; either stops the runtime, as a failed collective does. A receive
 from ``source=None`` expects any rank of the group, so any departure ends it.
 
-Calls run in the progress engine's turn, like collectives (one at a time per process), so
-a blocking ``recv`` holds back this process's other calls until it returns.
+Every message carries its byte count, element count and dtype: a receive whose buffer has
+another size or dtype raises CollectiveError naming both ranks and both, and writes nothing
+into the buffer (see ``ring.transport.mpi_p2p``).
+
+Point-to-point calls never wait for collectives: posting or waiting while async collectives
+are queued or running (``w = allreduce(x, async_op=True); send(m, dest=1)``) goes ahead at
+once, as in MPI, where messages and collectives are matched apart. (Where MPI was started
+without MPI_THREAD_MULTIPLE there is no engine thread, so nothing runs beside them anyway.)
 
 >>> if col.rank() == 0:                                         # doctest: +SKIP
 ...     col.send(np.arange(4.0), dest=1, tag=5)
@@ -27,7 +33,7 @@ from collectives import world as _worlds
 from collectives.call import _member_group, _named, refuse_if_stopped
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group
-from ring.transport.base import MAX_P2P_TAG, TransportError
+from ring.transport.base import MAX_P2P_TAG, PeerLost, TransportError, TransportTimeout
 
 
 class Request:
@@ -84,6 +90,8 @@ def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive:
     g = _member_group(what, group) if group is not None else _worlds.world()
     if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
         validate.fail(what, "x", "expected a contiguous numpy.ndarray (point-to-point moves host arrays)")
+    if x.dtype.hasobject:
+        validate.fail(what, "x", f"has dtype {x.dtype}, which holds Python objects; send their data instead")
     if receive:
         validate.writable(what, "x", x)
     if peer is not None or not receive:
@@ -91,26 +99,29 @@ def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive:
     validate.integer(what, "tag", tag)
     if not 0 <= tag <= MAX_P2P_TAG:
         validate.fail(what, "tag", f"expected 0..{MAX_P2P_TAG}, got {tag}")
-    request = _in_turn(g, what, lambda: g.transport.post(x, peer, int(tag), receive))
+    request = _in_turn(g, what, lambda: g.transport.p2p.post(x, peer, int(tag), receive))
     return Request(g, request, peer, f"{what} {'from' if receive else 'to'} "
                                      f"{'any rank' if peer is None else f'rank {g.ranks[peer]}'} (tag {tag})")
 
 
 def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
-    transport = g.transport
-    transport.deadline = time.monotonic() + (g.runtime.timeout if timeout is None else timeout)
+    runtime = g.runtime
+    deadline = time.monotonic() + (runtime.timeout if timeout is None else timeout)
     try:
-        return transport.wait_posted([r._request for r in pending], [r._peer for r in pending])
+        return g.transport.p2p.wait([r._request for r in pending], deadline)
     except TransportError as e:
-        g.abandon()
         what = ", ".join(r._what for r in pending[:3]) + (", ..." if len(pending) > 3 else "")
-        g.runtime.failure = f"{what} on {g.where()}: {e}"
-        g.runtime.failed_by_peer = True
-        raise CollectiveError(g.runtime.failure) from e
+        if runtime.failure is not None:   # stopped meanwhile, by a collective's failure or a wait's timeout
+            raise CollectiveError(f"{what} on {g.where()} was stopped: {runtime.failure}") from e
+        g.abandon()
+        runtime.failure = f"{what} on {g.where()}: {e}"
+        runtime.failed_by_peer = isinstance(e, (TransportTimeout, PeerLost))
+        raise CollectiveError(runtime.failure) from e
 
 
 def _in_turn(g: Group, what: str, job):
-    """Run ``job`` in the engine's turn, as collectives run; refused once the runtime has stopped."""
+    """Run ``job`` now, beside whatever collective runs (MPI_THREAD_MULTIPLE), or else in the engine's
+    turn (MPI without threads: one call at a time); refused once the runtime has stopped."""
     runtime = g.runtime
     refuse_if_stopped(what, runtime)
 
@@ -123,4 +134,4 @@ def _in_turn(g: Group, what: str, job):
             g.abandon()
             runtime.failure = runtime.failure or f"{what} on {g.where()} was interrupted by {_named(e)}"
             raise
-    return runtime.engine.run_now(guarded)
+    return guarded() if runtime.engine.threaded else runtime.engine.run_now(guarded)

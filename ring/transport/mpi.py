@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from typing import Any, Sequence
 
@@ -27,10 +28,10 @@ from mpi4py import MPI
 
 from ring.schedule import left, right
 from ring.transport.base import PeerLost, TransportError, TransportTimeout
+from ring.transport.mpi_p2p import PointToPoint
 
 _TAG = 7
 _CONTROL_TAG = 8
-_P2P_TAG = 64   # point-to-point messages use tags from here up: never the ring's nor the control channel's
 CHECK_INTERVAL = 0.5       # seconds between looks at the control channel and the local peers' processes
 _SPIN_SECONDS = 50e-6      # poll flat out this long (latency), then yield the core between polls
 _YIELD_SECONDS = 20e-3     # then yield between polls until the wait is this old, then nap
@@ -46,6 +47,7 @@ _startall = MPI.Prequest.Startall
 _CONTROL_BYTES = 512
 _LEFT, _ASK, _HERE = 1, 2, 3
 _SETUP_RECORD_BYTES = 1024
+_COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-point call)
 
 
 class MPITransport:
@@ -93,7 +95,10 @@ class MPITransport:
         self._control_status = MPI.Status()
         self._control_out: list = []   # control messages sent and not yet known complete, with their buffers
         self._heard: dict[int, int] = {}   # roll call: rank -> the call it said it is in
-        self.expecting: set[int] | None = _COLLECTIVE   # whose departure ends a wait (see check_peers)
+        # A point-to-point wait in the program's thread may poll beside a collective in the
+        # engine's: one of them at a time reads the control channel (a probe and its receive).
+        self._control_lock = threading.Lock()
+        self.p2p = PointToPoint(self)
 
     def send_to_right(self, buf: Any) -> tuple[MPI.Request, int]:
         try:
@@ -144,7 +149,7 @@ class MPITransport:
             raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
                                  f"{_error_text(e)}") from e
         except BaseException:
-            self._give_up(requests, (send, recv), requests[:1] if recv is not None else [])
+            self.give_up(requests, (send, recv), requests[:1] if recv is not None else [])
             raise
 
     def _exchange_again(self, send: Any, recv: Any, dest: int, source: int) -> None:
@@ -170,7 +175,7 @@ class MPITransport:
             # Started and unfinished persistent requests must be cancelled or kept, never freed in
             # flight; forget this entry so that it is not started again (its buffers stay with it).
             self._persistent.pop(key, None)
-            self._give_up(requests, entry, requests[:1])
+            self.give_up(requests, entry, requests[:1])
             raise
 
     def _free_persistent(self) -> None:
@@ -197,12 +202,13 @@ class MPITransport:
         """After a failed or interrupted call: cancel whatever this rank still has posted, so that no
         late message lands in a buffer the caller owns again. Requests that cannot be cancelled are
         kept, with their buffers, until the process ends (freeing them in flight corrupts memory)."""
+        self.p2p.abandon()
         inflight, self._inflight = self._inflight, []
         if inflight:
-            self._give_up([request for (request, _), _, _ in inflight], [buf for _, buf, _ in inflight],
+            self.give_up([request for (request, _), _, _ in inflight], [buf for _, buf, _ in inflight],
                           [request for (request, _), _, receive in inflight if receive])
 
-    def _give_up(self, requests: list[MPI.Request], buffers: Any, receives: list[MPI.Request]) -> None:
+    def give_up(self, requests: list[MPI.Request], buffers: Any, receives: list[MPI.Request]) -> None:
         """Cancel the ``receives`` among point-to-point ``requests`` that are still pending, and wait
         briefly (0.2 s in all) for all to end; if some do not, keep them all, with ``buffers``, for
         good. Sends are never cancelled: MPI 4 deprecates it, and MPICH crashed cancelling a send
@@ -295,6 +301,14 @@ class MPITransport:
 
     def _read_control(self) -> None:
         """Take every control message that has arrived: note farewells, answer roll calls."""
+        if not self._control_lock.acquire(blocking=False):
+            return   # another thread is reading them right now
+        try:
+            self._read_control_locked()
+        finally:
+            self._control_lock.release()
+
+    def _read_control_locked(self) -> None:
         while self.comm.Iprobe(MPI.ANY_SOURCE, _CONTROL_TAG, self._control_status):
             peer = self._control_status.Get_source()
             self.comm.Recv(self._control_in, peer, _CONTROL_TAG)   # arrived already: returns at once
@@ -308,15 +322,15 @@ class MPITransport:
             elif kind == _HERE:
                 self._heard[peer] = number
 
-    def check_peers(self) -> None:
+    def check_peers(self, expecting: Any = _COLLECTIVE) -> None:
         """Raise PeerLost if a rank this call needs is gone: it left before completing this call,
         or its process on this host ended without a word (and likewise for ``watch``). During a
-        point-to-point wait (``expecting`` a set of ranks, or None for any rank), a departure of
-        a rank it expects ends it, whatever that rank had completed."""
+        point-to-point wait (``expecting`` a set of ranks, or None for any rank; a collective's
+        wait passes _COLLECTIVE), a departure of a rank it expects ends it, whatever that rank
+        had completed."""
         if self.watch is not None:
-            self.watch.check_peers()
+            self.watch.check_peers(_COLLECTIVE)
         self._read_control()
-        expecting = self.expecting
         gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
                 if (completed < self.seq if expecting is _COLLECTIVE else expecting is None or peer in expecting)]
         if gone:
@@ -329,33 +343,6 @@ class MPITransport:
                 name = self.names[peer]
                 raise PeerLost(name, f"rank {name} is gone: its process (pid {pid} on this host) ended "
                                      "without leaving the runtime (killed, or crashed outside Python's control)")
-
-    def post(self, buf: Any, peer: int | None, tag: int, receive: bool) -> MPI.Request:
-        """Post a point-to-point send of ``buf`` to ``peer``, or a receive into it from ``peer``
-        (None: any rank), with ``tag`` (0..base.MAX_P2P_TAG); wait for it with :meth:`wait_posted`."""
-        try:
-            if receive:
-                request = self.comm.Irecv([buf, MPI.BYTE], MPI.ANY_SOURCE if peer is None else peer, _P2P_TAG + tag)
-            else:
-                request = self.comm.Isend([buf, MPI.BYTE], peer, _P2P_TAG + tag)
-        except MPI.Exception as e:
-            raise TransportError(f"{'receive from' if receive else 'send to'} rank "
-                                 f"{'any' if peer is None else self.names[peer]} failed: {_error_text(e)}") from e
-        return self._posted(request, peer, buf, receive)[0]
-
-    def wait_posted(self, requests: list[MPI.Request], peers: list[int | None]) -> list[int]:
-        """Wait for posted point-to-point ``requests`` (to or from ``peers``; None: any rank) until the
-        deadline; a departure of a rank they expect ends the wait (PeerLost). Returns each one's
-        source (for sends: the destination)."""
-        statuses = [MPI.Status() for _ in requests]
-        self.expecting = None if None in peers else set(peers)
-        try:
-            self._wait_all(requests, [p if p is not None else -1 for p in peers], statuses)
-        finally:
-            self.expecting = _COLLECTIVE
-        posted = set(map(id, requests))
-        self._inflight = [entry for entry in self._inflight if id(entry[0][0]) not in posted]
-        return [status.Get_source() if peer is None else peer for status, peer in zip(statuses, peers)]
 
     def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int], statuses: list | None = None) -> None:
         """Poll until ``requests`` are done; the first peer still pending is the one named on timeout
@@ -370,7 +357,7 @@ class MPITransport:
                 now = time.monotonic()
                 _pause(now - started, self._spin_seconds, self.background)
                 if now >= next_check:
-                    self.check_peers()
+                    self.check_peers(_COLLECTIVE)
                     next_check = now + CHECK_INTERVAL
                 if now >= self.deadline:
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
@@ -379,7 +366,21 @@ class MPITransport:
                         raise TransportTimeout(-1, now - started, "a message from any rank")
                     raise TransportTimeout(self.names[peer], now - started)
         except MPI.Exception as e:
+            self.check_dead(peers)   # (MPI's own error about a dead peer says less than this)
             raise TransportError(self._failure_text(e, requests, peers, statuses)) from e
+
+    check_interval = CHECK_INTERVAL
+
+    def pause(self, waited: float) -> None:
+        """Between two polls of a wait in the program's own thread (see _pause)."""
+        _pause(waited, self._spin_seconds)
+
+    def check_dead(self, peers: Sequence[int]) -> None:
+        """After MPI reported an error: raise PeerLost if one of ``peers`` (-1: any) is known gone."""
+        try:
+            self.check_peers({p for p in peers if p >= 0} if all(p >= 0 for p in peers) else None)
+        except MPI.Exception:
+            pass
 
     def _failure_text(self, error: MPI.Exception, requests: list[MPI.Request], peers: Sequence[int],
                       statuses: list | None = None) -> str:
@@ -445,7 +446,6 @@ def _pause(waited: float, spin_seconds: float, background: bool = False) -> None
         time.sleep(min(waited * _NAP_SHARE, _MAX_NAP))
 
 
-_COLLECTIVE = object()   # (MPITransport.expecting: a collective is waiting, not a point-to-point call)
 _unfinished_setups: list = []   # requests of a setup that timed out, kept with their buffers for good
 
 
@@ -462,7 +462,21 @@ def _wait_setup(request: MPI.Request, deadline: float, what: str, *buffers: Any)
 
 
 def _error_text(error: MPI.Exception) -> str:
-    return error.Get_error_string().strip()
+    """MPI's error in one line: its class, and the innermost cause from the library's error stack
+    (MPICH's strings carry a stack of function names, one per line, that means nothing to users).
+
+    >>> _error_text(MPI.Exception(MPI.ERR_TRUNCATE))
+    'Message truncated'
+    """
+    lines = [line.strip() for line in error.Get_error_string().strip().splitlines() if line.strip()]
+    if not lines:
+        return f"MPI error {error.Get_error_code()}"
+    head = lines[0].split(", error stack:")[0].rstrip(",; ")
+    cause = lines[-1].split("): ", 1)[-1].strip() if len(lines) > 1 else ""
+    return f"{head} ({cause})" if cause and cause != head else head
+
+
+MPITransport.error_text = staticmethod(_error_text)
 
 
 def usable_cores() -> int:

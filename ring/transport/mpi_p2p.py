@@ -1,0 +1,204 @@
+"""Point-to-point messages over an MPI transport: every message says what it holds.
+
+A send is two MPI messages to the same rank: a 32-byte header (the byte count, the element
+count and the dtype), then the bytes themselves, each with its own tag range, so that the
+receiver knows what comes before it receives a byte of it::
+
+    sender (rank 0)                                receiver (rank 1)
+    isend(x: 4 float64, tag 3)                     irecv(y: 8 float64, source=0, tag 3)
+      header  [32 B, 4, "<f8"]  --tag HEADER+3-->    header arrives: 32 B of float64, y holds 64 B
+      payload [32 B]            --tag PAYLOAD+3->    not received into y: refused, naming both
+
+A receive posts its header's receive at once; once the header is in, it checks the message
+against its buffer and only then posts the payload's receive, from the rank the header came
+from (so a receive from any rank takes header and payload from the same one). Headers from
+one rank are matched in the order they were sent, and their payloads' receives are posted in
+that same order (all the headers that are in are taken in posting order), so each payload
+meets its own receive. A message that does not fit is still received, into scratch memory
+that is kept, so its sender's send completes; the receiver raises. The tag ranges need
+MPI_TAG_UB >= PAYLOAD_TAG + base.MAX_P2P_TAG (MPICH: 2**29 - 1; Open MPI: 2**31 - 1).
+
+Waits never block inside MPI and never wait for the runtime's collectives: a program thread
+waiting here polls beside the progress engine's thread running a collective on the same
+communicator (distinct tags; MPI_THREAD_MULTIPLE). Each wait has its own deadline.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ring.transport.base import TransportError, TransportTimeout
+
+HEADER_TAG = 64                 # headers use tags HEADER_TAG + tag: never the ring's nor the control channel's
+PAYLOAD_TAG = HEADER_TAG + (1 << 15)   # payloads use PAYLOAD_TAG + tag
+_HEADER_BYTES = 32
+_DTYPE_BYTES = 16
+_STOPPED = float("-inf")        # a transport's deadline once the runtime has stopped (see progress.Engine.stop)
+
+
+def header(buf: np.ndarray) -> np.ndarray:
+    """The header that announces ``buf``: byte count, element count, dtype (numpy's ``dtype.str``).
+
+    >>> describe(header(np.zeros(4)))
+    (32, '4 float64')
+    """
+    message = np.zeros(_HEADER_BYTES, np.uint8)
+    message[:16].view(np.int64)[:] = (buf.nbytes, buf.size)
+    code = buf.dtype.str.encode()[:_DTYPE_BYTES]
+    message[16:16 + len(code)] = np.frombuffer(code, np.uint8)
+    return message
+
+
+def describe(message: np.ndarray) -> tuple[int, str]:
+    """A header's byte count, and what it holds in words ("4 float64")."""
+    nbytes, count = (int(v) for v in message[:16].view(np.int64))
+    code = message[16:].tobytes().rstrip(b"\0").decode(errors="replace")
+    try:
+        name = np.dtype(code).name
+    except TypeError:
+        name = code
+    return nbytes, f"{count} {name}"
+
+
+class Posted:
+    """One posted send or receive: its MPI requests, and for a receive its header and the source."""
+
+    __slots__ = ("receive", "buf", "peer", "tag", "header", "requests", "source", "problem", "payload")
+
+    def __init__(self, receive: bool, buf: np.ndarray, peer: int | None, tag: int):
+        self.receive, self.buf, self.peer, self.tag = receive, buf, peer, tag
+        self.header = np.zeros(_HEADER_BYTES, np.uint8) if receive else header(buf)
+        self.requests: list[MPI.Request] = []
+        self.source = peer if peer is not None else -1
+        self.problem = ""          # why the message does not fit the buffer ("" while none is known)
+        self.payload = not receive   # a receive posts its payload's receive once the header is in
+
+    def done(self) -> bool:
+        return self.payload and MPI.Request.Testall(self.requests)
+
+
+class PointToPoint:
+    """The point-to-point messages of one MPI transport (``transport``: its comm, names, peers)."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self._lock = threading.Lock()        # program threads may post and wait at once
+        self._unread: list[Posted] = []      # receives whose header is not in yet, in posting order
+        self._posted: list[Posted] = []      # everything posted and not yet waited for (see abandon)
+        self._kept: list = []                # messages received into scratch, and abandoned requests
+        self._stopped = False                # abandoned after a failure: waits end at once
+
+    def post(self, buf: np.ndarray, peer: int | None, tag: int, receive: bool) -> Posted:
+        """Post a send of ``buf`` to ``peer``, or a receive into it from ``peer`` (None: any rank)."""
+        comm, posted = self.transport.comm, Posted(receive, buf, peer, tag)
+        try:
+            with self._lock:
+                if receive:
+                    source = MPI.ANY_SOURCE if peer is None else peer
+                    posted.requests.append(comm.Irecv([posted.header, MPI.BYTE], source, HEADER_TAG + tag))
+                    self._unread.append(posted)
+                else:
+                    posted.requests.append(comm.Isend([posted.header, MPI.BYTE], peer, HEADER_TAG + tag))
+                    if buf.nbytes:
+                        posted.requests.append(comm.Isend([buf, MPI.BYTE], peer, PAYLOAD_TAG + tag))
+                self._posted.append(posted)
+        except MPI.Exception as e:
+            name = "any" if peer is None else self.transport.names[peer]
+            raise TransportError(f"{'receive from' if receive else 'send to'} rank {name} failed: "
+                                 f"{self.transport.error_text(e)}") from e
+        return posted
+
+    def wait(self, posted: list[Posted], deadline: float) -> list[int]:
+        """Wait for ``posted`` until ``deadline`` (time.monotonic()); return each one's peer (for a
+        receive from any rank: the rank it came from). Raises TransportError if a message does not
+        fit its buffer, PeerLost if a rank they expect leaves, TransportTimeout at the deadline."""
+        peers = [p.peer for p in posted]
+        expecting = None if None in peers else set(peers)
+        transport = self.transport
+        started = time.monotonic()
+        next_check = started + transport.check_interval
+        try:
+            while True:
+                if self._stopped:
+                    raise TransportError("the runtime stopped while this rank waited")
+                self._read_headers()
+                for p in posted:
+                    if p.problem:
+                        raise TransportError(p.problem)
+                if all(p.done() for p in posted):
+                    break
+                now = time.monotonic()
+                transport.pause(now - started)
+                if now >= next_check:
+                    transport.check_peers(expecting)
+                    next_check = now + transport.check_interval
+                if now >= deadline or transport.deadline == _STOPPED:
+                    pending = [p for p in posted if not p.done()]
+                    peer = pending[0].peer if pending else peers[0]
+                    if peer is None:
+                        raise TransportTimeout(-1, now - started, "a message from any rank")
+                    raise TransportTimeout(transport.names[peer], now - started)
+        except MPI.Exception as e:
+            transport.check_dead([-1 if p is None else p for p in peers])
+            raise TransportError(f"point-to-point with {_ranks(transport, peers)} failed: "
+                                 f"{transport.error_text(e)}") from e
+        with self._lock:
+            done = set(map(id, posted))
+            self._posted = [p for p in self._posted if id(p) not in done]
+        return [p.source for p in posted]
+
+    def _read_headers(self) -> None:
+        """Take the headers that are in (all at once, then in posting order: see the module
+        docstring) and post their payloads' receives, or receive a message that does not fit."""
+        with self._lock:
+            if not self._unread:
+                return
+            statuses = [MPI.Status() for _ in self._unread]
+            headers = [p.requests[0] for p in self._unread]
+            arrived = MPI.Request.Testsome(headers, statuses)
+            if not arrived:
+                return
+            taken = set(arrived)
+            for k, index in sorted(enumerate(arrived), key=lambda pair: pair[1]):
+                self._take(self._unread[index], statuses[k].Get_source())
+            self._unread = [p for i, p in enumerate(self._unread) if i not in taken]
+
+    def _take(self, p: Posted, source: int) -> None:
+        """(Holding the lock) the header of ``p`` came from ``source``: receive its payload into
+        ``p.buf`` if it fits, else into scratch (kept), noting why it did not fit."""
+        p.source = source
+        nbytes, what = describe(p.header)
+        mine = f"{p.buf.size} {p.buf.dtype.name}"
+        target: Any = p.buf
+        if nbytes != p.buf.nbytes or what != mine:
+            names = self.transport.names
+            p.problem = (f"the message from rank {names[source]} has {nbytes} bytes ({what}), the buffer "
+                         f"{p.buf.nbytes} bytes ({mine}); nothing was written into it")
+            target = np.empty(nbytes, np.uint8)
+        if nbytes:
+            request = self.transport.comm.Irecv([target, MPI.BYTE], source, PAYLOAD_TAG + p.tag)
+            if p.problem:
+                self._kept.append((request, target))   # completes when it comes; never waited for
+            else:
+                p.requests.append(request)
+        p.payload = True
+
+    def abandon(self) -> None:
+        """After a failure: cancel the receives still posted (no late message lands in a buffer the
+        program owns again); keep what cannot be cancelled, with its buffers, for good."""
+        with self._lock:
+            posted, self._posted, self._unread = self._posted, [], []
+            self._stopped = True
+        receives = [r for p in posted if p.receive for r in p.requests]
+        requests = [r for p in posted for r in p.requests]
+        if requests:
+            self.transport.give_up(requests, [p.buf for p in posted], receives)
+
+
+def _ranks(transport, peers: list[int | None]) -> str:
+    named = sorted({"any" if p is None else str(transport.names[p]) for p in peers})
+    return f"rank {named[0]}" if len(named) == 1 else f"ranks {', '.join(named)}"
