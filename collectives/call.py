@@ -268,6 +268,7 @@ def _failure(g: Group, name: str, error: TransportError) -> CollectiveError:
     detail = f"{error}; {_census(g)}" if isinstance(error, TransportTimeout) else str(error)
     runtime.failure = f"{where}: {detail}"
     runtime.failed_by_peer = True
+    runtime.root_cause = getattr(error, "root", None)
     return CollectiveError(runtime.failure)
 
 

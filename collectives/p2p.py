@@ -116,6 +116,7 @@ def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
         g.abandon()
         runtime.failure = f"{what} on {g.where()}: {e}"
         runtime.failed_by_peer = isinstance(e, (TransportTimeout, PeerLost))
+        runtime.root_cause = getattr(e, "root", None)
         raise CollectiveError(runtime.failure) from e
 
 

@@ -92,8 +92,8 @@ class Work:
             raise CollectiveUsageError(f"wait: timeout: expected a positive number of seconds or None, "
                                        f"got {timeout!r}")
         waiting = perf_counter()
-        if not self._done:
-            self._engine.help(self)   # still queued at the head: run it here, no thread hop
+        if not self._done and bounded(timeout) is None:   # (a bounded wait leaves the call to the engine
+            self._engine.help(self)   # thread, so it can stop at the bound) still queued: run it here
         try:
             if not self._done and not self._finished_within(bounded(timeout)):
                 self._engine.stop(f"rank {self._engine.world_rank()}: wait(timeout={timeout}) for an async "
@@ -198,7 +198,7 @@ class Engine:
         self._queue.append(place)
         try:
             while self._busy or self._queue[0] is not place:
-                if not self._busy:
+                if not self._busy and self._queue[0]._job is not None:
                     self._run_head_locked()
                 else:
                     self._turns.wait()

@@ -12,10 +12,13 @@ every rank alike. Each rank is one process in the trace, with three tracks:
 ======================  ==================================================================
 
 Every call carries its sequence number, bytes and ``name=`` in its arguments. When the
-process ends, rank 0 gathers every rank's events (one collective, after everything else)
-and writes the file. A rank that ends after a failure writes its own events alone, to the
-file on rank 0 and to ``trace.rank<r>.json`` on the others, since the ranks can no longer
-meet. Times are in microseconds on each host's monotonic clock: ranks on one host line
+process ends, after its farewell, each rank hands its events to rank 0, which writes the
+file (no collective call: a rank still in one hears the farewell). A rank that ends after a
+failure, or finds rank 0 did, writes its own events alone to ``trace.rank<r>.json`` beside
+it (``trace.rank0.json`` for rank 0 too): ``trace.json`` only ever holds the merged trace.
+The path is checked on every rank at setup: it must be a regular file or not exist yet (a
+device, FIFO or symbolic link is refused, never replaced), in a directory where a file can
+be created. Times are in microseconds on each host's monotonic clock: ranks on one host line
 up exactly; across hosts they are offset by however the hosts' clocks differ.
 
 A program adds its own spans, which cost nothing while no timeline is recorded:
@@ -29,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import threading
 from pathlib import Path
 from time import perf_counter
@@ -107,30 +111,72 @@ def add(track: str, name: str, start: float, end: float, args: dict | None = Non
 
 
 def write(path: str, events: list[dict]) -> None:
-    """Write ``events`` as a Chrome trace, atomically (a temporary file renamed into place)."""
+    """Write ``events`` as a Chrome trace, atomically (a temporary file renamed into place), unless
+    ``path`` has become something other than a regular file meanwhile (then OSError)."""
     target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-    os.replace(temporary, target)
+    problem = _not_replaceable(target)
+    if problem:
+        raise OSError(f"{path} {problem}; the trace was not written")
+    temporary = _temporary(target)
+    try:
+        temporary.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _temporary(target: Path) -> Path:
+    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
+
+
+def _not_replaceable(target: Path) -> str:
+    """Why the trace must not replace ``target`` ("" if it may: a regular file, or nothing yet).
+    A symbolic link is refused even to a regular file: renaming over it would replace the link."""
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return ""
+    if stat.S_ISLNK(mode):
+        return "is a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "is a directory; give a file name"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file (a device, FIFO or socket)"
+    return ""
 
 
 def own_file(path: str, rank: int) -> str:
-    """Where a rank that cannot meet the others writes its events: ``path`` on rank 0, else
-    ``<stem>.rank<r><suffix>`` beside it."""
-    if rank == 0:
-        return path
+    """Where a rank that cannot meet the others writes its events, beside ``path`` (which only
+    ever holds the merged trace).
+
+    >>> own_file("runs/trace.json", 0), own_file("trace.json", 3)
+    ('runs/trace.rank0.json', 'trace.rank3.json')
+    """
     target = Path(path)
     return str(target.with_name(f"{target.stem}.rank{rank}{target.suffix}"))
 
 
-def check_path(path: str) -> str:
-    """A problem with writing the trace to ``path`` ("" if none), found before anything runs."""
-    target = Path(path)
-    if target.is_dir():
-        return f"init: COLLECTIVES_TIMELINE / timeline: {path} is a directory; give a file name"
-    parent = target.parent
+def check_path(path: str, rank: int) -> str:
+    """A problem with writing the trace to ``path`` or this rank's own file beside it ("" if
+    none), found before anything runs: each must be a regular file or not exist yet, and a
+    temporary file must be creatable in its directory (it is made and removed here).
+
+    >>> check_path("/proc/t.json", 0)
+    'init: COLLECTIVES_TIMELINE / timeline: cannot create a file in /proc (FileNotFoundError)'
+    """
+    setting = "init: COLLECTIVES_TIMELINE / timeline:"
+    for target in (Path(path), Path(own_file(path, rank))):
+        problem = _not_replaceable(target)
+        if problem:
+            return f"{setting} {target} {problem} (the trace is written only to a regular file)"
+    parent = Path(path).parent
     if not parent.is_dir():
-        return f"init: COLLECTIVES_TIMELINE / timeline: the directory {parent} does not exist"
-    if not os.access(parent, os.W_OK):
-        return f"init: COLLECTIVES_TIMELINE / timeline: the directory {parent} is not writable"
+        return f"{setting} the directory {parent} does not exist"
+    probe = _temporary(Path(path))
+    try:
+        with open(probe, "x"):
+            pass
+        probe.unlink()
+    except OSError as e:
+        return f"{setting} cannot create a file in {parent} ({type(e).__name__})"
     return ""

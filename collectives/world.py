@@ -92,6 +92,7 @@ class Runtime:
         self.world: Group | None = None
         self.failure: str | None = None    # set once a failure left this rank out of step
         self.failed_by_peer = False        # the failure came from another rank (timeout, a peer gone)
+        self.root_cause: str | None = None   # a rank died: how every rank should hear it (see PeerLost)
         self.engine = progress.Engine(self, threaded)   # runs the calls one at a time, in issue order
         self.current = None                # the call running (collectives.call.Call), for the timeline
         self.threads_checked = threads_checked   # MPI is not thread-safe here: only its main thread may call
@@ -188,7 +189,7 @@ _SETTINGS = {
 }
 
 
-def _read_settings(given: dict, from_environment: bool) -> tuple[dict, str]:
+def _read_settings(given: dict, from_environment: bool, rank: int = 0) -> tuple[dict, str]:
     """The settings ``given`` as keyword arguments (None: not given), else (``from_environment``)
     from the environment, else the defaults; and the first problem found ("" if none), so that
     a rank with a bad setting can still tell the others instead of leaving them waiting."""
@@ -214,7 +215,7 @@ def _read_settings(given: dict, from_environment: bool) -> tuple[dict, str]:
             continue
         settings[name] = value
     if settings.get("timeline"):
-        problem = problem or timelines.check_path(settings["timeline"])
+        problem = problem or timelines.check_path(settings["timeline"], rank)
     return settings, problem
 
 
@@ -223,6 +224,8 @@ def _check_records(records: list[bytes]) -> None:
     settings, or if the settings that change what moves between ranks differ."""
     decoded = [json.loads(r or b"{}") for r in records]
     for r, record in enumerate(decoded):
+        if record.get("left") == _ENDED:
+            raise CollectiveError(f"init: rank {r} ended its program before its first collective")
         if record.get("left"):
             raise CollectiveError(f"init: rank {r} left before its first collective: {record['left']}")
     for r, record in enumerate(decoded):
@@ -274,7 +277,7 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
     if fixed:
         raise CollectiveUsageError(f"init: {', '.join(fixed)}: fixed when the runtime was set up (by the first "
                                    "init or collective); give it to the first init")
-    settings, problem = _read_settings(given, from_environment=False)
+    settings, problem = _read_settings(given, from_environment=False, rank=_world.rank())
     if not any(given[name] is not None for name, _ in WIRE_SETTINGS):
         if problem:
             raise CollectiveUsageError(problem)   # only the timeout: this rank's own business
@@ -319,7 +322,8 @@ def _start(given: dict, setup_timeout: float | None = None, comm=None) -> None:
     global _world
     with _setting_up:
         if _world is None:
-            settings, problem = _read_settings(given, from_environment=True)
+            settings, problem = _read_settings(given, from_environment=True,
+                                               rank=(comm or _mpi().COMM_WORLD).Get_rank())
             _world = _set_up(settings, problem, timeout=setup_timeout, comm=comm)
 
 
@@ -327,6 +331,8 @@ def _set_up(settings: dict, problem: str, left: str = "", timeout: float | None 
     """Every rank: start MPI if needed, make the private communicator, agree on the settings.
     ``left``: this process is ending before it ever set up; it takes part only to tell the
     others why (see :func:`_leave`)."""
+    global _joined_setup_at_exit
+    _joined_setup_at_exit = True   # (a rank that took part in a setup never joins another at exit)
     MPI = _mpi()
     from ring.transport.mpi import connect
     try:
@@ -402,37 +408,75 @@ _previous_excepthook, sys.excepthook = sys.excepthook, _note_uncaught
 _FAREWELL_SETUP_SECONDS = 2.0   # how long a process ending before setup waits to tell the others
 
 
-def _leave() -> None:
+def _leave(finishing: bool = True) -> None:
     """Say farewell to every other rank and release the transports; once, at exit or at
-    ``MPI.Finalize()``, whichever comes first. A process that ends on an uncaught exception
-    before its first collective joins the setup the others may be waiting in, to tell them why."""
-    global _why_leaving
+    ``MPI.Finalize()``, whichever comes first. A process that ends before its first collective
+    joins the setup the others may be waiting in, to tell them (see :func:`_leave_unset`).
+
+    ``finishing``: MPI_Finalize follows, which waits for every rank, for ever if one died (MPICH
+    under ``-disable-auto-cleanup``). So first every rank waits for the others at exit in a
+    barrier it polls (``exit_barrier``); if a rank is known dead, or said it will not finalize,
+    this process prints one line and ends at once with status 1, without MPI_Finalize and
+    without the exit handlers registered before ``collectives`` was imported."""
     w = _world
     if w is None:
-        if _why_leaving and _mpi_running():
-            _why_leaving, why = "", _why_leaving   # once, even if MPI.Finalize() follows
-            try:
-                _set_up({}, "", left=why, timeout=_FAREWELL_SETUP_SECONDS)
-            except (CollectiveError, CollectiveUsageError):
-                pass   # nobody was waiting in setup (or they were told)
+        _leave_unset()
         return
     runtime = w.runtime
     if runtime.closed:
         return
     runtime.engine.close(f"rank {w.rank()} is ending ({_why_leaving})" if _why_leaving else "")
-    if runtime.timeline:
-        _write_timeline(w)
     runtime.closed = True
     failed = runtime.failure is not None
     runtime.failure = runtime.failure or "this process has left the runtime (at exit or MPI.Finalize())"
-    why = _why_leaving or (f"it stopped after a failure: {runtime.failure}" if failed else "")
+    root = runtime.root_cause
+    why = root or _why_leaving or (f"it stopped after a failure: {runtime.failure}" if failed else "")
+    gone = w.transport.gone_at_exit()
     try:
         for g in runtime.groups:   # each group's members count their calls on it
-            g.transport.farewell(g.completed, why, failed=runtime.failed_by_peer)
+            g.transport.farewell(g.completed, why, failed=runtime.failed_by_peer, root=root is not None,
+                                 finalizing=not gone)
+        if runtime.timeline:   # (after the farewells: a rank still in a call hears why this one left)
+            _write_timeline(w, healthy=not why)
+        if finishing and not gone and _mpi_running():
+            gone = w.transport.exit_barrier()
+        if gone:
+            _end_without_finalize(w, gone)
     finally:
         for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
             for transport in reversed(g.transports()):
                 transport.close(failed)
+
+
+def _end_without_finalize(w: Group, gone: list[int]) -> None:
+    """A rank died (or will not finalize): MPI_Finalize would wait for it for ever, so end now."""
+    print(f"[rank {w.rank()}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever "
+          f"for rank(s) {', '.join(map(str, gone))} (gone)", file=sys.stderr, flush=True)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(1)
+
+
+def _leave_unset() -> None:
+    """At exit (or MPI.Finalize()) of a process that never set the runtime up, in a job of several
+    ranks: join the setup for at most _FAREWELL_SETUP_SECONDS, saying why this process ends, so
+    that ranks waiting in their first collective raise at once instead of at the timeout. Where
+    no rank uses the runtime, every rank does this together: one setup exchange at exit (a few
+    milliseconds), up to _FAREWELL_SETUP_SECONDS where the ranks end that far apart."""
+    if not _mpi_running() or _joined_setup_at_exit or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() < 2:
+        return
+    why = _why_leaving or _ENDED
+    try:
+        _set_up({}, "", left=why, timeout=_FAREWELL_SETUP_SECONDS)
+    except (CollectiveError, CollectiveUsageError):
+        pass   # nobody was waiting in setup (or they were told)
+
+
+_ENDED = "(ended)"   # what a rank that ended normally before its first collective says at setup
+_joined_setup_at_exit = False   # this process took part in a setup (at most one: see _set_up)
 
 
 def abort(code: int = 1, grace: float = 2.0) -> None:
@@ -447,35 +491,42 @@ def abort(code: int = 1, grace: float = 2.0) -> None:
     ...     col.abort(1)
     """
     if _world is not None and not _world.runtime.closed:
-        _leave()
+        _leave(finishing=False)
     time.sleep(grace)
     _mpi().COMM_WORLD.Abort(code)
     os._exit(code)   # (MPICH's Abort has been seen to return when another process had already ended)
 
 
-def _write_timeline(w: Group) -> None:
-    """At exit: rank 0 writes every rank's events, gathered by one last collective; a rank that
-    cannot meet the others (after a failure, or on its way out after an uncaught exception)
-    writes its own (see ``collectives.timeline``)."""
+def _write_timeline(w: Group, healthy: bool) -> None:
+    """At exit, after the farewells: rank 0 writes every rank's events, handed to it by each rank
+    that left normally; a rank that cannot meet rank 0 (after a failure on either, or on its way
+    out after an uncaught exception) writes its own (see ``collectives.timeline``). Bounded by
+    the timeout; the ranks still in a call have heard each farewell first, so this is no call."""
     recorder = timelines.current
     if recorder is None:
         return
-    if w.runtime.failure is None and not _why_leaving:
-        from collectives.api import allgather
-        mine = np.frombuffer(json.dumps(recorder.trace_events()).encode(), np.uint8)
-        try:
-            every = allgather(mine, name="timeline at exit")
-            lengths = allgather(np.array([mine.size], np.int64), name="timeline lengths at exit")
-        except (CollectiveError, CollectiveUsageError) as e:
-            print(f"[rank {w.rank()}] collectives: the timeline could not be gathered ({e}); "
-                  "writing this rank's own", file=sys.stderr, flush=True)
-        else:
-            if w.rank() == 0:
-                ends = np.cumsum(lengths)
-                events = [e for end, n in zip(ends, lengths) for e in json.loads(every[end - n:end].tobytes())]
-                timelines.write(w.runtime.timeline, events)
+    transport, path = w.transport, w.runtime.timeline
+    deadline = time.monotonic() + w.runtime.timeout
+    mine = json.dumps(recorder.trace_events()).encode()
+    try:
+        if healthy and w.rank() == 0:
+            found = transport.collect_at_exit(deadline)
+            events = [e for data in [mine, *found[1:]] if data for e in json.loads(data)]
+            timelines.write(path, events)
+            missing = [r for r in range(1, w.size()) if found[r] is None]
+            if missing:
+                print(f"[rank 0] collectives: {path} lacks rank(s) {', '.join(map(str, missing))}, which left after "
+                      "a failure or did not come (each wrote its own file)", file=sys.stderr, flush=True)
             return
-    timelines.write(timelines.own_file(w.runtime.timeline, w.rank()), recorder.trace_events())
+        if healthy and transport.deliver_at_exit(mine, deadline):
+            return
+    except (TransportError, OSError) as e:   # (an MPI error is a TransportError's cause; OSError: the file)
+        print(f"[rank {w.rank()}] collectives: the timeline could not be gathered ({e}); writing this rank's own",
+              file=sys.stderr, flush=True)
+    except Exception as e:   # noqa: BLE001 (mpi4py's MPI.Exception: at exit, say it and write our own)
+        print(f"[rank {w.rank()}] collectives: the timeline could not be gathered ({e}); writing this rank's own",
+              file=sys.stderr, flush=True)
+    timelines.write(timelines.own_file(path, w.rank()), recorder.trace_events())
 
 
 def _mpi_running() -> bool:

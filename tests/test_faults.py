@@ -118,14 +118,17 @@ def test_a_rank_that_dies_with_handles_in_flight_fails_the_others_waits_fast(n):
 def test_ctrl_c_while_waiting_for_a_handle_stops_the_runtime_and_tells_the_others():
     status, output, _ = _fault(3, "async-ctrl-c")
     assert "rank 1: KeyboardInterrupt inside wait" in output, output
-    assert ("rank 1: then CollectiveError: allreduce: the runtime stopped after an earlier failure (rank 1: "
-            "interrupted by KeyboardInterrupt while waiting for an async allreduce)") in output, output
+    # Ctrl-C lands in the wait, or in the call itself where the waiting thread runs it (Engine.help)
+    interrupted = ("(rank 1: interrupted by KeyboardInterrupt while waiting for an async allreduce|allreduce #4 on "
+                   "rank 1 was interrupted by KeyboardInterrupt)")
+    assert re.search("rank 1: then CollectiveError: allreduce: the runtime stopped after an earlier failure "
+                     rf"\({interrupted}\)", output), output
     assert "WRONG" not in output and "Traceback" not in output, output
     errors = _errors(output)
     assert 2 in errors, output   # rank 0 may have had all it needed from rank 1 already (then its sum is right)
     for rank, (seconds, message) in errors.items():
-        assert seconds < LEAVE_BOUND_S and "rank 1 left: it stopped after a failure: rank 1: interrupted by " \
-            "KeyboardInterrupt while waiting for an async allreduce" in message, output
+        assert seconds < LEAVE_BOUND_S and re.search(f"rank 1 left: it stopped after a failure: {interrupted}",
+                                                     message), output
 
 
 def test_handles_a_program_leaves_unwaited_are_finished_at_exit():
@@ -168,8 +171,9 @@ def test_after_a_failure_each_rank_writes_its_own_timeline(tmp_path):
     result = run_world(3, ["-m", "tests.programs.faults", "timeline", "fail"], BOUND_S,
                        env={"COLLECTIVES_TIMELINE": str(path)})
     assert result.returncode not in (0, -9), result.stdout
-    for rank, written in ((0, path), (1, tmp_path / "trace.rank1.json"), (2, tmp_path / "trace.rank2.json")):
-        assert {e["pid"] for e in _trace(written)} == {rank}, result.stdout
+    for rank in range(3):   # trace.json is only ever the merged trace
+        assert {e["pid"] for e in _trace(tmp_path / f"trace.rank{rank}.json")} == {rank}, result.stdout
+    assert not path.exists(), result.stdout
 
 
 def test_a_timeline_path_that_cannot_be_written_is_refused_at_setup(tmp_path):

@@ -31,11 +31,15 @@ class PeerLost(TransportError):
     """Rank ``peer`` left (its farewell says why) or its process is gone, before this call was done.
 
     ``message`` says which, in full: ``rank 1 left: uncaught RuntimeError: ... (after 3 collective(s))``.
+    ``root``: where a rank died, the root cause as every rank should hear it, naming the rank that
+    saw it (``rank 3 is gone: ... (seen by rank 2)``), also when it reached this rank through the
+    farewell of a rank that failed because of it; else None.
     """
 
-    def __init__(self, peer: int, message: str):
+    def __init__(self, peer: int, message: str, root: str | None = None):
         super().__init__(message)
         self.peer = peer
+        self.root = root
 
 
 class Transport(Protocol):
@@ -78,9 +82,12 @@ class Transport(Protocol):
     def abandon(self) -> None:
         """After a failed or interrupted call: cancel what is still posted (nothing lands later)."""
 
-    def farewell(self, completed: int, why: str, failed: bool = False) -> None:
+    def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
+                 finalizing: bool = True) -> None:
         """Tell every other rank that this one leaves after ``completed`` collectives, because ``why``
-        ("": its program ended); ``failed``: the runtime had already failed here."""
+        ("": its program ended); ``failed``: the runtime had already failed here; ``root``: ``why``
+        is a root cause to pass on as it is (see PeerLost); ``finalizing``: this process will
+        call MPI_Finalize (not after a peer died: see collectives.world's exit path)."""
 
     def close(self, failed: bool = False) -> None:
         """Release the transport's resources (at exit; ``failed``: after a failure, abort instead)."""

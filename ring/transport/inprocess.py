@@ -87,7 +87,8 @@ class InProcessTransport:
     def abandon(self) -> None:
         pass   # sends complete at once and receives are only posted while waited for
 
-    def farewell(self, completed: int, why: str, failed: bool = False) -> None:
+    def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
+                 finalizing: bool = True) -> None:
         pass
 
     def close(self, failed: bool = False) -> None:

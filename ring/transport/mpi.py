@@ -32,6 +32,7 @@ from ring.transport.mpi_p2p import PointToPoint
 
 _TAG = 7
 _CONTROL_TAG = 8
+_EXIT_TAG = 9    # what a rank hands rank 0 at exit, after the farewells (the timeline's events)
 CHECK_INTERVAL = 0.5       # seconds between looks at the control channel and the local peers' processes
 _SPIN_SECONDS = 50e-6      # poll flat out this long (latency), then yield the core between polls
 _YIELD_SECONDS = 20e-3     # then yield between polls until the wait is this old, then nap
@@ -46,6 +47,8 @@ _startall = MPI.Prequest.Startall
 # ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>".
 _CONTROL_BYTES = 512
 _LEFT, _ASK, _HERE = 1, 2, 3
+_FAILED, _ROOT, _NOT_FINALIZING = 1, 2, 4   # a farewell's flags
+_FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
 _SETUP_RECORD_BYTES = 1024
 _COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-point call)
 
@@ -88,6 +91,8 @@ class MPITransport:
         self._inflight: list = []      # (request, peer) posted and not yet waited for, with its buffer
         self._abandoned: list = []     # requests that could not be cancelled, kept with their buffers for good
         self.departed: dict[int, tuple[bool, int, str]] = {}   # rank -> (after a failure?, completed, why)
+        self.roots: set[int] = set()        # ranks whose farewell passes on a root cause (see PeerLost)
+        self.unfinalized: set[int] = set()  # ranks whose farewell said they will not call MPI_Finalize
         # Control messages are probed for at each check (twice a second, in long waits only), never
         # awaited by a receive from any source kept posted, which MPICH would match against every
         # message of every call: nothing on the hot path.
@@ -243,15 +248,18 @@ class MPITransport:
             time.sleep(5e-3)
         return {self.names[r]: seq for r, seq in self._heard.items()}
 
-    def farewell(self, completed: int, why: str, failed: bool = False, patience: float = 1.0) -> None:
+    def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
+                 finalizing: bool = True, patience: float = 1.0) -> None:
         """Tell every other rank that this one is leaving, having completed ``completed``
         collectives, because ``why`` ("": its program ended), and whether it ``failed`` (then it is
-        probably not the cause: waiting ranks name a rank that left of its own accord first).
+        probably not the cause: waiting ranks name a rank that left of its own accord first),
+        whether ``why`` is a ``root`` cause to pass on verbatim, and whether it is ``finalizing``.
         Waits at most ``patience`` seconds for the messages to leave (they are small: MPI sends
         them at once)."""
+        flag = (_FAILED if failed else 0) | (_ROOT if root else 0) | (0 if finalizing else _NOT_FINALIZING)
         for peer in range(self.size):
             if peer != self.rank:
-                self._control(peer, _LEFT, completed, why, flag=failed)
+                self._control(peer, _LEFT, completed, why, flag=flag)
         give_up = time.monotonic() + patience
         requests = [r for r, _ in self._control_out]
         while requests and not _testall(requests) and time.monotonic() < give_up:
@@ -276,6 +284,50 @@ class MPITransport:
         return MPITransport(comm, [self.hosts[r] for r in mine], [self.pids[r] for r in mine],
                             [self.names[r] for r in mine], self if watched else None)
 
+    def farewell_of(self, peer: int, deadline: float) -> str | None:
+        """After this rank's own farewell: wait for ``peer``'s; return why it left ("": its program
+        ended normally), or None if it died without one or the deadline passed."""
+        while peer not in self.departed:
+            self._read_control()
+            if time.monotonic() >= deadline or (peer in self._local_pids and
+                                                _process_state(self._local_pids[peer]) is not None):
+                self._read_control()
+                break
+            time.sleep(1e-3)
+        return self.departed[peer][2] if peer in self.departed else None
+
+    def deliver_at_exit(self, data: bytes, deadline: float) -> bool:
+        """At exit, after the farewells: hand ``data`` to rank 0 if it left normally (it then
+        collects, see collect_at_exit); whether it was delivered by the deadline."""
+        if self.farewell_of(0, deadline) != "":
+            return False
+        message = np.frombuffer(data, np.uint8)
+        request = self.comm.Isend([message, MPI.BYTE], 0, _EXIT_TAG)
+        while not request.Test():
+            if time.monotonic() >= deadline:
+                self._abandoned.append(([request], message))
+                return False
+            time.sleep(1e-3)
+        return True
+
+    def collect_at_exit(self, deadline: float) -> list[bytes | None]:
+        """Rank 0 at exit, after the farewells: what every other rank that left normally handed it
+        (deliver_at_exit), by rank; None for a rank that left after a failure, died, or was late."""
+        found: list[bytes | None] = [None] * self.size
+        status = MPI.Status()
+        for peer in range(1, self.size):
+            if self.farewell_of(peer, deadline) != "":
+                continue
+            while not self.comm.Iprobe(peer, _EXIT_TAG, status):
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(1e-3)
+            else:
+                message = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+                self.comm.Recv([message, MPI.BYTE], peer, _EXIT_TAG)
+                found[peer] = message.tobytes()
+        return found
+
     def close(self, failed: bool = False) -> None:
         """Free this transport's communicator, unless requests on it could not be ended."""
         self.abandon()
@@ -286,7 +338,7 @@ class MPITransport:
             except MPI.Exception:
                 pass
 
-    def _control(self, peer: int, kind: int, number: int, text: str = "", flag: bool = False) -> None:
+    def _control(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0) -> None:
         message = np.zeros(_CONTROL_BYTES, np.uint8)
         message[0] = kind
         message[1] = flag
@@ -312,11 +364,15 @@ class MPITransport:
         while self.comm.Iprobe(MPI.ANY_SOURCE, _CONTROL_TAG, self._control_status):
             peer = self._control_status.Get_source()
             self.comm.Recv(self._control_in, peer, _CONTROL_TAG)   # arrived already: returns at once
-            kind, flag = int(self._control_in[0]), bool(self._control_in[1])
+            kind, flag = int(self._control_in[0]), int(self._control_in[1])
             number = int(np.frombuffer(self._control_in[8:16].tobytes(), np.int64)[0])
             text = self._control_in[16:].tobytes().rstrip(b"\0").decode(errors="replace")
             if kind == _LEFT:
-                self.departed[peer] = (flag, number, text)
+                self.departed[peer] = (bool(flag & _FAILED), number, text)
+                if flag & _ROOT:
+                    self.roots.add(peer)
+                if flag & _NOT_FINALIZING:
+                    self.unfinalized.add(peer)
             elif kind == _ASK:
                 self._control(peer, _HERE, self.seq)
             elif kind == _HERE:
@@ -336,13 +392,47 @@ class MPITransport:
         if gone:
             _, completed, peer, why = min(gone)
             name = self.names[peer]
+            if peer in self.roots:   # it failed because a rank died: name that one, as it was seen
+                raise PeerLost(name, why, root=why)
             raise PeerLost(name, f"rank {name} left: {why} (after {completed} collective(s))" if why else
                            f"rank {name} ended its program after {completed} collective(s)")
-        for peer, pid in self._local_pids.items():
-            if peer not in self.departed and _process_state(pid) is not None:
-                name = self.names[peer]
-                raise PeerLost(name, f"rank {name} is gone: its process (pid {pid} on this host) ended "
-                                     "without leaving the runtime (killed, or crashed outside Python's control)")
+        dead = self.dead_peers()
+        if dead:
+            time.sleep(_FAREWELL_GRACE)   # a rank that just left after seeing a death may have said so
+            self._read_control()
+            for peer in dead:
+                if peer in self.roots:
+                    raise PeerLost(self.names[peer], self.departed[peer][2], root=self.departed[peer][2])
+            peer = dead[0]   # (the first seen dead: others may have ended since, after seeing it)
+            name, pid = self.names[peer], self._local_pids[peer]
+            message = (f"rank {name} is gone: its process (pid {pid} on this host) ended without "
+                       "leaving the runtime (killed, or crashed outside Python's control)")
+            raise PeerLost(name, message, root=f"{message} (seen by rank {self.names[self.rank]})")
+
+    def dead_peers(self) -> list[int]:
+        """The ranks on this host whose process has ended without a farewell (killed)."""
+        return [peer for peer, pid in self._local_pids.items()
+                if peer not in self.departed and _process_state(pid) is not None]
+
+    def gone_at_exit(self) -> list[int]:
+        """At exit: the ranks that will never call MPI_Finalize, as far as this rank knows (dead on
+        this host, or said so in their farewell), as ``names`` gives them."""
+        self._read_control()
+        return sorted(self.names[p] for p in set(self.dead_peers()) | self.unfinalized)
+
+    def exit_barrier(self) -> list[int]:
+        """At exit, before MPI_Finalize (which waits for every rank, for ever if one died): wait
+        until every rank is at exit too; return [] then, or as soon as some rank is known never
+        to finalize, those ranks (see gone_at_exit), so that this one can leave without it."""
+        request = self.comm.Ibarrier()
+        started = time.monotonic()
+        while not request.Test():
+            gone = self.gone_at_exit()
+            if gone:
+                self._abandoned.append(([request], None))
+                return gone
+            _pause(time.monotonic() - started, 0.0, background=True)
+        return []
 
     def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int], statuses: list | None = None) -> None:
         """Poll until ``requests`` are done; the first peer still pending is the one named on timeout
