@@ -12,8 +12,8 @@ See ``collectives.api`` for each call, ``collectives.group`` for groups and ``co
 for the settings.
 """
 from collectives import timeline
-from collectives.api import (allgather, allreduce, allreduce_many, barrier, broadcast, new_group, reduce_scatter,
-                             split, use_local_gpu)
+from collectives.api import (allgather, allreduce, allreduce_many, barrier, broadcast, destroy, new_group,
+                             reduce_scatter, split, use_local_gpu)
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group, NonMember
 from collectives.p2p import Request, irecv, isend, recv, send, wait_all
@@ -21,7 +21,7 @@ from collectives.progress import Work
 from collectives.world import abort, init, local_rank, local_size, rank, size
 
 __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "use_local_gpu", "allreduce", "allreduce_many",
-           "reduce_scatter", "allgather", "broadcast", "barrier", "new_group", "split", "Group", "NonMember",
+           "reduce_scatter", "allgather", "broadcast", "barrier", "new_group", "split", "destroy", "Group", "NonMember",
            "send", "recv", "isend", "irecv", "wait_all", "Request",
            "Work", "timeline",
            "CollectiveError", "CollectiveUsageError"]

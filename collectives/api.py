@@ -21,16 +21,18 @@ current CuPy stream: the result is ready for anything queued after it there.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
 from collectives import validate
 from collectives.call import Call, begin, collective
-from collectives.errors import CollectiveUsageError
+from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group, NonMember
 from ring import algorithms
 from ring.arrays import xp_of
 from ring.partition import chunk_bounds
+from ring.transport.base import CommunicatorsExhausted
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
@@ -342,7 +344,8 @@ def new_group(ranks, *, group: Group | None = None, timeout: float | None = None
     call.agree(call.signature(shape=members), always=True)   # a split blocks inside MPI: every rank must come
     me = parent.ranks[parent.rank()]
     inside = me in members
-    return _joined(call, parent.transport.split(0 if inside else None, members.index(me) if inside else 0), members)
+    return _joined(call, lambda: parent.transport.split(0 if inside else None, members.index(me) if inside else 0),
+                   members)
 
 
 @collective("split")
@@ -365,12 +368,47 @@ def split(color: int | None, key: int = 0, *, group: Group | None = None, timeou
     except CollectiveUsageError as error:
         call.reject(error)
     call.agree(call.signature(), always=True)   # (as in new_group)
-    return _joined(call, call.group.transport.split(color, int(key)), ())
+    return _joined(call, lambda: call.group.transport.split(color, int(key)), ())
 
 
-def _joined(call: Call, transport, members: tuple[int, ...]) -> Group | NonMember:
-    """The group on ``transport`` (made by a split), or, for a rank left out (None), its marker."""
-    parent = call.group
-    if transport is None:
-        return NonMember(members, parent.ranks[parent.rank()])
-    return call.runtime.make_group(transport, tuple(transport.names))
+def _joined(call: Call, split: Callable, members: tuple[int, ...]) -> Group | NonMember:
+    """The group on the transport ``split()`` makes, or, for a rank left out (None), its marker.
+    MPI running out of communicators fails alike on every rank (the new one's context id is agreed
+    by all): a CollectiveError that leaves the ranks in step, so that destroying groups helps."""
+    parent, made = call.group, None
+    try:
+        made = split()
+        if made is None:
+            return NonMember(members, parent.ranks[parent.rank()])
+        return call.runtime.make_group(made, tuple(made.names))
+    except CommunicatorsExhausted as e:
+        if made is not None:
+            made.close()
+        parent.completed = parent.seq
+        alive = len(call.runtime.groups) - 1
+        raise CollectiveError(f"{call.name}: MPI has no communicators left ({alive} groups alive); destroy groups "
+                              f"you no longer use (Group.destroy()) [{e}]") from e
+
+
+@collective("destroy")
+def destroy(*, group: Group | None = None, timeout: float | None = None, name: str | None = None) -> None:
+    """Free ``group``'s communicators; every member calls it, as MPI_Comm_free and torch's
+    ``destroy_process_group``. Afterwards any call on the group raises CollectiveUsageError.
+    MPI has a few thousand communicators per process (MPICH: 2048): a program that makes groups
+    in a loop destroys the ones it no longer uses. Same as ``group.destroy()``.
+
+    >>> pair = col.new_group([0, 1])                     # doctest: +SKIP
+    >>> if pair:                                         # doctest: +SKIP
+    ...     pair.allreduce(x); pair.destroy()
+    """
+    call = begin("destroy", group, timeout, name)
+    try:
+        validate.timeout("destroy", timeout)
+        validate.call_name("destroy", name)
+        if call.group.is_world:
+            validate.fail("destroy", "group", "is the world, which lives as long as the runtime; give a group "
+                                              "made by new_group or split")
+    except CollectiveUsageError as error:
+        call.reject(error)
+    call.agree(call.signature(), always=True)   # every member is here: none has a call in flight on it
+    call.group.release()

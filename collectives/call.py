@@ -178,6 +178,8 @@ def _member_group(name: str, group: object) -> Group:
                                    f"or None for the world, got {type(group).__name__}")
     if group.runtime is not _worlds._world.runtime:
         raise CollectiveUsageError(f"{name}: group: {group.label} belongs to another runtime")
+    if group.destroyed:
+        raise CollectiveUsageError(f"{name}: group: {group.label} was destroyed (Group.destroy())")
     return group
 
 

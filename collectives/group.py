@@ -67,6 +67,7 @@ class Group:
         self.completed = 0           # of those, the ones that returned (or raised in step on every member)
         self.device_transport = None   # made by the first collective on a cupy array (see transport_for)
         self.levels = levels         # (within a host, across hosts) for the hierarchical all-reduce, or None
+        self.destroyed = False       # by destroy(): its communicators are freed
         runtime.groups.append(self)
 
     def rank(self) -> int:
@@ -91,6 +92,13 @@ class Group:
         """After a failed or interrupted call: cancel what this group's transports still have posted."""
         for transport in [self.transport, *(self.levels or ())]:
             transport.abandon()
+
+    def release(self) -> None:
+        """Free this group's communicators (every member does it in the same call: see ``destroy``)."""
+        self.destroyed = True
+        self.runtime.groups.remove(self)
+        for transport in reversed(self.transports()):
+            transport.close()
 
     def transport_for(self, x) -> Transport:
         """The transport that carries ``x``: MPI for numpy arrays; for cupy arrays the device
@@ -155,6 +163,10 @@ class Group:
         """``collectives.new_group`` of this group's members (``ranks`` are world ranks)."""
         return _api().new_group(ranks, group=self, **options)
 
+    def destroy(self, **options) -> None:
+        """``collectives.destroy`` of this group: every member calls it; the group is unusable after."""
+        return _api().destroy(group=self, **options)
+
 
 class NonMember:
     """What ``new_group`` (and ``split`` with ``color=None``) return on the ranks left out: falsy,
@@ -196,7 +208,7 @@ class NonMember:
 
 
 _COLLECTIVE_METHODS = frozenset(("allreduce", "allreduce_many", "reduce_scatter", "allgather", "broadcast",
-                                 "barrier", "split", "new_group"))
+                                 "barrier", "split", "new_group", "destroy"))
 
 
 def hosts_of(ranks: tuple[int, ...], real_hosts: list[str], declared: int, world_size: int) -> list:

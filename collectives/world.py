@@ -334,9 +334,9 @@ def _set_up(settings: dict, problem: str, left: str = "", timeout: float | None 
     global _joined_setup_at_exit
     _joined_setup_at_exit = True   # (a rank that took part in a setup never joins another at exit)
     MPI = _mpi()
-    from ring.transport.mpi import connect
+    from ring.transport import mpi as mpi_transport
     try:
-        transport, records = connect(timeout or settings.get("timeout", DEFAULT_TIMEOUT),
+        transport, records = mpi_transport.connect(timeout or settings.get("timeout", DEFAULT_TIMEOUT),
                                      _record(settings, problem, left), comm)
     except TransportError as e:
         raise CollectiveError(f"init: {e}") from e
@@ -346,6 +346,7 @@ def _set_up(settings: dict, problem: str, left: str = "", timeout: float | None 
     except (CollectiveUsageError, CollectiveError):
         transport.close()
         raise
+    mpi_transport.hear_failure_notices()
     threads_checked = MPI.Query_thread() < MPI.THREAD_SERIALIZED
     runtime = Runtime(threads_checked=threads_checked, threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE,
                       **settings)
@@ -406,6 +407,7 @@ def _note_uncaught(kind, value, traceback) -> None:
 
 _previous_excepthook, sys.excepthook = sys.excepthook, _note_uncaught
 _FAREWELL_SETUP_SECONDS = 2.0   # how long a process ending before setup waits to tell the others
+_LEAVE_TOGETHER_SECONDS = 1.5   # how long a process that skips MPI_Finalize waits for the others' farewells
 
 
 def _leave(finishing: bool = True) -> None:
@@ -449,7 +451,10 @@ def _leave(finishing: bool = True) -> None:
 
 
 def _end_without_finalize(w: Group, gone: list[int]) -> None:
-    """A rank died (or will not finalize): MPI_Finalize would wait for it for ever, so end now."""
+    """A rank died (or will not finalize): MPI_Finalize would wait for it for ever, so end now, once
+    the other ranks have said farewell too (at most _LEAVE_TOGETHER_SECONDS): MPICH's launcher kills
+    every process as soon as one ends after a death, which would cut the others' reports short."""
+    w.transport.await_farewells(_LEAVE_TOGETHER_SECONDS)
     print(f"[rank {w.rank()}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever "
           f"for rank(s) {', '.join(map(str, gone))} (gone)", file=sys.stderr, flush=True)
     for stream in (sys.stdout, sys.stderr):

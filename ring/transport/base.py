@@ -18,6 +18,10 @@ class TransportError(RuntimeError):
     """The network failed underneath a collective (a peer died, a message was cut short)."""
 
 
+class CommunicatorsExhausted(TransportError):
+    """MPI has no communicator (context id) left for a new group; it failed alike on every rank."""
+
+
 class TransportTimeout(TransportError):
     """The deadline passed while waiting on ``peer`` (which may itself be waiting on another)."""
 

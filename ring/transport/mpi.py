@@ -18,6 +18,7 @@ sleeps, so a rank stuck for minutes does not burn its core.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -27,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ring.schedule import left, right
-from ring.transport.base import PeerLost, TransportError, TransportTimeout
+from ring.transport.base import CommunicatorsExhausted, PeerLost, TransportError, TransportTimeout
 from ring.transport.mpi_p2p import PointToPoint
 
 _TAG = 7
@@ -49,6 +50,7 @@ _CONTROL_BYTES = 512
 _LEFT, _ASK, _HERE = 1, 2, 3
 _FAILED, _ROOT, _NOT_FINALIZING = 1, 2, 4   # a farewell's flags
 _FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
+_DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer that died
 _SETUP_RECORD_BYTES = 1024
 _COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-point call)
 
@@ -274,7 +276,9 @@ class MPITransport:
         try:
             comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
         except MPI.Exception as e:
-            raise TransportError(f"making a communicator for a subset of the ranks failed: {_error_text(e)}") from e
+            text = _error_text(e)
+            failure = CommunicatorsExhausted if "too many communicators" in text.lower() else TransportError
+            raise failure(f"making a communicator for a subset of the ranks failed: {text}") from e
         if comm == MPI.COMM_NULL:
             return None
         inner, outer = comm.Get_group(), self.comm.Get_group()
@@ -420,6 +424,18 @@ class MPITransport:
         self._read_control()
         return sorted(self.names[p] for p in set(self.dead_peers()) | self.unfinalized)
 
+    def await_farewells(self, seconds: float) -> None:
+        """Wait up to ``seconds`` until every other rank has said farewell or is dead: a launcher may
+        end the job as soon as one process ends after a death (MPICH's does), so that the ranks
+        still reporting what they saw would be cut short."""
+        give_up = time.monotonic() + seconds
+        while time.monotonic() < give_up:
+            self._read_control()
+            dead = set(self.dead_peers())
+            if all(p == self.rank or p in self.departed or p in dead for p in range(self.size)):
+                return
+            time.sleep(5e-3)
+
     def exit_barrier(self) -> list[int]:
         """At exit, before MPI_Finalize (which waits for every rank, for ever if one died): wait
         until every rank is at exit too; return [] then, or as soon as some rank is known never
@@ -442,11 +458,12 @@ class MPITransport:
                 if _testall(requests, statuses):
                     return
             started = time.monotonic()
-            next_check = started + CHECK_INTERVAL
+            next_check, notices = started + CHECK_INTERVAL, _notices
             while not _testall(requests, statuses):
                 now = time.monotonic()
                 _pause(now - started, self._spin_seconds, self.background)
-                if now >= next_check:
+                if now >= next_check or notices != _notices:
+                    notices = _notices
                     self.check_peers(_COLLECTIVE)
                     next_check = now + CHECK_INTERVAL
                 if now >= self.deadline:
@@ -466,11 +483,23 @@ class MPITransport:
         _pause(waited, self._spin_seconds)
 
     def check_dead(self, peers: Sequence[int]) -> None:
-        """After MPI reported an error: raise PeerLost if one of ``peers`` (-1: any) is known gone."""
-        try:
-            self.check_peers({p for p in peers if p >= 0} if all(p >= 0 for p in peers) else None)
-        except MPI.Exception:
-            pass
+        """After MPI reported an error: raise PeerLost if one of ``peers`` (-1: any) is gone. A peer
+        killed a moment ago may have closed its connections before its process ended: look again
+        for up to _DEATH_GRACE seconds before leaving the error to MPI's words."""
+        expecting = {p for p in peers if p >= 0} if all(p >= 0 for p in peers) else None
+        give_up = time.monotonic() + _DEATH_GRACE
+        while True:
+            try:
+                self.check_peers(expecting)
+            except MPI.Exception:
+                pass
+            if time.monotonic() >= give_up:
+                return
+            time.sleep(0.02)
+
+    def notices(self) -> int:
+        """How many failure notices the launcher has sent this process (see hear_failure_notices)."""
+        return _notices
 
     def _failure_text(self, error: MPI.Exception, requests: list[MPI.Request], peers: Sequence[int],
                       statuses: list | None = None) -> str:
@@ -492,6 +521,24 @@ class MPITransport:
             return (f"a message from {peer_text} was longer than this rank expected: the ranks disagree "
                     "about this call's size (is the cross-rank check off?)")
         return f"communication with {peer_text} failed: {_error_text(error)}"
+
+
+_notices = 0   # failure notices heard from the launcher (see hear_failure_notices)
+
+
+def hear_failure_notices() -> None:
+    """MPICH's launcher, told not to clean up after a failure (``-disable-auto-cleanup``), tells the
+    surviving processes that one died by SIGUSR1, whose default action ends them at once, silently,
+    before they can say who died. Where the program has no handler of its own (and this is its
+    main thread), count the notices instead: a wait looks at its peers at once after one."""
+    if (threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1")
+            and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL):
+        signal.signal(signal.SIGUSR1, _count_notice)
+
+
+def _count_notice(signum, frame) -> None:
+    global _notices
+    _notices += 1
 
 
 def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None) -> tuple[MPITransport, list[bytes]]:

@@ -120,7 +120,7 @@ class PointToPoint:
         expecting = None if None in peers else set(peers)
         transport = self.transport
         started = time.monotonic()
-        next_check = started + transport.check_interval
+        next_check, notices = started + transport.check_interval, transport.notices()
         try:
             while True:
                 if self._stopped:
@@ -133,7 +133,8 @@ class PointToPoint:
                     break
                 now = time.monotonic()
                 transport.pause(now - started)
-                if now >= next_check:
+                if now >= next_check or notices != transport.notices():
+                    notices = transport.notices()
                     transport.check_peers(expecting)
                     next_check = now + transport.check_interval
                 if now >= deadline or transport.deadline == _STOPPED:
@@ -145,7 +146,7 @@ class PointToPoint:
         except MPI.Exception as e:
             transport.check_dead([-1 if p is None else p for p in peers])
             raise TransportError(f"point-to-point with {_ranks(transport, peers)} failed: "
-                                 f"{transport.error_text(e)}") from e
+                                 f"{transport.error_text(_cause(e, posted))}") from e
         with self._lock:
             done = set(map(id, posted))
             self._posted = [p for p in self._posted if id(p) not in done]
@@ -197,6 +198,17 @@ class PointToPoint:
         requests = [r for p in posted for r in p.requests]
         if requests:
             self.transport.give_up(requests, [p.buf for p in posted], receives)
+
+
+def _cause(error: MPI.Exception, posted: list[Posted]) -> MPI.Exception:
+    """MPI's "see the status" error of a call over several requests: the failing request's own."""
+    if error.Get_error_class() == MPI.ERR_IN_STATUS:
+        for request in (r for p in posted for r in p.requests):
+            try:
+                request.Test()
+            except MPI.Exception as cause:
+                return cause
+    return error
 
 
 def _ranks(transport, peers: list[int | None]) -> str:
