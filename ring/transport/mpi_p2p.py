@@ -18,6 +18,9 @@ meets its own receive. A message that does not fit is still received, into scrat
 that is kept, so its sender's send completes; the receiver raises. The tag ranges need
 MPI_TAG_UB >= PAYLOAD_TAG + base.MAX_P2P_TAG (MPICH: 2**29 - 1; Open MPI: 2**31 - 1).
 
+A message to the rank itself moves its header through MPI like any other (so it takes its place
+among receives from any rank) and its bytes by one local copy, into the receive's buffer.
+
 Waits never block inside MPI and never wait for the runtime's collectives: a program thread
 waiting here polls beside the progress engine's thread running a collective on the same
 communicator (distinct tags; MPI_THREAD_MULTIPLE). Each wait has its own deadline.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -91,6 +95,7 @@ class PointToPoint:
         self._posted: list[Posted] = []      # everything posted and not yet waited for (see abandon)
         self._kept: list = []                # messages received into scratch, and abandoned requests
         self._stopped = False                # abandoned after a failure: waits end at once
+        self._outbox: dict[int, deque[Posted]] = {}   # sends to this rank itself, by tag, in posting order
 
     def post(self, buf: np.ndarray, peer: int | None, tag: int, receive: bool) -> Posted:
         """Post a send of ``buf`` to ``peer``, or a receive into it from ``peer`` (None: any rank)."""
@@ -103,7 +108,10 @@ class PointToPoint:
                     self._unread.append(posted)
                 else:
                     posted.requests.append(comm.Isend([posted.header, MPI.BYTE], peer, HEADER_TAG + tag))
-                    if buf.nbytes:
+                    if buf.nbytes and peer == self.transport.rank:   # to itself: copied by the receive
+                        posted.payload = False
+                        self._outbox.setdefault(tag, deque()).append(posted)
+                    elif buf.nbytes:
                         posted.requests.append(comm.Isend([buf, MPI.BYTE], peer, PAYLOAD_TAG + tag))
                 self._posted.append(posted)
         except MPI.Exception as e:
@@ -180,7 +188,9 @@ class PointToPoint:
             p.problem = (f"the message from rank {names[source]} has {nbytes} bytes ({what}), the buffer "
                          f"{p.buf.nbytes} bytes ({mine}); nothing was written into it")
             target = np.empty(nbytes, np.uint8)
-        if nbytes:
+        if nbytes and source == self.transport.rank:
+            self._copy_from_self(p, target)
+        elif nbytes:
             request = self.transport.comm.Irecv([target, MPI.BYTE], source, PAYLOAD_TAG + p.tag)
             if p.problem:
                 self._kept.append((request, target))   # completes when it comes; never waited for
@@ -188,11 +198,21 @@ class PointToPoint:
                 p.requests.append(request)
         p.payload = True
 
+    def _copy_from_self(self, p: Posted, target: np.ndarray) -> None:
+        """(Holding the lock) a message this rank sent itself: copy it from the sender's buffer, the
+        next one sent with this tag (headers from one rank arrive in the order sent), and complete
+        the send. MPI's own path for it, a large message through the library to itself, was seen to
+        stall for seconds when ranks outnumber cores."""
+        sender = self._outbox[p.tag].popleft()
+        target.reshape(-1).view(np.uint8)[:] = sender.buf.reshape(-1).view(np.uint8)
+        sender.payload = True
+
     def abandon(self) -> None:
         """After a failure: cancel the receives still posted (no late message lands in a buffer the
         program owns again); keep what cannot be cancelled, with its buffers, for good."""
         with self._lock:
             posted, self._posted, self._unread = self._posted, [], []
+            self._outbox.clear()
             self._stopped = True
         receives = [r for p in posted if p.receive for r in p.requests]
         requests = [r for p in posted for r in p.requests]

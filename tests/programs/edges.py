@@ -1,0 +1,94 @@
+"""Issue 24's scenarios for tests/test_edges.py, each run as a user's program:
+``mpiexec -n N python -m tests.programs.edges SCENARIO [ARG]``. Ranks print how they ended,
+one whole line each: ``rank R: CollectiveError after T s in LABEL: message``, ``rank R: ...``."""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import collectives as col
+from tests.programs.faults import _report, _say
+
+
+def p2p_mismatch() -> None:
+    """Rank 0 sends 4 float64 (tag 3); rank 1 receives into a buffer that does not fit (argv[2]:
+    "larger": 8 float64, "dtype": 8 int32, the same 32 bytes, "shorter": 2 float64)."""
+    col.barrier()
+    if col.rank() == 0:
+        _report("send", col.send, np.arange(4.0), dest=1, tag=3, timeout=10)
+    elif col.rank() == 1:
+        buffer = {"larger": np.full(8, -1.0), "dtype": np.full(8, -1, np.int32),
+                  "shorter": np.full(2, -1.0)}[sys.argv[2]]
+        try:
+            _report("recv", col.recv, buffer, source=0, tag=3, timeout=10)
+        finally:
+            _say(f"rank 1: buffer {'untouched' if np.all(buffer == -1) else 'WRITTEN'}")
+
+
+def killed() -> None:
+    """Rank 1 is killed (SIGKILL) after a first call; the others are in their second call (argv[2]
+    "waiting") or computing, outside the runtime, when it dies ("computing"). Each survivor prints
+    its pid, its error if any, and when its program ended (time.monotonic())."""
+    _say(f"rank {col.rank()}: pid {os.getpid()}")
+    x = np.ones(1000, np.float32)
+    for _ in range(3):   # every pair connected before the death (a death during MPI's start is another story)
+        col.allreduce(x)
+        col.barrier()
+    if col.rank() == 1:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[2] == "waiting":
+        try:
+            _report("call 2", col.allreduce, x, timeout=30)
+        except SystemExit:
+            pass
+    else:
+        time.sleep(1.5)
+    _say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
+
+
+def ended_early() -> None:
+    """Rank 1 ends its program normally before its first collective; the others call one."""
+    if col.rank() == 1:
+        _say("rank 1: ends")
+        return
+    _report("first call", col.allreduce, np.ones(10), timeout=30)
+
+
+def never_used() -> None:
+    """No rank ever uses the runtime (it is only imported)."""
+    _say(f"rank {col.rank()}: done at {time.monotonic():.3f}")
+
+
+def groups_in_a_loop() -> None:
+    """new_group in a loop until MPI runs out of communicators, then destroy some and go on."""
+    made = []
+    try:
+        while len(made) < 5000:
+            made.append(col.new_group(range(col.size())))
+    except col.CollectiveError as e:
+        _say(f"rank {col.rank()}: CollectiveError after {len(made)} groups: {e}")
+    for group in made[:100]:
+        group.destroy()
+    pair = col.new_group([0, col.size() - 1])
+    total = pair.allreduce(np.ones(2)) if pair else None
+    _say(f"rank {col.rank()}: after destroying 100: {'sum right' if total is None or total[0] == 2 else 'WRONG'}, "
+         f"world {'right' if col.allreduce(np.ones(1))[0] == col.size() else 'WRONG'}")
+    for group in made[100:]:
+        group.destroy()
+    for _ in range(2100):   # more than MPI has: each destroyed group gives its communicator back
+        group = col.new_group(range(col.size()))
+        group.barrier()
+        group.destroy()
+    try:
+        group.barrier()
+    except col.CollectiveUsageError as e:
+        _say(f"rank {col.rank()}: then: {e}")
+    _say(f"rank {col.rank()}: 2100 groups made and destroyed")
+
+
+if __name__ == "__main__":
+    {"p2p-mismatch": p2p_mismatch, "killed": killed, "ended-early": ended_early, "never-used": never_used,
+     "groups-in-a-loop": groups_in_a_loop}[sys.argv[1]]()

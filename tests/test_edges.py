@@ -1,0 +1,231 @@
+"""Issue 24: the edges around the collectives, each as users meet it, asserting what every rank
+gets: point-to-point messages that do not fit, the timeline's files, exits after a rank died,
+a rank that ends before its first collective, groups made in a loop, and a parameter server
+losing a worker. Every world is bounded in time. (Messages posted behind queued collectives,
+sends to self and unbounded timeouts are in tests/mpi/test_p2p.py; Ctrl-C and departures in
+tests/test_faults.py.)"""
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_faults import BOUND_S, _errors, _fault, _trace
+from tests.worlds import ROOT, mpiexec, run_world
+
+MPICH = len(mpiexec()) == 1   # (Open MPI's launcher comes with flags: see tests.worlds.mpiexec)
+OWN_OUTPUT = ROOT / "tests" / "programs" / "own_output.sh"
+
+
+def _edge(n: int, *scenario: str, env: dict | None = None):
+    started = time.monotonic()
+    result = run_world(n, ["-m", "tests.programs.edges", *scenario], BOUND_S, env=env)
+    return result.returncode, result.stdout, time.monotonic() - started
+
+
+@pytest.mark.parametrize("buffer, what", [
+    ("larger", "the buffer 64 bytes (8 float64)"),
+    ("dtype", "the buffer 32 bytes (8 int32)"),
+    ("shorter", "the buffer 16 bytes (2 float64)"),
+])
+def test_a_message_that_does_not_fit_its_buffer_is_refused_naming_both_ranks_sizes_and_dtypes(buffer, what):
+    status, output, wall = _edge(2, "p2p-mismatch", buffer)
+    errors = _errors(output)
+    assert status not in (0, -9) and sorted(errors) == [1] and wall < 30, output
+    assert errors[1][1] == (f"irecv from rank 0 (tag 3) on rank 1: the message from rank 0 has 32 bytes (4 float64), "
+                            f"{what}; nothing was written into it"), output
+    assert "rank 1: buffer untouched" in output and "rank 0: ok send" in output, output
+
+
+def _special_files(tmp_path: Path) -> dict[str, Path]:
+    """A FIFO, a symbolic link to a user's file, a character device (root only) and a directory."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    users = tmp_path / "users-notes.txt"
+    users.write_text("keep me")
+    link = tmp_path / "link.json"
+    link.symlink_to(users)
+    found = {"fifo": fifo, "symlink": link, "directory": tmp_path}
+    if os.geteuid() == 0:
+        device = tmp_path / "null.json"
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))   # like /dev/null, but ours to lose
+        found["device"] = device
+    return found
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "device", "directory"])
+def test_a_timeline_path_that_is_not_a_regular_file_is_refused_at_setup_and_left_alone(tmp_path, kind):
+    files = _special_files(tmp_path)
+    if kind not in files:
+        pytest.skip("making a device node needs root")
+    path = files[kind]
+    before = os.lstat(path)
+    result = run_world(2, ["-m", "tests.programs.faults", "timeline", "ok"], BOUND_S,
+                       env={"COLLECTIVES_TIMELINE": str(path)})
+    assert result.returncode not in (0, -9), result.stdout
+    reason = {"fifo": "is not a regular file (a device, FIFO or socket)", "device": "is not a regular file (a "
+              "device, FIFO or socket)", "symlink": "is a symbolic link", "directory": "is a directory"}[kind]
+    assert result.stdout.count(f"COLLECTIVES_TIMELINE / timeline: {path} {reason}") == 2, result.stdout
+    after = os.lstat(path)
+    assert (stat.S_IFMT(after.st_mode), after.st_ino) == (stat.S_IFMT(before.st_mode), before.st_ino)
+    assert (tmp_path / "users-notes.txt").read_text() == "keep me"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "a temporary file was left behind"
+
+
+def test_a_timeline_directory_where_no_file_can_be_made_is_refused_at_setup():
+    result = run_world(2, ["-m", "tests.programs.faults", "timeline", "ok"], BOUND_S,
+                       env={"COLLECTIVES_TIMELINE": "/proc/t.json"})
+    assert result.returncode not in (0, -9), result.stdout
+    assert result.stdout.count("init: COLLECTIVES_TIMELINE / timeline: cannot create a file in /proc") == 2, \
+        result.stdout
+    assert "Exception ignored" not in result.stdout and "atexit" not in result.stdout, result.stdout
+
+
+def test_a_rank_that_ends_one_call_early_is_named_the_same_with_the_timeline_on(tmp_path):
+    status, output, _ = _fault(3, "skipped")
+    without = _errors(output)
+    result = run_world(3, ["-m", "tests.programs.faults", "skipped"], BOUND_S,
+                       env={"COLLECTIVES_TIMELINE": str(tmp_path / "trace.json")})
+    with_timeline = _errors(result.stdout)
+    assert sorted(with_timeline) == sorted(without) == [0, 2], (output, result.stdout)
+    for rank, (_, message) in with_timeline.items():
+        assert message.endswith("rank 1 ended its program after 4 collective(s)"), result.stdout
+    for rank in (0, 2):   # the failed ranks' own files; rank 1's own events went nowhere it could not meet
+        assert {e["pid"] for e in _trace(tmp_path / f"trace.rank{rank}.json")} == {rank}, result.stdout
+    assert not (tmp_path / "trace.json").exists(), "trace.json holds only a merged trace"
+
+
+def _run_with_own_output(n: int, args: list[str], tmp_path: Path, victim_from=None, launcher_args=()):
+    """Run a world whose ranks write their output to files of their own (an MPICH launcher that
+    ends the job after a death drops what its ranks print later); return (per-rank output, when
+    each rank's process ended, the launcher's status)."""
+    command = [*mpiexec(), *launcher_args, "-n", str(n), str(OWN_OUTPUT), sys.executable, *args]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OWN_OUTPUT": str(tmp_path / "out")}
+    job = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    guard = threading.Timer(BOUND_S, lambda: os.killpg(job.pid, signal.SIGKILL))
+    guard.start()
+    try:
+        pids, ended = {}, {}
+        give_up = time.monotonic() + BOUND_S
+        while time.monotonic() < give_up:
+            for r in range(n):
+                found = re.search(r"pid (\d+)", _read(tmp_path, r))
+                if found:
+                    pids[r] = int(found.group(1))
+            for r, pid in pids.items():
+                if r not in ended and not _alive(pid):
+                    ended[r] = time.monotonic()
+            if len(ended) == n:
+                break
+            time.sleep(0.02)
+        job.communicate(timeout=BOUND_S)
+    finally:
+        guard.cancel()
+    return {r: _read(tmp_path, r) for r in range(n)}, ended, job.returncode
+
+
+def _read(tmp_path: Path, rank: int) -> str:
+    path = tmp_path / f"out.{rank}"
+    return path.read_text() if path.exists() else ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not MPICH, reason="-disable-auto-cleanup is an option of MPICH's launcher")
+@pytest.mark.parametrize("when", ["waiting", "computing"])
+def test_after_a_rank_is_killed_every_survivor_says_so_and_exits_non_zero_within_2_s(tmp_path, when):
+    outputs, ended, _ = _run_with_own_output(3, ["-m", "tests.programs.edges", "killed", when], tmp_path,
+                                             launcher_args=["-disable-auto-cleanup"])
+    for rank in (0, 2):
+        output = outputs[rank]
+        program_end = re.search(r"program ended at ([\d.]+)", output)
+        assert program_end and rank in ended, outputs
+        assert ended[rank] - float(program_end.group(1)) < 2.0, (rank, outputs)   # no finalize that hangs
+        assert re.search(rf"\[rank {rank}\] collectives: exiting with status 1 without MPI_Finalize, which would "
+                         r"wait for ever for rank\(s\) (0, )?1", output), outputs   # (0: if it left first)
+        if when == "waiting":
+            assert re.search(rf"rank {rank}: CollectiveError after 0\.\d+ s in call 2: allreduce #7 on rank {rank}: "
+                             r"rank 1 is gone: its process \(pid \d+ on this host\) ended without leaving the runtime",
+                             output), outputs
+        assert "Traceback" not in output and "error stack" not in output, outputs
+
+
+def test_a_rank_that_ends_before_its_first_collective_is_named_at_once():
+    status, output, wall = _edge(3, "ended-early")
+    errors = _errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0, 2] and wall < 30, output
+    for seconds, message in errors.values():
+        assert seconds < 2 and message == "init: rank 1 ended its program before its first collective", output
+
+
+def test_a_program_that_never_uses_the_runtime_ends_cleanly():
+    status, output, wall = _edge(3, "never-used")
+    assert status == 0 and output.count("done at") == 3 and wall < 20, output
+    assert "MPICH" not in output and "Warning" not in output and "Error" not in output, output
+
+
+def test_groups_made_in_a_loop_say_when_mpi_runs_out_and_destroy_gives_them_back():
+    status, output, wall = _edge(2, "groups-in-a-loop")
+    assert status == 0 and wall < BOUND_S, output[-3000:]
+    for rank in (0, 1):
+        found = re.search(rf"rank {rank}: CollectiveError after (\d+) groups: new_group: MPI has no communicators "
+                          r"left \((\d+) groups alive\); destroy groups you no longer use", output)
+        assert found and found.group(1) == found.group(2), output[-3000:]
+        assert f"rank {rank}: after destroying 100: sum right, world right" in output, output[-3000:]
+        assert f"rank {rank}: then: barrier: group: group [0, 1] was destroyed (Group.destroy())" in output
+        assert f"rank {rank}: 2100 groups made and destroyed" in output, output[-3000:]
+    assert "MPIR_" not in output, output[-3000:]
+
+
+PS_LONG = ["-m", "trainer", "--dataset", "synthetic", "--samples", "20000", "--epochs", "200", "--strategy", "ps"]
+
+
+@pytest.mark.skipif(not MPICH, reason="-disable-auto-cleanup is an option of MPICH's launcher")
+@pytest.mark.parametrize("victim, role", [(1, "worker"), (3, "server")])
+def test_a_parameter_server_job_losing_a_rank_names_it_on_every_survivor(tmp_path, victim, role):
+    """4 ranks: workers 0-2, server 3. The victim is SIGKILLed once training is under way."""
+    command = [*mpiexec(), "-disable-auto-cleanup", "-n", "4", str(OWN_OUTPUT), sys.executable, *PS_LONG]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OWN_OUTPUT": str(tmp_path / "out")}
+    job = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    guard = threading.Timer(120, lambda: os.killpg(job.pid, signal.SIGKILL))
+    guard.start()
+    try:
+        pids = {}
+        while not pids or "epoch" not in _read(tmp_path, 0):
+            assert job.poll() is None, _read(tmp_path, 0)
+            found = re.search(r"ranks \(pid\): (.*)", _read(tmp_path, 0))
+            if found:
+                pids = {int(r): int(p) for r, p in re.findall(r"(\d+) \((\d+)\)", found.group(1))}
+            time.sleep(0.05)
+        assert "as 1 server(s), 3 worker(s)" in _read(tmp_path, 0)
+        os.kill(pids[victim], signal.SIGKILL)
+        killed = time.monotonic()
+        while any(_alive(pid) for r, pid in pids.items() if r != victim) and time.monotonic() - killed < 30:
+            time.sleep(0.05)
+        ended = time.monotonic() - killed
+        job.communicate(timeout=30)
+    finally:
+        guard.cancel()
+    outputs = {r: _read(tmp_path, r) for r in range(4) if r != victim}
+    assert ended < 10, (ended, outputs)
+    for rank, output in outputs.items():
+        errors = re.findall(rf"\[rank {rank}\] error: (.*)", output)
+        assert len(errors) == 1 and re.search(rf"rank {victim} is gone: its process \(pid {pids[victim]} on this "
+                                              r"host\) ended without leaving the runtime", errors[0]), outputs
+        assert errors[0].count("left: it stopped after a failure") == 0, outputs   # the root cause, not a chain
+        for raw in ("error stack", "MPIR_", "MPID", "process_vm_readv", "Traceback"):
+            assert raw not in output, (raw, outputs)
