@@ -145,12 +145,12 @@ class Work:
                           f"{self._error}", RuntimeWarning, stacklevel=2)
 
 
-#: While async calls keep coming (one in the last _ACTIVE_SECONDS), the engine thread is not woken
-#: by each one: it looks at the queue every _PICKUP_SECONDS and runs what nobody has taken. A
-#: handle waited at once, or a blocking call behind it, is run by its caller first (Engine.help),
-#: so no call pays for a thread hand-off: waking a thread and passing it the GIL cost more than a
-#: small call (measured by scripts/async_overhead.py). A call left queued while its caller computes
-#: starts within _PICKUP_SECONDS.
+#: The engine thread takes a queued call once it is _PICKUP_SECONDS old: until then its caller may
+#: take it (a handle waited at once, or a blocking call behind it: Engine.help), so that such calls
+#: pay no thread hand-off (waking a thread and passing it the GIL cost more than a small call:
+#: scripts/async_overhead.py). While async calls keep coming (one in the last _ACTIVE_SECONDS) the
+#: thread is not woken by each, it looks every _PICKUP_SECONDS. A call left queued while its
+#: caller computes starts within about 2 x _PICKUP_SECONDS.
 _ACTIVE_SECONDS = 0.05
 _PICKUP_SECONDS = 200e-6
 
@@ -258,11 +258,17 @@ class Engine:
         """The engine thread: run queued calls until closed."""
         while True:
             with self._turns:
-                while not self._queue or self._busy or self._queue[0]._job is None:
+                while True:
                     if self._closing and not self._queue:
                         return
-                    if perf_counter() - self._last_submit < _ACTIVE_SECONDS:
-                        self._turns.wait(_PICKUP_SECONDS)   # (see submit)
+                    head = self._queue[0] if self._queue else None
+                    if head is not None and head._job is not None and not self._busy:
+                        young = _PICKUP_SECONDS - (perf_counter() - head.issued_at)
+                        if young <= 0 or self._closing:
+                            break
+                        self._turns.wait(young)   # its caller may still take it (see _PICKUP_SECONDS)
+                    elif perf_counter() - self._last_submit < _ACTIVE_SECONDS:
+                        self._turns.wait(_PICKUP_SECONDS)
                     else:
                         self._asleep = True
                         self._turns.wait()

@@ -1,0 +1,104 @@
+"""Tier 1, issue 24: the progress engine's queue without MPI. Calls run one at a time in issue order;
+a thread that waits for a handle, or makes a blocking call behind queued async calls, runs them
+itself (no hand-off to the engine thread); a bounded wait leaves the call to the engine thread;
+the engine thread still runs what nobody waits for. Jobs record which thread ran them; nothing
+here depends on how fast this machine is (the waits are generous bounds, never measured)."""
+import threading
+import time
+
+import pytest
+
+from collectives import progress
+
+
+class _Runtime:
+    """What the engine needs of collectives.world.Runtime."""
+
+    def __init__(self):
+        self.failure = None
+        self.current = None
+        self.world = None
+
+    def transports(self):
+        return []
+
+
+def _engine():
+    return progress.Engine(_Runtime(), threaded=True)
+
+
+@pytest.fixture
+def patient_engine_thread(monkeypatch):
+    """The engine thread takes no call younger than a minute: what a caller runs is the caller's."""
+    monkeypatch.setattr(progress, "_PICKUP_SECONDS", 60.0)
+
+
+def _job(log, name, gate=None):
+    def run():
+        if gate is not None:
+            assert gate.wait(10), "the gate never opened"
+        log.append((name, threading.get_ident()))
+        return name
+    return run
+
+
+def test_a_handle_waited_at_once_runs_in_the_waiting_thread(patient_engine_thread):
+    engine, log = _engine(), []
+    work = engine.submit(progress.Work("allreduce", _job(log, "a"), engine))
+    assert work.wait() == "a" and log == [("a", threading.get_ident())]
+
+
+def test_a_blocking_call_behind_queued_async_calls_runs_them_first_in_order_in_its_thread(patient_engine_thread):
+    engine, log = _engine(), []
+    works = [engine.submit(progress.Work("allreduce", _job(log, name), engine)) for name in "abc"]
+    assert engine.run_now(_job(log, "blocking")) == "blocking"
+    me = threading.get_ident()
+    assert log == [("a", me), ("b", me), ("c", me), ("blocking", me)]
+    assert [w.wait() for w in works] == ["a", "b", "c"]
+
+
+def test_waiting_for_a_later_handle_runs_the_earlier_ones_first(patient_engine_thread):
+    engine, log = _engine(), []
+    works = [engine.submit(progress.Work("allreduce", _job(log, name), engine)) for name in "ab"]
+    assert works[1].wait() == "b" and [name for name, _ in log] == ["a", "b"] and works[0].is_completed()
+
+
+def test_a_bounded_wait_leaves_the_call_to_the_engine_thread():
+    engine, log = _engine(), []
+    work = engine.submit(progress.Work("allreduce", _job(log, "a"), engine))
+    assert work.wait(timeout=30) == "a"
+    assert log[0][1] != threading.get_ident(), "a bounded wait must not run the call itself (it could not stop)"
+
+
+def test_the_engine_thread_runs_what_nobody_waits_for():
+    engine, log = _engine(), []
+    gate = threading.Event()
+    work = engine.submit(progress.Work("allreduce", _job(log, "a", gate), engine))
+    gate.set()
+    give_up = time.monotonic() + 30
+    while not work.is_completed() and time.monotonic() < give_up:
+        time.sleep(0.01)
+    assert work.is_completed() and log[0][1] != threading.get_ident()
+
+
+def test_a_blocking_call_waits_while_the_engine_thread_runs_an_earlier_call():
+    engine, log = _engine(), []
+    gate = threading.Event()
+    first = engine.submit(progress.Work("allreduce", _job(log, "a", gate), engine))
+    give_up = time.monotonic() + 30
+    while first.started_at is None and time.monotonic() < give_up:   # the engine thread has taken it
+        time.sleep(0.01)
+    threading.Timer(0.05, gate.set).start()
+    assert engine.run_now(_job(log, "blocking")) == "blocking"
+    assert [name for name, _ in log] == ["a", "blocking"] and first.wait() == "a"
+
+
+def test_two_threads_blocking_calls_never_run_each_others_turn():
+    engine, log = _engine(), []
+    threads = [threading.Thread(target=lambda k=k: [engine.run_now(_job(log, f"{k}{i}")) for i in range(200)])
+               for k in "xy"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(name for name, _ in log) == sorted(f"{k}{i}" for k in "xy" for i in range(200))
