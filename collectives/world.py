@@ -178,7 +178,7 @@ _SETTINGS = {
     "check": ("COLLECTIVES_CHECK", True, _flag, lambda v: isinstance(v, bool), "True/False (environment: 1 or 0)"),
     "timeout": ("COLLECTIVES_TIMEOUT", DEFAULT_TIMEOUT, float,
                 lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
-                "a positive number of seconds (inf: no bound)"),
+                "a positive number of seconds"),
     "gpu_transport": ("COLLECTIVES_GPU_TRANSPORT", "auto", str, lambda v: v in device_transports.CHOICES,
                       " or ".join(map(repr, device_transports.CHOICES))),
     "timeline": ("COLLECTIVES_TIMELINE", "", str, lambda v: isinstance(v, str), "a file name (or '' for none)"),
@@ -532,13 +532,13 @@ def _write_timeline(w: Group, healthy: bool) -> None:
             return
         if healthy and transport.deliver_at_exit(mine, deadline):
             return
-    except (TransportError, OSError) as e:   # (an MPI error is a TransportError's cause; OSError: the file)
+    except Exception as e:   # noqa: BLE001 (at exit: an MPI error, or the file; say so, write our own)
         print(f"[rank {w.rank()}] collectives: the timeline could not be gathered ({e}); writing this rank's own",
               file=sys.stderr, flush=True)
-    except Exception as e:   # noqa: BLE001 (mpi4py's MPI.Exception: at exit, say it and write our own)
-        print(f"[rank {w.rank()}] collectives: the timeline could not be gathered ({e}); writing this rank's own",
-              file=sys.stderr, flush=True)
-    timelines.write(timelines.own_file(path, w.rank()), recorder.trace_events())
+    try:
+        timelines.write(timelines.own_file(path, w.rank()), recorder.trace_events())
+    except OSError as e:
+        print(f"[rank {w.rank()}] collectives: the timeline was not written: {e}", file=sys.stderr, flush=True)
 
 
 def _mpi_running() -> bool:
