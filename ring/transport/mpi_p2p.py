@@ -1,8 +1,10 @@
 """Point-to-point messages over an MPI transport: every message says what it holds.
 
-A send is two MPI messages to the same rank: a 32-byte header (the byte count, the element
-count and the dtype), then the bytes themselves, each with its own tag range, so that the
-receiver knows what comes before it receives a byte of it::
+A message opens with a 32-byte header (the byte count, the element count and the dtype), so
+that the receiver knows what comes before it writes a byte of it. Up to INLINE_BYTES the bytes
+ride in the header's own message and are copied into the buffer once the header fits it (one
+MPI message, as the latency path wants). Larger ones are two MPI messages to the same rank,
+the header, then the bytes, each with its own tag range::
 
     sender (rank 0)                                receiver (rank 1)
     isend(x: 4 float64, tag 3)                     irecv(y: 8 float64, source=0, tag 3)
@@ -27,6 +29,7 @@ communicator (distinct tags; MPI_THREAD_MULTIPLE). Each wait has its own deadlin
 """
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections import deque
@@ -41,26 +44,25 @@ HEADER_TAG = 64                 # headers use tags HEADER_TAG + tag: never the r
 PAYLOAD_TAG = HEADER_TAG + (1 << 15)   # payloads use PAYLOAD_TAG + tag
 _HEADER_BYTES = 32
 _DTYPE_BYTES = 16
+_HEADER = struct.Struct(f"<qq{_DTYPE_BYTES}s")   # byte count, element count, dtype.str (zero-padded)
+INLINE_BYTES = 16 << 10         # messages up to this size travel inside their header's message
+_QUICK_POLLS = 32               # polls before the first look at the clock (as ring.transport.mpi)
 _STOPPED = float("-inf")        # a transport's deadline once the runtime has stopped (see progress.Engine.stop)
 
 
-def header(buf: np.ndarray) -> np.ndarray:
+def header(buf: np.ndarray) -> bytes:
     """The header that announces ``buf``: byte count, element count, dtype (numpy's ``dtype.str``).
 
     >>> describe(header(np.zeros(4)))
     (32, '4 float64')
     """
-    message = np.zeros(_HEADER_BYTES, np.uint8)
-    message[:16].view(np.int64)[:] = (buf.nbytes, buf.size)
-    code = buf.dtype.str.encode()[:_DTYPE_BYTES]
-    message[16:16 + len(code)] = np.frombuffer(code, np.uint8)
-    return message
+    return _HEADER.pack(buf.nbytes, buf.size, buf.dtype.str.encode()[:_DTYPE_BYTES])
 
 
-def describe(message: np.ndarray) -> tuple[int, str]:
+def describe(message: bytes) -> tuple[int, str]:
     """A header's byte count, and what it holds in words ("4 float64")."""
-    nbytes, count = (int(v) for v in message[:16].view(np.int64))
-    code = message[16:].tobytes().rstrip(b"\0").decode(errors="replace")
+    nbytes, count, code = _HEADER.unpack(message)
+    code = code.rstrip(b"\0").decode(errors="replace")
     try:
         name = np.dtype(code).name
     except TypeError:
@@ -75,7 +77,12 @@ class Posted:
 
     def __init__(self, receive: bool, buf: np.ndarray, peer: int | None, tag: int):
         self.receive, self.buf, self.peer, self.tag = receive, buf, peer, tag
-        self.header = np.zeros(_HEADER_BYTES, np.uint8) if receive else header(buf)
+        if receive:
+            self.header: Any = np.empty(_HEADER_BYTES + INLINE_BYTES, np.uint8)
+        elif 0 < buf.nbytes <= INLINE_BYTES:
+            self.header = header(buf) + buf.tobytes()
+        else:
+            self.header = header(buf)
         self.requests: list[MPI.Request] = []
         self.source = peer if peer is not None else -1
         self.problem = ""          # why the message does not fit the buffer ("" while none is known)
@@ -95,6 +102,7 @@ class PointToPoint:
         self._posted: list[Posted] = []      # everything posted and not yet waited for (see abandon)
         self._kept: list = []                # messages received into scratch, and abandoned requests
         self._stopped = False                # abandoned after a failure: waits end at once
+        self._status = MPI.Status()
         self._outbox: dict[int, deque[Posted]] = {}   # sends to this rank itself, by tag, in posting order
 
     def post(self, buf: np.ndarray, peer: int | None, tag: int, receive: bool) -> Posted:
@@ -108,7 +116,9 @@ class PointToPoint:
                     self._unread.append(posted)
                 else:
                     posted.requests.append(comm.Isend([posted.header, MPI.BYTE], peer, HEADER_TAG + tag))
-                    if buf.nbytes and peer == self.transport.rank:   # to itself: copied by the receive
+                    if buf.nbytes <= INLINE_BYTES:
+                        pass   # (the bytes are in the header's message)
+                    elif peer == self.transport.rank:   # to itself: copied by the receive
                         posted.payload = False
                         self._outbox.setdefault(tag, deque()).append(posted)
                     elif buf.nbytes:
@@ -125,20 +135,15 @@ class PointToPoint:
         receive from any rank: the rank it came from). Raises TransportError if a message does not
         fit its buffer, PeerLost if a rank they expect leaves, TransportTimeout at the deadline."""
         peers = [p.peer for p in posted]
-        expecting = None if None in peers else set(peers)
         transport = self.transport
-        started = time.monotonic()
-        next_check, notices = started + transport.check_interval, transport.notices()
         try:
-            while True:
-                if self._stopped:
-                    raise TransportError("the runtime stopped while this rank waited")
-                self._read_headers()
-                for p in posted:
-                    if p.problem:
-                        raise TransportError(p.problem)
-                if all(p.done() for p in posted):
-                    break
+            for _ in range(_QUICK_POLLS):   # a few microseconds, without the clock: the latency path
+                if self._done(posted):
+                    return self._finished(posted)
+            expecting = None if None in peers else set(peers)
+            started = time.monotonic()
+            next_check, notices = started + transport.check_interval, transport.notices()
+            while not self._done(posted):
                 now = time.monotonic()
                 transport.pause(now - started)
                 if now >= next_check or notices != transport.notices():
@@ -155,6 +160,23 @@ class PointToPoint:
             transport.check_dead([-1 if p is None else p for p in peers])
             raise TransportError(f"point-to-point with {_ranks(transport, peers)} failed: "
                                  f"{transport.error_text(_cause(e, posted))}") from e
+        return self._finished(posted)
+
+    def _done(self, posted: list[Posted]) -> bool:
+        """One poll: take the headers that are in; whether every one of ``posted`` is done (raises
+        TransportError for a message that does not fit, or once the runtime has stopped)."""
+        if self._stopped:
+            raise TransportError("the runtime stopped while this rank waited")
+        if self._unread:
+            self._read_headers()
+        for p in posted:
+            if p.problem:
+                raise TransportError(p.problem)
+            if not p.done():
+                return False
+        return True
+
+    def _finished(self, posted: list[Posted]) -> list[int]:
         with self._lock:
             done = set(map(id, posted))
             self._posted = [p for p in self._posted if id(p) not in done]
@@ -166,6 +188,12 @@ class PointToPoint:
         with self._lock:
             if not self._unread:
                 return
+            if len(self._unread) == 1:   # (the common case, without Testsome's lists)
+                status = self._status
+                if not self._unread[0].requests[0].Test(status):
+                    return
+                self._take(self._unread.pop(), status.Get_source(), status.Get_count(MPI.BYTE))
+                return
             statuses = [MPI.Status() for _ in self._unread]
             headers = [p.requests[0] for p in self._unread]
             arrived = MPI.Request.Testsome(headers, statuses)
@@ -173,22 +201,28 @@ class PointToPoint:
                 return
             taken = set(arrived)
             for k, index in sorted(enumerate(arrived), key=lambda pair: pair[1]):
-                self._take(self._unread[index], statuses[k].Get_source())
+                self._take(self._unread[index], statuses[k].Get_source(), statuses[k].Get_count(MPI.BYTE))
             self._unread = [p for i, p in enumerate(self._unread) if i not in taken]
 
-    def _take(self, p: Posted, source: int) -> None:
-        """(Holding the lock) the header of ``p`` came from ``source``: receive its payload into
-        ``p.buf`` if it fits, else into scratch (kept), noting why it did not fit."""
+    def _take(self, p: Posted, source: int, received: int) -> None:
+        """(Holding the lock) the header of ``p`` came from ``source`` (``received`` bytes with it):
+        take its bytes into ``p.buf`` if they fit (from the header's message, or by receiving its
+        payload), else nowhere (a payload into scratch, kept), noting why they did not fit."""
         p.source = source
-        nbytes, what = describe(p.header)
-        mine = f"{p.buf.size} {p.buf.dtype.name}"
+        head = p.header[:_HEADER_BYTES].tobytes()
+        nbytes = _HEADER.unpack(head)[0]
         target: Any = p.buf
-        if nbytes != p.buf.nbytes or what != mine:
+        if head != header(p.buf):   # (the same bytes, count and dtype)
+            _, what = describe(head)
+            mine = f"{p.buf.size} {p.buf.dtype.name}"
             names = self.transport.names
             p.problem = (f"the message from rank {names[source]} has {nbytes} bytes ({what}), the buffer "
                          f"{p.buf.nbytes} bytes ({mine}); nothing was written into it")
             target = np.empty(nbytes, np.uint8)
-        if nbytes and source == self.transport.rank:
+        if received > _HEADER_BYTES:   # the bytes came inline
+            if not p.problem:
+                p.buf.reshape(-1).view(np.uint8)[:] = p.header[_HEADER_BYTES:received]
+        elif nbytes and source == self.transport.rank:
             self._copy_from_self(p, target)
         elif nbytes:
             request = self.transport.comm.Irecv([target, MPI.BYTE], source, PAYLOAD_TAG + p.tag)
