@@ -89,6 +89,15 @@ def groups_in_a_loop() -> None:
     _say(f"rank {col.rank()}: 2100 groups made and destroyed")
 
 
+def hosts() -> None:
+    """Where each rank runs, as the runtime sees it, and a 4 MiB all-reduce's result."""
+    import socket
+    total = col.allreduce(np.full(1 << 20, col.rank() + 1.0, np.float32))
+    right = np.all(total == col.size() * (col.size() + 1) / 2)
+    _say(f"rank {col.rank()}: host {socket.gethostname()} local {col.local_rank()}/{col.local_size()} "
+         f"sum {'right' if right else 'WRONG'}")
+
+
 if __name__ == "__main__":
     {"p2p-mismatch": p2p_mismatch, "killed": killed, "ended-early": ended_early, "never-used": never_used,
-     "groups-in-a-loop": groups_in_a_loop}[sys.argv[1]]()
+     "groups-in-a-loop": groups_in_a_loop, "hosts": hosts}[sys.argv[1]]()

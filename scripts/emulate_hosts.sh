@@ -1,0 +1,72 @@
+#!/bin/bash
+# Several hosts on one Linux machine (root): each host a network namespace with its own hostname and
+# IPC namespace (so MPI cannot use shared memory between hosts), joined by a bridge in a switch
+# namespace through veth pairs, addresses 169.254.100.<i>, /etc/netns/<host>/hosts naming every host.
+#
+#   scripts/emulate_hosts.sh up 3 [RATE]        # hosts ringh1..ringh3; RATE (tc tbf, e.g. 1gbit): each host link
+#   scripts/emulate_hosts.sh run 2,2 -- python -m trainer     # MPICH's mpiexec on ringh1, 2 ranks on each of 2 hosts
+#   scripts/emulate_hosts.sh down               # remove every emulated host (also stale ones of a killed run)
+#
+# `run` launches with the venv's (or PATH's) MPICH mpiexec from host 1, with scripts/emulated_ssh.sh as
+# the ssh it starts the other hosts' proxies with; the environment (PYTHONPATH, MPIR_CVAR_*, ...) travels.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+prefix="${EMULATED_HOSTS_PREFIX:-ringh}"
+switch="${prefix}sw"
+hostfile=""
+
+down() {
+    for ns in $(ip netns list | awk '{print $1}' | grep -E "^${prefix}([0-9]+|sw)$" || true); do
+        ip netns delete "$ns"
+    done
+    rm -rf /etc/netns/"${prefix}"[0-9]*
+}
+
+up() {
+    local hosts=$1 rate=${2:-}
+    down
+    ip netns add "$switch"
+    ip -n "$switch" link add br0 type bridge
+    ip -n "$switch" link set br0 up
+    for i in $(seq 1 "$hosts"); do
+        local host="${prefix}$i"
+        ip netns add "$host"
+        ip -n "$switch" link add "v$i" type veth peer name eth0 netns "$host"
+        ip -n "$switch" link set "v$i" master br0 up
+        ip -n "$host" addr add "169.254.100.$i/24" dev eth0
+        ip -n "$host" link set eth0 up
+        ip -n "$host" link set lo up
+        if [ -n "$rate" ]; then   # shape what the host sends (tbf: no netem here)
+            ip netns exec "$host" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
+        fi
+        mkdir -p "/etc/netns/$host"
+    done
+    for i in $(seq 1 "$hosts"); do
+        { echo "127.0.0.1 localhost"
+          for j in $(seq 1 "$hosts"); do echo "169.254.100.$j ${prefix}$j"; done; } > "/etc/netns/${prefix}$i/hosts"
+    done
+}
+
+run() {
+    local layout=$1; shift
+    [ "${1:-}" = "--" ] && shift
+    local total=0 i=0
+    hostfile="$(mktemp /tmp/emulated-hosts.XXXXXX)"
+    trap 'rm -f "$hostfile"' EXIT
+    for slots in ${layout//,/ }; do
+        i=$((i + 1)); total=$((total + slots))
+        echo "${prefix}$i:$slots" >> "$hostfile"
+    done
+    local mpiexec
+    mpiexec="$(dirname "$(command -v python3)")/mpiexec"
+    [ -x "$mpiexec" ] || mpiexec="$(command -v mpiexec)"
+    ip netns exec "${prefix}1" unshare -ui sh -c "hostname ${prefix}1; \"\$@\"" sh \
+        "$mpiexec" -f "$hostfile" -launcher ssh -launcher-exec "$here/emulated_ssh.sh" -n "$total" "$@"
+}
+
+case "${1:-}" in
+    up) shift; up "$@" ;;
+    down) down ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: $0 up HOSTS [RATE] | run SLOTS,SLOTS,... -- COMMAND... | down" >&2; exit 2 ;;
+esac
