@@ -271,6 +271,7 @@ def _failure(g: Group, name: str, error: TransportError) -> CollectiveError:
     runtime.failure = f"{where}: {detail}"
     runtime.failed_by_peer = True
     runtime.root_cause = getattr(error, "root", None)
+    runtime.dead_rank = getattr(error, "dead", None)
     return CollectiveError(runtime.failure)
 
 

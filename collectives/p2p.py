@@ -117,6 +117,7 @@ def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
         runtime.failure = f"{what} on {g.where()}: {e}"
         runtime.failed_by_peer = isinstance(e, (TransportTimeout, PeerLost))
         runtime.root_cause = getattr(e, "root", None)
+        runtime.dead_rank = getattr(e, "dead", None)
         raise CollectiveError(runtime.failure) from e
 
 

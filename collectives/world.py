@@ -93,6 +93,7 @@ class Runtime:
         self.failure: str | None = None    # set once a failure left this rank out of step
         self.failed_by_peer = False        # the failure came from another rank (timeout, a peer gone)
         self.root_cause: str | None = None   # a rank died: how every rank should hear it (see PeerLost)
+        self.dead_rank: int | None = None    # ... and which (world rank)
         self.engine = progress.Engine(self, threaded)   # runs the calls one at a time, in issue order
         self.current = None                # the call running (collectives.call.Call), for the timeline
         self.threads_checked = threads_checked   # MPI is not thread-safe here: only its main thread may call
@@ -439,7 +440,7 @@ def _leave(finishing: bool = True) -> None:
     try:
         for g in runtime.groups:   # each group's members count their calls on it
             g.transport.farewell(g.completed, why, failed=runtime.failed_by_peer, root=root is not None,
-                                 finalizing=not gone)
+                                 finalizing=not gone, dead=runtime.dead_rank)
         if runtime.timeline:   # (after the farewells: a rank still in a call hears why this one left)
             _write_timeline(w, healthy=not why)
         if finishing and not gone and _mpi_running():

@@ -44,10 +44,12 @@ def cluster():
         subprocess.run([str(SCRIPT), "down"], timeout=60)
 
 
-def _run(layout: str, args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    """``emulate_hosts.sh run LAYOUT -- python ARGS`` from the repository root, killed at BOUND_S."""
+def _run(layout: str, args: list[str], env: dict | None = None, python: bool = True) -> subprocess.CompletedProcess:
+    """``emulate_hosts.sh run LAYOUT -- python ARGS`` (``python=False``: ``-- ARGS``, mpiexec's own
+    options first) from the repository root, killed at BOUND_S."""
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
-    process = subprocess.Popen([str(SCRIPT), "run", layout, "--", sys.executable, *args], cwd=ROOT, env=environment,
+    command = [str(SCRIPT), "run", layout, "--", *([sys.executable] if python else []), *args]
+    process = subprocess.Popen(command, cwd=ROOT, env=environment,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=BOUND_S)
@@ -89,3 +91,28 @@ def test_every_collective_matches_mpi4py_across_hosts(cluster, layout, netmod):
                            "--timeout", "240"], OFI_TCP if netmod == "ofi-tcp" else None)
     assert result.returncode == 0, result.stdout[-6000:]
     assert " passed" in result.stdout and " failed" not in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("netmod", ["ucx", "ofi-tcp"])
+def test_a_rank_killed_on_another_host_is_named_by_every_survivor_on_both_hosts(cluster, netmod, tmp_path):
+    """2 x 2 under -disable-auto-cleanup: rank 3 (host 2) is SIGKILLed while the others wait for it.
+    Its host mate sees its process end; the ranks on host 1 hear it in that rank's farewell.
+    Runs in which MPICH's launcher killed a survivor before it could speak are run again (see
+    tests/test_edges.py::KILL_ATTEMPTS)."""
+    from tests.test_edges import KILL_ATTEMPTS, OWN_OUTPUT, _read
+    for attempt in range(KILL_ATTEMPTS):
+        directory = tmp_path / f"attempt{attempt}"
+        directory.mkdir()
+        env = {**(OFI_TCP if netmod == "ofi-tcp" else {}), "OWN_OUTPUT": str(directory / "out")}
+        _run("2,2", ["-disable-auto-cleanup", str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges",
+                     "killed", "waiting", "3"], env, python=False)
+        outputs = {r: _read(directory, r) for r in range(3)}
+        if all("program ended" in output for output in outputs.values()):
+            break
+    for rank, output in outputs.items():
+        found = re.search(rf"rank {rank}: CollectiveError after ([\d.]+) s in call 2: allreduce #7 on rank {rank}: "
+                          r"rank 3 is gone: its process \(pid \d+ on host ringh2\) ended without leaving the runtime",
+                          output)
+        assert found and float(found.group(1)) < 5, outputs
+        assert (rank == 2) == ("seen by" not in output), outputs   # host 1 heard it from rank 2
+        assert "exiting with status 1 without MPI_Finalize" in output and "Fatal Python error" not in output, outputs

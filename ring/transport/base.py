@@ -40,10 +40,11 @@ class PeerLost(TransportError):
     farewell of a rank that failed because of it; else None.
     """
 
-    def __init__(self, peer: int, message: str, root: str | None = None):
+    def __init__(self, peer: int, message: str, root: str | None = None, dead: int | None = None):
         super().__init__(message)
         self.peer = peer
         self.root = root
+        self.dead = dead   # the rank that died, where one did (no message may be sent to it any more)
 
 
 class Transport(Protocol):
@@ -87,11 +88,12 @@ class Transport(Protocol):
         """After a failed or interrupted call: cancel what is still posted (nothing lands later)."""
 
     def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
-                 finalizing: bool = True) -> None:
+                 finalizing: bool = True, dead: int | None = None) -> None:
         """Tell every other rank that this one leaves after ``completed`` collectives, because ``why``
         ("": its program ended); ``failed``: the runtime had already failed here; ``root``: ``why``
         is a root cause to pass on as it is (see PeerLost); ``finalizing``: this process will
-        call MPI_Finalize (not after a peer died: see collectives.world's exit path)."""
+        call MPI_Finalize (not after a peer died: see collectives.world's exit path); ``dead``: the
+        rank that died, so that nobody sends it anything (over UCX that crashed the sender)."""
 
     def close(self, failed: bool = False) -> None:
         """Release the transport's resources (at exit; ``failed``: after a failure, abort instead)."""

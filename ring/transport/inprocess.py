@@ -88,7 +88,7 @@ class InProcessTransport:
         pass   # sends complete at once and receives are only posted while waited for
 
     def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
-                 finalizing: bool = True) -> None:
+                 finalizing: bool = True, dead: int | None = None) -> None:
         pass
 
     def close(self, failed: bool = False) -> None:

@@ -94,6 +94,8 @@ class MPITransport:
         self._abandoned: list = []     # requests that could not be cancelled, kept with their buffers for good
         self.departed: dict[int, tuple[bool, int, str]] = {}   # rank -> (after a failure?, completed, why)
         self.roots: set[int] = set()        # ranks whose farewell passes on a root cause (see PeerLost)
+        self.dead: set[int] = set()         # ranks known dead: never sent anything again
+        self.dead_names: dict[int, int] = {}   # rank -> the rank its farewell said died (as names gives it)
         self.unfinalized: set[int] = set()  # ranks whose farewell said they will not call MPI_Finalize
         # Control messages are probed for at each check (twice a second, in long waits only), never
         # awaited by a receive from any source kept posted, which MPICH would match against every
@@ -251,7 +253,7 @@ class MPITransport:
         return {self.names[r]: seq for r, seq in self._heard.items()}
 
     def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
-                 finalizing: bool = True, patience: float = 1.0) -> None:
+                 finalizing: bool = True, dead: int | None = None, patience: float = 1.0) -> None:
         """Tell every other rank that this one is leaving, having completed ``completed``
         collectives, because ``why`` ("": its program ended), and whether it ``failed`` (then it is
         probably not the cause: waiting ranks name a rank that left of its own accord first),
@@ -259,9 +261,10 @@ class MPITransport:
         Waits at most ``patience`` seconds for the messages to leave (they are small: MPI sends
         them at once)."""
         flag = (_FAILED if failed else 0) | (_ROOT if root else 0) | (0 if finalizing else _NOT_FINALIZING)
+        self._note_dead(dead)
         for peer in range(self.size):
             if peer != self.rank:
-                self._control(peer, _LEFT, completed, why, flag=flag)
+                self._control(peer, _LEFT, completed, why, flag=flag, dead=dead)
         give_up = time.monotonic() + patience
         requests = [r for r, _ in self._control_out]
         while requests and not _testall(requests) and time.monotonic() < give_up:
@@ -342,10 +345,14 @@ class MPITransport:
             except MPI.Exception:
                 pass
 
-    def _control(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0) -> None:
+    def _control(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0,
+                 dead: int | None = None) -> None:
+        if peer in self.dead:
+            return   # (over UCX, a message to a dead process crashed the sender)
         message = np.zeros(_CONTROL_BYTES, np.uint8)
         message[0] = kind
         message[1] = flag
+        message[4:8] = np.frombuffer(np.int32(-1 if dead is None else dead).tobytes(), np.uint8)
         message[8:16] = np.frombuffer(np.int64(number).tobytes(), np.uint8)
         encoded = text.encode(errors="replace")[:_CONTROL_BYTES - 16]
         message[16:16 + len(encoded)] = np.frombuffer(encoded, np.uint8)
@@ -375,6 +382,10 @@ class MPITransport:
                 self.departed[peer] = (bool(flag & _FAILED), number, text)
                 if flag & _ROOT:
                     self.roots.add(peer)
+                dead = int(np.frombuffer(self._control_in[4:8].tobytes(), np.int32)[0])
+                if dead >= 0:
+                    self.dead_names[peer] = dead
+                    self._note_dead(dead)
                 if flag & _NOT_FINALIZING:
                     self.unfinalized.add(peer)
             elif kind == _ASK:
@@ -406,12 +417,19 @@ class MPITransport:
             self._read_control()
             for peer in dead:
                 if peer in self.roots:
-                    raise PeerLost(self.names[peer], self.departed[peer][2], root=self.departed[peer][2])
+                    why = self.departed[peer][2]
+                    raise PeerLost(self.names[peer], why, root=why, dead=self.dead_names.get(peer))
             peer = dead[0]   # (the first seen dead: others may have ended since, after seeing it)
+            self.dead.update(dead)
             name, pid = self.names[peer], self._local_pids[peer]
-            message = (f"rank {name} is gone: its process (pid {pid} on this host) ended without "
+            message = (f"rank {name} is gone: its process (pid {pid} on host {self.hosts[peer]}) ended without "
                        "leaving the runtime (killed, or crashed outside Python's control)")
-            raise PeerLost(name, message, root=f"{message} (seen by rank {self.names[self.rank]})")
+            raise PeerLost(name, message, root=f"{message} (seen by rank {self.names[self.rank]})", dead=name)
+
+    def _note_dead(self, name: int | None) -> None:
+        """Remember that the rank ``names`` calls ``name`` died (if it is one of this transport's)."""
+        if name is not None and name in self.names:
+            self.dead.add(self.names.index(name))
 
     def dead_peers(self) -> list[int]:
         """The ranks on this host whose process has ended without a farewell (killed)."""
@@ -422,7 +440,7 @@ class MPITransport:
         """At exit: the ranks that will never call MPI_Finalize, as far as this rank knows (dead on
         this host, or said so in their farewell), as ``names`` gives them."""
         self._read_control()
-        return sorted(self.names[p] for p in set(self.dead_peers()) | self.unfinalized)
+        return sorted(self.names[p] for p in set(self.dead_peers()) | self.unfinalized | self.dead)
 
     def await_farewells(self, seconds: float) -> None:
         """Wait up to ``seconds`` until every other rank has said farewell or is dead: a launcher may

@@ -28,15 +28,16 @@ def p2p_mismatch() -> None:
 
 
 def killed() -> None:
-    """Rank 1 is killed (SIGKILL) after a first call; the others are in their second call (argv[2]
-    "waiting") or computing, outside the runtime, when it dies ("computing"). Each survivor prints
-    its pid, its error if any, and when its program ended (time.monotonic())."""
+    """Rank 1 (argv[3], if given) is killed (SIGKILL) after a first call; the others are in their
+    second call (argv[2] "waiting") or computing, outside the runtime, when it dies ("computing").
+    Each survivor prints its pid, its error if any, and when its program ended (time.monotonic())."""
+    victim = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     _say(f"rank {col.rank()}: pid {os.getpid()}")
     x = np.ones(1000, np.float32)
     for _ in range(3):   # every pair connected before the death (a death during MPI's start is another story)
         col.allreduce(x)
         col.barrier()
-    if col.rank() == 1:
+    if col.rank() == victim:
         time.sleep(0.3)
         os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[2] == "waiting":
