@@ -17,6 +17,7 @@ hostfile=""
 
 down() {
     for ns in $(ip netns list | awk '{print $1}' | grep -E "^${prefix}([0-9]+|sw)$" || true); do
+        ip netns pids "$ns" | xargs -r kill -9 2>/dev/null || true   # (what a killed run left running there)
         ip netns delete "$ns"
     done
     rm -rf /etc/netns/"${prefix}"[0-9]*
