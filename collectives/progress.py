@@ -244,15 +244,16 @@ class Engine:
             work._run()   # (never raises: the handle keeps the call's error)
         finally:
             self._lock.acquire()
-            self._busy = False
-            if self._queue or self._closing:
-                self._turns.notify_all()
+            self._release_locked()
 
     def _release(self) -> None:
         with self._lock:
-            self._busy = False
-            if self._queue or self._closing:   # someone waits for the turn (see _wait_for_turn, _serve, close)
-                self._turns.notify_all()
+            self._release_locked()
+
+    def _release_locked(self) -> None:
+        self._busy = False
+        if self._queue or self._closing:   # someone waits for the turn (see _wait_for_turn, _serve, close)
+            self._turns.notify_all()
 
     def _serve(self) -> None:
         """The engine thread: run queued calls until closed."""

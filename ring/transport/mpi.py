@@ -296,8 +296,7 @@ class MPITransport:
         ended normally), or None if it died without one or the deadline passed."""
         while peer not in self.departed:
             self._read_control()
-            if time.monotonic() >= deadline or (peer in self._local_pids and
-                                                _process_state(self._local_pids[peer]) is not None):
+            if time.monotonic() >= deadline or peer in self.dead_peers():
                 self._read_control()
                 break
             time.sleep(1e-3)
