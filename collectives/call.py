@@ -279,11 +279,15 @@ def _census(g: Group) -> str:
     """After a timeout: which call of this group every other member is in, as far as they answer
     (see roll_call): ranks are world ranks, call numbers count this group's calls."""
     heard = g.transport.roll_call(_ROLL_CALL_GRACE)
+    unreachable = [r for r in g.transport.unreachable() if r not in heard]
     here = [r for r, seq in sorted(heard.items()) if seq == g.seq]
     elsewhere = [f"{r} (#{seq})" for r, seq in sorted(heard.items()) if seq != g.seq]
     me = g.ranks[g.rank()]
-    silent = [r for r in g.ranks if r != me and r not in heard]
+    silent = [r for r in g.ranks if r != me and r not in heard and r not in unreachable]
     parts = []
+    if unreachable:
+        parts.append(f"rank(s) unreachable (their host did not acknowledge a message for {_ROLL_CALL_GRACE:g} s: "
+                     f"its link or the host is down): {', '.join(map(str, unreachable))}")
     if silent:
         on = "" if g.is_world else " on this group"
         parts.append(f"rank(s) in no collective call{on} (busy elsewhere, or gone): {', '.join(map(str, silent))}")

@@ -84,6 +84,9 @@ class Transport(Protocol):
     def roll_call(self, grace: float) -> dict[int, int]:
         """After a timeout: ``{rank: the call it is in}`` for the ranks heard within ``grace`` seconds."""
 
+    def unreachable(self) -> list[int]:
+        """After a roll call: the ranks whose host did not answer it at all (counted dead from then on)."""
+
     def abandon(self) -> None:
         """After a failed or interrupted call: cancel what is still posted (nothing lands later)."""
 

@@ -84,6 +84,9 @@ class InProcessTransport:
         time.sleep(grace)
         return {r: seq for r, seq in calls.items() if r != self.rank}
 
+    def unreachable(self) -> list[int]:
+        return []   # (one process: every rank is reachable)
+
     def abandon(self) -> None:
         pass   # sends complete at once and receives are only posted while waited for
 

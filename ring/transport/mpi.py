@@ -9,7 +9,9 @@ seconds while a wait lasts:
 * its farewell arrived: every rank that leaves (its program ended, raised, or
   was interrupted) tells every other rank how many collectives it completed and
   why it left (``farewell``), over a control channel of this communicator;
-* its process on this host has ended without one (killed).
+* its process on this host has ended without one (killed), or, on another host,
+  its connection in ``ring.transport.liveness`` closed without a goodbye (killed)
+  or went silent (its host unreachable).
 
 The same channel answers the roll call that names, after a timeout, which ranks
 are in which call. A long wait backs off from spinning to yielding to short
@@ -28,12 +30,14 @@ import numpy as np
 from mpi4py import MPI
 
 from ring.schedule import left, right
+from ring.transport import liveness as liveness_watch
 from ring.transport.base import CommunicatorsExhausted, PeerLost, TransportError, TransportTimeout
 from ring.transport.mpi_p2p import PointToPoint
 
 _TAG = 7
 _CONTROL_TAG = 8
 _EXIT_TAG = 9    # what a rank hands rank 0 at exit, after the farewells (the timeline's events)
+_HELLO_TAG = 10  # the setup's empty messages across hosts (see _connect_across_hosts)
 CHECK_INTERVAL = 0.5       # seconds between looks at the control channel and the local peers' processes
 _SPIN_SECONDS = 50e-6      # poll flat out this long (latency), then yield the core between polls
 _YIELD_SECONDS = 20e-3     # then yield between polls until the wait is this old, then nap
@@ -63,16 +67,20 @@ class MPITransport:
     world's ranks, for a subset; default: its own ranks). ``watch``: another transport over
     the same ranks or more, whose control channel tells this one of departures (a transport
     used only inside the calls of another, such as the two levels of a hierarchical all-reduce).
+    ``liveness``: the watch over the ranks on other hosts (by ``names``), shared by every
+    transport made from the first by ``split``; the first closes it.
     """
 
     def __init__(self, comm: MPI.Comm, hosts: Sequence[str], pids: Sequence[int],
-                 names: Sequence[int] | None = None, watch: "MPITransport | None" = None):
+                 names: Sequence[int] | None = None, watch: "MPITransport | None" = None,
+                 liveness: liveness_watch.Liveness | None = None, owns_liveness: bool = False):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.hosts, self.pids = list(hosts), list(pids)
         self.names = list(names) if names is not None else list(range(self.size))
         self.watch = watch
+        self.liveness, self._owns_liveness = liveness, owns_liveness
         self.deadline = float("inf")
         self.seq = 0   # the call under way (set by the caller with the deadline); peers are judged against it
         self._right = right(self.rank, self.size)
@@ -243,6 +251,8 @@ class MPITransport:
         that answered within ``grace`` seconds (a rank answers while it waits inside a collective
         on this transport), ranks as ``names`` gives them."""
         self._heard = {}
+        if self.liveness is not None:
+            self.liveness.ping()
         for peer in range(self.size):
             if peer != self.rank:
                 self._control(peer, _ASK, self.seq)
@@ -251,6 +261,17 @@ class MPITransport:
             self._read_control()
             time.sleep(5e-3)
         return {self.names[r]: seq for r, seq in self._heard.items()}
+
+    def unreachable(self) -> list[int]:
+        """After a roll call: the ranks (as ``names`` gives them) whose host did not acknowledge
+        its ping (see ``ring.transport.liveness``); from then on they count as dead."""
+        if self.liveness is None:
+            return []
+        silent = set(self.liveness.silent())
+        found = [peer for peer in range(self.size) if self.names[peer] in silent
+                 or self.liveness.ended.get(self.names[peer]) == liveness_watch.UNREACHABLE]
+        self.dead.update(found)
+        return [self.names[p] for p in found]
 
     def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
                  finalizing: bool = True, dead: int | None = None, patience: float = 1.0) -> None:
@@ -262,6 +283,8 @@ class MPITransport:
         them at once)."""
         flag = (_FAILED if failed else 0) | (_ROOT if root else 0) | (0 if finalizing else _NOT_FINALIZING)
         self._note_dead(dead)
+        if self.liveness is not None:
+            self.liveness.goodbye()
         for peer in range(self.size):
             if peer != self.rank:
                 self._control(peer, _LEFT, completed, why, flag=flag, dead=dead)
@@ -289,7 +312,7 @@ class MPITransport:
         inner.Free()
         outer.Free()
         return MPITransport(comm, [self.hosts[r] for r in mine], [self.pids[r] for r in mine],
-                            [self.names[r] for r in mine], self if watched else None)
+                            [self.names[r] for r in mine], self if watched else None, self.liveness)
 
     def farewell_of(self, peer: int, deadline: float) -> str | None:
         """After this rank's own farewell: wait for ``peer``'s; return why it left ("": its program
@@ -343,10 +366,13 @@ class MPITransport:
                 self.comm.Free()
             except MPI.Exception:
                 pass
+        if self._owns_liveness:
+            self.liveness.goodbye()
+            self.liveness.close()
 
     def _control(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0,
                  dead: int | None = None) -> None:
-        if peer in self.dead:
+        if peer in self.dead or (self.liveness is not None and self.names[peer] in self.liveness.ended):
             return   # (over UCX, a message to a dead process crashed the sender)
         message = np.zeros(_CONTROL_BYTES, np.uint8)
         message[0] = kind
@@ -418,12 +444,40 @@ class MPITransport:
                 if peer in self.roots:
                     why = self.departed[peer][2]
                     raise PeerLost(self.names[peer], why, root=why, dead=self.dead_names.get(peer))
-            peer = dead[0]   # (the first seen dead: others may have ended since, after seeing it)
-            self.dead.update(dead)
-            name, pid = self.names[peer], self._local_pids[peer]
-            message = (f"rank {name} is gone: its process (pid {pid} on host {self.hosts[peer]}) ended without "
-                       "leaving the runtime (killed, or crashed outside Python's control)")
-            raise PeerLost(name, message, root=f"{message} (seen by rank {self.names[self.rank]})", dead=name)
+            dead = [p for p in dead if p not in self.departed]
+            if dead:
+                self.dead.update(dead)
+                message = self._death_text(dead)
+                raise PeerLost(self.names[dead[0]], message, root=f"{message} (seen by rank {self.names[self.rank]})",
+                               dead=self.names[dead[0]])
+
+    def _death_text(self, dead: Sequence[int]) -> str:
+        """What every rank should hear of the deaths of ``dead``, seen by this rank.
+
+        >>> t = MPITransport.__new__(MPITransport)
+        >>> t.names, t.pids, t.hosts = [0, 1, 2, 3], [10, 11, 12, 13], ["a", "a", "b", "b"]
+        >>> t.liveness = None
+        >>> t._death_text([3])
+        "rank 3 is gone: its process (pid 13 on host b) ended without leaving the runtime (killed, or crashed outside Python's control)"
+        >>> t._death_text([2, 3])
+        "ranks 2, 3 are gone: their processes (pid 12 on host b, pid 13 on host b) ended without leaving the runtime (killed, or crashed outside Python's control)"
+        """
+        ended = self.liveness.ended if self.liveness is not None else {}
+        silent = [p for p in dead if ended.get(self.names[p]) == liveness_watch.UNREACHABLE]
+        gone = [p for p in dead if p not in silent]
+        parts = []
+        if gone:
+            names = ", ".join(str(self.names[p]) for p in gone)
+            pids = ", ".join(f"pid {self.pids[p]} on host {self.hosts[p]}" for p in gone)
+            parts.append((f"rank {names} is gone: its process ({pids})" if len(gone) == 1 else
+                          f"ranks {names} are gone: their processes ({pids})") +
+                         " ended without leaving the runtime (killed, or crashed outside Python's control)")
+        if silent:
+            names = ", ".join(str(self.names[p]) for p in silent)
+            hosts = ", ".join(dict.fromkeys(self.hosts[p] for p in silent))
+            parts.append(f"rank{'s' if len(silent) > 1 else ''} {names} {'are' if len(silent) > 1 else 'is'} "
+                         f"unreachable: host {hosts} does not answer (its link or the host is down)")
+        return "; ".join(parts)
 
     def _note_dead(self, name: int | None) -> None:
         """Remember that the rank ``names`` calls ``name`` died (if it is one of this transport's)."""
@@ -431,9 +485,12 @@ class MPITransport:
             self.dead.add(self.names.index(name))
 
     def dead_peers(self) -> list[int]:
-        """The ranks on this host whose process has ended without a farewell (killed)."""
-        return [peer for peer, pid in self._local_pids.items()
-                if peer not in self.departed and _process_state(pid) is not None]
+        """The ranks that ended without a farewell: on this host, their process has ended (killed);
+        on another, their connection closed without a goodbye, or their host went silent."""
+        ended = self.liveness.check() if self.liveness is not None else {}
+        return [peer for peer in range(self.size) if peer != self.rank and peer not in self.departed and
+                (_process_state(self._local_pids[peer]) is not None if peer in self._local_pids
+                 else self.names[peer] in ended)]
 
     def gone_at_exit(self) -> list[int]:
         """At exit: the ranks that will never call MPI_Finalize, as far as this rank knows (dead on
@@ -571,17 +628,48 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None) -> tupl
     deadline = time.monotonic() + timeout
     comm, request = (comm or MPI.COMM_WORLD).Idup()   # a private duplicate: our messages never match the user's
     _wait_setup(request, deadline, "make the runtime's communicator", comm)
+    liveness = liveness_watch.Liveness()
     host = socket.gethostname().encode()[:200]
-    mine = np.zeros(8 + 256 + _SETUP_RECORD_BYTES, np.uint8)
-    mine[:8] = np.frombuffer(np.int64(os.getpid()).tobytes(), np.uint8)
-    mine[8:8 + len(host)] = np.frombuffer(host, np.uint8)
-    mine[264:264 + len(record)] = np.frombuffer(record, np.uint8)
+    mine = np.zeros(16 + 256 + _SETUP_RECORD_BYTES, np.uint8)
+    mine[:16] = np.frombuffer(np.array([os.getpid(), liveness.port], np.int64).tobytes(), np.uint8)
+    mine[16:16 + len(host)] = np.frombuffer(host, np.uint8)
+    mine[272:272 + len(record)] = np.frombuffer(record, np.uint8)
     every = np.empty((comm.Get_size(), mine.size), np.uint8)
-    _wait_setup(comm.Iallgather(mine, every), deadline, "exchange the settings", comm, mine, every)
-    pids = [int(np.frombuffer(row[:8].tobytes(), np.int64)[0]) for row in every]
-    hosts = [row[8:264].tobytes().rstrip(b"\0").decode(errors="replace") for row in every]
-    records = [row[264:].tobytes().rstrip(b"\0") for row in every]
-    return MPITransport(comm, hosts, pids), records
+    try:
+        _wait_setup(comm.Iallgather(mine, every), deadline, "exchange the settings", comm, mine, every)
+    except TransportError:
+        liveness.close()
+        raise
+    pids, ports = np.frombuffer(every[:, :16].tobytes(), np.int64).reshape(-1, 2).T.tolist()
+    hosts = [row[16:272].tobytes().rstrip(b"\0").decode(errors="replace") for row in every]
+    records = [row[272:].tobytes().rstrip(b"\0") for row in every]
+    rank = comm.Get_rank()
+    liveness.join(rank, hosts, ports)
+    _connect_across_hosts(comm, rank, hosts, deadline)
+    return MPITransport(comm, hosts, pids, liveness=liveness, owns_liveness=True), records
+
+
+def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadline: float) -> None:
+    """Exchange an empty message with every rank on another host, so that MPI connects to each now,
+    while all are alive: a first message to a rank whose host had since gone was seen to block
+    inside MPI (libfabric's tcp connecting) for minutes, out of reach of every deadline."""
+    others = [peer for peer in range(len(hosts)) if hosts[peer] != hosts[rank]]
+    if not others:
+        return
+    empty = np.zeros(0, np.uint8)
+    requests = [comm.Irecv([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
+    requests += [comm.Isend([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
+    _wait_setup(_AllRequests(requests), deadline, "connect to the ranks on other hosts", empty)
+
+
+class _AllRequests:
+    """Several requests as one, for _wait_setup."""
+
+    def __init__(self, requests: list[MPI.Request]):
+        self.requests = requests
+
+    def Test(self) -> bool:
+        return _testall(self.requests)
 
 
 def _pause(waited: float, spin_seconds: float, background: bool = False) -> None:

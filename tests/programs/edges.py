@@ -99,6 +99,22 @@ def hosts() -> None:
          f"sum {'right' if right else 'WRONG'}")
 
 
+def vanished() -> None:
+    """Every rank says it is ready, then waits 1 s (the test takes host 2 off the network and
+    kills its processes meanwhile) and calls an all-reduce with ``timeout=`` argv[2] seconds."""
+    x = np.ones(1000, np.float32)
+    for _ in range(3):
+        col.allreduce(x)
+    col.barrier()
+    _say(f"rank {col.rank()}: pid {os.getpid()} ready")
+    time.sleep(1.0)
+    try:
+        _report("the call after", col.allreduce, x, timeout=float(sys.argv[2]))
+    except SystemExit:
+        pass
+    _say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
+
+
 if __name__ == "__main__":
     {"p2p-mismatch": p2p_mismatch, "killed": killed, "ended-early": ended_early, "never-used": never_used,
-     "groups-in-a-loop": groups_in_a_loop, "hosts": hosts}[sys.argv[1]]()
+     "groups-in-a-loop": groups_in_a_loop, "hosts": hosts, "vanished": vanished}[sys.argv[1]]()
