@@ -206,7 +206,8 @@ def _print_header(env: dict, args: argparse.Namespace) -> None:
               "more than the collectives")
     chosen = "the cost model's choice per size" if env["algorithm"] == "auto" else "forced"
     print(f"# ring: algorithm {env['algorithm']} ({chosen}), segment "
-          f"{format_size(env['segment_bytes'])}, recursive doubling at most {format_size(env['small_bytes'])}, "
+          f"{format_size(env['segment_bytes']) if env['segment_bytes'] else 'default (4M on a host, 1M across hosts)'}, "
+          f"recursive doubling at most {format_size(env['small_bytes'])}, "
           f"cross-rank check {'on' if env['check'] else 'off'}; "
           f"{env['threads']}")
     iters = f"{args.iters} iterations" if args.iters else "iterations (about 1 GiB per size, 10 to 1000)"

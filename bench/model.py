@@ -25,7 +25,7 @@ from bench.cases import Case, bus_factor
 from bench.report import GB
 from bench.sizes import format_size, sweep
 from bench.timing import stop_on_ctrl_c, time_interleaved
-from collectives.world import world
+from collectives.world import DEFAULT_SEGMENT_BYTES, world
 from ring import cost
 
 #: The world sizes and buffer sizes of the predictions.
@@ -201,9 +201,9 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
             print("# interrupted (Ctrl-C): nothing fitted", flush=True)
         return 130
     if comm.Get_rank() == 0:
-        costs = fit(rows, runtime.segment_bytes, runtime.check)
+        costs = fit(rows, runtime.segment_bytes or DEFAULT_SEGMENT_BYTES, runtime.check)
         print(f"# {' '.join(['python -m bench', *args.argv])}")
         print(f"# the first k ranks of {comm.Get_size()} for k = 2..{comm.Get_size()}; {args.dtype} {args.redop}; "
               f"{', '.join(args.model_ops)}; {format_size(args.min_bytes)}..{format_size(args.max_bytes)}")
-        report(rows, costs, args, runtime.segment_bytes, runtime.check)
+        report(rows, costs, args, runtime.segment_bytes or DEFAULT_SEGMENT_BYTES, runtime.check)
     return 1 if any(r["wrong"] for r in rows) else 0

@@ -103,13 +103,16 @@ def _allreduce_flat(call: Call, source, target, op: str, sig: bytes, checked: bo
         return
     if not checked:
         call.agree(sig)
-    segment = runtime.segment_elems(source.dtype)
     if g.levels is not None and host:
-        algorithms.allreduce_two_level(*g.levels, source, target, op, segment)
+        local, across = g.levels
+        algorithms.allreduce_two_level(local, across, source, target, op, runtime.segment_elems(source.dtype, local),
+                                       runtime.segment_elems(source.dtype, across))
     elif algorithm == "halving":
-        algorithms.allreduce_halving_doubling(g.transport, source, target, op, segment)
+        algorithms.allreduce_halving_doubling(g.transport, source, target, op,
+                                              runtime.segment_elems(source.dtype, g.transport))
     else:
-        algorithms.allreduce(g.transport_for(source), source, target, op, segment)
+        transport = g.transport_for(source)
+        algorithms.allreduce(transport, source, target, op, runtime.segment_elems(source.dtype, transport))
 
 
 @collective("allreduce_many")
@@ -187,7 +190,8 @@ def reduce_scatter(x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
         owned = slice(owned_start, owned_stop)
     else:
         call.agree(sig)
-        owned = algorithms.reduce_scatter(g.transport_for(x), source, work, op, call.runtime.segment_elems(x.dtype))
+        transport = g.transport_for(x)
+        owned = algorithms.reduce_scatter(transport, source, work, op, call.runtime.segment_elems(x.dtype, transport))
     result = out if out is not None else xp.empty(owned_stop - owned_start, x.dtype)
     result[...] = work[owned]
     return result
@@ -244,8 +248,9 @@ def allgather(x: np.ndarray, out: np.ndarray | None = None, *, group: Group | No
         target.view(np.uint8)[...] = gathered
     else:
         row = math.prod(x.shape[1:])
-        algorithms.allgather(g.transport_for(x), source, target, [r * row for r in rows],
-                             call.runtime.segment_elems(x.dtype))
+        transport = g.transport_for(x)
+        algorithms.allgather(transport, source, target, [r * row for r in rows],
+                             call.runtime.segment_elems(x.dtype, transport))
     return _write_back(result, target)
 
 
@@ -278,7 +283,8 @@ def broadcast(x: np.ndarray, root: int = 0, *, group: Group | None = None, async
         call.settle(algorithms.broadcast_small(g.transport, buffer, int(root), sig), sig)
     else:
         call.agree(sig)
-        algorithms.broadcast(g.transport_for(x), buffer, int(root), call.runtime.segment_elems(x.dtype))
+        transport = g.transport_for(x)
+        algorithms.broadcast(transport, buffer, int(root), call.runtime.segment_elems(x.dtype, transport))
     return _write_back(x, buffer) if g.rank() != root else x
 
 

@@ -10,9 +10,12 @@ when the runtime is set up: if they differ, or a rank cannot read its own, every
 rank raises the same CollectiveUsageError naming the setting and each rank's value.
 
 ``COLLECTIVES_SEGMENT_BYTES`` / ``segment_bytes``
-    Largest message the ring sends, default 4 MiB, at most 1 GiB; "4M", "64K" and
-    plain byte counts are accepted. Bounds the receive scratch to two segments (and to
-    the data) and sets how finely reduction overlaps transfer.
+    Largest message the ring sends, at most 1 GiB; "4M", "64K" and plain byte counts are
+    accepted. Default: 4 MiB among ranks of one host, 1 MiB where a call's ranks span
+    hosts (over TCP, 4 MiB messages lost the two-level all-reduce its gain at 64 MiB:
+    the README's "Running on several hosts"); a value given applies to both. Bounds the
+    receive scratch to two segments (and to the data) and sets how finely reduction
+    overlaps transfer.
 ``COLLECTIVES_SMALL_BYTES`` / ``small_bytes``
     The largest call that may take recursive doubling (the latency path, whose messages
     carry the whole buffer and the cross-rank check); below it the cost model chooses
@@ -68,6 +71,7 @@ from ring.transport import device as device_transports
 from ring.transport.base import TransportError
 
 DEFAULT_SEGMENT_BYTES = 4 << 20
+NETWORK_SEGMENT_BYTES = 1 << 20   # the default where a call's ranks span hosts
 MAX_SEGMENT_BYTES = 1 << 30   # MPI counts messages in ints: keep every message well below 2 GiB
 DEFAULT_SMALL_BYTES = MAX_PAYLOAD_BYTES
 DEFAULT_TIMEOUT = 600.0
@@ -117,7 +121,8 @@ class Runtime:
             elif self.algorithm in cost.ALGORITHMS["allreduce"]:   # forced, but not for this call
                 found = "ring"
             else:
-                found = cost.choose(op, n, nbytes, segment_bytes=self.segment_bytes, check=self.check,
+                found = cost.choose(op, n, nbytes, segment_bytes=self.segment_bytes or DEFAULT_SEGMENT_BYTES,
+                                    check=self.check,
                                     doubling_bytes=self.small_bytes)
             self._choices[key] = found
         return found
@@ -126,8 +131,12 @@ class Runtime:
         """After a change of settings: choose again (on every rank alike, as they change together)."""
         self._choices.clear()
 
-    def segment_elems(self, dtype: np.dtype) -> int:
-        return max(1, self.segment_bytes // dtype.itemsize)
+    def segment_elems(self, dtype: np.dtype, transport=None) -> int:
+        """The ring's segment in elements of ``dtype`` on ``transport``: the setting, else (0, the
+        default) 4 MiB, or 1 MiB on a transport whose ranks span hosts."""
+        nbytes = self.segment_bytes or (NETWORK_SEGMENT_BYTES if getattr(transport, "spans_hosts", False)
+                                        else DEFAULT_SEGMENT_BYTES)
+        return max(1, nbytes // dtype.itemsize)
 
     def transports(self) -> list:
         """Every transport of every group, for what concerns them all (stopping, polling gently)."""
@@ -170,7 +179,7 @@ def _flag(raw: str) -> bool:
 
 #: name: (environment variable, default, parse the environment's text, valid value?, what is expected)
 _SETTINGS = {
-    "segment_bytes": ("COLLECTIVES_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES, _byte_count,
+    "segment_bytes": ("COLLECTIVES_SEGMENT_BYTES", 0, _byte_count,   # (0: the defaults of segment_elems)
                       lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SEGMENT_BYTES,
                       f"a byte count from 1 to {MAX_SEGMENT_BYTES} (1G), like 4194304 or 4M"),
     "small_bytes": ("COLLECTIVES_SMALL_BYTES", DEFAULT_SMALL_BYTES, _byte_count,
@@ -456,8 +465,12 @@ def _leave(finishing: bool = True) -> None:
 
 
 def _say_no_finalize(w: Group, gone: list[int]) -> None:
+    dead = [r for r in w.transport.known_dead() if r in gone]
+    leaving = [r for r in gone if r not in dead]
+    whom = " and ".join(([f"{', '.join(map(str, dead))} (gone)"] if dead else []) +
+                        ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []))
     print(f"[rank {w.rank()}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever "
-          f"for rank(s) {', '.join(map(str, gone))} (gone)", file=sys.stderr, flush=True)
+          f"for rank(s) {whom}", file=sys.stderr, flush=True)
 
 
 def _end_without_finalize(w: Group) -> None:

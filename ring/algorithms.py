@@ -99,11 +99,12 @@ def allreduce_halving_doubling(transport: Transport, input: Any, output: Any, op
 
 
 def allreduce_two_level(local: Transport, across: Transport, input: Any, output: Any, op: str,
-                        segment_elems: int) -> None:
+                        segment_elems: int, across_segment_elems: int | None = None) -> None:
     """``allreduce`` over ranks on several hosts, in two levels (the hierarchical all-reduce of
     Horovod and NCCL): reduce-scatter within each host, all-reduce of each rank's chunk across
     hosts among the ranks with the same place on theirs (``across``), all-gather within each
-    host (``local``). Every host must hold the same number of ranks. 4 ranks, 2 hosts:
+    host (``local``). Every host must hold the same number of ranks. ``across_segment_elems``:
+    the segment across hosts (default: ``segment_elems``). 4 ranks, 2 hosts:
 
     =======================  ==============  ==============
     step                     host A: 0, 1    host B: 2, 3
@@ -119,7 +120,7 @@ def allreduce_two_level(local: Transport, across: Transport, input: Any, output:
     """
     owned = reduce_scatter(local, input, output, op, segment_elems)
     chunk = output[owned]
-    allreduce(across, chunk, chunk, op, segment_elems)
+    allreduce(across, chunk, chunk, op, across_segment_elems or segment_elems)
     bounds = chunk_bounds(output.size, local.size)
     run(allgather_plan(local.rank, bounds, segment_elems), local, output, phase="all-gather")
 

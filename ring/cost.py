@@ -149,31 +149,82 @@ def terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int = 4 <
 def predict(op: str, algorithm: str, n: int, nbytes: int, costs: Costs = MEASURED, *,
             segment_bytes: int = 4 << 20, check: bool = True, hosts: tuple[int, int] | None = None,
             network: Costs | None = None) -> float:
-    """Predicted seconds of one call. ``hosts=(H, L)``: n = H*L ranks on H hosts of L, where
-    ``network`` (default ``costs``) prices what crosses hosts: a flat algorithm then waits on
-    the network at every step; ``algorithm="two-level"`` keeps the network to one all-reduce
-    of N/L among H ranks (by whichever flat algorithm is fastest there).
+    """Predicted seconds of one call. ``hosts=(H, L)``: n = H*L ranks on H hosts of L, consecutive
+    ranks on each, where ``network`` (default ``costs``) prices what crosses hosts, on one link per
+    host that the host's ranks share. A flat algorithm's messages then pay the network's latency
+    and its bytes the busiest host link's time: the ring sends one rank's bytes across each link
+    at every step (consecutive ranks: one rank per host talks to the next host), halving sends
+    L ranks' bytes across at its steps between hosts (:func:`crossing`). ``algorithm="two-level"``
+    keeps the network to L concurrent all-reduces of N/L among H ranks (one per place on a host,
+    all on the same links; by whichever flat algorithm is fastest there), so a host link
+    carries 2(H-1)/H N where the flat ring's carries 2(n-1)/n N.
 
-    >>> host = Costs(0, 1e-6, 1e-10, 1e-10); network = Costs(0, 5e-6, 1e-9, 1e-10)
-    >>> flat = predict("allreduce", "ring", 4096, 1 << 30, host, hosts=(512, 8), network=network)
-    >>> two = predict("allreduce", "two-level", 4096, 1 << 30, host, hosts=(512, 8), network=network)
-    >>> round(flat / two, 1)
-    4.1
+    >>> host = Costs(0, 1e-6, 1e-10, 1e-10); network = Costs(0, 50e-6, 8e-9, 1e-10)   # 125 MB/s
+    >>> flat = predict("allreduce", "ring", 4, 16 << 20, host, hosts=(2, 2), network=network)
+    >>> two = predict("allreduce", "two-level", 4, 16 << 20, host, hosts=(2, 2), network=network)
+    >>> round(flat / two, 2)      # about 2(n-1)/n / 2(H-1)/H = 1.5, less the local steps
+    1.48
     """
     network = network or costs
     if hosts is None or hosts[0] == 1:
         return costs.time(terms(op, algorithm, n, nbytes, segment_bytes, check))
     count, per_host = hosts
+    if algorithm in ("halving", "doubling") and op == "allreduce":
+        counted = terms(op, algorithm, n, nbytes, segment_bytes, check)
+        moved = sum(sent * (network.beta * across if across else costs.beta)
+                    for sent, across in crossing(algorithm, n, per_host, nbytes))
+        return costs.call + network.alpha * counted.messages + moved + costs.gamma * counted.reduced
     if algorithm != "two-level":
         link = Costs(costs.call, network.alpha, network.beta, costs.gamma)
         return link.time(terms(op, algorithm, n, nbytes, segment_bytes, check))
     local = Terms(2 * (per_host - 1), 2 * (per_host - 1) / per_host * nbytes, (per_host - 1) / per_host * nbytes)
     chunk = math.ceil(nbytes / per_host)
-    across = Costs(0.0, network.alpha, network.beta, costs.gamma)
-    best_across = min(across.time(terms("allreduce", a, count, chunk, segment_bytes, check=False))
+    shared = Costs(0.0, network.alpha, network.beta * per_host, costs.gamma)   # L all-reduces on one link
+    best_across = min(shared.time(terms("allreduce", a, count, chunk, segment_bytes, check=False))
                       for a in candidates("allreduce", chunk))
     checking = Terms(doubling_steps(n) if check else 0, 0, 0)
     return costs.time(local + checking) + best_across
+
+
+def crossing(algorithm: str, n: int, per_host: int, nbytes: int) -> list[tuple[float, int]]:
+    """An all-reduce by ``algorithm`` ("halving": Rabenseifner's, or "doubling") on ``n`` ranks,
+    ``per_host`` consecutive ranks on each host, step by step: (the bytes a rank sends, how many
+    ranks of the busiest host send theirs to another host at once; 0: the step stays on every
+    host). The p core ranks pair at distances p/2 .. 1 then 1 .. p/2 (halving, sending d/p of
+    the buffer: ``ring.schedule.halving_plans``) or 1 .. p/2 (doubling, the whole buffer:
+    ``ring.doubling``); the ranks past p fold in first and out last.
+
+    >>> crossing("halving", 4, 2, 1024)      # 2 x 2: the halves cross, the quarters stay on the host
+    [(512.0, 2), (256.0, 0), (256.0, 0), (512.0, 2)]
+    >>> crossing("doubling", 4, 2, 1024)
+    [(1024.0, 0), (1024.0, 2)]
+    """
+    p = core_size(n)
+    host = [r // per_host for r in range(n)]
+
+    def busiest(pairs: list[tuple[int, int]]) -> int:
+        leaving = [0] * (host[-1] + 1)
+        for sender, receiver in pairs:
+            if host[sender] != host[receiver]:
+                leaving[host[sender]] += 1
+        return max(leaving)
+
+    def paired(sent: float, distance: int) -> tuple[float, int]:
+        return sent, busiest([(r, r ^ distance) for r in range(p)])
+
+    up = _powers_down(p // 2)[::-1]
+    if algorithm == "halving":
+        core = [paired(nbytes * d / p, d) for d in up[::-1]] + [paired(nbytes * d / p, d) for d in up]
+    else:
+        core = [paired(float(nbytes), d) for d in up]
+    fold = [(r, r - p) for r in range(p, n)]
+    if not fold:
+        return core
+    return [(float(nbytes), busiest(fold))] + core + [(float(nbytes), busiest([(b, a) for a, b in fold]))]
+
+
+def _powers_down(top: int) -> list[int]:
+    return [top >> k for k in range(top.bit_length())] if top else []
 
 
 def choose(op: str, n: int, nbytes: int, costs: Costs = MEASURED, *, segment_bytes: int = 4 << 20,

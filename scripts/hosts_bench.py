@@ -5,8 +5,9 @@ launch, with the cost model's prediction for each.
     scripts/emulate_hosts.sh run 2,2 -- python scripts/hosts_bench.py --link 125MB/s,50us --hosts 2x2
 
 For each size, each round times every implementation in turn (so drift hits all alike): MPI's
-Allreduce, the flat ring, halving-doubling (Rabenseifner), the two-level all-reduce at each
-``--segments`` size, and ``col.allreduce`` as users call it (the algorithm the runtime chose).
+Allreduce, then the flat ring, halving-doubling (Rabenseifner) and the two-level all-reduce, each
+at every ``--segments`` size, and ``col.allreduce`` as users call it (the runtime's choice of
+algorithm and segment).
 Each iteration starts after a barrier and counts as the slowest rank's time; the table shows
 medians of the round medians, busbw as nccl-tests defines it (algbw * 2(n-1)/n), and the
 prediction of ``ring.cost.predict`` (this machine's fitted costs on the host, ``--link`` across
@@ -22,7 +23,7 @@ from mpi4py import MPI
 
 import collectives as col
 from bench.model import parse_hosts, parse_link
-from collectives import world
+from collectives.world import world
 from collectives.sizes import parse_size
 from ring import algorithms, cost
 
@@ -39,18 +40,19 @@ def median_time(comm: MPI.Comm, fn, iters: int) -> float:
 
 def implementations(comm: MPI.Comm, x: np.ndarray, out: np.ndarray, segments: list[int]) -> dict:
     """name -> (a call that all-reduces x into out, the algorithm and segment the model prices it as)."""
-    g = world._world
+    g = world()
     for transport in g.transports():   # (no call's deadline applies to the direct calls)
         transport.deadline = float("inf")
-    found = {"mpi": (lambda: comm.Allreduce(x, out), None),
-             "ring": (lambda: algorithms.allreduce(g.transport, x, out, "sum", segments[0] // 4), ("ring", segments[0])),
-             "halving": (lambda: algorithms.allreduce_halving_doubling(g.transport, x, out, "sum", segments[0] // 4),
-                         ("halving", segments[0]))}
-    if g.levels is not None:
-        for segment in segments:
+    found = {"mpi": (lambda: comm.Allreduce(x, out), None)}
+    for segment in segments:
+        elems = segment // x.itemsize
+        found[f"ring {segment >> 10}K"] = (lambda e=elems: algorithms.allreduce(g.transport, x, out, "sum", e),
+                                            ("ring", segment))
+        found[f"halving {segment >> 10}K"] = (
+            lambda e=elems: algorithms.allreduce_halving_doubling(g.transport, x, out, "sum", e), ("halving", segment))
+        if g.levels is not None:
             found[f"two-level {segment >> 10}K"] = (
-                lambda s=segment: algorithms.allreduce_two_level(*g.levels, x, out, "sum", s // 4),
-                ("two-level", segment))
+                lambda e=elems: algorithms.allreduce_two_level(*g.levels, x, out, "sum", e), ("two-level", segment))
     found["col.allreduce"] = (lambda: col.allreduce(x, out=out), None)
     return found
 

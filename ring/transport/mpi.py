@@ -88,6 +88,7 @@ class MPITransport:
         local = [r for r in range(self.size) if hosts[r] == hosts[self.rank]]
         self.local_rank = local.index(self.rank)   # this rank's place among the ranks on its host
         self.local_size = len(local)
+        self.spans_hosts = len(local) < self.size   # (the runtime's segments are smaller across hosts)
         self._local_pids = {r: pids[r] for r in local if r != self.rank}
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
@@ -493,10 +494,14 @@ class MPITransport:
                  else self.names[peer] in ended)]
 
     def gone_at_exit(self) -> list[int]:
-        """At exit: the ranks that will never call MPI_Finalize, as far as this rank knows (dead on
-        this host, or said so in their farewell), as ``names`` gives them."""
+        """At exit: the ranks that will never call MPI_Finalize, as far as this rank knows (dead, or
+        said so in their farewell), as ``names`` gives them."""
         self._read_control()
-        return sorted(self.names[p] for p in set(self.dead_peers()) | self.unfinalized | self.dead)
+        return sorted(set(self.known_dead()) | {self.names[p] for p in self.unfinalized})
+
+    def known_dead(self) -> list[int]:
+        """The ranks known dead (ended without a farewell, here or as a farewell said), as ``names`` gives them."""
+        return sorted(self.names[p] for p in set(self.dead_peers()) | self.dead)
 
     def await_farewells(self, seconds: float) -> None:
         """Wait up to ``seconds`` until every other rank has said farewell or is dead: a launcher may
