@@ -359,7 +359,13 @@ class MPITransport:
         return found
 
     def close(self, failed: bool = False) -> None:
-        """Free this transport's communicator, unless requests on it could not be ended."""
+        """Free this transport's communicator, unless requests on it could not be ended. Control
+        messages that arrived unread (the others' farewells) are read first: MPI (UCX) warns of
+        messages still unmatched at MPI_Finalize."""
+        try:
+            self._read_control()
+        except MPI.Exception:
+            pass
         self.abandon()
         if not self._abandoned:
             self._free_persistent()
