@@ -16,7 +16,6 @@ public call's cross-rank check, which the last column includes. Every result is 
 against MPI's.
 """
 import argparse
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -26,16 +25,7 @@ from bench.model import parse_hosts, parse_link
 from collectives.world import world
 from collectives.sizes import parse_size
 from ring import algorithms, cost
-
-
-def median_time(comm: MPI.Comm, fn, iters: int) -> float:
-    times = []
-    for _ in range(iters):
-        comm.Barrier()
-        start = time.perf_counter()
-        fn()
-        times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-    return float(np.median(times))
+from ring_vs_mpi import median_time   # (scripts/, beside this one)
 
 
 def implementations(comm: MPI.Comm, x: np.ndarray, out: np.ndarray, segments: list[int]) -> dict:

@@ -1,7 +1,8 @@
-"""Issue 25, first part: several hosts emulated on this machine (scripts/emulate_hosts.sh: a network
+"""Issue 25: several hosts emulated on this machine (scripts/emulate_hosts.sh: a network
 namespace per host, with its own hostname and IPC namespace, a bridge between them), the conformance
-suite (tests/mpi) run across them at 2 x 2 (MPICH over UCX, and over libfabric's tcp) and at an
-uneven 3 + 1. Needs root and MPICH; skipped with the reason elsewhere. Every run is bounded in time,
+suite (tests/mpi) run across them at 2 x 2 (MPICH over UCX, and over libfabric's tcp), 3 x 2 and
+an uneven 3 + 1; faults across hosts (a rank killed, a host that vanishes, MPICH's own cleanup, the
+trainer losing a host). Needs root and MPICH; skipped with the reason elsewhere. Every run is bounded in time,
 and the hosts are removed whatever happens (stale ones of a killed run first)."""
 import os
 import re
@@ -104,7 +105,7 @@ def _tx_bytes(host: str) -> int:
     return int(found.stdout)
 
 
-@pytest.mark.parametrize("layout, netmod", [("2,2", "ucx"), ("2,2", "ofi-tcp"), ("3,1", "ucx")])
+@pytest.mark.parametrize("layout, netmod", [("2,2", "ucx"), ("2,2", "ofi-tcp"), ("2,2,2", "ucx"), ("3,1", "ucx")])
 def test_ranks_know_their_hosts_and_the_bytes_cross_the_links(cluster, layout, netmod):
     before = _tx_bytes("ringh2")
     result = _run(layout, ["-m", "tests.programs.edges", "hosts"], OFI_TCP if netmod == "ofi-tcp" else None)
@@ -121,7 +122,7 @@ def test_ranks_know_their_hosts_and_the_bytes_cross_the_links(cluster, layout, n
     assert _tx_bytes("ringh2") - before > 1 << 20, "host 2 sent less than a chunk: shared memory, not the link?"
 
 
-@pytest.mark.parametrize("layout, netmod", [("2,2", "ucx"), ("2,2", "ofi-tcp"), ("3,1", "ucx")])
+@pytest.mark.parametrize("layout, netmod", [("2,2", "ucx"), ("2,2", "ofi-tcp"), ("2,2,2", "ucx"), ("3,1", "ucx")])
 def test_every_collective_matches_mpi4py_across_hosts(cluster, layout, netmod):
     """tests/mpi (every collective, op and dtype against mpi4py's own, async handles, groups,
     point-to-point, each algorithm forced) with its ranks on several hosts."""
