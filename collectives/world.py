@@ -13,7 +13,8 @@ rank raises the same CollectiveUsageError naming the setting and each rank's val
     Largest message the ring sends, at most 1 GiB; "4M", "64K" and plain byte counts are
     accepted. Default: 4 MiB among ranks of one host, 1 MiB where a call's ranks span
     hosts (over TCP, 4 MiB messages lost the two-level all-reduce its gain at 64 MiB:
-    the README's "Running on several hosts"); a value given applies to both. Bounds the
+    the README's "Running on several hosts"); a value given applies to both, 0 restores
+    the defaults. Bounds the
     receive scratch to two segments (and to the data) and sets how finely reduction
     overlaps transfer.
 ``COLLECTIVES_SMALL_BYTES`` / ``small_bytes``
@@ -180,8 +181,8 @@ def _flag(raw: str) -> bool:
 #: name: (environment variable, default, parse the environment's text, valid value?, what is expected)
 _SETTINGS = {
     "segment_bytes": ("COLLECTIVES_SEGMENT_BYTES", 0, _byte_count,   # (0: the defaults of segment_elems)
-                      lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SEGMENT_BYTES,
-                      f"a byte count from 1 to {MAX_SEGMENT_BYTES} (1G), like 4194304 or 4M"),
+                      lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SEGMENT_BYTES,
+                      f"a byte count from 0 (the defaults) to {MAX_SEGMENT_BYTES} (1G), like 4194304 or 4M"),
     "small_bytes": ("COLLECTIVES_SMALL_BYTES", DEFAULT_SMALL_BYTES, _byte_count,
                     lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_PAYLOAD_BYTES,
                     f"a byte count from 0 to {MAX_PAYLOAD_BYTES} (256K)"),

@@ -230,7 +230,7 @@ def test_a_program_that_finalizes_mpi_itself_exits_cleanly(how):
     ("bad-env", "CollectiveUsageError after [\\d.]+ s in first call: init: COLLECTIVES_TIMEOUT: expected a "
                 "positive number of seconds, got 'soon' \\(on rank 1; the runtime is not set up on any rank\\)"),
     ("huge-segment", "CollectiveUsageError after [\\d.]+ s in first call: init: COLLECTIVES_SEGMENT_BYTES: "
-                     "expected a byte count from 1 to 1073741824"),
+                     "expected a byte count from 0 \\(the defaults\\) to 1073741824"),
 ])
 def test_settings_are_agreed_at_setup_and_every_rank_raises_alike(what, expected):
     status, output, _ = _fault(3, "settings", what)

@@ -12,7 +12,7 @@ def test_byte_counts_take_the_bench_size_syntax(monkeypatch, raw, expected):
 
 
 @pytest.mark.parametrize("variable, raw, expected", [
-    ("COLLECTIVES_SEGMENT_BYTES", "2G", "COLLECTIVES_SEGMENT_BYTES: expected a byte count from 1 to 1073741824"),
+    ("COLLECTIVES_SEGMENT_BYTES", "2G", "COLLECTIVES_SEGMENT_BYTES: expected a byte count from 0 (the defaults) to 1073741824"),
     ("COLLECTIVES_SEGMENT_BYTES", "lots", "COLLECTIVES_SEGMENT_BYTES: expected a byte count"),
     ("COLLECTIVES_SMALL_BYTES", "512K", "COLLECTIVES_SMALL_BYTES: expected a byte count from 0 to 262144"),
     ("COLLECTIVES_CHECK", "yes", "COLLECTIVES_CHECK: expected True/False (environment: 1 or 0)"),

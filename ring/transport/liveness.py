@@ -29,6 +29,7 @@ import socket
 import struct
 import sys
 import termios
+import threading
 import weakref
 from typing import Sequence
 
@@ -61,6 +62,7 @@ class Liveness:
         self._poll = select.poll()
         self._by_fd: dict[int, tuple[int | None, socket.socket]] = {}
         self._said_goodbye = False
+        self._looking = threading.Lock()   # (a point-to-point wait and the engine's may look at once)
         _alive.add(self)
 
     def join(self, rank: int, hosts: Sequence[str], ports: Sequence[int]) -> None:
@@ -84,10 +86,15 @@ class Liveness:
     def check(self) -> dict[int, str]:
         """Look (without waiting) at every connection; return ``ended``: the ranks whose connection
         closed without a goodbye, each GONE (its process ended) or UNREACHABLE (its host is silent)."""
-        self._accept()
-        for fd, _ in self._poll.poll(0):
-            if fd in self._by_fd:
-                self._read(*self._by_fd[fd])
+        if not self._looking.acquire(blocking=False):
+            return self.ended   # another thread is looking right now
+        try:
+            self._accept()
+            for fd, _ in self._poll.poll(0):
+                if fd in self._by_fd:
+                    self._read(*self._by_fd[fd])
+        finally:
+            self._looking.release()
         return self.ended
 
     def ping(self) -> None:

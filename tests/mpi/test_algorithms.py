@@ -25,7 +25,7 @@ def algorithm(request):
     runtime.algorithm = request.param
     yield request.param
     runtime.algorithm = "auto"
-    col.init(segment_bytes=col.world.DEFAULT_SEGMENT_BYTES)
+    col.init(segment_bytes=0)   # (the defaults)
 
 
 @pytest.mark.parametrize("op, dtype", [("sum", "float64"), ("max", "int32"), ("avg", "float32"),

@@ -51,10 +51,11 @@ def same_on_every_rank(result) -> bool:
 
 @pytest.fixture(autouse=True, params=[None, 96], ids=["default-segments", "96-byte-segments"])
 def segment_size(request):
-    """Default segments (lockstep for these sizes) and tiny ones (the pipelined executor)."""
-    segment_bytes = request.param or col.world.DEFAULT_SEGMENT_BYTES
-    col.init(segment_bytes=segment_bytes)
-    yield segment_bytes
+    """Default segments (lockstep for these sizes) and tiny ones (the pipelined executor); the
+    defaults again after (the next module's calls must not crawl in 96-byte messages)."""
+    col.init(segment_bytes=request.param or 0)
+    yield request.param or col.world.DEFAULT_SEGMENT_BYTES
+    col.init(segment_bytes=0)
 
 
 def _close(result, expected, dtype, op):

@@ -128,4 +128,4 @@ def test_the_largest_segment_does_not_allocate_beyond_the_data():
         pool = arrays._scratch_pools.__dict__
         assert all(buf.nbytes <= x.nbytes for buf in pool.values()), {k: b.nbytes for k, b in pool.items()}
     finally:
-        col.init(segment_bytes=col.world.DEFAULT_SEGMENT_BYTES)
+        col.init(segment_bytes=0)   # (the defaults)
