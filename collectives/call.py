@@ -268,10 +268,7 @@ def _failure(g: Group, name: str, error: TransportError) -> CollectiveError:
     if runtime.failure is not None:   # stopped from outside the call (see progress.Engine.stop)
         return CollectiveError(f"{where} was stopped: {runtime.failure}")
     detail = f"{error}; {_census(g)}" if isinstance(error, TransportTimeout) else str(error)
-    runtime.failure = f"{where}: {detail}"
-    runtime.failed_by_peer = True
-    runtime.root_cause = getattr(error, "root", None)
-    runtime.dead_rank = getattr(error, "dead", None)
+    runtime.note_failure(f"{where}: {detail}", error, by_peer=True)
     return CollectiveError(runtime.failure)
 
 

@@ -114,10 +114,7 @@ def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
         if runtime.failure is not None:   # stopped meanwhile, by a collective's failure or a wait's timeout
             raise CollectiveError(f"{what} on {g.where()} was stopped: {runtime.failure}") from e
         g.abandon()
-        runtime.failure = f"{what} on {g.where()}: {e}"
-        runtime.failed_by_peer = isinstance(e, (TransportTimeout, PeerLost))
-        runtime.root_cause = getattr(e, "root", None)
-        runtime.dead_rank = getattr(e, "dead", None)
+        runtime.note_failure(f"{what} on {g.where()}: {e}", e, by_peer=isinstance(e, (TransportTimeout, PeerLost)))
         raise CollectiveError(runtime.failure) from e
 
 

@@ -14,9 +14,8 @@ rank raises the same CollectiveUsageError naming the setting and each rank's val
     accepted. Default: 4 MiB among ranks of one host, 1 MiB where a call's ranks span
     hosts (over TCP, 4 MiB messages lost the two-level all-reduce its gain at 64 MiB:
     the README's "Running on several hosts"); a value given applies to both, 0 restores
-    the defaults. Bounds the
-    receive scratch to two segments (and to the data) and sets how finely reduction
-    overlaps transfer.
+    the defaults. Bounds the receive scratch to two segments (and to the data) and sets
+    how finely reduction overlaps transfer.
 ``COLLECTIVES_SMALL_BYTES`` / ``small_bytes``
     The largest call that may take recursive doubling (the latency path, whose messages
     carry the whole buffer and the cross-rank check); below it the cost model chooses
@@ -123,14 +122,21 @@ class Runtime:
                 found = "ring"
             else:
                 found = cost.choose(op, n, nbytes, segment_bytes=self.segment_bytes or DEFAULT_SEGMENT_BYTES,
-                                    check=self.check,
-                                    doubling_bytes=self.small_bytes)
+                                    check=self.check, doubling_bytes=self.small_bytes)
             self._choices[key] = found
         return found
 
     def forget_choices(self) -> None:
         """After a change of settings: choose again (on every rank alike, as they change together)."""
         self._choices.clear()
+
+    def note_failure(self, failure: str, error: BaseException, by_peer: bool) -> None:
+        """This rank is out of step because of ``failure``; ``by_peer``: another rank caused it.
+        Where ``error`` says a rank died, keep the root cause and that rank to pass on at exit."""
+        self.failure = failure
+        self.failed_by_peer = by_peer
+        self.root_cause = getattr(error, "root", None)
+        self.dead_rank = getattr(error, "dead", None)
 
     def segment_elems(self, dtype: np.dtype, transport=None) -> int:
         """The ring's segment in elements of ``dtype`` on ``transport``: the setting, else (0, the

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from ring.transport.mpi import _process_state
 from tests.test_edges import OWN_OUTPUT, _read
 from tests.worlds import ROOT, mpiexec
 
@@ -196,11 +197,7 @@ def _vanish(host: int) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
+    return _process_state(pid) is None   # (a zombie counts as ended)
 
 
 @pytest.mark.parametrize("netmod", NETMODS)

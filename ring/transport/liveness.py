@@ -132,11 +132,14 @@ class Liveness:
                 pass
 
     def close(self) -> None:
-        for connection in [self._listener, *self._watched.values(), *self._unnamed]:
+        for connection in self._sockets():
             connection.close()
         self._watched.clear()
         self._unnamed.clear()
         self._by_fd.clear()
+
+    def _sockets(self) -> list[socket.socket]:
+        return [self._listener, *self._watched.values(), *self._unnamed]
 
     def _watch(self, peer: int | None, connection: socket.socket) -> None:
         connection.setblocking(False)
@@ -203,7 +206,7 @@ def _close_in_child() -> None:
     """A forked child (a data loader's worker) must not hold this rank's connections open: its
     watchers would not see the rank die while the child lives."""
     for liveness in list(_alive):
-        for connection in [liveness._listener, *liveness._watched.values(), *liveness._unnamed]:
+        for connection in liveness._sockets():
             try:
                 os.close(connection.detach())
             except OSError:

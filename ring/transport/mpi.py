@@ -268,9 +268,9 @@ class MPITransport:
         its ping (see ``ring.transport.liveness``); from then on they count as dead."""
         if self.liveness is None:
             return []
-        silent = set(self.liveness.silent())
-        found = [peer for peer in range(self.size) if self.names[peer] in silent
-                 or self.liveness.ended.get(self.names[peer]) == liveness_watch.UNREACHABLE]
+        self.liveness.silent()   # (counts those it finds in ``ended``)
+        found = [peer for peer in range(self.size)
+                 if self.liveness.ended.get(self.names[peer]) == liveness_watch.UNREACHABLE]
         self.dead.update(found)
         return [self.names[p] for p in found]
 
@@ -638,7 +638,7 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None) -> tupl
         raise ValueError(f"setup record of {len(record)} bytes; at most {_SETUP_RECORD_BYTES}")
     deadline = time.monotonic() + timeout
     comm, request = (comm or MPI.COMM_WORLD).Idup()   # a private duplicate: our messages never match the user's
-    _wait_setup(request, deadline, "make the runtime's communicator", comm)
+    _wait_setup([request], deadline, "make the runtime's communicator", comm)
     liveness = liveness_watch.Liveness()
     host = socket.gethostname().encode()[:200]
     mine = np.zeros(16 + 256 + _SETUP_RECORD_BYTES, np.uint8)
@@ -647,7 +647,7 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None) -> tupl
     mine[272:272 + len(record)] = np.frombuffer(record, np.uint8)
     every = np.empty((comm.Get_size(), mine.size), np.uint8)
     try:
-        _wait_setup(comm.Iallgather(mine, every), deadline, "exchange the settings", comm, mine, every)
+        _wait_setup([comm.Iallgather(mine, every)], deadline, "exchange the settings", comm, mine, every)
     except TransportError:
         liveness.close()
         raise
@@ -670,17 +670,7 @@ def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadl
     empty = np.zeros(0, np.uint8)
     requests = [comm.Irecv([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
     requests += [comm.Isend([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
-    _wait_setup(_AllRequests(requests), deadline, "connect to the ranks on other hosts", empty)
-
-
-class _AllRequests:
-    """Several requests as one, for _wait_setup."""
-
-    def __init__(self, requests: list[MPI.Request]):
-        self.requests = requests
-
-    def Test(self) -> bool:
-        return _testall(self.requests)
+    _wait_setup(requests, deadline, "connect to the ranks on other hosts", empty)
 
 
 def _pause(waited: float, spin_seconds: float, background: bool = False) -> None:
@@ -702,13 +692,13 @@ def _pause(waited: float, spin_seconds: float, background: bool = False) -> None
 _unfinished_setups: list = []   # requests of a setup that timed out, kept with their buffers for good
 
 
-def _wait_setup(request: MPI.Request, deadline: float, what: str, *buffers: Any) -> None:
+def _wait_setup(requests: list[MPI.Request], deadline: float, what: str, *buffers: Any) -> None:
     started = time.monotonic()
-    while not request.Test():
+    while not _testall(requests):
         now = time.monotonic()
         if now >= deadline:
             # A nonblocking collective cannot be cancelled: keep it, and what it writes into, alive.
-            _unfinished_setups.append((request, buffers))
+            _unfinished_setups.append((requests, buffers))
             raise TransportTimeout(-1, now - started, f"every rank to {what} (a rank has not called "
                                                       "into the runtime yet, or will not)")
         _pause(now - started, 0.0)
