@@ -7,7 +7,7 @@ setup(
     description="Bandwidth-optimal ring collectives over MPI and NCCL, with a data-parallel trainer",
     python_requires=">=3.10",
     packages=find_packages(include=["ring", "ring.*", "collectives", "collectives.*",
-                                    "trainer", "trainer.*", "bench", "bench.*"]),
+                                    "trainer", "trainer.*", "bench", "bench.*", "cmdline"]),
     package_data={"trainer": ["data/*.npz", "data/*.md"]},
     install_requires=["numpy>=1.24", "mpi4py>=4.0"],
     extras_require={

@@ -29,18 +29,13 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as col
-from collectives.cli import ArgumentParser, launch_note
-from collectives.world import world
-from ring.transport.base import TransportError
-from ring.transport.mpi import usable_cores
+from cmdline.cores import THREAD_VARIABLES
+from cmdline.parser import ArgumentParser, launch_note
 from bench import model
 from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, Case, nccl_supports
 from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
 from bench.sizes import format_size, parse_size, sweep
 from bench.timing import copy_bandwidth, default_iterations, stop_on_ctrl_c, time_interleaved
-
-_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
 
 def _size(text: str) -> int:
     try:
@@ -144,38 +139,28 @@ def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
     """For --device cuda: cupy with this rank's GPU current, NCCL's own communicator (if timed)
     and what to report about them. Every rank reaches the same verdict, so none is left waiting."""
     import cupy
+    from cupy.cuda import nccl
 
-    from ring.transport import device as device_transports, nccl as nccl_transport
-    host = world().transport
     try:
-        if "nccl" in impls:   # NCCL's own collectives need NCCL on every rank, whatever the ring uses
-            device_transports.agree(host, None, "nccl")
         gpu = col.use_local_gpu()
-    except (device_transports.Unavailable, col.CollectiveError) as e:
+        communicator = col.nccl_communicator() if "nccl" in impls else None   # (NCCL on every rank, or none)
+    except col.CollectiveError as e:
         if comm.Get_rank() == 0:
             hint = " (--impl ring times the ring alone)" if "NCCL cannot" in str(e) else ""
             print(f"python -m bench: error: --device cuda: {e}{hint}", file=sys.stderr, flush=True)
         raise SystemExit(2) from e
-    communicator = nccl_transport.connect(host).comm if "nccl" in impls else None
-    try:
-        nccl_version = str(nccl_transport.version())
-    except TransportError:
-        nccl_version = "none"
-    ring_transport = world().device_transport
     facts = {"gpu": cupy.cuda.runtime.getDeviceProperties(gpu)["name"].decode(),
-             "cupy": cupy.__version__, "nccl": nccl_version,
-             "gpu_transport": type(ring_transport).__name__ + (f" ({ring_transport.why_staged})"
-                                                               if ring_transport.why_staged else "")}
+             "cupy": cupy.__version__, "nccl": str(nccl.get_version()), "gpu_transport": col.gpu_transport()}
     return cupy, communicator, facts
 
 
 def environment(comm: MPI.Comm, device: str) -> dict:
     """Where these figures come from (printed, and written into the JSON and CSV)."""
-    w = world().runtime
+    settings = col.settings()
     hosts = sorted(set(comm.allgather(MPI.Get_processor_name())))
     return {
         "ranks_per_host": comm.allreduce(col.local_size(), op=MPI.MAX),
-        "usable_cpus": comm.allreduce(usable_cores(), op=MPI.MIN),
+        "usable_cpus": comm.allreduce(len(os.sched_getaffinity(0)), op=MPI.MIN),
         "device": device,
         "n": comm.Get_size(),
         "hosts": ",".join(hosts),
@@ -185,11 +170,11 @@ def environment(comm: MPI.Comm, device: str) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus_per_host": os.cpu_count(),
-        "threads": " ".join(f"{v}={os.environ.get(v, 'unset')}" for v in _THREAD_VARIABLES),
-        "segment_bytes": w.segment_bytes,
-        "small_bytes": w.small_bytes,
-        "check": w.check,
-        "algorithm": w.algorithm,
+        "threads": " ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES),
+        "segment_bytes": settings.segment_bytes,
+        "small_bytes": settings.small_bytes,
+        "check": settings.check,
+        "algorithm": settings.algorithm,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python -m bench " + " ".join(sys.argv[1:]),
     }

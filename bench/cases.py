@@ -30,7 +30,6 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as col
-from ring import arrays
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 REDOPS = ("sum", "avg", "min", "max", "prod")
@@ -94,6 +93,7 @@ class Case:
                  xp: ModuleType = np, nccl_comm: Any = None, group: col.Group | None = None):
         self.comm, self.op, self.redop, self.root = comm, op, redop, root
         self.group = group   # where the ring runs (None: the world), the same ranks as ``comm``
+        self.algorithm: str | None = None   # the one the ring's calls force (None: the runtime's choice)
         self.xp, self.nccl_comm = xp, nccl_comm
         self.on_device = xp is not np
         self.dtype = np.dtype(dtype)
@@ -144,23 +144,23 @@ class Case:
 
     def synchronize(self) -> None:
         """Wait until the work queued on this rank's GPU is done (what the timings include)."""
-        arrays.synchronize(self.expected)
+        col.synchronize(self.expected)
 
 
 def _ring_allreduce(c: Case) -> np.ndarray:
-    return col.allreduce(c.x, c.redop, out=c.out, group=c.group)
+    return col.allreduce(c.x, c.redop, out=c.out, group=c.group, algorithm=c.algorithm)
 
 
 def _ring_reduce_scatter(c: Case) -> np.ndarray:
-    return col.reduce_scatter(c.x, c.redop, out=c.out, group=c.group)
+    return col.reduce_scatter(c.x, c.redop, out=c.out, group=c.group, algorithm=c.algorithm)
 
 
 def _ring_allgather(c: Case) -> np.ndarray:
-    return col.allgather(c.x, out=c.out, group=c.group)
+    return col.allgather(c.x, out=c.out, group=c.group, algorithm=c.algorithm)
 
 
 def _ring_broadcast(c: Case) -> np.ndarray:
-    return col.broadcast(c.x, root=c.root, group=c.group)
+    return col.broadcast(c.x, root=c.root, group=c.group, algorithm=c.algorithm)
 
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}

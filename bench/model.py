@@ -25,7 +25,6 @@ from bench.cases import Case, bus_factor
 from bench.report import GB
 from bench.sizes import format_size, sweep
 from bench.timing import stop_on_ctrl_c, time_interleaved
-from collectives.world import DEFAULT_SEGMENT_BYTES, world
 from ring import cost
 
 #: The world sizes and buffer sizes of the predictions.
@@ -62,21 +61,22 @@ def parse_hosts(text: str) -> tuple[int, int]:
 
 
 class _Forced(Case):
-    """A case whose implementations are the algorithms: ``run("halving")`` forces it for that call,
-    as COLLECTIVES_ALGORITHM would, so the algorithms of one size run interleaved like the bench's."""
+    """A case whose implementations are the algorithms: ``run("halving")`` forces it for that call
+    (``algorithm=``), so the algorithms of one size run interleaved like the bench's."""
 
     def run(self, algorithm: str):
-        runtime = world().runtime
-        runtime.algorithm = algorithm
-        try:
-            return super().run("ring")
-        finally:
-            runtime.algorithm = "auto"
+        self.algorithm = algorithm
+        return super().run("ring")
+
+    def candidates(self) -> list[str]:
+        """The algorithms that can carry this call (an all-gather chooses for every rank's rows and
+        counts: see ``collectives.dispatch.allgather``)."""
+        nbytes = self.nbytes + 16 * self.n if self.op == "allgather" else self.nbytes
+        return list(cost.candidates(self.op, nbytes, col.settings().small_bytes))
 
 
 def measure(comm: MPI.Comm, args: argparse.Namespace) -> list[dict]:
     """Step 1 of the module: one row per (k, collective, algorithm, size) with the median seconds."""
-    runtime = world().runtime
     rows = []
     for k in range(2, comm.Get_size() + 1):
         inside = comm.Get_rank() < k
@@ -89,10 +89,10 @@ def measure(comm: MPI.Comm, args: argparse.Namespace) -> list[dict]:
                     if case.count == 0:
                         continue
                     iters = args.iters or max(5, min(200, (64 << 20) // case.nbytes))
-                    algorithms = list(cost.candidates(op, case.nbytes, runtime.small_bytes))
-                    timings = time_interleaved(sub, case, algorithms, iters, max(1, iters // 10))
+                    timings = time_interleaved(sub, case, case.candidates(), iters, max(1, iters // 10))
+                    chosen = col.algorithm_for(op, case.x, group=group)
                     rows += [{"n": k, "op": op, "algorithm": a, "bytes": case.nbytes, "seconds": t.seconds,
-                              "wrong": t.wrong} for a, t in timings.items()]
+                              "wrong": t.wrong, "chosen": chosen} for a, t in timings.items()]
             sub.Free()
         comm.Barrier()
     return rows
@@ -134,7 +134,7 @@ def report(rows: list[dict], costs: cost.Costs, args: argparse.Namespace, segmen
                                  check=check)
         error = (predicted - r["seconds"]) / r["seconds"] * 100
         errors.setdefault(r["n"], []).append(abs(error))
-        chosen = world().runtime.algorithm_for(r["op"], r["n"], r["bytes"])
+        chosen = r["chosen"]
         best = min((s for s in rows if (s["n"], s["op"], s["bytes"]) == (r["n"], r["op"], r["bytes"])),
                    key=lambda s: s["seconds"])["algorithm"]
         mark = "" if r["algorithm"] != chosen else ("chosen, fastest" if chosen == best else "chosen")
@@ -192,7 +192,8 @@ def _seconds(t: float) -> str:
 
 def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
     col.init()
-    runtime = world().runtime
+    settings = col.settings()
+    segment_bytes = settings.segment()
     try:
         with stop_on_ctrl_c():   # every rank stops at the same call (see bench.timing)
             rows = measure(comm, args)
@@ -201,9 +202,9 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
             print("# interrupted (Ctrl-C): nothing fitted", flush=True)
         return 130
     if comm.Get_rank() == 0:
-        costs = fit(rows, runtime.segment_bytes or DEFAULT_SEGMENT_BYTES, runtime.check)
+        costs = fit(rows, segment_bytes, settings.check)
         print(f"# {' '.join(['python -m bench', *args.argv])}")
         print(f"# the first k ranks of {comm.Get_size()} for k = 2..{comm.Get_size()}; {args.dtype} {args.redop}; "
               f"{', '.join(args.model_ops)}; {format_size(args.min_bytes)}..{format_size(args.max_bytes)}")
-        report(rows, costs, args, runtime.segment_bytes or DEFAULT_SEGMENT_BYTES, runtime.check)
+        report(rows, costs, args, segment_bytes, settings.check)
     return 1 if any(r["wrong"] for r in rows) else 0

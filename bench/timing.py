@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.cases import Case
-from ring import arrays
+import collectives as col
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,12 @@ def copy_bandwidth(comm: MPI.Comm, nbytes: int = 64 << 20, repeats: int = 10, xp
     if comm.Get_rank() == 0:
         source, target = xp.ones(nbytes, np.uint8), xp.empty(nbytes, np.uint8)
         xp.copyto(target, source)    # first touch: page faults are not copying
-        arrays.synchronize(target)
+        col.synchronize(target)
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
             xp.copyto(target, source)
-            arrays.synchronize(target)
+            col.synchronize(target)
             times.append(time.perf_counter() - start)
         result[0] = nbytes / float(np.median(times))
     everyone_here = comm.Ibarrier()

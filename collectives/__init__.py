@@ -8,20 +8,27 @@
 >>> rows = col.split(col.rank() // 2)               # groups: collectives on subsets  # doctest: +SKIP
 >>> rows.allreduce(grads)                           # doctest: +SKIP
 
-See ``collectives.api`` for each call, ``collectives.group`` for groups and ``collectives.world``
-for the settings.
+The layers, each importing only those below it: ``api`` (these functions: the world's
+methods) -> ``group`` (a Group runs collectives) -> ``dispatch`` (each collective's body) ->
+``call`` (the frame: turn, check, errors) -> ``runtime``, ``progress``, ``settings`` -> ``ring``.
+``world`` sets the world up and ``leaving`` sees the process out.
 """
 from collectives import timeline
-from collectives.api import (allgather, allreduce, allreduce_many, barrier, broadcast, destroy, new_group,
-                             reduce_scatter, split, use_local_gpu)
+from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many, barrier, block_bounds, broadcast,
+                             destroy, gpu_transport, nccl_communicator, new_group, reduce_scatter, split,
+                             synchronize, to_host, use_local_gpu)
 from collectives.errors import CollectiveError, CollectiveUsageError
-from collectives.group import Group, NonMember
+from collectives.group import Group
+from collectives.leaving import abort   # (and its exit handlers, registered at import)
+from collectives.membership import NonMember
 from collectives.p2p import Request, irecv, isend, recv, send, wait_all
 from collectives.progress import Work
-from collectives.world import abort, init, local_rank, local_size, rank, size
+from collectives.config import Settings
+from collectives.world import init, local_rank, local_size, rank, settings, size
 
-__all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "use_local_gpu", "allreduce", "allreduce_many",
-           "reduce_scatter", "allgather", "broadcast", "barrier", "new_group", "split", "destroy", "Group", "NonMember",
+__all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "settings", "Settings", "use_local_gpu", "gpu_transport", "nccl_communicator",
+           "allreduce", "allreduce_many", "reduce_scatter", "allgather", "broadcast", "barrier",
+           "new_group", "split", "destroy", "Group", "NonMember", "algorithm_for", "block_bounds",
            "send", "recv", "isend", "irecv", "wait_all", "Request",
-           "Work", "timeline",
+           "Work", "timeline", "to_host", "synchronize",
            "CollectiveError", "CollectiveUsageError"]

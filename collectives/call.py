@@ -1,6 +1,6 @@
-"""One collective call: its sequence number and deadline, the cross-rank check, and its errors.
+"""One collective call: its frame (turn, deadline, errors), the cross-rank check, and its failure.
 
-Every public collective starts with :func:`begin` and is wrapped in :func:`collective`:
+Every collective of a ``Group`` is :func:`issue`\\ d with its body (``collectives.dispatch``):
 
 * Before data moves, the ranks compare signatures (``collectives.signature``) by
   recursive doubling (``ring.doubling``): on any difference every rank raises the
@@ -9,10 +9,10 @@ Every public collective starts with :func:`begin` and is wrapped in :func:`colle
   waiting for it. ``COLLECTIVES_CHECK=0`` (or ``init(check=False)``) skips the
   check on the large-message path; the small-message path carries it for free.
 * Every wait ends by the call's deadline (``timeout=`` or ``COLLECTIVES_TIMEOUT``),
-  or when a rank the call needs has left (its farewell) or died on this host:
-  CollectiveError names the collective, its sequence number and the rank at fault,
-  or after a timeout which call every other rank is in. Any other exception inside
-  a call (Ctrl-C's KeyboardInterrupt, MemoryError) cancels what the call had posted.
+  or when a rank the call needs has left (its farewell) or died: CollectiveError
+  names the collective, its sequence number and the rank at fault, or after a
+  timeout which call every other rank is in. Any other exception inside a call
+  (Ctrl-C's KeyboardInterrupt, MemoryError) cancels what the call had posted.
   After either, the runtime refuses further calls, since the ranks are no longer in step.
 * Calls run one at a time per process, in the order they were issued, through the
   progress engine (``collectives.progress``): blocking ones in the caller's thread,
@@ -21,96 +21,104 @@ Every public collective starts with :func:`begin` and is wrapped in :func:`colle
   another order on another rank raise CollectiveUsageError instead of mixing data.
 * Floating-point reductions follow IEEE rules (overflow gives inf) whatever
   ``np.seterr`` says, and print no warnings: the same on every rank.
+
+What a call costs here is counted by ``scripts/call_budget.py``: the frame takes what it needs
+once (the deadline, the issuing thread) and pays for the timeline, the options and the
+floating-point guard only when they are in use.
 """
 from __future__ import annotations
 
 import functools
 import threading
-import time
 from threading import get_ident, main_thread
-from typing import Callable, NoReturn, TypeVar
+from time import monotonic, perf_counter
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
 from collectives import timeline, validate
 from collectives.errors import CollectiveError, CollectiveUsageError
-from collectives.signature import disagreement, signature as make_signature
-from collectives import world as _worlds
-from collectives.group import Group, NonMember
 from collectives.progress import Work
-from collectives.world import world
-from ring import arrays, doubling
+from collectives.signature import disagreement, template
+from ring import arrays, cost, doubling
 from ring.transport.base import TransportError, TransportTimeout
 
-F = TypeVar("F", bound=Callable)
 _PROBLEM_BYTES = 512
 _MAIN_THREAD = main_thread().ident
 _ROLL_CALL_GRACE = 1.0   # seconds the ranks that timed out spend finding out which others are here too
+_REDUCTIONS = frozenset(("allreduce", "allreduce_many", "reduce_scatter"))   # (the floating-point guard)
 
 
 class Call:
-    """The state of one call of one collective on this rank, on ``group``."""
+    """One call of collective ``name`` on ``group`` on this rank: its sequence number (the group's
+    count of calls, the same on every member in step), its deadline (set on the group's
+    transports), what it forces (``forced``: ``algorithm=``) and, once chosen, what it runs."""
 
-    def __init__(self, group: Group, name: str, timeout: object, call_name: object = None):
+    __slots__ = ("group", "runtime", "name", "seq", "call_name", "thread", "forced", "algorithm", "nbytes")
+
+    def __init__(self, group, name: str, timeout: object, call_name: object = None, forced: object = None,
+                 thread: str = ""):
         self.group = group
         runtime = self.runtime = group.runtime
         self.name = name
-        self.call_name = call_name if isinstance(call_name, str) else ""   # (a bad one is a usage error)
-        self.thread = _issuer   # the name of the thread that issued the call ("" for the main thread)
-        self.nbytes = 0         # the bytes this rank brings (for the timeline)
-        group.seq += 1
-        self.seq = group.seq
+        self.call_name = call_name if type(call_name) is str else ""   # (a bad one is a usage error)
+        self.forced = forced if type(forced) is str else None        # (likewise)
+        self.thread = thread   # the name of the thread that issued the call ("" for the main thread)
+        self.algorithm = ""    # the algorithm it runs, once chosen
+        self.nbytes = 0        # the bytes this rank brings (for the timeline)
+        seq = self.seq = group.seq = group.seq + 1
         runtime.current = self
-        seconds = runtime.timeout if timeout is None or not validate.is_timeout(timeout) else timeout
-        deadline = time.monotonic() + seconds
         if runtime.failure is not None:   # stopped meanwhile (see progress.Engine.stop): fail at the first poll
             deadline = float("-inf")
-        group.transport.deadline = deadline
-        group.transport.seq = group.seq
-        for level in group.levels or ():
-            level.deadline = deadline
+        else:
+            deadline = monotonic() + (runtime.timeout if timeout is None or not validate.is_timeout(timeout)
+                                      else timeout)
+        transport = group.transport
+        transport.deadline, transport.seq = deadline, seq
+        if group.levels is not None:
+            for level in group.levels:
+                level.deadline = deadline
 
     def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,
                   memory: str = "") -> bytes:
         """This call's signature (see ``collectives.signature``): these fields plus the collective,
-        the sequence number, the caller's ``name=``, and the issuing thread's name ("" for the main
-        thread, which costs single-threaded programs nothing)."""
-        if dtype is not None and shape is not None and timeline.current is not None:
-            self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return make_signature(self.name, self.seq, op, dtype, shape, root, False, memory, self.call_name,
-                              self.thread)
+        the sequence number, the caller's ``name=``, the issuing thread's name ("" for the main
+        thread) and the algorithm it forces."""
+        return template(self.name, op, dtype, shape, root, False, memory, self.call_name, self.thread,
+                        self.forced or "") % self.seq
 
     def agree(self, signature: bytes, always: bool = False) -> None:
         """Check that every rank makes this same call; raise on every rank if not. Skipped when the
         check is off (COLLECTIVES_CHECK=0), unless ``always`` (the exchange is the call's own work,
         or what follows blocks inside MPI and needs every rank known to be there)."""
         if always or self.runtime.check:
-            self.settle(doubling.agree(self.group.transport, signature), signature)
+            if not doubling.agree(self.group.transport, signature):
+                self.disagree(signature)
 
-    def settle(self, agreed: bool, signature: bytes, problem: str = "") -> None:
-        """After an agreement round: return if it agreed, else raise the same error on every rank."""
-        if agreed:
-            return
+    def disagree(self, signature: bytes, problem: str = "") -> NoReturn:
+        """After an agreement round that did not agree: raise the same error on every rank."""
         packed = signature.ljust(doubling.SIGNATURE_BYTES, b"\0")
         text = problem.encode()[:_PROBLEM_BYTES].ljust(_PROBLEM_BYTES, b"\0")
-        every = self.group.transport.allgather_bytes(packed + text)
+        g = self.group
+        every = g.transport.allgather_bytes(packed + text)
         signatures = [row[:doubling.SIGNATURE_BYTES] for row in every]
         problems = [row[doubling.SIGNATURE_BYTES:].rstrip(b"\0").decode(errors="replace") for row in every]
         for r, other in enumerate(problems):
             if other:
-                raise CollectiveUsageError(f"{other} (on rank {self.group.ranks[r]}; this call was abandoned on "
-                                           f"every rank{' of the ' + self.group.label if self.group.label else ''})")
-        raise CollectiveUsageError(disagreement(self.name, signatures, self.group.ranks, self.group.label))
+                raise CollectiveUsageError(f"{other} (on rank {g.ranks[r]}; this call was abandoned on "
+                                           f"every rank{' of the ' + g.label if g.label else ''})")
+        raise CollectiveUsageError(disagreement(self.name, signatures, g.ranks, g.label))
 
     def reject(self, error: CollectiveUsageError) -> NoReturn:
         """Raise this rank's usage ``error``; with the check on, first share it so every rank raises
-        instead of waiting for this one (every collective validates in ``try: ... except
+        instead of waiting for this one (every body validates in ``try: ... except
         CollectiveUsageError as error: call.reject(error)``). With the check off the other ranks
         cannot be told: they go on waiting, so this rank stops the runtime (out of step)."""
         if self.runtime.check:
-            signature = make_signature(self.name, self.seq, rejected=True)
+            signature = template(self.name, "", None, None, -1, True, "", "", "", "") % self.seq
             try:
-                self.settle(doubling.agree(self.group.transport, signature), signature, str(error))
+                if not doubling.agree(self.group.transport, signature):
+                    self.disagree(signature, str(error))
             except CollectiveUsageError:
                 pass   # this rank raises its own, more precise error
         else:
@@ -118,85 +126,62 @@ class Call:
                                     f"COLLECTIVES_CHECK=0, so the other ranks were not told: {error}")
         raise error
 
-
-def begin(name: str, group: Group | None = None, timeout: object = None, call_name: object = None) -> Call:
-    """Start a call of collective ``name`` on ``group`` (None: the world): take the group's next
-    sequence number, set the deadline. ``call_name`` is the caller's ``name=`` for it (checked
-    by ``validate.call_name``).
-
-    An invalid ``timeout`` is reported by ``collectives.validate.timeout`` inside the
-    call, so that it is shared like any usage error; until then the default applies.
-    """
-    g = group if group is not None else _worlds._world   # (set up by the call's frame, see collective)
-    refuse_if_stopped(name, g.runtime)
-    return Call(g, name, timeout, call_name)
-
-
-def refuse_if_stopped(name: str, runtime) -> None:
-    """Raise CollectiveError for call ``name`` if the runtime has stopped on this rank after a failure."""
-    if runtime.failure is not None:
-        raise CollectiveError(f"{name}: the runtime stopped after an earlier failure ({runtime.failure}); "
-                              "the ranks are no longer in step, so end the job and restart it")
+    def check_options(self, timeout: object, call_name: object, algorithm: object) -> None:
+        """The options every collective takes, when given: ``timeout=``, ``name=``, ``algorithm=``
+        (one of the collective's algorithms in ``ring.cost.ALGORITHMS``, or "hierarchical" for an
+        all-reduce on a group that spans hosts)."""
+        try:
+            validate.timeout(self.name, timeout)
+            validate.call_name(self.name, call_name)
+            if algorithm is not None:
+                of = "allreduce" if self.name == "allreduce_many" else self.name
+                known = cost.ALGORITHMS.get(of, ()) + (("hierarchical",) if of == "allreduce" else ())
+                if algorithm not in known:
+                    validate.fail(self.name, "algorithm", f"expected None (the runtime's choice) or one of "
+                                                          f"{', '.join(map(repr, known))}, got {algorithm!r}"
+                                  if known else f"{self.name} has no algorithm to choose, got {algorithm!r}")
+        except CollectiveUsageError as error:
+            self.reject(error)
 
 
-def collective(name: str) -> Callable[[F], F]:
-    """Mark a public collective: it runs through this rank's progress engine (``collectives.progress``)
-    in issue order, at once or, with ``async_op=True``, in the background behind a ``Work`` handle;
-    one call at a time per process, IEEE floating point, and every way out of it accounted for
-    (see :func:`_frame`)."""
-    def decorate(fn: F) -> F:
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            g = _worlds._world or world(setup_timeout=kwargs.get("timeout"))
-            if kwargs.get("group") is not None:
-                g = kwargs["group"] = _member_group(name, kwargs["group"])
-            runtime = g.runtime
-            if runtime.threads_checked:
-                _check_thread(name)
-            issuer = "" if get_ident() == _MAIN_THREAD else threading.current_thread().name
-            async_op = kwargs.pop("async_op", False)
-            if async_op is True:
-                work = Work(name, functools.partial(_frame, g, name, fn, issuer, args, kwargs), runtime.engine)
-                return runtime.engine.submit(work, inline=_on_gpu(args))
-            body = fn if async_op is False else _refusal(name, CollectiveUsageError(
-                f"{name}: async_op: expected True or False, got {async_op!r}"))
-            return runtime.engine.run_now(_frame, g, name, body, issuer, args, kwargs)
-        return call
-    return decorate
+def issue(g, name: str, body: Callable, args: tuple, async_op: object = False, timeout: object = None,
+          call_name: object = None, algorithm: object = None) -> Any:
+    """Run ``body(call, *args)``, collective ``name`` on group ``g``, through this rank's progress
+    engine (``collectives.progress``) in issue order: at once, or with ``async_op=True`` in the
+    background behind a ``Work`` handle. One call at a time per process, IEEE floating point,
+    and every way out of it accounted for (see :func:`_frame`)."""
+    runtime = g.runtime
+    if g.destroyed:
+        raise CollectiveUsageError(f"{name}: group: {g.label} was destroyed (Group.destroy())")
+    if runtime.threads_checked:
+        _check_thread(name, runtime.threads_checked)
+    issuer = "" if get_ident() == _MAIN_THREAD else threading.current_thread().name
+    if async_op is False:
+        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)
+    if async_op is not True:
+        body = _refusal(CollectiveUsageError(f"{name}: async_op: expected True or False, got {async_op!r}"))
+        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)
+    job = functools.partial(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)
+    return runtime.engine.submit(Work(name, job, runtime.engine), inline=_on_gpu(args))
 
 
-_issuer = ""   # the issuing thread of the call being run (one runs at a time: see progress.Engine)
-
-
-def _member_group(name: str, group: object) -> Group:
-    """``group=``: a Group this rank belongs to; anything else is this rank's usage error (raised
-    here alone: the members of a group it is not in are not waiting for it)."""
-    if isinstance(group, NonMember):
-        raise group.refusal(name)
-    if not isinstance(group, Group):
-        raise CollectiveUsageError(f"{name}: group: expected a collectives.Group (from new_group or split) "
-                                   f"or None for the world, got {type(group).__name__}")
-    if group.runtime is not _worlds._world.runtime:
-        raise CollectiveUsageError(f"{name}: group: {group.label} belongs to another runtime")
-    if group.destroyed:
-        raise CollectiveUsageError(f"{name}: group: {group.label} was destroyed (Group.destroy())")
-    return group
-
-
-def _frame(g: Group, name: str, fn: Callable, issuer: str, args: tuple, kwargs: dict):
-    """Run one call of collective ``name`` on group ``g`` (the engine's turn is held, in whichever
-    thread).
+def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name: object, algorithm: object,
+           issuer: str) -> Any:
+    """Run one call (the engine's turn is held, in whichever thread).
 
     A transport failure becomes a CollectiveError that names the collective, its sequence
     number, this rank and the ranks at fault; it, and any exception that is not a usage
     error shared by every rank, stops the runtime on this rank."""
-    global _issuer
-    _issuer = issuer
     runtime = g.runtime
-    quiet = arrays.ieee_floating_point()
-    started = time.perf_counter() if timeline.current is not None else 0.0
+    if runtime.failure is not None:
+        raise stopped(name, runtime)
+    call = Call(g, name, timeout, call_name, algorithm, issuer)
+    quiet = arrays.ieee_floating_point() if name in _REDUCTIONS else None
+    started = perf_counter() if timeline.current is not None else 0.0
     try:
-        result = fn(*args, **kwargs)
+        if timeout is not None or call_name is not None or algorithm is not None:
+            call.check_options(timeout, call_name, algorithm)
+        result = body(call, *args)
     except CollectiveUsageError:
         if runtime.failure is None:
             g.completed = g.seq   # raised alike on every rank: still in step
@@ -208,33 +193,41 @@ def _frame(g: Group, name: str, fn: Callable, issuer: str, args: tuple, kwargs: 
         raise
     except BaseException as e:
         g.abandon()
-        runtime.failure = runtime.failure or f"{name} #{g.seq} on {g.where()} was interrupted by {_named(e)}"
+        runtime.failure = runtime.failure or f"{name} #{g.seq} on {g.where()} was interrupted by {named(e)}"
         raise
     else:
         g.completed = g.seq
         return result
     finally:
-        arrays.restore_floating_point(quiet)
+        if quiet is not None:
+            arrays.restore_floating_point(quiet)
         if started and timeline.current is not None:
-            _record(g, name, started)
+            _record(call, started)
 
 
-def _record(g: Group, name: str, started: float) -> None:
-    call = g.runtime.current
-    args = {"seq": g.seq, "bytes": call.nbytes if call is not None else 0}
-    if call is not None and call.call_name:
+def stopped(name: str, runtime) -> CollectiveError:
+    """The error for call ``name`` once the runtime has stopped on this rank after a failure."""
+    return CollectiveError(f"{name}: the runtime stopped after an earlier failure ({runtime.failure}); "
+                           "the ranks are no longer in step, so end the job and restart it")
+
+
+def _record(call: Call, started: float) -> None:
+    g = call.group
+    args = {"seq": call.seq, "bytes": call.nbytes}
+    if call.algorithm:
+        args["algorithm"] = call.algorithm
+    if call.call_name:
         args["name"] = call.call_name
     if g.label:
         args["group"] = g.label
-    timeline.add(timeline.COLLECTIVES, f"{name} #{g.seq}", started, time.perf_counter(), args)
+    timeline.add(timeline.COLLECTIVES, f"{call.name} #{call.seq}", started, perf_counter(), args)
 
 
-def _refusal(name: str, error: CollectiveUsageError) -> Callable:
+def _refusal(error: CollectiveUsageError) -> Callable:
     """A stand-in body for a call that is wrong before it starts (a bad ``async_op``): it raises
     ``error`` the way every collective raises a usage error, so every rank hears of it."""
-    def refuse(*args, group: Group | None = None, timeout: object = None, name: object = None, **kwargs):
-        begin(collective_name, group, timeout, name).reject(error)
-    collective_name = name
+    def refuse(call: Call, *args) -> NoReturn:
+        call.reject(error)
     return refuse
 
 
@@ -246,23 +239,22 @@ def _on_gpu(args: tuple) -> bool:
     return first is not None and not isinstance(first, np.ndarray) and arrays.is_array(first)
 
 
-def _check_thread(name: str) -> None:
-    """MPI was started without thread support (below MPI_THREAD_SERIALIZED): only its main thread may call."""
-    from mpi4py import MPI
-    if not MPI.Is_thread_main():
-        levels = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED"}
+def _check_thread(name: str, level: str) -> None:
+    """MPI was started with thread ``level`` below MPI_THREAD_SERIALIZED: only its main thread may call."""
+    if threading.current_thread() is not threading.main_thread():
         raise CollectiveUsageError(
             f"{name}: called from thread {threading.current_thread().name!r}, but MPI was started with "
-            f"{levels.get(MPI.Query_thread(), 'too little thread support')}, so only the main thread may "
-            "call it (let mpi4py start MPI with its default thread level, 'multiple')")
+            f"{level}, so only the main thread may call it (let mpi4py start MPI with its default thread "
+            "level, 'multiple')")
 
 
-def _named(error: BaseException) -> str:
+def named(error: BaseException) -> str:
+    """An exception as a failure names it: its type, and its text if any."""
     text = str(error)
     return type(error).__name__ + (f": {text}" if text else "")
 
 
-def _failure(g: Group, name: str, error: TransportError) -> CollectiveError:
+def _failure(g, name: str, error: TransportError) -> CollectiveError:
     where = f"{name} #{g.seq} on {g.where()}"
     runtime = g.runtime
     if runtime.failure is not None:   # stopped from outside the call (see progress.Engine.stop)
@@ -272,7 +264,7 @@ def _failure(g: Group, name: str, error: TransportError) -> CollectiveError:
     return CollectiveError(runtime.failure)
 
 
-def _census(g: Group) -> str:
+def _census(g) -> str:
     """After a timeout: which call of this group every other member is in, as far as they answer
     (see roll_call): ranks are world ranks, call numbers count this group's calls."""
     heard = g.transport.roll_call(_ROLL_CALL_GRACE)

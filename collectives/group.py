@@ -1,11 +1,12 @@
-"""Groups: collectives on a subset of the ranks, each subset with its own communicator.
+"""Groups: the object that runs collectives, on every rank or on a subset with its own communicator.
 
 A :class:`Group` is a set of ranks with its own communicator, sequence numbers and
-cross-rank check; the world is the group of every rank. ``new_group(ranks)`` and
-``split(color, key)`` (``collectives.api``) make others, and every collective runs on
-one: ``g.allreduce(x)`` or ``col.allreduce(x, group=g)``. Ranks inside a group are
-numbered 0..size()-1 in the group's order; ``g.ranks`` maps them back to world ranks,
-which is how error messages name ranks. A 2 x 2 layout of 4 ranks::
+cross-rank check, and every collective is one of its methods (as torch's ``ProcessGroup``
+and mpi4py's ``Comm``); the world is the group of every rank, and the module-level
+functions (``collectives.api``) are the world's methods. ``new_group(ranks)`` and
+``split(color, key)`` make others. Ranks inside a group are numbered 0..size()-1 in the
+group's order; ``g.ranks`` maps them back to world ranks, which is how error messages name
+ranks. A 2 x 2 layout of 4 ranks::
 
     world rank                0   1   2   3
     split(rank // 2)  group   A   A   B   B      rows: A = [0, 1], B = [2, 3]
@@ -16,38 +17,34 @@ which is how error messages name ranks. A 2 x 2 layout of 4 ranks::
 Calls on disjoint groups (A and B) run at the same time; a rank alternates between its
 groups (A, then C) in the order it issues the calls, which must be an order every rank
 of each group agrees with, as for MPI communicators. The settings, the progress engine
-and the failure state are the process's (``collectives.world.Runtime``): a failed call
+and the failure state are the process's (``collectives.runtime.Runtime``): a failed call
 on any group stops the runtime on that rank, since it is then out of step with some peers.
+
+Every collective takes ``timeout=`` (seconds, bounding its waiting), ``name=`` (a string, the
+same on every rank, that the cross-rank check compares too: ``allreduce(grads, name=f"step
+{step}")`` turns a rank that skipped a step into a CollectiveUsageError instead of results
+paired with the wrong step) and ``async_op=True`` (returns a ``Work``). The data collectives
+take ``algorithm=`` to force one algorithm for that call (``ring.cost.ALGORITHMS``; every rank
+must force the same, which the check compares). numpy arrays move over MPI; cupy arrays run the
+same ring over NCCL, or staged through host memory over MPI, with the reductions on the GPU, and
+return with their work queued on the current CuPy stream.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
-
+from collectives import dispatch, validate
+from collectives.call import Call, issue
 from collectives.errors import CollectiveError, CollectiveUsageError
-from ring.partition import chunk_bounds
+from collectives.membership import NonMember, describe
 from ring.transport import device as device_transports
-from ring.transport.base import Transport
-
-_SHOWN_MEMBERS = 8
-
-
-def describe(ranks: tuple[int, ...]) -> str:
-    """How messages name a group: its world ranks, or the first few and the count.
-
-    >>> describe((0, 2)), describe(tuple(range(64)))
-    ('group [0, 2]', 'group [0, 1, 2, 3, 4, 5, 6, 7, ... 64 ranks]')
-    """
-    if len(ranks) <= _SHOWN_MEMBERS:
-        return f"group {list(ranks)}"
-    return f"group [{', '.join(map(str, ranks[:_SHOWN_MEMBERS]))}, ... {len(ranks)} ranks]"
+from ring.transport.base import CommunicatorsExhausted, Transport
 
 
 class Group:
     """Ranks that make collectives together: ``rank()``, ``size()``, ``ranks`` (world ranks, in
-    the group's order) and every collective as a method (the same as the module-level one with
-    ``group=`` this group). ``root`` of a broadcast is a rank of the group.
+    the group's order) and every collective as a method. ``root`` of a broadcast is a rank of
+    the group.
 
     >>> rows = col.split(col.rank() // 2)          # on 4 ranks: [0, 1] and [2, 3]  # doctest: +SKIP
     >>> rows.ranks, rows.rank(), rows.size()       # on world rank 3                # doctest: +SKIP
@@ -83,6 +80,136 @@ class Group:
         me = f"rank {self.ranks[self.transport.rank]}"
         return f"{me} in {self.label}" if self.label else me
 
+    def __repr__(self) -> str:
+        name = "the world" if self.is_world else self.label
+        return f"<Group {name}: rank {self.rank()} of {self.size()}>"
+
+    # The collectives.
+
+    def allreduce(self, x, op: str = "sum", out=None, *, async_op: bool = False, timeout: float | None = None,
+                  name: str | None = None, algorithm: str | None = None) -> Any:
+        """Reduce ``x`` elementwise across the group's ranks; every rank gets the same bits.
+
+        ``op`` is "sum", "avg", "min", "max" or "prod". ``out=x`` reduces in place; without
+        ``out`` a new array is returned and ``x`` is not modified. The algorithm is the one the
+        cost model (``ring.cost``) predicts fastest for the size and the group: recursive
+        doubling for small buffers, Rabenseifner's halving and doubling in the middle, the
+        bandwidth-optimal ring for large ones, two levels across hosts ("hierarchical").
+
+        >>> col.allreduce(np.full(3, col.rank() + 1.0))       # on 3 ranks  # doctest: +SKIP
+        array([6., 6., 6.])
+        """
+        return issue(self, "allreduce", dispatch.allreduce, (x, op, out), async_op, timeout, name, algorithm)
+
+    def allreduce_many(self, arrays: list, op: str = "sum", *, async_op: bool = False,
+                       timeout: float | None = None, name: str | None = None, algorithm: str | None = None) -> Any:
+        """All-reduce every array in the list ``arrays`` in place, as one fused operation; returns ``arrays``.
+
+        Arrays of one dtype are packed into one buffer (Horovod's tensor fusion), so many small
+        gradients cost one ring, not one each; a dtype with a single contiguous array is reduced
+        where it lies. Any shapes; several dtypes are reduced one buffer per dtype, in order of
+        first appearance. The arrays must be writable, all numpy or all cupy, and share no memory.
+
+        >>> w, b = np.ones((2, 3)), np.arange(3.0)                       # doctest: +SKIP
+        >>> col.allreduce_many([w, b], op="avg")                         # doctest: +SKIP
+        """
+        return issue(self, "allreduce_many", dispatch.allreduce_many, (arrays, op), async_op, timeout, name,
+                     algorithm)
+
+    def reduce_scatter(self, x, op: str = "sum", out=None, *, async_op: bool = False,
+                       timeout: float | None = None, name: str | None = None, algorithm: str | None = None) -> Any:
+        """Reduce ``x`` across ranks; return this rank's block of the flattened result.
+
+        Blocks are split like ``np.array_split(x.ravel(), size())`` (``collectives.block_bounds``):
+        with 10 elements on 3 ranks, rank 0 gets elements 0-3, rank 1 gets 4-6, rank 2 gets 7-9.
+
+        >>> col.reduce_scatter(np.arange(10.0))               # rank 1 of 3  # doctest: +SKIP
+        array([12., 15., 18.])
+        """
+        return issue(self, "reduce_scatter", dispatch.reduce_scatter, (x, op, out), async_op, timeout, name,
+                     algorithm)
+
+    def allgather(self, x, out=None, *, async_op: bool = False, timeout: float | None = None,
+                  name: str | None = None, algorithm: str | None = None) -> Any:
+        """Concatenate every rank's ``x`` along axis 0, in rank order; axis 0 may differ between ranks.
+
+        ``out``: where to write the result (its axis 0 must be the sum over the ranks), instead
+        of a new array; it must not overlap ``x``. Writing into the same ``out`` call after call
+        saves allocating, which for large results costs more than the transfer (page faults).
+
+        >>> col.allgather(np.full((col.rank() + 1, 2), col.rank()))   # on 2 ranks  # doctest: +SKIP
+        array([[0, 0],
+               [1, 1],
+               [1, 1]])
+        """
+        return issue(self, "allgather", dispatch.allgather, (x, out), async_op, timeout, name, algorithm)
+
+    def broadcast(self, x, root: int = 0, *, async_op: bool = False, timeout: float | None = None,
+                  name: str | None = None, algorithm: str | None = None) -> Any:
+        """Overwrite ``x`` on every rank with ``root``'s ``x``, in place; returns ``x``.
+
+        Small buffers travel by recursive doubling inside the cross-rank check's messages; larger
+        ones along a pipelined chain around the ring, at nearly one link's bandwidth whatever the
+        number of ranks (the cost model chooses: ``ring.cost``).
+
+        >>> params = col.broadcast(params, root=0)                         # doctest: +SKIP
+        """
+        return issue(self, "broadcast", dispatch.broadcast, (x, root), async_op, timeout, name, algorithm)
+
+    def barrier(self, *, async_op: bool = False, timeout: float | None = None, name: str | None = None) -> Any:
+        """Return once every rank has entered the barrier (and checks that they all meant to)."""
+        return issue(self, "barrier", dispatch.barrier, (), async_op, timeout, name)
+
+    def split(self, color: int | None, key: int = 0, *, timeout: float | None = None,
+              name: str | None = None) -> "Group | NonMember":
+        """Split this group into groups by ``color``, as MPI's Comm_split: every member calls it, and
+        the ranks that pass the same color form one group, ordered by ``key``, then by rank.
+
+        ``color``: an int >= 0, or None for no group (the rank gets a falsy ``NonMember``).
+
+        >>> rows = col.split(col.rank() // 2)     # 4 ranks: [0, 1] and [2, 3]   # doctest: +SKIP
+        >>> cols = col.split(col.rank() % 2)      #          [0, 2] and [1, 3]   # doctest: +SKIP
+        """
+        return issue(self, "split", _split, (color, key), False, timeout, name)
+
+    def new_group(self, ranks, *, timeout: float | None = None, name: str | None = None) -> "Group | NonMember":
+        """Make a group of the world ranks ``ranks`` (members of this group), in that order (group
+        rank i is ``ranks[i]``).
+
+        Every member calls it with the same list, as in torch.distributed; members of the new
+        group get the :class:`Group`, the others a falsy ``NonMember``. Ranks that disagree about
+        the list, or a rank making another call, make every rank raise CollectiveUsageError (this
+        check is made even with COLLECTIVES_CHECK=0).
+
+        >>> evens = col.new_group(range(0, col.size(), 2))   # doctest: +SKIP
+        >>> if evens:                                        # doctest: +SKIP
+        ...     evens.allreduce(x)
+        """
+        return issue(self, "new_group", _new_group, (ranks,), False, timeout, name)
+
+    def destroy(self, *, timeout: float | None = None, name: str | None = None) -> None:
+        """Free this group's communicators; every member calls it, as MPI_Comm_free and torch's
+        ``destroy_process_group``. Afterwards any call on the group raises CollectiveUsageError.
+        MPI has a few thousand communicators per process (MPICH: 2048): a program that makes groups
+        in a loop destroys the ones it no longer uses.
+
+        >>> pair = col.new_group([0, 1])                     # doctest: +SKIP
+        >>> if pair:                                         # doctest: +SKIP
+        ...     pair.allreduce(x); pair.destroy()
+        """
+        return issue(self, "destroy", _destroy, (), False, timeout, name)
+
+    def algorithm_for(self, collective: str, x) -> str:
+        """The algorithm a call of ``collective`` on ``x`` would run here, forcing none (the same on
+        every rank): "doubling", "halving", "ring" or "hierarchical". Local: no message.
+
+        >>> col.algorithm_for("allreduce", np.zeros(2, np.float32))      # doctest: +SKIP
+        'doubling'
+        """
+        return dispatch.predicted(self, collective, x)
+
+    # What the calls use: the transports.
+
     def transports(self) -> list:
         """Every transport of this group's calls (host, levels, device)."""
         found = [self.transport, *(self.levels or ())]
@@ -103,7 +230,7 @@ class Group:
     def transport_for(self, x) -> Transport:
         """The transport that carries ``x``: MPI for numpy arrays; for cupy arrays the device
         transport, made on first use (every member must be in this call: collectives agree first)."""
-        if isinstance(x, np.ndarray):
+        if type(x).__module__ == "numpy":
             return self.transport
         self.open_device_transport(x.device.id)
         return self.device_transport
@@ -125,122 +252,85 @@ class Group:
                                   f"run on GPU {self.device_transport.gpu} (one GPU per rank)")
         return self.device_transport.gpu
 
-    def __repr__(self) -> str:
-        name = "the world" if self.is_world else self.label
-        return f"<Group {name}: rank {self.rank()} of {self.size()}>"
 
-    # The collectives, as methods: each is the module-level one with group=self.
-
-    def allreduce(self, x, op: str = "sum", out=None, **options) -> Any:
-        """``collectives.allreduce`` on this group."""
-        return _api().allreduce(x, op, out, group=self, **options)
-
-    def allreduce_many(self, arrays: list, op: str = "sum", **options) -> Any:
-        """``collectives.allreduce_many`` on this group."""
-        return _api().allreduce_many(arrays, op, group=self, **options)
-
-    def reduce_scatter(self, x, op: str = "sum", out=None, **options) -> Any:
-        """``collectives.reduce_scatter`` on this group (blocks split across its ranks)."""
-        return _api().reduce_scatter(x, op, out, group=self, **options)
-
-    def allgather(self, x, out=None, **options) -> Any:
-        """``collectives.allgather`` on this group (its ranks' arrays, in group order)."""
-        return _api().allgather(x, out, group=self, **options)
-
-    def broadcast(self, x, root: int = 0, **options) -> Any:
-        """``collectives.broadcast`` on this group; ``root`` is a rank of the group."""
-        return _api().broadcast(x, root, group=self, **options)
-
-    def barrier(self, **options) -> Any:
-        """``collectives.barrier`` on this group."""
-        return _api().barrier(group=self, **options)
-
-    def split(self, color: int | None, key: int = 0, **options) -> "Group | NonMember":
-        """``collectives.split`` of this group: every member calls it."""
-        return _api().split(color, key, group=self, **options)
-
-    def new_group(self, ranks, **options) -> "Group | NonMember":
-        """``collectives.new_group`` of this group's members (``ranks`` are world ranks)."""
-        return _api().new_group(ranks, group=self, **options)
-
-    def destroy(self, **options) -> None:
-        """``collectives.destroy`` of this group: every member calls it; the group is unusable after."""
-        return _api().destroy(group=self, **options)
+def make_group(runtime, transport, ranks: tuple[int, ...], world: bool = False) -> Group:
+    """A group over ``transport`` with the two levels of the hierarchical all-reduce when it
+    can take that path (every member must call this together: it makes communicators)."""
+    hosts = runtime.two_level_hosts(transport, ranks, world)
+    levels = None
+    if hosts is not None:
+        here = hosts[transport.rank]
+        on_host = [r for r in range(len(hosts)) if hosts[r] == here]
+        host_order = list(dict.fromkeys(hosts))
+        local = transport.split(host_order.index(here), transport.rank, watched=True)
+        across = transport.split(on_host.index(transport.rank), host_order.index(here), watched=True)
+        levels = (local, across)
+    return Group(runtime, transport, ranks, world, levels)
 
 
-class NonMember:
-    """What ``new_group`` (and ``split`` with ``color=None``) return on the ranks left out: falsy,
-    with the group's ``ranks``; ``rank()`` is -1, and any collective on it raises
-    CollectiveUsageError on this rank.
-
-    >>> g = NonMember((0, 1), 3)
-    >>> bool(g), g.rank(), g.ranks
-    (False, -1, (0, 1))
-    """
-
-    def __init__(self, ranks: tuple[int, ...], world_rank: int):
-        self.ranks = tuple(ranks)
-        self.world_rank = world_rank
-
-    def __bool__(self) -> bool:
-        return False
-
-    def rank(self) -> int:
-        return -1
-
-    def size(self) -> int:
-        return len(self.ranks)
-
-    def refusal(self, collective: str) -> CollectiveUsageError:
-        members = describe(self.ranks) if self.ranks else "a split group (color=None)"
-        return CollectiveUsageError(f"{collective}: group: rank {self.world_rank} is not a member of {members}; "
-                                    "the group was made without it (check `if group:` before using it)")
-
-    def __getattr__(self, name: str):
-        if name in _COLLECTIVE_METHODS:
-            def refuse(*args, **kwargs):
-                raise self.refusal(name)
-            return refuse
-        raise AttributeError(name)
-
-    def __repr__(self) -> str:
-        return f"<NonMember of {describe(self.ranks)}: rank {self.world_rank} is not in it>"
+def _new_group(call: Call, ranks: Any) -> Group | NonMember:
+    parent = call.group
+    try:
+        members = validate.members(call.name, "ranks", ranks, parent.ranks)
+    except CollectiveUsageError as error:
+        call.reject(error)
+    call.agree(call.signature(shape=members), always=True)   # a split blocks inside MPI: every rank must come
+    me = parent.ranks[parent.rank()]
+    inside = me in members
+    return _joined(call, lambda: parent.transport.split(0 if inside else None, members.index(me) if inside else 0),
+                   members)
 
 
-_COLLECTIVE_METHODS = frozenset(("allreduce", "allreduce_many", "reduce_scatter", "allgather", "broadcast",
-                                 "barrier", "split", "new_group", "destroy"))
+def _split(call: Call, color: Any, key: Any) -> Group | NonMember:
+    try:
+        validate.color(call.name, color)
+        validate.integer(call.name, "key", key)
+    except CollectiveUsageError as error:
+        call.reject(error)
+    call.agree(call.signature(), always=True)   # (as in new_group)
+    return _joined(call, lambda: call.group.transport.split(color, int(key)), ())
 
 
-def hosts_of(ranks: tuple[int, ...], real_hosts: list[str], declared: int, world_size: int) -> list:
-    """The host of each of ``ranks`` (world ranks): their real hosts, or with ``declared`` hosts
-    (COLLECTIVES_HOSTS), the block of consecutive world ranks each falls in.
-
-    >>> hosts_of((0, 1, 2, 3, 4), ["a"] * 5, 2, 5)
-    [0, 0, 0, 1, 1]
-    """
-    if not declared:
-        return list(real_hosts)
-    block = [h for h, (start, stop) in enumerate(chunk_bounds(world_size, declared)) for _ in range(start, stop)]
-    return [block[r] for r in ranks]
-
-
-def two_level_layout(hosts: list) -> str:
-    """Why the hierarchical all-reduce cannot run over ranks on ``hosts`` ("" if it can): it needs
-    more than one host and the same number of ranks, more than one, on each.
-
-    >>> two_level_layout([0, 0, 1, 1]), two_level_layout([0, 0, 0, 1, 1])
-    ('', 'the hosts have different numbers of ranks (3, 2)')
-    """
-    counts = {h: hosts.count(h) for h in dict.fromkeys(hosts)}
-    if len(counts) < 2:
-        return "all ranks are on one host"
-    if len(set(counts.values())) > 1:
-        return f"the hosts have different numbers of ranks ({', '.join(map(str, counts.values()))})"
-    if max(counts.values()) < 2:
-        return "each host has one rank"
-    return ""
+def _joined(call: Call, split: Callable, members: tuple[int, ...]) -> Group | NonMember:
+    """The group on the transport ``split()`` makes, or, for a rank left out (None), its marker.
+    MPI running out of communicators fails alike on every rank (the new one's context id is agreed
+    by all): a CollectiveError that leaves the ranks in step, so that destroying groups helps."""
+    parent, made = call.group, None
+    try:
+        made = split()
+        if made is None:
+            return NonMember(members, parent.ranks[parent.rank()])
+        return make_group(call.runtime, made, tuple(made.names))
+    except CommunicatorsExhausted as e:
+        if made is not None:
+            made.close()
+        parent.completed = parent.seq
+        alive = len(call.runtime.groups) - 1
+        raise CollectiveError(f"{call.name}: MPI has no communicators left ({alive} groups alive); destroy groups "
+                              f"you no longer use (Group.destroy()) [{e}]") from e
 
 
-def _api():
-    from collectives import api   # (api builds on this module: imported when first called)
-    return api
+def _destroy(call: Call) -> None:
+    try:
+        if call.group.is_world:
+            validate.fail(call.name, "group", "is the world, which lives as long as the runtime; give a group "
+                                              "made by new_group or split")
+    except CollectiveUsageError as error:
+        call.reject(error)
+    call.agree(call.signature(), always=True)   # every member is here: none has a call in flight on it
+    call.group.release()
+
+
+def member(group: object, collective: str, runtime) -> Group:
+    """``group=`` of a call: a Group of ``runtime`` this rank belongs to; anything else is this
+    rank's usage error (raised here alone: the members of a group it is not in are not waiting)."""
+    if isinstance(group, NonMember):
+        raise group.refusal(collective)
+    if not isinstance(group, Group):
+        raise CollectiveUsageError(f"{collective}: group: expected a collectives.Group (from new_group or split) "
+                                   f"or None for the world, got {type(group).__name__}")
+    if group.runtime is not runtime:
+        raise CollectiveUsageError(f"{collective}: group: {group.label} belongs to another runtime")
+    if group.destroyed:
+        raise CollectiveUsageError(f"{collective}: group: {group.label} was destroyed (Group.destroy())")
+    return group

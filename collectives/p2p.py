@@ -28,11 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from collectives import validate
-from collectives import world as _worlds
-from collectives.call import _member_group, _named, refuse_if_stopped
+from collectives import validate, world as worlds
+from collectives.call import named, stopped
 from collectives.errors import CollectiveError, CollectiveUsageError
-from collectives.group import Group
+from collectives.group import Group, member
 from ring.transport.base import MAX_P2P_TAG, PeerLost, TransportError, TransportTimeout
 
 
@@ -87,7 +86,8 @@ def wait_all(requests: list[Request], timeout: float | None = None) -> list[int]
 
 
 def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive: bool) -> Request:
-    g = _member_group(what, group) if group is not None else _worlds.world()
+    world = worlds.world()
+    g = member(group, what, world.runtime) if group is not None else world
     if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
         validate.fail(what, "x", "expected a contiguous numpy.ndarray (point-to-point moves host arrays)")
     if x.dtype.hasobject:
@@ -122,7 +122,8 @@ def _in_turn(g: Group, what: str, job):
     """Run ``job`` now, beside whatever collective runs (MPI_THREAD_MULTIPLE), or else in the engine's
     turn (MPI without threads: one call at a time); refused once the runtime has stopped."""
     runtime = g.runtime
-    refuse_if_stopped(what, runtime)
+    if runtime.failure is not None:
+        raise stopped(what, runtime)
 
     def guarded():
         try:
@@ -131,6 +132,6 @@ def _in_turn(g: Group, what: str, job):
             raise
         except BaseException as e:   # Ctrl-C while waiting: nothing posted may land later
             g.abandon()
-            runtime.failure = runtime.failure or f"{what} on {g.where()} was interrupted by {_named(e)}"
+            runtime.failure = runtime.failure or f"{what} on {g.where()} was interrupted by {named(e)}"
             raise
     return guarded() if runtime.engine.threaded else runtime.engine.run_now(guarded)

@@ -44,7 +44,8 @@ class Work:
     """A collective issued with ``async_op=True``.
 
     ``wait()`` returns what the blocking call returns, or raises what it would raise;
-    ``is_completed()`` never blocks. Until ``wait`` returns, the call may still be reading
+    ``is_completed()`` never blocks. Once completed, ``seq`` is the call's sequence number on its
+    group and ``algorithm`` the algorithm it ran (see ``collectives.algorithm_for``). Until ``wait`` returns, the call may still be reading
     and writing its arrays: do not touch them.
 
     >>> work = col.allreduce(grads, out=grads, async_op=True)   # doctest: +SKIP
@@ -57,12 +58,13 @@ class Work:
     the ranks in step) is reported as a RuntimeWarning when the handle is garbage collected.
     """
 
-    __slots__ = ("name", "seq", "issued_at", "started_at", "completed_at", "_job", "_engine", "_done",
+    __slots__ = ("name", "seq", "algorithm", "issued_at", "started_at", "completed_at", "_job", "_engine", "_done",
                  "_result", "_error", "_waited", "_after", "_latch", "__weakref__")
 
     def __init__(self, name: str, job: Callable[[], Any], engine: "Engine"):
         self.name = name
         self.seq: int | None = None           # its sequence number, once it has run
+        self.algorithm = ""                   # the algorithm it ran ("" for calls that have none)
         self.issued_at = perf_counter()       # perf_counter seconds: issued, started, completed
         self.started_at: float | None = None
         self.completed_at: float | None = None
@@ -126,7 +128,9 @@ class Work:
             self._result = self._job()
         except BaseException as error:
             self._error = error
-        self.seq = self._engine.runtime.current.seq if self._engine.runtime.current is not None else None
+        current = self._engine.runtime.current
+        if current is not None:
+            self.seq, self.algorithm = current.seq, current.algorithm
         self.completed_at = perf_counter()
         self._job = None   # (let go of the arguments)
         if self.started_at - self.issued_at > 1e-6 and timeline.current is not None:

@@ -25,6 +25,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from ring.doubling import SIGNATURE_BYTES
+
 
 #: The fields, in the order they are packed: (name in messages, argument it belongs to).
 FIELDS = (
@@ -39,32 +41,40 @@ FIELDS = (
     ("calling thread", ""),
     ("argument check", ""),
     ("memory (host or gpu)", "x"),
+    ("algorithm", "algorithm"),
 )
 _THREAD = [name for name, _ in FIELDS].index("calling thread")
 _SHOWN_RANKS = 8
 _LONGEST_FIELD = 24   # a longer value is compared as a digest, so that every signature fits
+_SEQUENCE_DIGITS = 20   # a sequence number's most digits (2**64)
 
 
 def signature(collective: str, seq: int, op: str = "", dtype: np.dtype | None = None, shape: tuple | None = None,
-              root: int = -1, rejected: bool = False, memory: str = "", name: str = "", thread: str = "") -> bytes:
+              root: int = -1, rejected: bool = False, memory: str = "", name: str = "", thread: str = "",
+              algorithm: str = "") -> bytes:
     """The bytes every rank compares. ``shape=None``: no array (barrier); for allgather pass the
     trailing shape (axis 0 may differ), whose count is not compared. ``memory``: "host" or "gpu";
-    ``name``: the caller's name for the call; ``thread``: the calling thread's name."""
-    return _fields(collective, op, dtype, shape, root, rejected, memory, name, thread) % seq
+    ``name``: the caller's name for the call; ``thread``: the calling thread's name; ``algorithm``:
+    the one the call forces ("": the runtime's choice)."""
+    return template(collective, op, dtype, shape, root, rejected, memory, name, thread, algorithm) % seq
 
 
 @lru_cache(maxsize=1024)
-def _fields(collective: str, op: str, dtype: np.dtype | None, shape: tuple | None, root: int,
-            rejected: bool, memory: str, name: str, thread: str) -> bytes:
-    """Everything but the sequence number, as a ``%d`` template (cached: calls repeat)."""
+def template(collective: str, op: str, dtype: np.dtype | None, shape: tuple | None, root: int,
+             rejected: bool, memory: str, name: str, thread: str, algorithm: str = "") -> bytes:
+    """Everything but the sequence number, as a ``%d`` template (cached: calls repeat, and a hit
+    costs the call path no Python frame). At most ``SIGNATURE_BYTES`` with any sequence number."""
     dtype_text = "" if dtype is None else dtype.name if dtype.isnative and dtype.fields is None else str(dtype)
     count = "" if shape is None or collective in ("allgather", "allreduce_many", "new_group") else _count(shape)
     shape_text = "" if shape is None else str(shape)
     fields = [_fit(text.replace("%", "%%").replace("|", "/"))
               for text in (op, dtype_text, str(count), shape_text, str(root), name, thread)]
     op_text, dtype_text, count_text, shape_text, root_text, name, thread = fields
-    return (f"{collective}|%d|{op_text}|{dtype_text}|{count_text}|{shape_text}|{root_text}|{name}|{thread}|"
-            f"{'rejected' if rejected else 'ok'}|{memory}").encode()
+    made = (f"{collective}|%d|{op_text}|{dtype_text}|{count_text}|{shape_text}|{root_text}|{name}|{thread}|"
+            f"{'rejected' if rejected else 'ok'}|{memory}|{algorithm}").encode()
+    if len(made) + _SEQUENCE_DIGITS > SIGNATURE_BYTES:
+        raise ValueError(f"signature template of {len(made)} bytes; at most {SIGNATURE_BYTES - _SEQUENCE_DIGITS}")
+    return made
 
 
 def _fit(text: str) -> str:

@@ -22,13 +22,25 @@ def fail(collective: str, argument: str, problem: str):
     raise CollectiveUsageError(f"{collective}: {argument}: {problem}")
 
 
-def inputs(collective: str, x: Any, out: Any = None, name: Any = None) -> tuple[Any, Any]:
-    """``x`` and ``out`` as :func:`plain` makes them, after checking ``name=`` (the common case,
-    plain arrays and no name, in one test: this runs on every call)."""
-    if type(x) is np.ndarray and (out is None or type(out) is np.ndarray) and name is None:
-        return x, out
-    call_name(collective, name)
-    return plain(collective, "x", x), plain(collective, "out", out)
+def reduction(collective: str, x: Any, op: Any, out: Any, shape: tuple | None = None) -> tuple[Any, Any, bool]:
+    """``x`` and ``out`` as :func:`plain` makes them, checked for a reduction by ``op`` whose result
+    has ``shape`` (default: x's), and whether ``out`` is ``x`` itself (in place).
+
+    The common case (plain host arrays of a reducible dtype, ``out`` None, ``x`` itself, or an
+    array of its own of the right shape) is decided here in a few tests without a call: this
+    runs on every reduction. Anything else takes the full checks, which name what is wrong."""
+    if type(x) is np.ndarray and type(op) is str and (x.dtype, op) in _ACCEPTED:
+        if out is None:
+            return x, out, False
+        if out is x and shape is None:
+            return x, out, True
+        if (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == (x.shape if shape is None else shape)
+                and out.flags.writeable and out.flags.owndata and x.flags.owndata):
+            return x, out, False   # two arrays that own their memory never overlap
+    x, out = plain(collective, "x", x), plain(collective, "out", out)
+    reducible(collective, "x", x, op)
+    in_place = out is not None and out_array(collective, out, x, x.shape if shape is None else shape)
+    return x, out, in_place
 
 
 def plain(collective: str, argument: str, x: Any) -> Any:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ring import arrays, execute
+from ring import execute
 from ring.execute import Combine
 from ring.schedule import core_size
 from ring.transport.base import Transport
@@ -105,17 +105,15 @@ def agree(transport: Transport, signature: bytes, payload: Any = None, combine: 
 
 
 def _agree(transport: Transport, signature: bytes, payload: Any, combine: Combine | None, out: Any) -> bool:
-    if len(signature) > SIGNATURE_BYTES:
-        raise ValueError(f"signature of {len(signature)} bytes; at most {SIGNATURE_BYTES}")
     nbytes = 0 if payload is None else payload.nbytes
     if nbytes > MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload of {nbytes} bytes; at most {MAX_PAYLOAD_BYTES}")
     steps = doubling_steps(transport.rank, transport.size)
     if not steps:   # a world of one agrees with itself
         if payload is not None and out is not payload:
-            arrays.copy_(out, payload)
+            out[...] = payload
         return True
-    padded = signature.ljust(SIGNATURE_BYTES, b"\0")
+    padded = signature.ljust(SIGNATURE_BYTES, b"\0")   # (longer fails here: signature.template keeps it short)
     m = _messages().layout(None if payload is None else payload.dtype, nbytes)
     m.send_header[:SIGNATURE_BYTES] = padded
     m.send_header[SIGNATURE_BYTES] = 1

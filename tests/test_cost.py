@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from bench.model import fit, parse_hosts, parse_link
-from collectives.world import Runtime
+from collectives.runtime import Runtime
+from collectives.config import defaults
 from ring import cost
 
 TRUE = cost.Costs(call=20e-6, alpha=4e-6, beta=0.25e-9, gamma=0.15e-9)
@@ -93,13 +94,13 @@ def test_two_levels_win_on_two_hosts_of_two():
     ("doubling", 64, "doubling"), ("doubling", 1 << 20, "ring"), ("hierarchical", 64, "doubling"),
 ])
 def test_the_runtime_forces_or_asks_the_model(setting, size, expected):
-    runtime = Runtime(segment_bytes=4 << 20, small_bytes=256 << 10, check=True, timeout=5.0, algorithm=setting)
+    runtime = Runtime(defaults(segment_bytes=4 << 20, small_bytes=256 << 10, timeout=5.0, algorithm=setting))
     assert runtime.algorithm_for("allreduce", 2, size) == expected
     assert runtime.algorithm_for("allreduce", 2, size, host=False) == "ring"   # GPU arrays: the ring
 
 
 def test_small_bytes_zero_turns_doubling_off():
-    runtime = Runtime(segment_bytes=4 << 20, small_bytes=0, check=True, timeout=5.0)
+    runtime = Runtime(defaults(segment_bytes=4 << 20, small_bytes=0, timeout=5.0))
     assert runtime.algorithm_for("allreduce", 2, 8) != "doubling"
     assert runtime.algorithm_for("allgather", 2, 8) == "ring"
 

@@ -162,9 +162,10 @@ def test_every_rank_reaches_the_same_verdict(monkeypatch, n):
 def test_a_rank_keeps_one_gpu_once_its_device_transport_exists():
     from collectives.errors import CollectiveError
     from collectives.group import Group
-    from collectives.world import Runtime
+    from collectives.runtime import Runtime
+    from collectives.config import defaults
     from ring.transport.inprocess import InProcessWorld
-    runtime = Runtime(segment_bytes=1024, small_bytes=0, check=True, timeout=5.0)
+    runtime = Runtime(defaults(segment_bytes=1024, small_bytes=0, timeout=5.0))
     w = Group(runtime, InProcessWorld(1).transport(0), (0,), world=True)
     w.device_transport = device.StagedTransport(w.transport)
     w.device_transport.gpu = 0

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 MODULES = ["ring.partition", "ring.schedule", "ring.doubling", "ring.cost", "ring.arrays", "collectives.signature",
-           "collectives.sizes", "collectives.validate", "collectives.group", "collectives.timeline", "trainer.model", "trainer.optim",
+           "collectives.sizes", "collectives.validate", "collectives.membership", "collectives.runtime", "collectives.config",
+           "collectives.api", "collectives.timeline", "trainer.model", "trainer.optim",
            "trainer.buckets", "trainer.strategies.ps", "bench.sizes"]
 
 

@@ -12,7 +12,7 @@ from collectives import progress
 
 
 class _Runtime:
-    """What the engine needs of collectives.world.Runtime."""
+    """What the engine needs of collectives.runtime.Runtime."""
 
     def __init__(self):
         self.failure = None

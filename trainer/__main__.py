@@ -17,27 +17,14 @@ Every epoch reshuffles with a seed all ranks share. Only rank 0 prints and write
 """
 from __future__ import annotations
 
-import os
+from cmdline.cores import share_cores_between_local_ranks
 
-
-def _share_cores_between_local_ranks() -> None:
-    """Give each rank its share of the cores for BLAS, unless the user chose (as torchrun does).
-
-    Several ranks each starting one BLAS thread per core oversubscribe the machine and
-    make every step wait for the slowest rank. Must run before numpy is imported.
-    """
-    local_ranks = int(os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or 1)
-    if local_ranks > 1:
-        threads = str(max(1, (os.cpu_count() or 1) // local_ranks))
-        for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ.setdefault(variable, threads)
-
-
-_share_cores_between_local_ranks()
+share_cores_between_local_ranks()
 
 import argparse  # noqa: E402  (after the thread settings, which numpy reads on import)
 import hashlib  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -46,9 +33,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 import collectives as col  # noqa: E402
-from collectives.cli import (FAULT, USAGE, ArgumentParser, finite_non_negative, finite_positive,  # noqa: E402
-                             launch_note)
-from ring import arrays  # noqa: E402
+from cmdline.parser import (FAULT, USAGE, ArgumentParser, finite_non_negative, finite_positive,  # noqa: E402
+                            launch_note)
 from trainer import checkpoint, data  # noqa: E402
 from trainer.buckets import GradientBuckets  # noqa: E402
 from trainer.common import EpochLog, UsageExit, epoch_record, save_checkpoint, say  # noqa: E402
@@ -356,7 +342,7 @@ def check_replicas(model: MLP) -> None:
     """Every rank must end with the very same parameters (the all-reduce gives every rank the same
     bits): compare a digest of each rank's (of the whole model, gathered over the tensor-parallel
     group), and stop with an error naming the ranks that differ."""
-    digest = hashlib.blake2b(arrays.to_host(model.to_full(model.flat_params)).tobytes(), digest_size=8).digest()
+    digest = hashlib.blake2b(col.to_host(model.to_full(model.flat_params)).tobytes(), digest_size=8).digest()
     every = col.allgather(np.frombuffer(digest, np.uint8)[None, :])
     differing = [r for r in range(len(every)) if not np.array_equal(every[r], every[0])]
     if differing:
@@ -376,10 +362,10 @@ def train_step(model: MLP, opt: SGD, buckets: GradientBuckets | None, x, y, scal
             in_flight, exposed = buckets.wait()
     else:
         loss = model.loss_and_grads(x, y, scale)
-        arrays.synchronize(model.flat_grads)   # (on a GPU: so that the time below is the all-reduce's own)
+        col.synchronize(model.flat_grads)   # (on a GPU: so that the time below is the all-reduce's own)
         began = time.perf_counter()
         col.allreduce(model.flat_grads, op="sum", out=model.flat_grads, group=dp)
-        arrays.synchronize(model.flat_grads)
+        col.synchronize(model.flat_grads)
         in_flight = exposed = time.perf_counter() - began
     with col.timeline.span("optimizer step"):
         opt.step(model.flat_grads)

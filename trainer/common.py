@@ -7,8 +7,7 @@ import json
 import numpy as np
 
 import collectives as col
-from collectives.cli import FAULT, USAGE
-from ring import arrays
+from cmdline.parser import FAULT, USAGE
 from trainer import checkpoint
 from trainer.layout import Layout
 from trainer.model import MLP
@@ -40,7 +39,7 @@ def save_checkpoint(args, model: MLP, opt: SGD, epoch: int, step: int, config: d
     host = {"params": model.to_full(model.flat_params), "velocity": model.to_full(opt.velocity)}
     if col.rank() != 0:
         return
-    host = {name: arrays.to_host(a) for name, a in host.items()}
+    host = {name: col.to_host(a) for name, a in host.items()}
     try:
         checkpoint.save(args.checkpoint_dir, epoch + 1, step, host, config, args.keep)
     except OSError as e:   # a full disk, say: the run stops with the last good checkpoint in place

@@ -9,6 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
+from collectives.config import DEFAULT_SEGMENT_BYTES
 
 pytestmark = pytest.mark.mpi
 
@@ -54,7 +55,7 @@ def segment_size(request):
     """Default segments (lockstep for these sizes) and tiny ones (the pipelined executor); the
     defaults again after (the next module's calls must not crawl in 96-byte messages)."""
     col.init(segment_bytes=request.param or 0)
-    yield request.param or col.world.DEFAULT_SEGMENT_BYTES
+    yield request.param or DEFAULT_SEGMENT_BYTES
     col.init(segment_bytes=0)
 
 

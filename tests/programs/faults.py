@@ -101,7 +101,7 @@ def killed_mid_allreduce() -> None:
     elements, default 16 Mi: 64 MiB, long enough per call to be hit in the middle)."""
     x = np.ones(int(sys.argv[2]) if len(sys.argv) > 2 else 16 << 20, np.float32)
     if col.rank() == 0:
-        _say(f"algorithm: {col.world.world().runtime.algorithm_for('allreduce', col.size(), x.nbytes)}")
+        _say(f"algorithm: {col.algorithm_for('allreduce', x)}")
     if col.rank() == 1:
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
     started = time.monotonic()

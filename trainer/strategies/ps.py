@@ -32,7 +32,6 @@ import time
 import numpy as np
 
 import collectives as col
-from ring.partition import chunk_bounds
 from trainer.common import EpochLog, UsageExit, epoch_record, save_checkpoint
 from trainer.layout import Layout
 from trainer.optim import SGD
@@ -54,7 +53,7 @@ class Roles:
     def __init__(self, n: int, servers: int, parameters: int):
         self.workers = list(range(n - servers))
         self.servers = list(range(n - servers, n))
-        self.shards = chunk_bounds(parameters, servers)
+        self.shards = col.block_bounds(parameters, servers)
 
     def describe(self) -> str:
         return f"{len(self.servers)} server(s), {len(self.workers)} worker(s) (ps)"

@@ -12,7 +12,7 @@ import os
 import sys
 from importlib import metadata
 
-from collectives.world import rank, size
+import collectives as col
 
 try:
     VERSION = metadata.version("ringcollectives")
@@ -34,7 +34,7 @@ class ArgumentParser(argparse.ArgumentParser):
         self.add_argument("--version", action="version", version=f"%(prog)s (ringcollectives {VERSION})")
 
     def error(self, message: str):
-        if rank() == 0:
+        if col.rank() == 0:
             self.print_usage(sys.stderr)
             print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(USAGE)
@@ -53,7 +53,7 @@ def launch_note(command: str) -> str | None:
     >>> launch_note("python -m trainer")                 # doctest: +SKIP
     'running 1 rank: no MPI launcher started this process (mpirun -n 4 python -m trainer runs 4)'
     """
-    if size() != 1:
+    if col.size() != 1:
         return None
     for variable, launcher in LAUNCHER_SIZES:
         value = os.environ.get(variable, "")

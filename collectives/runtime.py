@@ -1,0 +1,125 @@
+"""What one process's groups share: the settings in force, the progress engine that runs their
+calls one at a time, the choice of algorithm, and whether the runtime has stopped here.
+
+Below the groups (``collectives.group``), which hold a Runtime; it knows them only as a list.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+
+from collectives import progress
+from collectives.config import DEFAULT_SEGMENT_BYTES, Settings
+from ring import cost
+from ring.partition import chunk_bounds
+
+#: Whether a call on a group whose ranks span hosts takes two levels, by the algorithm it would
+#: otherwise take (see Runtime.algorithm_for).
+_TWO_LEVEL_REPLACES = ("halving", "ring")
+
+
+class Runtime:
+    """The settings in force (as attributes, read on every call: ``check``, ``timeout``, ...), the
+    engine, the groups this rank belongs to (the world first), and the failure state."""
+
+    def __init__(self, settings: Settings, threads_checked: str = "", threaded: bool = False):
+        self.apply(settings)
+        self.groups: list = []             # the groups this rank belongs to, the world first
+        self.world = None                  # the world group, once made
+        self.failure: str | None = None    # set once a failure left this rank out of step
+        self.failed_by_peer = False        # the failure came from another rank (timeout, a peer gone)
+        self.root_cause: str | None = None   # a rank died: how every rank should hear it (see PeerLost)
+        self.dead_rank: int | None = None    # ... and which (world rank)
+        self.engine = progress.Engine(self, threaded)   # runs the calls one at a time, in issue order
+        self.current = None                # the call running (collectives.call.Call)
+        self.threads_checked = threads_checked   # MPI's thread level, where only its main thread may call ("": any)
+        self.closed = False                # the process has left (see collectives.leaving)
+
+    def apply(self, settings: Settings) -> None:
+        """Put ``settings`` in force (every rank together: see ``init``)."""
+        self.settings = settings
+        for name, value in asdict(settings).items():
+            setattr(self, name, value)
+        self.choices: dict = {}   # (collective, ranks, bytes, host, two levels) -> algorithm
+
+    def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True, two_level: bool = False) -> str:
+        """The algorithm that runs ``op`` on ``n`` ranks and ``nbytes`` when the call forces none:
+        the setting (COLLECTIVES_ALGORITHM) where ``op`` has it, else the cost model's choice, and
+        "hierarchical" for an all-reduce on a group whose ``two_level`` layout allows it (unless
+        recursive doubling is chosen). Recursive doubling is for host arrays up to ``small_bytes``;
+        GPU arrays take the ring. The same on every rank for the same call (remembered: choosing
+        costs more than a small call)."""
+        key = (op, n, nbytes, host, two_level)
+        found = self.choices.get(key)
+        if found is None:
+            if len(self.choices) >= 4096:
+                self.choices.clear()
+            if not host:
+                found = "ring"
+            elif self.algorithm in cost.candidates(op, nbytes, self.small_bytes):
+                found = self.algorithm
+            elif self.algorithm in cost.ALGORITHMS["allreduce"]:   # forced, but not for this call
+                found = "ring"
+            else:
+                found = cost.choose(op, n, nbytes, segment_bytes=self.segment_bytes or DEFAULT_SEGMENT_BYTES,
+                                    check=self.check, doubling_bytes=self.small_bytes)
+            if two_level and op == "allreduce" and found in _TWO_LEVEL_REPLACES:
+                found = "hierarchical"
+            self.choices[key] = found
+        return found
+
+    def note_failure(self, failure: str, error: BaseException, by_peer: bool) -> None:
+        """This rank is out of step because of ``failure``; ``by_peer``: another rank caused it.
+        Where ``error`` says a rank died, keep the root cause and that rank to pass on at exit."""
+        self.failure = failure
+        self.failed_by_peer = by_peer
+        self.root_cause = getattr(error, "root", None)
+        self.dead_rank = getattr(error, "dead", None)
+
+    def segment_elems(self, dtype: np.dtype, transport=None) -> int:
+        """The ring's segment in elements of ``dtype`` on ``transport``: the setting, else (0, the
+        default) 4 MiB, or 1 MiB on a transport whose ranks span hosts."""
+        return max(1, self.settings.segment(getattr(transport, "spans_hosts", False)) // dtype.itemsize)
+
+    def two_level_hosts(self, transport, ranks: tuple[int, ...], world: bool) -> list | None:
+        """The host of each rank of a group over ``transport`` (world ``ranks``) where its all-reduce
+        takes two levels (the setting allows it, and so does the layout), else None."""
+        if self.algorithm not in ("auto", "hierarchical"):
+            return None
+        hosts = hosts_of(ranks, transport.hosts, self.hosts, len(ranks) if world else self.world.size())
+        return None if two_level_layout(hosts) else hosts
+
+    def transports(self) -> list:
+        """Every transport of every group, for what concerns them all (stopping, polling gently)."""
+        return [t for g in self.groups for t in g.transports()]
+
+
+def hosts_of(ranks: tuple[int, ...], real_hosts: list[str], declared: int, world_size: int) -> list:
+    """The host of each of ``ranks`` (world ranks): their real hosts, or with ``declared`` hosts
+    (COLLECTIVES_HOSTS), the block of consecutive world ranks each falls in.
+
+    >>> hosts_of((0, 1, 2, 3, 4), ["a"] * 5, 2, 5)
+    [0, 0, 0, 1, 1]
+    """
+    if not declared:
+        return list(real_hosts)
+    block = [h for h, (start, stop) in enumerate(chunk_bounds(world_size, declared)) for _ in range(start, stop)]
+    return [block[r] for r in ranks]
+
+
+def two_level_layout(hosts: list) -> str:
+    """Why the hierarchical all-reduce cannot run over ranks on ``hosts`` ("" if it can): it needs
+    more than one host and the same number of ranks, more than one, on each.
+
+    >>> two_level_layout([0, 0, 1, 1]), two_level_layout([0, 0, 0, 1, 1])
+    ('', 'the hosts have different numbers of ranks (3, 2)')
+    """
+    counts = {h: hosts.count(h) for h in dict.fromkeys(hosts)}
+    if len(counts) < 2:
+        return "all ranks are on one host"
+    if len(set(counts.values())) > 1:
+        return f"the hosts have different numbers of ranks ({', '.join(map(str, counts.values()))})"
+    if max(counts.values()) < 2:
+        return "each host has one rank"
+    return ""
