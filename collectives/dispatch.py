@@ -99,11 +99,15 @@ def allreduce(call: Call, x: Any, op: Any, out: Any) -> Any:
     host = type(x) is np.ndarray
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
-    result = out if out is not None else xp_of(x).empty(x.shape, x.dtype)
+    if out is not None:
+        result = out
+    else:
+        result = np.empty(x.shape, x.dtype) if host else xp_of(x).empty(x.shape, x.dtype)
     source = x if x.ndim == 1 and x.flags.c_contiguous else _flat(x)
-    target = source if in_place else _flat_target(result)
+    target = source if in_place else result if result.ndim == 1 and result.flags.c_contiguous else \
+        _flat_target(result)
     allreduce_flat(call, source, target, op, sig, host)
-    return _write_back(result, target)
+    return result if target is result else _write_back(result, target)
 
 
 def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, host: bool,
@@ -195,9 +199,9 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory="host" if host else "gpu")
     call.nbytes = x.nbytes
-    source = _flat(x)
+    source = x if x.ndim == 1 and x.flags.c_contiguous else _flat(x)
     mine = (x.shape[0], -1 if out is None else out.shape[0])
-    guess = n * (x.nbytes + 8 * len(mine))   # if every rank brings as many rows: the data and the counts
+    guess = n * (x.nbytes + 16)   # if every rank brings as many rows: the data and the two counts
     small = choose(call, "allgather", guess, host) == "doubling"
     found = algorithms.gather_small(g.transport, mine, source if small else None, sig)   # (carries the check)
     if found is None:
@@ -209,8 +213,11 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
     if wrong:   # known on every rank alike
         raise CollectiveUsageError(f"allgather: out: axis 0 must be {total} (the rows of every rank together), "
                                    f"but is not on rank(s) {', '.join(map(str, wrong))}")
-    result = out if out is not None else xp_of(x).empty((total,) + x.shape[1:], x.dtype)
-    target = _flat_target(result)
+    if out is not None:
+        result = out
+    else:
+        result = np.empty((total,) + x.shape[1:], x.dtype) if host else xp_of(x).empty((total,) + x.shape[1:], x.dtype)
+    target = result if result.ndim == 1 and result.flags.c_contiguous else _flat_target(result)
     if small and rows.count(x.shape[0]) == n:   # the guess held (on every rank alike): as many rows everywhere
         target.view(np.uint8)[...] = gathered
     else:
@@ -220,11 +227,15 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
         transport = g.transport_for(x)
         algorithms.allgather(transport, source, target, [r * row for r in rows],
                              call.runtime.segment_elems(x.dtype, transport))
-    return _write_back(result, target)
+    return result if target is result else _write_back(result, target)
 
 
 def _allgather_arguments(call: Call, x: Any, out: Any) -> tuple[Any, Any]:
     """``x`` and ``out`` of an allgather, checked (shared as usage errors on every rank)."""
+    if type(x) is np.ndarray and x.ndim and not x.dtype.hasobject and (out is None or (
+            type(out) is np.ndarray and out.ndim == x.ndim and out.dtype == x.dtype and out.shape[1:] == x.shape[1:]
+            and out.flags.writeable and out.flags.owndata and x.flags.owndata)):
+        return x, out   # the common case, decided without a call (the full checks name what is wrong)
     name = call.name
     try:
         x, out = validate.plain(name, "x", x), validate.plain(name, "out", out)
@@ -245,19 +256,24 @@ def _allgather_arguments(call: Call, x: Any, out: Any) -> tuple[Any, Any]:
 def broadcast(call: Call, x: Any, root: Any) -> Any:
     g = call.group
     me = g.transport.rank
-    try:
-        x = validate.plain(call.name, "x", x)
-        validate.array(call.name, "x", x)
-        validate.root(call.name, root, g.transport.size, g.is_world)
-        if me != root:
-            validate.writable(call.name, "x", x)
-    except CollectiveUsageError as error:
-        call.reject(error)
+    if not (type(x) is np.ndarray and not x.dtype.hasobject and type(root) is int and 0 <= root < g.transport.size
+            and (me == root or x.flags.writeable)):   # (the common case, decided without a call)
+        try:
+            x = validate.plain(call.name, "x", x)
+            validate.array(call.name, "x", x)
+            validate.root(call.name, root, g.transport.size, g.is_world)
+            if me != root:
+                validate.writable(call.name, "x", x)
+        except CollectiveUsageError as error:
+            call.reject(error)
+        root = int(root)
     host = type(x) is np.ndarray
-    root = int(root)
     sig = call.signature(dtype=x.dtype, shape=x.shape, root=root, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
-    buffer = _flat(x) if me == root else _flat_target(x)
+    if x.ndim == 1 and x.flags.c_contiguous:
+        buffer = x
+    else:
+        buffer = _flat(x) if me == root else _flat_target(x)
     if choose(call, "broadcast", x.nbytes, host) == "doubling":
         if not algorithms.broadcast_small(g.transport, buffer, root, sig):
             call.disagree(sig)
@@ -265,7 +281,7 @@ def broadcast(call: Call, x: Any, root: Any) -> Any:
         call.agree(sig)
         transport = g.transport_for(x)
         algorithms.broadcast(transport, buffer, root, call.runtime.segment_elems(x.dtype, transport))
-    return _write_back(x, buffer) if me != root else x
+    return x if me == root or buffer is x else _write_back(x, buffer)
 
 
 def barrier(call: Call) -> None:

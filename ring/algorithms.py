@@ -66,7 +66,7 @@ def allreduce_small(transport: Transport, input: Any, output: Any, op: str, sign
     The same rounding rules as the ring apply to "avg" (float16 pre-scales).
     """
     n = transport.size
-    prescale = _prescales(op, input.dtype)
+    prescale = op == "avg" and input.dtype == np.float16   # (as _prescales says: inline, it runs on every call)
     payload = np.true_divide(input, n, dtype=input.dtype) if prescale else input
     agreed = doubling.agree(transport, signature, payload, arrays.combiner(np, op), output)
     if agreed and op == "avg" and not prescale and n > 1:
@@ -169,7 +169,7 @@ def broadcast_small(transport: Transport, buffer: np.ndarray, root: int, signatu
     the check's. Returns False (``buffer`` untouched) if any rank's signature differs."""
     mine = buffer.view(np.uint8)
     if transport.rank == root:   # (its buffer may be read-only: the result it already has goes nowhere)
-        return doubling.agree(transport, signature, mine, _bitwise_or, np.empty_like(mine))
+        return doubling.agree(transport, signature, mine, _bitwise_or, None)
     return doubling.agree(transport, signature, np.zeros_like(mine), _bitwise_or, mine)
 
 

@@ -86,8 +86,8 @@ def agree(transport: Transport, signature: bytes, payload: Any = None, combine: 
     """True on every rank if every rank passed the same ``signature``, False on every rank otherwise.
 
     With a ``payload`` (a small flat numpy array, at most MAX_PAYLOAD_BYTES), it is
-    all-reduced with ``combine`` on the way into ``out`` (which may be ``payload``);
-    ``out`` is written only when the result is True.
+    all-reduced with ``combine`` on the way into ``out`` (which may be ``payload``, or None
+    where the result is not wanted); ``out`` is written only when the result is True.
 
     >>> agree(transport, b"allreduce float32 x1024")        # doctest: +SKIP
     True
@@ -110,7 +110,7 @@ def _agree(transport: Transport, signature: bytes, payload: Any, combine: Combin
         raise ValueError(f"payload of {nbytes} bytes; at most {MAX_PAYLOAD_BYTES}")
     steps = doubling_steps(transport.rank, transport.size)
     if not steps:   # a world of one agrees with itself
-        if payload is not None and out is not payload:
+        if payload is not None and out is not None and out is not payload:
             out[...] = payload
         return True
     padded = signature.ljust(SIGNATURE_BYTES, b"\0")   # (longer fails here: signature.template keeps it short)
@@ -136,7 +136,7 @@ def _agree(transport: Transport, signature: bytes, payload: Any, combine: Combin
         if not same:
             m.send_header[SIGNATURE_BYTES] = 0
         elif payload is not None:
-            target = out if k == last else m.own   # the last step writes the result where it belongs
+            target = out if k == last and out is not None else m.own   # the last step writes it where it belongs
             if step.merge == "mine_first":
                 combine(target, m.own, m.received)
             else:
@@ -144,7 +144,7 @@ def _agree(transport: Transport, signature: bytes, payload: Any, combine: Combin
             if k == last:
                 return True
     agreed = m.send_header[SIGNATURE_BYTES] == 1
-    if agreed and payload is not None:
+    if agreed and payload is not None and out is not None:
         np.copyto(out, m.own)
     return agreed
 
