@@ -233,7 +233,7 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
 def _allgather_arguments(call: Call, x: Any, out: Any) -> tuple[Any, Any]:
     """``x`` and ``out`` of an allgather, checked (shared as usage errors on every rank)."""
     if type(x) is np.ndarray and x.ndim and not x.dtype.hasobject and (out is None or (
-            type(out) is np.ndarray and out.ndim == x.ndim and out.dtype == x.dtype and out.shape[1:] == x.shape[1:]
+            type(out) is np.ndarray and out is not x and out.ndim == x.ndim and out.dtype == x.dtype and out.shape[1:] == x.shape[1:]
             and out.flags.writeable and out.flags.owndata and x.flags.owndata)):
         return x, out   # the common case, decided without a call (the full checks name what is wrong)
     name = call.name

@@ -157,9 +157,9 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     global joined_setup
     joined_setup = True   # (a rank that took part in a setup never joins another at exit)
     MPI = mpi()
-    from ring.transport import mpi as mpi_transport   # (imported here: importing it starts MPI)
+    from ring.transport import departures, mpi_setup   # (imported here: importing them starts MPI)
     try:
-        transport, records = mpi_transport.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
+        transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
                                                    config.record(found, problem, left), comm)
     except TransportError as e:
         raise CollectiveError(f"init: {e}") from e
@@ -169,7 +169,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     except (CollectiveUsageError, CollectiveError):
         transport.close()
         raise
-    mpi_transport.hear_failure_notices()
+    departures.hear_failure_notices()
     level = MPI.Query_thread()
     names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED"}
     runtime = Runtime(Settings(**found), threads_checked=names.get(level, "") if level < MPI.THREAD_SERIALIZED

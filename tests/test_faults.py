@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ring.transport.mpi import _process_state
+from ring.transport.polling import process_state as _process_state
 from tests.test_trainer import final_params
 from tests.worlds import ROOT, mpiexec, run_world
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from ring.transport.mpi import _process_state
+from ring.transport.polling import process_state as _process_state
 from tests.test_edges import OWN_OUTPUT, _read
 from tests.worlds import ROOT, mpiexec
 

@@ -6,23 +6,14 @@ to be gone (PeerLost). So a rank stuck on a peer that never comes always gets
 control back. How a peer is known to be gone, checked every CHECK_INTERVAL
 seconds while a wait lasts:
 
-* its farewell arrived: every rank that leaves (its program ended, raised, or
-  was interrupted) tells every other rank how many collectives it completed and
-  why it left (``farewell``), over a control channel of this communicator;
-* its process on this host has ended without one (killed), or, on another host,
-  its connection in ``ring.transport.liveness`` closed without a goodbye (killed)
-  or went silent (its host unreachable).
-
-The same channel answers the roll call that names, after a timeout, which ranks
-are in which call. A long wait backs off from spinning to yielding to short
-sleeps, so a rank stuck for minutes does not burn its core.
+its farewell arrived, or it died (``ring.transport.departures``, the control
+channel; ``ring.transport.exits``, the farewell and the exit barrier). A long
+wait backs off from spinning to yielding to short sleeps (``ring.transport.polling``),
+so a rank stuck for minutes does not burn its core. ``ring.transport.mpi_setup``
+makes the first transport; ``split`` makes the others.
 """
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import threading
 import time
 from typing import Any, Sequence
 
@@ -31,38 +22,23 @@ from mpi4py import MPI
 
 from ring.schedule import left, right
 from ring.transport import liveness as liveness_watch
-from ring.transport.base import CommunicatorsExhausted, PeerLost, TransportError, TransportTimeout
+from ring.transport.base import CommunicatorsExhausted, TransportError, TransportTimeout
+from ring.transport.departures import COLLECTIVE, Departures
+from ring.transport.exits import AtExit
 from ring.transport.mpi_p2p import PointToPoint
+from ring.transport.polling import SPIN_SECONDS, pause, usable_cores
 
 _TAG = 7
-_CONTROL_TAG = 8
-_EXIT_TAG = 9    # what a rank hands rank 0 at exit, after the farewells (the timeline's events)
-_HELLO_TAG = 10  # the setup's empty messages across hosts (see _connect_across_hosts)
 CHECK_INTERVAL = 0.5       # seconds between looks at the control channel and the local peers' processes
-_SPIN_SECONDS = 50e-6      # poll flat out this long (latency), then yield the core between polls
-_YIELD_SECONDS = 20e-3     # then yield between polls until the wait is this old, then nap
-_NAP_SHARE = 0.01          # a nap is this share of the time waited so far (so it adds at most 1%) ...
-_MAX_NAP = 10e-3           # ... and never longer than this
 _QUICK_POLLS = 32          # polls before the first look at the clock (about 5 us)
 _testall = MPI.Request.Testall
 _startall = MPI.Prequest.Startall
 
-# Control messages: kind, a flag, then a number, then text. LEFT: "I left after completing <number>
-# collectives, because <text>" (flag: after a failure of the runtime, so probably not the cause);
-# ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>".
-_CONTROL_BYTES = 512
-_LEFT, _ASK, _HERE = 1, 2, 3
-_FAILED, _ROOT, _NOT_FINALIZING = 1, 2, 4   # a farewell's flags
-_FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
-_DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer that died
-_SETUP_RECORD_BYTES = 1024
-_COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-point call)
 
-
-class MPITransport:
+class MPITransport(Departures, AtExit):
     """The ring's neighbours on an MPI communicator (use a private duplicate, never the user's).
 
-    Made by :func:`connect`, which also learns where every rank runs, or by :meth:`split`
+    Made by ``ring.transport.mpi_setup.connect``, which also learns where every rank runs, or by :meth:`split`
     for a subset of the ranks. ``names``: how messages name each rank of ``comm`` (the
     world's ranks, for a subset; default: its own ranks). ``watch``: another transport over
     the same ranks or more, whose control channel tells this one of departures (a transport
@@ -93,7 +69,7 @@ class MPITransport:
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
         oversubscribed = self.local_size > usable_cores()
-        self._spin_seconds = 0.0 if oversubscribed else _SPIN_SECONDS
+        self._spin_seconds = 0.0 if oversubscribed else SPIN_SECONDS
         # In the background (another thread of this process computes meanwhile): never spin or
         # yield, nap from the first poll on, so the computing thread keeps its core.
         self.background = False
@@ -101,21 +77,7 @@ class MPITransport:
         self._persistent: dict = {}
         self._inflight: list = []      # (request, peer) posted and not yet waited for, with its buffer
         self._abandoned: list = []     # requests that could not be cancelled, kept with their buffers for good
-        self.departed: dict[int, tuple[bool, int, str]] = {}   # rank -> (after a failure?, completed, why)
-        self.roots: set[int] = set()        # ranks whose farewell passes on a root cause (see PeerLost)
-        self.dead: set[int] = set()         # ranks known dead: never sent anything again
-        self.dead_names: dict[int, int] = {}   # rank -> the rank its farewell said died (as names gives it)
-        self.unfinalized: set[int] = set()  # ranks whose farewell said they will not call MPI_Finalize
-        # Control messages are probed for at each check (twice a second, in long waits only), never
-        # awaited by a receive from any source kept posted, which MPICH would match against every
-        # message of every call: nothing on the hot path.
-        self._control_in = np.zeros(_CONTROL_BYTES, np.uint8)
-        self._control_status = MPI.Status()
-        self._control_out: list = []   # control messages sent and not yet known complete, with their buffers
-        self._heard: dict[int, int] = {}   # roll call: rank -> the call it said it is in
-        # A point-to-point wait in the program's thread may poll beside a collective in the
-        # engine's: one of them at a time reads the control channel (a probe and its receive).
-        self._control_lock = threading.Lock()
+        self._init_departures()
         self.p2p = PointToPoint(self)
 
     def send_to_right(self, buf: Any) -> tuple[MPI.Request, int]:
@@ -247,53 +209,6 @@ class MPITransport:
             time.sleep(1e-3)
         self._abandoned.append((requests, buffers))
 
-    def roll_call(self, grace: float) -> dict[int, int]:
-        """After a timeout: ask every rank which call it is in; return ``{rank: call}`` for the ranks
-        that answered within ``grace`` seconds (a rank answers while it waits inside a collective
-        on this transport), ranks as ``names`` gives them."""
-        self._heard = {}
-        if self.liveness is not None:
-            self.liveness.ping()
-        for peer in range(self.size):
-            if peer != self.rank:
-                self._control(peer, _ASK, self.seq)
-        give_up = time.monotonic() + grace
-        while time.monotonic() < give_up and len(self._heard) + len(self.departed) < self.size - 1:
-            self._read_control()
-            time.sleep(5e-3)
-        return {self.names[r]: seq for r, seq in self._heard.items()}
-
-    def unreachable(self) -> list[int]:
-        """After a roll call: the ranks (as ``names`` gives them) whose host did not acknowledge
-        its ping (see ``ring.transport.liveness``); from then on they count as dead."""
-        if self.liveness is None:
-            return []
-        self.liveness.silent()   # (counts those it finds in ``ended``)
-        found = [peer for peer in range(self.size)
-                 if self.liveness.ended.get(self.names[peer]) == liveness_watch.UNREACHABLE]
-        self.dead.update(found)
-        return [self.names[p] for p in found]
-
-    def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
-                 finalizing: bool = True, dead: int | None = None, patience: float = 1.0) -> None:
-        """Tell every other rank that this one is leaving, having completed ``completed``
-        collectives, because ``why`` ("": its program ended), and whether it ``failed`` (then it is
-        probably not the cause: waiting ranks name a rank that left of its own accord first),
-        whether ``why`` is a ``root`` cause to pass on verbatim, and whether it is ``finalizing``.
-        Waits at most ``patience`` seconds for the messages to leave (they are small: MPI sends
-        them at once)."""
-        flag = (_FAILED if failed else 0) | (_ROOT if root else 0) | (0 if finalizing else _NOT_FINALIZING)
-        self._note_dead(dead)
-        if self.liveness is not None:
-            self.liveness.goodbye()
-        for peer in range(self.size):
-            if peer != self.rank:
-                self._control(peer, _LEFT, completed, why, flag=flag, dead=dead)
-        give_up = time.monotonic() + patience
-        requests = [r for r, _ in self._control_out]
-        while requests and not _testall(requests) and time.monotonic() < give_up:
-            time.sleep(1e-3)
-
     def split(self, color: int | None, key: int, watched: bool = False) -> "MPITransport | None":
         """A transport over the ranks that pass the same ``color``, ordered by ``key`` then by rank
         (MPI's Comm_split); None for ``color=None``. Every rank of this transport must call it, and
@@ -315,49 +230,6 @@ class MPITransport:
         return MPITransport(comm, [self.hosts[r] for r in mine], [self.pids[r] for r in mine],
                             [self.names[r] for r in mine], self if watched else None, self.liveness)
 
-    def farewell_of(self, peer: int, deadline: float) -> str | None:
-        """After this rank's own farewell: wait for ``peer``'s; return why it left ("": its program
-        ended normally), or None if it died without one or the deadline passed."""
-        while peer not in self.departed:
-            self._read_control()
-            if time.monotonic() >= deadline or peer in self.dead_peers():
-                self._read_control()
-                break
-            time.sleep(1e-3)
-        return self.departed[peer][2] if peer in self.departed else None
-
-    def deliver_at_exit(self, data: bytes, deadline: float) -> bool:
-        """At exit, after the farewells: hand ``data`` to rank 0 if it left normally (it then
-        collects, see collect_at_exit); whether it was delivered by the deadline."""
-        if self.farewell_of(0, deadline) != "":
-            return False
-        message = np.frombuffer(data, np.uint8)
-        request = self.comm.Isend([message, MPI.BYTE], 0, _EXIT_TAG)
-        while not request.Test():
-            if time.monotonic() >= deadline:
-                self._abandoned.append(([request], message))
-                return False
-            time.sleep(1e-3)
-        return True
-
-    def collect_at_exit(self, deadline: float) -> list[bytes | None]:
-        """Rank 0 at exit, after the farewells: what every other rank that left normally handed it
-        (deliver_at_exit), by rank; None for a rank that left after a failure, died, or was late."""
-        found: list[bytes | None] = [None] * self.size
-        status = MPI.Status()
-        for peer in range(1, self.size):
-            if self.farewell_of(peer, deadline) != "":
-                continue
-            while not self.comm.Iprobe(peer, _EXIT_TAG, status):
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(1e-3)
-            else:
-                message = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-                self.comm.Recv([message, MPI.BYTE], peer, _EXIT_TAG)
-                found[peer] = message.tobytes()
-        return found
-
     def close(self, failed: bool = False) -> None:
         """Free this transport's communicator, unless requests on it could not be ended. Control
         messages that arrived unread (the others' farewells) are read first: MPI (UCX) warns of
@@ -377,164 +249,6 @@ class MPITransport:
             self.liveness.goodbye()
             self.liveness.close()
 
-    def _control(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0,
-                 dead: int | None = None) -> None:
-        if peer in self.dead or (self.liveness is not None and self.names[peer] in self.liveness.ended):
-            return   # (over UCX, a message to a dead process crashed the sender)
-        message = np.zeros(_CONTROL_BYTES, np.uint8)
-        message[0] = kind
-        message[1] = flag
-        message[4:8] = np.frombuffer(np.int32(-1 if dead is None else dead).tobytes(), np.uint8)
-        message[8:16] = np.frombuffer(np.int64(number).tobytes(), np.uint8)
-        encoded = text.encode(errors="replace")[:_CONTROL_BYTES - 16]
-        message[16:16 + len(encoded)] = np.frombuffer(encoded, np.uint8)
-        try:
-            self._control_out.append((self.comm.Isend(message, peer, _CONTROL_TAG), message))
-        except MPI.Exception:
-            pass   # a peer we cannot reach cannot be told either
-        self._control_out = [(r, m) for r, m in self._control_out if not r.Test()]
-
-    def _read_control(self) -> None:
-        """Take every control message that has arrived: note farewells, answer roll calls."""
-        if not self._control_lock.acquire(blocking=False):
-            return   # another thread is reading them right now
-        try:
-            self._read_control_locked()
-        finally:
-            self._control_lock.release()
-
-    def _read_control_locked(self) -> None:
-        while self.comm.Iprobe(MPI.ANY_SOURCE, _CONTROL_TAG, self._control_status):
-            peer = self._control_status.Get_source()
-            self.comm.Recv(self._control_in, peer, _CONTROL_TAG)   # arrived already: returns at once
-            kind, flag = int(self._control_in[0]), int(self._control_in[1])
-            number = int(np.frombuffer(self._control_in[8:16].tobytes(), np.int64)[0])
-            text = self._control_in[16:].tobytes().rstrip(b"\0").decode(errors="replace")
-            if kind == _LEFT:
-                self.departed[peer] = (bool(flag & _FAILED), number, text)
-                if flag & _ROOT:
-                    self.roots.add(peer)
-                dead = int(np.frombuffer(self._control_in[4:8].tobytes(), np.int32)[0])
-                if dead >= 0:
-                    self.dead_names[peer] = dead
-                    self._note_dead(dead)
-                if flag & _NOT_FINALIZING:
-                    self.unfinalized.add(peer)
-            elif kind == _ASK:
-                self._control(peer, _HERE, self.seq)
-            elif kind == _HERE:
-                self._heard[peer] = number
-
-    def check_peers(self, expecting: Any = _COLLECTIVE) -> None:
-        """Raise PeerLost if a rank this call needs is gone: it left before completing this call,
-        or its process on this host ended without a word (and likewise for ``watch``). During a
-        point-to-point wait (``expecting`` a set of ranks, or None for any rank; a collective's
-        wait passes _COLLECTIVE), a departure of a rank it expects ends it, whatever that rank
-        had completed."""
-        if self.watch is not None:
-            self.watch.check_peers(_COLLECTIVE)
-        self._read_control()
-        gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
-                if (completed < self.seq if expecting is _COLLECTIVE else expecting is None or peer in expecting)]
-        if gone:
-            _, completed, peer, why = min(gone)
-            name = self.names[peer]
-            if peer in self.roots:   # it failed because a rank died: name that one, as it was seen
-                raise PeerLost(name, why, root=why)
-            raise PeerLost(name, f"rank {name} left: {why} (after {completed} collective(s))" if why else
-                           f"rank {name} ended its program after {completed} collective(s)")
-        dead = self.dead_peers()
-        if dead:
-            time.sleep(_FAREWELL_GRACE)   # a rank that just left after seeing a death may have said so
-            self._read_control()
-            for peer in dead:
-                if peer in self.roots:
-                    why = self.departed[peer][2]
-                    raise PeerLost(self.names[peer], why, root=why, dead=self.dead_names.get(peer))
-            dead = [p for p in dead if p not in self.departed]
-            if dead:
-                self.dead.update(dead)
-                message = self._death_text(dead)
-                raise PeerLost(self.names[dead[0]], message, root=f"{message} (seen by rank {self.names[self.rank]})",
-                               dead=self.names[dead[0]])
-
-    def _death_text(self, dead: Sequence[int]) -> str:
-        """What every rank should hear of the deaths of ``dead``, seen by this rank.
-
-        >>> t = MPITransport.__new__(MPITransport)
-        >>> t.names, t.pids, t.hosts = [0, 1, 2, 3], [10, 11, 12, 13], ["a", "a", "b", "b"]
-        >>> t.liveness = None
-        >>> t._death_text([3])
-        "rank 3 is gone: its process (pid 13 on host b) ended without leaving the runtime (killed, or crashed outside Python's control)"
-        >>> t._death_text([2, 3])
-        "ranks 2, 3 are gone: their processes (pid 12 on host b, pid 13 on host b) ended without leaving the runtime (killed, or crashed outside Python's control)"
-        """
-        ended = self.liveness.ended if self.liveness is not None else {}
-        silent = [p for p in dead if ended.get(self.names[p]) == liveness_watch.UNREACHABLE]
-        gone = [p for p in dead if p not in silent]
-        parts = []
-        if gone:
-            names = ", ".join(str(self.names[p]) for p in gone)
-            pids = ", ".join(f"pid {self.pids[p]} on host {self.hosts[p]}" for p in gone)
-            parts.append((f"rank {names} is gone: its process ({pids})" if len(gone) == 1 else
-                          f"ranks {names} are gone: their processes ({pids})") +
-                         " ended without leaving the runtime (killed, or crashed outside Python's control)")
-        if silent:
-            names = ", ".join(str(self.names[p]) for p in silent)
-            hosts = ", ".join(dict.fromkeys(self.hosts[p] for p in silent))
-            parts.append(f"rank{'s' if len(silent) > 1 else ''} {names} {'are' if len(silent) > 1 else 'is'} "
-                         f"unreachable: host {hosts} does not answer (its link or the host is down)")
-        return "; ".join(parts)
-
-    def _note_dead(self, name: int | None) -> None:
-        """Remember that the rank ``names`` calls ``name`` died (if it is one of this transport's)."""
-        if name is not None and name in self.names:
-            self.dead.add(self.names.index(name))
-
-    def dead_peers(self) -> list[int]:
-        """The ranks that ended without a farewell: on this host, their process has ended (killed);
-        on another, their connection closed without a goodbye, or their host went silent."""
-        ended = self.liveness.check() if self.liveness is not None else {}
-        return [peer for peer in range(self.size) if peer != self.rank and peer not in self.departed and
-                (_process_state(self._local_pids[peer]) is not None if peer in self._local_pids
-                 else self.names[peer] in ended)]
-
-    def gone_at_exit(self) -> list[int]:
-        """At exit: the ranks that will never call MPI_Finalize, as far as this rank knows (dead, or
-        said so in their farewell), as ``names`` gives them."""
-        self._read_control()
-        return sorted(set(self.known_dead()) | {self.names[p] for p in self.unfinalized})
-
-    def known_dead(self) -> list[int]:
-        """The ranks known dead (ended without a farewell, here or as a farewell said), as ``names`` gives them."""
-        return sorted(self.names[p] for p in set(self.dead_peers()) | self.dead)
-
-    def await_farewells(self, seconds: float) -> None:
-        """Wait up to ``seconds`` until every other rank has said farewell or is dead: a launcher may
-        end the job as soon as one process ends after a death (MPICH's does), so that the ranks
-        still reporting what they saw would be cut short."""
-        give_up = time.monotonic() + seconds
-        while time.monotonic() < give_up:
-            self._read_control()
-            dead = set(self.dead_peers())
-            if all(p == self.rank or p in self.departed or p in dead for p in range(self.size)):
-                return
-            time.sleep(5e-3)
-
-    def exit_barrier(self) -> list[int]:
-        """At exit, before MPI_Finalize (which waits for every rank, for ever if one died): wait
-        until every rank is at exit too; return [] then, or as soon as some rank is known never
-        to finalize, those ranks (see gone_at_exit), so that this one can leave without it."""
-        request = self.comm.Ibarrier()
-        started = time.monotonic()
-        while not request.Test():
-            gone = self.gone_at_exit()
-            if gone:
-                self._abandoned.append(([request], None))
-                return gone
-            _pause(time.monotonic() - started, 0.0, background=True)
-        return []
-
     def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int], statuses: list | None = None) -> None:
         """Poll until ``requests`` are done; the first peer still pending is the one named on timeout
         (-1: any rank)."""
@@ -543,13 +257,13 @@ class MPITransport:
                 if _testall(requests, statuses):
                     return
             started = time.monotonic()
-            next_check, notices = started + CHECK_INTERVAL, _notices
+            next_check, notices = started + CHECK_INTERVAL, self.notices()
             while not _testall(requests, statuses):
                 now = time.monotonic()
-                _pause(now - started, self._spin_seconds, self.background)
-                if now >= next_check or notices != _notices:
-                    notices = _notices
-                    self.check_peers(_COLLECTIVE)
+                pause(now - started, self._spin_seconds, self.background)
+                if now >= next_check or notices != self.notices():
+                    notices = self.notices()
+                    self.check_peers(COLLECTIVE)
                     next_check = now + CHECK_INTERVAL
                 if now >= self.deadline:
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
@@ -565,26 +279,7 @@ class MPITransport:
 
     def pause(self, waited: float) -> None:
         """Between two polls of a wait in the program's own thread (see _pause)."""
-        _pause(waited, self._spin_seconds)
-
-    def check_dead(self, peers: Sequence[int]) -> None:
-        """After MPI reported an error: raise PeerLost if one of ``peers`` (-1: any) is gone. A peer
-        killed a moment ago may have closed its connections before its process ended: look again
-        for up to _DEATH_GRACE seconds before leaving the error to MPI's words."""
-        expecting = {p for p in peers if p >= 0} if all(p >= 0 for p in peers) else None
-        give_up = time.monotonic() + _DEATH_GRACE
-        while True:
-            try:
-                self.check_peers(expecting)
-            except MPI.Exception:
-                pass
-            if time.monotonic() >= give_up:
-                return
-            time.sleep(0.02)
-
-    def notices(self) -> int:
-        """How many failure notices the launcher has sent this process (see hear_failure_notices)."""
-        return _notices
+        pause(waited, self._spin_seconds)
 
     def _failure_text(self, error: MPI.Exception, requests: list[MPI.Request], peers: Sequence[int],
                       statuses: list | None = None) -> str:
@@ -608,102 +303,6 @@ class MPITransport:
         return f"communication with {peer_text} failed: {_error_text(error)}"
 
 
-_notices = 0   # failure notices heard from the launcher (see hear_failure_notices)
-
-
-def hear_failure_notices() -> None:
-    """MPICH's launcher, told not to clean up after a failure (``-disable-auto-cleanup``), tells the
-    surviving processes that one died by SIGUSR1, whose default action ends them at once, silently,
-    before they can say who died. Where the program has no handler of its own (and this is its
-    main thread), count the notices instead: a wait looks at its peers at once after one."""
-    if (threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1")
-            and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL):
-        signal.signal(signal.SIGUSR1, _count_notice)
-
-
-def _count_notice(signum, frame) -> None:
-    global _notices
-    _notices += 1
-
-
-def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None) -> tuple[MPITransport, list[bytes]]:
-    """Set up the runtime's private communicator, a duplicate of ``comm`` (default: every rank,
-    MPI.COMM_WORLD), bounded by ``timeout`` seconds, and exchange ``record`` (at most 1 KiB: the
-    settings, or a problem found on this rank).
-
-    Returns the transport and every rank's record. Nothing here blocks inside MPI, so a rank
-    that never comes makes the others raise TransportTimeout instead of waiting for ever.
-    """
-    if len(record) > _SETUP_RECORD_BYTES:
-        raise ValueError(f"setup record of {len(record)} bytes; at most {_SETUP_RECORD_BYTES}")
-    deadline = time.monotonic() + timeout
-    comm, request = (comm or MPI.COMM_WORLD).Idup()   # a private duplicate: our messages never match the user's
-    _wait_setup([request], deadline, "make the runtime's communicator", comm)
-    liveness = liveness_watch.Liveness()
-    host = socket.gethostname().encode()[:200]
-    mine = np.zeros(16 + 256 + _SETUP_RECORD_BYTES, np.uint8)
-    mine[:16] = np.frombuffer(np.array([os.getpid(), liveness.port], np.int64).tobytes(), np.uint8)
-    mine[16:16 + len(host)] = np.frombuffer(host, np.uint8)
-    mine[272:272 + len(record)] = np.frombuffer(record, np.uint8)
-    every = np.empty((comm.Get_size(), mine.size), np.uint8)
-    try:
-        _wait_setup([comm.Iallgather(mine, every)], deadline, "exchange the settings", comm, mine, every)
-    except TransportError:
-        liveness.close()
-        raise
-    pids, ports = np.frombuffer(every[:, :16].tobytes(), np.int64).reshape(-1, 2).T.tolist()
-    hosts = [row[16:272].tobytes().rstrip(b"\0").decode(errors="replace") for row in every]
-    records = [row[272:].tobytes().rstrip(b"\0") for row in every]
-    rank = comm.Get_rank()
-    liveness.join(rank, hosts, ports)
-    _connect_across_hosts(comm, rank, hosts, deadline)
-    return MPITransport(comm, hosts, pids, liveness=liveness, owns_liveness=True), records
-
-
-def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadline: float) -> None:
-    """Exchange an empty message with every rank on another host, so that MPI connects to each now,
-    while all are alive: a first message to a rank whose host had since gone was seen to block
-    inside MPI (libfabric's tcp connecting) for minutes, out of reach of every deadline."""
-    others = [peer for peer in range(len(hosts)) if hosts[peer] != hosts[rank]]
-    if not others:
-        return
-    empty = np.zeros(0, np.uint8)
-    requests = [comm.Irecv([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
-    requests += [comm.Isend([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
-    _wait_setup(requests, deadline, "connect to the ranks on other hosts", empty)
-
-
-def _pause(waited: float, spin_seconds: float, background: bool = False) -> None:
-    """Between two polls of a wait that has lasted ``waited`` seconds: nothing while it is younger
-    than ``spin_seconds`` (latency), then give up the core (more ranks than cores: the peer we wait
-    for may need it), then, past _YIELD_SECONDS, nap for _NAP_SHARE of the time waited so far.
-    ``background``: nap from the start (a thread of this process computes on the core)."""
-    if background:
-        time.sleep(min(waited * _NAP_SHARE, _MAX_NAP))
-        return
-    if waited < spin_seconds:
-        return
-    if waited < _YIELD_SECONDS:
-        os.sched_yield()
-    else:
-        time.sleep(min(waited * _NAP_SHARE, _MAX_NAP))
-
-
-_unfinished_setups: list = []   # requests of a setup that timed out, kept with their buffers for good
-
-
-def _wait_setup(requests: list[MPI.Request], deadline: float, what: str, *buffers: Any) -> None:
-    started = time.monotonic()
-    while not _testall(requests):
-        now = time.monotonic()
-        if now >= deadline:
-            # A nonblocking collective cannot be cancelled: keep it, and what it writes into, alive.
-            _unfinished_setups.append((requests, buffers))
-            raise TransportTimeout(-1, now - started, f"every rank to {what} (a rank has not called "
-                                                      "into the runtime yet, or will not)")
-        _pause(now - started, 0.0)
-
-
 def _error_text(error: MPI.Exception) -> str:
     """MPI's error in one line: its class, and the innermost cause from the library's error stack
     (MPICH's strings carry a stack of function names, one per line, that means nothing to users).
@@ -722,27 +321,3 @@ def _error_text(error: MPI.Exception) -> str:
 MPITransport.error_text = staticmethod(_error_text)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):   # not Linux
-        return os.cpu_count() or 1
-
-
-_HAVE_PROC = os.path.isdir("/proc/self")
-
-
-def _process_state(pid: int) -> str | None:
-    """None while ``pid`` runs; else how it ended. A zombie (dead, not yet reaped) counts as ended."""
-    try:
-        if not _HAVE_PROC:
-            os.kill(pid, 0)
-            return None
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rsplit(b")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return "has exited"
-    except OSError:
-        return None   # cannot tell (permissions): the deadline still applies
-    return "has exited" if state in (b"Z", b"X") else None

@@ -1,0 +1,250 @@
+"""How a rank learns that others have left, and tells them that it leaves: the control channel
+of an MPI transport (a mixin of ``ring.transport.mpi.MPITransport``).
+
+Every rank that leaves (its program ended, raised, or was interrupted) tells every other rank
+how many collectives it completed and why it left (``farewell``). A waiting rank looks at the
+channel every CHECK_INTERVAL seconds (``check_peers``) and also finds peers that died without
+a farewell: on this host, by their process having ended; on another, by their connection in
+``ring.transport.liveness`` closing without a goodbye or going silent. The same channel answers
+the roll call that names, after a timeout, which ranks are in which call, and carries what
+ranks hand rank 0 at exit (the timeline's events).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ring.transport import liveness as liveness_watch
+from ring.transport.base import PeerLost
+from ring.transport.polling import process_state
+
+_CONTROL_TAG = 8
+EXIT_TAG = 9    # what a rank hands rank 0 at exit, after the farewells (the timeline's events)
+_testall = MPI.Request.Testall
+
+# Control messages: kind, a flag, then a number, then text. LEFT: "I left after completing <number>
+# collectives, because <text>" (flag: after a failure of the runtime, so probably not the cause);
+# ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>".
+_CONTROL_BYTES = 512
+LEFT, _ASK, _HERE = 1, 2, 3
+FAILED, ROOT, NOT_FINALIZING = 1, 2, 4   # a farewell's flags
+_FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
+_DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer that died
+COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-point call)
+
+
+class Departures:
+    """The control channel's state and methods, for a transport with ``comm``, ``rank``, ``size``,
+    ``names``, ``hosts``, ``pids``, ``liveness``, ``watch``, ``seq`` and ``_local_pids``."""
+
+    def _init_departures(self) -> None:
+        self.departed: dict[int, tuple[bool, int, str]] = {}   # rank -> (after a failure?, completed, why)
+        self.roots: set[int] = set()        # ranks whose farewell passes on a root cause (see PeerLost)
+        self.dead: set[int] = set()         # ranks known dead: never sent anything again
+        self.dead_names: dict[int, int] = {}   # rank -> the rank its farewell said died (as names gives it)
+        self.unfinalized: set[int] = set()  # ranks whose farewell said they will not call MPI_Finalize
+        # Control messages are probed for at each check (twice a second, in long waits only), never
+        # awaited by a receive from any source kept posted, which MPICH would match against every
+        # message of every call: nothing on the hot path.
+        self._control_in = np.zeros(_CONTROL_BYTES, np.uint8)
+        self._control_status = MPI.Status()
+        self._control_out: list = []   # control messages sent and not yet known complete, with their buffers
+        self._heard: dict[int, int] = {}   # roll call: rank -> the call it said it is in
+        # A point-to-point wait in the program's thread may poll beside a collective in the
+        # engine's: one of them at a time reads the control channel (a probe and its receive).
+        self._control_lock = threading.Lock()
+
+    def roll_call(self, grace: float) -> dict[int, int]:
+        """After a timeout: ask every rank which call it is in; return ``{rank: call}`` for the ranks
+        that answered within ``grace`` seconds (a rank answers while it waits inside a collective
+        on this transport), ranks as ``names`` gives them."""
+        self._heard = {}
+        if self.liveness is not None:
+            self.liveness.ping()
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._control(peer, _ASK, self.seq)
+        give_up = time.monotonic() + grace
+        while time.monotonic() < give_up and len(self._heard) + len(self.departed) < self.size - 1:
+            self._read_control()
+            time.sleep(5e-3)
+        return {self.names[r]: seq for r, seq in self._heard.items()}
+
+    def unreachable(self) -> list[int]:
+        """After a roll call: the ranks (as ``names`` gives them) whose host did not acknowledge
+        its ping (see ``ring.transport.liveness``); from then on they count as dead."""
+        if self.liveness is None:
+            return []
+        self.liveness.silent()   # (counts those it finds in ``ended``)
+        found = [peer for peer in range(self.size)
+                 if self.liveness.ended.get(self.names[peer]) == liveness_watch.UNREACHABLE]
+        self.dead.update(found)
+        return [self.names[p] for p in found]
+
+    def _control(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0,
+                 dead: int | None = None) -> None:
+        if peer in self.dead or (self.liveness is not None and self.names[peer] in self.liveness.ended):
+            return   # (over UCX, a message to a dead process crashed the sender)
+        message = np.zeros(_CONTROL_BYTES, np.uint8)
+        message[0] = kind
+        message[1] = flag
+        message[4:8] = np.frombuffer(np.int32(-1 if dead is None else dead).tobytes(), np.uint8)
+        message[8:16] = np.frombuffer(np.int64(number).tobytes(), np.uint8)
+        encoded = text.encode(errors="replace")[:_CONTROL_BYTES - 16]
+        message[16:16 + len(encoded)] = np.frombuffer(encoded, np.uint8)
+        try:
+            self._control_out.append((self.comm.Isend(message, peer, _CONTROL_TAG), message))
+        except MPI.Exception:
+            pass   # a peer we cannot reach cannot be told either
+        self._control_out = [(r, m) for r, m in self._control_out if not r.Test()]
+
+    def _read_control(self) -> None:
+        """Take every control message that has arrived: note farewells, answer roll calls."""
+        if not self._control_lock.acquire(blocking=False):
+            return   # another thread is reading them right now
+        try:
+            self._read_control_locked()
+        finally:
+            self._control_lock.release()
+
+    def _read_control_locked(self) -> None:
+        while self.comm.Iprobe(MPI.ANY_SOURCE, _CONTROL_TAG, self._control_status):
+            peer = self._control_status.Get_source()
+            self.comm.Recv(self._control_in, peer, _CONTROL_TAG)   # arrived already: returns at once
+            kind, flag = int(self._control_in[0]), int(self._control_in[1])
+            number = int(np.frombuffer(self._control_in[8:16].tobytes(), np.int64)[0])
+            text = self._control_in[16:].tobytes().rstrip(b"\0").decode(errors="replace")
+            if kind == LEFT:
+                self.departed[peer] = (bool(flag & FAILED), number, text)
+                if flag & ROOT:
+                    self.roots.add(peer)
+                dead = int(np.frombuffer(self._control_in[4:8].tobytes(), np.int32)[0])
+                if dead >= 0:
+                    self.dead_names[peer] = dead
+                    self._note_dead(dead)
+                if flag & NOT_FINALIZING:
+                    self.unfinalized.add(peer)
+            elif kind == _ASK:
+                self._control(peer, _HERE, self.seq)
+            elif kind == _HERE:
+                self._heard[peer] = number
+
+    def check_peers(self, expecting: Any = COLLECTIVE) -> None:
+        """Raise PeerLost if a rank this call needs is gone: it left before completing this call,
+        or its process on this host ended without a word (and likewise for ``watch``). During a
+        point-to-point wait (``expecting`` a set of ranks, or None for any rank; a collective's
+        wait passes COLLECTIVE), a departure of a rank it expects ends it, whatever that rank
+        had completed."""
+        if self.watch is not None:
+            self.watch.check_peers(COLLECTIVE)
+        self._read_control()
+        gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
+                if (completed < self.seq if expecting is COLLECTIVE else expecting is None or peer in expecting)]
+        if gone:
+            _, completed, peer, why = min(gone)
+            name = self.names[peer]
+            if peer in self.roots:   # it failed because a rank died: name that one, as it was seen
+                raise PeerLost(name, why, root=why)
+            raise PeerLost(name, f"rank {name} left: {why} (after {completed} collective(s))" if why else
+                           f"rank {name} ended its program after {completed} collective(s)")
+        dead = self.dead_peers()
+        if dead:
+            time.sleep(_FAREWELL_GRACE)   # a rank that just left after seeing a death may have said so
+            self._read_control()
+            for peer in dead:
+                if peer in self.roots:
+                    why = self.departed[peer][2]
+                    raise PeerLost(self.names[peer], why, root=why, dead=self.dead_names.get(peer))
+            dead = [p for p in dead if p not in self.departed]
+            if dead:
+                self.dead.update(dead)
+                message = self._death_text(dead)
+                raise PeerLost(self.names[dead[0]], message, root=f"{message} (seen by rank {self.names[self.rank]})",
+                               dead=self.names[dead[0]])
+
+    def _death_text(self, dead: Sequence[int]) -> str:
+        """What every rank should hear of the deaths of ``dead``, seen by this rank.
+
+        >>> t = Departures.__new__(Departures)
+        >>> t.names, t.pids, t.hosts = [0, 1, 2, 3], [10, 11, 12, 13], ["a", "a", "b", "b"]
+        >>> t.liveness = None
+        >>> t._death_text([3])
+        "rank 3 is gone: its process (pid 13 on host b) ended without leaving the runtime (killed, or crashed outside Python's control)"
+        >>> t._death_text([2, 3])
+        "ranks 2, 3 are gone: their processes (pid 12 on host b, pid 13 on host b) ended without leaving the runtime (killed, or crashed outside Python's control)"
+        """
+        ended = self.liveness.ended if self.liveness is not None else {}
+        silent = [p for p in dead if ended.get(self.names[p]) == liveness_watch.UNREACHABLE]
+        gone = [p for p in dead if p not in silent]
+        parts = []
+        if gone:
+            names = ", ".join(str(self.names[p]) for p in gone)
+            pids = ", ".join(f"pid {self.pids[p]} on host {self.hosts[p]}" for p in gone)
+            parts.append((f"rank {names} is gone: its process ({pids})" if len(gone) == 1 else
+                          f"ranks {names} are gone: their processes ({pids})") +
+                         " ended without leaving the runtime (killed, or crashed outside Python's control)")
+        if silent:
+            names = ", ".join(str(self.names[p]) for p in silent)
+            hosts = ", ".join(dict.fromkeys(self.hosts[p] for p in silent))
+            parts.append(f"rank{'s' if len(silent) > 1 else ''} {names} {'are' if len(silent) > 1 else 'is'} "
+                         f"unreachable: host {hosts} does not answer (its link or the host is down)")
+        return "; ".join(parts)
+
+    def _note_dead(self, name: int | None) -> None:
+        """Remember that the rank ``names`` calls ``name`` died (if it is one of this transport's)."""
+        if name is not None and name in self.names:
+            self.dead.add(self.names.index(name))
+
+    def dead_peers(self) -> list[int]:
+        """The ranks that ended without a farewell: on this host, their process has ended (killed);
+        on another, their connection closed without a goodbye, or their host went silent."""
+        ended = self.liveness.check() if self.liveness is not None else {}
+        return [peer for peer in range(self.size) if peer != self.rank and peer not in self.departed and
+                (process_state(self._local_pids[peer]) is not None if peer in self._local_pids
+                 else self.names[peer] in ended)]
+
+    def known_dead(self) -> list[int]:
+        """The ranks known dead (ended without a farewell, here or as a farewell said), as ``names`` gives them."""
+        return sorted(self.names[p] for p in set(self.dead_peers()) | self.dead)
+
+    def check_dead(self, peers: Sequence[int]) -> None:
+        """After MPI reported an error: raise PeerLost if one of ``peers`` (-1: any) is gone. A peer
+        killed a moment ago may have closed its connections before its process ended: look again
+        for up to _DEATH_GRACE seconds before leaving the error to MPI's words."""
+        expecting = {p for p in peers if p >= 0} if all(p >= 0 for p in peers) else None
+        give_up = time.monotonic() + _DEATH_GRACE
+        while True:
+            try:
+                self.check_peers(expecting)
+            except MPI.Exception:
+                pass
+            if time.monotonic() >= give_up:
+                return
+            time.sleep(0.02)
+
+    def notices(self) -> int:
+        """How many failure notices the launcher has sent this process (see hear_failure_notices)."""
+        return _notices
+
+
+_notices = 0   # failure notices heard from the launcher (see hear_failure_notices)
+
+
+def hear_failure_notices() -> None:
+    """MPICH's launcher, told not to clean up after a failure (``-disable-auto-cleanup``), tells the
+    surviving processes that one died by SIGUSR1, whose default action ends them at once, silently,
+    before they can say who died. Where the program has no handler of its own (and this is its
+    main thread), count the notices instead: a wait looks at its peers at once after one."""
+    if (threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1")
+            and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL):
+        signal.signal(signal.SIGUSR1, _count_notice)
+
+
+def _count_notice(signum, frame) -> None:
+    global _notices
+    _notices += 1
