@@ -1,1 +1,2 @@
-"""Training strategies beside the all-reduce loop of ``trainer/__main__.py``: parameter servers (``ps``)."""
+"""Training strategies: synchronous data parallelism by all-reduce (``allreduce``, the default) and
+parameter servers (``ps``); ``trainer/__main__.py`` sets the run up and hands it to one."""

@@ -1,0 +1,180 @@
+"""The trainer's command line: its flags, and the checks that only rank 0 can make (its files).
+
+Usage errors are said once, by rank 0, and every rank exits with the same status (``cmdline.parser``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import numpy as np
+
+import collectives as col
+from cmdline.parser import FAULT, USAGE, ArgumentParser, finite_non_negative, finite_positive
+from trainer import checkpoint
+from trainer.common import UsageExit
+
+
+def _at_least(least: int):
+    def parse(text):
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
+        return value
+    return parse
+
+
+
+_positive_int = _at_least(1)
+
+
+MIN_SAMPLES = 5   # one sample in five is held out for testing: fewer leave no test set
+
+
+SYNTHETIC_DEFAULTS: dict[str, int] = {}   # --samples, --features, --classes: filled by parse_args
+
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags of ``python -m trainer``, checked (a usage error exits on every rank with status 2)."""
+    p = ArgumentParser(prog="python -m trainer", description="Synchronous data-parallel training of an MLP, "
+                                                             "gradients averaged by our ring all-reduce.")
+    _model_flags(p)
+    _run_flags(p)
+    args = p.parse_args(argv)
+    if args.resume and args.checkpoint_dir is None:
+        p.error("--resume needs --checkpoint-dir")
+    if args.resume_changed and not args.resume:
+        p.error("--resume-changed goes with --resume")
+    given = [flag for flag in ("--servers", "--max-staleness") if hasattr(args, flag[2:].replace("-", "_"))]
+    if given and args.strategy != "ps":
+        p.error(f"{', '.join(given)}: only for --strategy ps")
+    args.servers = getattr(args, "servers", 1)
+    args.max_staleness = getattr(args, "max_staleness", None)
+    if args.strategy == "ps" and args.device != "cpu":
+        p.error("--strategy ps: runs on the CPU (--device cpu)")
+    given = [f"--{name}" for name in SYNTHETIC_DEFAULTS if hasattr(args, name)]
+    if given and args.dataset != "synthetic":
+        p.error(f"{', '.join(given)}: only for --dataset synthetic (the digits have their own size)")
+    for name, default in SYNTHETIC_DEFAULTS.items():
+        setattr(args, name, getattr(args, name, default))
+    _check_extras(p, args)
+    return args
+
+
+def _check_extras(p: ArgumentParser, args: argparse.Namespace) -> None:
+    """The optional packages the flags given need are installed."""
+    if args.device == "cuda":
+        try:
+            import cupy  # noqa: F401
+        except ImportError as e:
+            p.error(f"--device cuda needs CuPy ({e}): pip install -e '.[cuda13]' (or '.[cuda12]')")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib: pip install -e '.[plot]'")
+    if args.tensorboard:
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError:
+            p.error("--tensorboard needs tensorboardX: pip install -e '.[tensorboard]'")
+
+
+def _model_flags(p: ArgumentParser) -> None:
+    """What is trained, and how: the data, the model, the optimizer."""
+    p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits",
+                   help="digits: the embedded 8x8 handwritten digits; synthetic: Gaussian clusters")
+    for flag, parse, default, what in (("--samples", _at_least(MIN_SAMPLES), 20000, "number of samples"),
+                                       ("--features", _positive_int, 256, "features per sample"),
+                                       ("--classes", _positive_int, 10, "number of classes")):
+        p.add_argument(flag, type=parse, default=argparse.SUPPRESS,
+                       help=f"--dataset synthetic only: {what} (default: {default})")
+        SYNTHETIC_DEFAULTS[flag[2:]] = default
+    p.add_argument("--hidden", type=_positive_int, nargs="+", default=[64], help="hidden layer widths")
+    p.add_argument("--epochs", type=_positive_int, default=20, help="epochs to train (in all, with --resume)")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="global batch, split across ranks")
+    p.add_argument("--lr", type=finite_positive, default=0.05, help="learning rate")
+    p.add_argument("--momentum", type=finite_non_negative, default=0.9, help="SGD momentum")
+    p.add_argument("--weight-decay", type=finite_non_negative, default=1e-4, help="L2 weight decay")
+    p.add_argument("--seed", type=_at_least(0), default=0, help="initialisation and shuffling seed (>= 0)")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="element type of the model, the data and the gradients")
+
+
+def _run_flags(p: ArgumentParser) -> None:
+    """How the run goes: communication, strategy, device, outputs, checkpoints."""
+    p.add_argument("--bucket-mb", type=finite_positive, default=25.0,
+                   help="gradient bucket size in MB (1e6 bytes, as DDP's bucket_cap_mb); each bucket's all-reduce "
+                        "starts as soon as backward has produced it (the first bucket holds at most 1 MiB)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="one all-reduce of every gradient after backward, instead of buckets overlapped with it")
+    p.add_argument("--tensor-parallel", type=_positive_int, default=1, metavar="T",
+                   help="split each pair of layers across T consecutive ranks (Megatron-LM's tensor parallelism); "
+                        "the n/T replicas train data-parallel. n must be a multiple of T")
+    p.add_argument("--strategy", choices=["allreduce", "ps"], default="allreduce",
+                   help="allreduce: synchronous data parallelism; ps: parameter servers (see trainer/strategies/ps.py)")
+    p.add_argument("--servers", type=_positive_int, default=argparse.SUPPRESS,
+                   help="--strategy ps: how many of the ranks (the last ones) are servers (default: 1)")
+    p.add_argument("--max-staleness", type=_at_least(0), default=argparse.SUPPRESS, metavar="K",
+                   help="--strategy ps: a worker's pull waits until every worker has pushed its step - K "
+                        "gradients; 0: synchronous (default: unbounded, fully asynchronous)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: the model and data on each rank's GPU (cupy), gradients over NCCL")
+    p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file; with --resume, "
+                                                "the epochs after the checkpoint are replaced (default: none)")
+    p.add_argument("--tensorboard", type=Path, metavar="DIR",
+                   help="write TensorBoard event files of every epoch's numbers to DIR (rank 0; needs tensorboardX: "
+                        "pip install -e '.[tensorboard]') (default: none)")
+    p.add_argument("--plot", type=Path, help="draw loss and accuracy curves of the whole run to this PNG "
+                                             "(needs matplotlib) (default: none)")
+    p.add_argument("--checkpoint-dir", type=Path, help="save checkpoints here (rank 0) (default: none)")
+    p.add_argument("--checkpoint-every", type=_positive_int, default=1, help="epochs between checkpoints")
+    p.add_argument("--keep", type=_positive_int, default=3, help="checkpoints to keep")
+    p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    p.add_argument("--resume-changed", action="store_true",
+                   help="with --resume: continue even where --seed, --batch-size, --lr, --momentum or "
+                        "--weight-decay differ from the checkpoint's")
+
+
+
+def agree_on(problem: str) -> None:
+    """Rank 0's verdict on a check only it can make (its files) reaches every rank: raise UsageExit
+    on every rank if ``problem`` (rank 0's; "status:text") is not empty."""
+    message = np.zeros(1024, np.uint8)
+    if col.rank() == 0:
+        encoded = problem.encode()[:1024]
+        message[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+    col.broadcast(message, root=0)
+    text = message.tobytes().rstrip(b"\0").decode(errors="replace")
+    if text:
+        status, _, what = text.partition(":")
+        raise UsageExit(what, int(status))
+
+
+def check_outputs(args) -> str:
+    """Rank 0, before anything else: every output path can be written, and the checkpoint
+    directory is this run's alone (it takes its lock). Returns "status:problem", or ""."""
+    for flag, path in (("--metrics", args.metrics), ("--plot", args.plot)):
+        if path is None:
+            continue
+        if path.is_dir():
+            return f"{USAGE}:{flag} {path}: is a directory; give a file name"
+        if not path.parent.is_dir():
+            return f"{USAGE}:{flag} {path}: the directory {path.parent} does not exist"
+        if not os.access(path.parent, os.W_OK):
+            return f"{FAULT}:{flag} {path}: the directory {path.parent} is not writable"
+    if args.tensorboard is not None and args.tensorboard.exists() and not args.tensorboard.is_dir():
+        return f"{USAGE}:--tensorboard {args.tensorboard}: is a file, not a directory"
+    if args.checkpoint_dir is not None:
+        if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+            return f"{USAGE}:--checkpoint-dir {args.checkpoint_dir}: is a file, not a directory"
+        try:
+            checkpoint.lock(args.checkpoint_dir)
+        except checkpoint.InUse as e:
+            return f"{USAGE}:--checkpoint-dir {e}"
+        except OSError as e:
+            return f"{FAULT}:--checkpoint-dir {args.checkpoint_dir}: {e.strerror or e}"
+    return ""
+

@@ -1,0 +1,83 @@
+"""Resuming: the newest valid checkpoint, read by rank 0 and broadcast, and what a resumed run
+must share with it; the metrics file cut back to the epochs the checkpoint covers."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import collectives as col
+from cmdline.parser import USAGE
+from trainer import checkpoint
+from trainer.arguments import agree_on
+from trainer.model import MLP
+from trainer.optim import SGD
+
+
+#: What a resumed run must share with the checkpoint unless --resume-changed: flag -> config key.
+RESUME_MUST_MATCH = {"--seed": "seed", "--batch-size": "batch_size", "--lr": "lr", "--momentum": "momentum",
+                     "--weight-decay": "weight_decay"}
+
+
+
+def config_of(args, dataset) -> dict:
+    return {"sizes": [dataset.train_x.shape[1], *args.hidden, dataset.classes], "dtype": args.dtype,
+            "dataset": args.dataset, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
+            "momentum": args.momentum, "weight_decay": args.weight_decay}
+
+
+def changed_settings(saved: dict, config: dict) -> list[str]:
+    """The training settings this run changes from the checkpoint's (older checkpoints lack some)."""
+    return [f"{flag} {saved[key]} -> {config[key]}" for flag, key in RESUME_MUST_MATCH.items()
+            if key in saved and saved[key] != config[key]]
+
+
+def resume(args, model: MLP, opt: SGD, config: dict) -> int:
+    """Load the newest valid checkpoint on rank 0 and broadcast it; returns the epoch to start at (0-based).
+    A checkpoint holds the whole model, whatever --tensor-parallel wrote it: each rank takes its part."""
+    status, problem = np.zeros(2, np.int64), ""   # [found a usable one, epochs already done]
+    full_params, full_velocity = (model.xp.empty(model.full_size(), model.flat_params.dtype) for _ in range(2))
+    if col.rank() == 0:
+        found = checkpoint.newest_valid(args.checkpoint_dir, report=lambda m: print(m, file=sys.stderr))
+        if found is None:
+            problem = f"{USAGE}:--resume: no usable checkpoint in {args.checkpoint_dir}"
+        else:
+            path, saved = found
+            saved_config = json.loads(str(saved["config"]))
+            changed = changed_settings(saved_config, config)
+            if saved_config["sizes"] != config["sizes"] or saved["params"].shape != \
+                    (model.full_size(),) or str(saved["params"].dtype) != args.dtype:
+                problem = f"{USAGE}:--resume: {path.name} was written for another model: {saved['config']}"
+            elif changed and not args.resume_changed:
+                problem = (f"{USAGE}:--resume: this run changes the checkpoint's settings ({', '.join(changed)}); "
+                           "give the same flags, or add --resume-changed to continue with the new ones")
+            else:
+                full_params[...] = model.xp.asarray(saved["params"])
+                full_velocity[...] = model.xp.asarray(saved["velocity"])
+                status[:] = (1, checkpoint.epochs_done(saved))
+                print(f"resuming from {path} (epoch {checkpoint.epochs_done(saved)} done)", flush=True)
+    agree_on(problem)
+    col.broadcast(status, root=0)
+    model.load_full(col.broadcast(full_params, root=0))
+    model.load_full(col.broadcast(full_velocity, root=0), into=opt.velocity)
+    return int(status[1])
+
+
+def earlier_records(path: Path | None, epochs_done: int) -> list[dict]:
+    """The metrics records of the epochs a resumed run keeps (1..epochs_done), from ``path``; the
+    file is cut back to them, so that it stays the record of one run whatever crashed when."""
+    if path is None or not path.exists():
+        return []
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue   # a line cut short by a crash
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int) and record["epoch"] <= epochs_done:
+            kept.append(record)
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return kept
+
