@@ -189,9 +189,12 @@ class Engine:
         try:
             return job(*args)
         finally:
-            with self._lock:   # (_release, written out: this is every blocking call's path)
-                self._busy = False
-                if self._queue or self._closing:
+            # Handing the turn back takes no lock unless someone waits: a thread that waits for the
+            # turn queues its place (or sets _closing) under the lock before it waits, so either it
+            # is seen here and notified under the lock, or it finds the turn free when it looks.
+            self._busy = False
+            if self._queue or self._closing:
+                with self._lock:
                     self._turns.notify_all()
 
     def _wait_for_turn(self) -> None:

@@ -68,7 +68,7 @@ def allreduce_small(transport: Transport, input: Any, output: Any, op: str, sign
     n = transport.size
     prescale = op == "avg" and input.dtype == np.float16   # (as _prescales says: inline, it runs on every call)
     payload = np.true_divide(input, n, dtype=input.dtype) if prescale else input
-    agreed = doubling.agree(transport, signature, payload, arrays.combiner(np, op), output)
+    agreed = doubling.agree(transport, signature, payload, arrays.ufunc(np, op), output)
     if agreed and op == "avg" and not prescale and n > 1:
         arrays.divide_(output, n)
     return agreed
@@ -145,13 +145,9 @@ def gather_small(transport: Transport, counts: tuple[int, ...], data: np.ndarray
     if width:
         message[head + rank * width:head + (rank + 1) * width] = data.view(np.uint8)
     gathered = np.empty_like(message)
-    if not doubling.agree(transport, signature, message, _bitwise_or, gathered):
+    if not doubling.agree(transport, signature, message, np.bitwise_or, gathered):
         return None
     return gathered[:head].view(np.int64).reshape(n, len(counts)), gathered[head:]
-
-
-def _bitwise_or(out: np.ndarray, mine: np.ndarray, received: np.ndarray) -> None:
-    np.bitwise_or(mine, received, out=out)
 
 
 def allgather(transport: Transport, input: Any, output: Any, counts: list[int], segment_elems: int) -> None:
@@ -169,8 +165,8 @@ def broadcast_small(transport: Transport, buffer: np.ndarray, root: int, signatu
     the check's. Returns False (``buffer`` untouched) if any rank's signature differs."""
     mine = buffer.view(np.uint8)
     if transport.rank == root:   # (its buffer may be read-only: the result it already has goes nowhere)
-        return doubling.agree(transport, signature, mine, _bitwise_or, None)
-    return doubling.agree(transport, signature, np.zeros_like(mine), _bitwise_or, mine)
+        return doubling.agree(transport, signature, mine, np.bitwise_or, None)
+    return doubling.agree(transport, signature, np.zeros_like(mine), np.bitwise_or, mine)
 
 
 def broadcast(transport: Transport, buffer: Any, root: int, segment_elems: int) -> None:

@@ -68,16 +68,26 @@ def copy_from_host(dst: Any, host: np.ndarray) -> None:
 
 
 @lru_cache(maxsize=None)
+def ufunc(xp: ModuleType, op: str):
+    """The ufunc of ``xp`` that combines two contributions by ``op`` ("avg" sums).
+
+    >>> ufunc(np, "max")(np.array([1., 5]), np.array([4., 0]))
+    array([4., 5.])
+    """
+    return getattr(xp, REDUCE_UFUNC_NAMES[op])
+
+
+@lru_cache(maxsize=None)
 def combiner(xp: ModuleType, op: str):
     """``combine(out, mine, received)``: ``out = op(mine, received)`` elementwise, no temporaries.
 
     >>> out = np.zeros(3); combiner(np, "max")(out, np.array([1., 5, 2]), np.array([4., 0, 2])); out
     array([4., 5., 2.])
     """
-    ufunc = getattr(xp, REDUCE_UFUNC_NAMES[op])
+    combined = ufunc(xp, op)
 
     def combine(out, mine, received):
-        ufunc(mine, received, out=out)
+        combined(mine, received, out=out)
 
     return combine
 

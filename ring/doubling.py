@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from ring import execute
-from ring.execute import Combine
 from ring.schedule import core_size
 from ring.transport.base import Transport
 
@@ -81,13 +80,14 @@ def doubling_steps(rank: int, n: int) -> tuple[Step, ...]:
     return tuple(steps)
 
 
-def agree(transport: Transport, signature: bytes, payload: Any = None, combine: Combine | None = None,
+def agree(transport: Transport, signature: bytes, payload: Any = None, combine: np.ufunc | None = None,
           out: Any = None) -> bool:
     """True on every rank if every rank passed the same ``signature``, False on every rank otherwise.
 
     With a ``payload`` (a small flat numpy array, at most MAX_PAYLOAD_BYTES), it is
-    all-reduced with ``combine`` on the way into ``out`` (which may be ``payload``, or None
-    where the result is not wanted); ``out`` is written only when the result is True.
+    all-reduced with the ufunc ``combine`` (``np.add``, ``np.bitwise_or``, ...) on the way into
+    ``out`` (which may be ``payload``, or None where the result is not wanted); ``out`` is
+    written only when the result is True.
 
     >>> agree(transport, b"allreduce float32 x1024")        # doctest: +SKIP
     True
@@ -104,7 +104,7 @@ def agree(transport: Transport, signature: bytes, payload: Any = None, combine: 
                          0 if payload is None else payload.nbytes)
 
 
-def _agree(transport: Transport, signature: bytes, payload: Any, combine: Combine | None, out: Any) -> bool:
+def _agree(transport: Transport, signature: bytes, payload: Any, combine: np.ufunc | None, out: Any) -> bool:
     nbytes = 0 if payload is None else payload.nbytes
     if nbytes > MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload of {nbytes} bytes; at most {MAX_PAYLOAD_BYTES}")
@@ -114,34 +114,39 @@ def _agree(transport: Transport, signature: bytes, payload: Any, combine: Combin
             out[...] = payload
         return True
     padded = signature.ljust(SIGNATURE_BYTES, b"\0")   # (longer fails here: signature.template keeps it short)
-    m = _messages().layout(None if payload is None else payload.dtype, nbytes)
+    try:
+        messages = _per_thread.messages
+    except AttributeError:
+        messages = _per_thread.messages = _Messages()
+    key = (None if payload is None else payload.dtype, nbytes)
+    m = messages.layouts.get(key) or messages.layout(*key)
     m.send_header[:SIGNATURE_BYTES] = padded
     m.send_header[SIGNATURE_BYTES] = 1
     if payload is not None:
-        np.copyto(m.own, payload)
-    last = len(steps) - 1
-    for k, step in enumerate(steps):
+        m.own[...] = payload
+    final = steps[-1]
+    for step in steps:
         transport.exchange(m.send if step.send_to is not None else None,
                            m.recv if step.recv_from is not None else None,
-                           dest=step.send_to, source=step.recv_from, reuse=True)
+                           dest=step.send_to, source=step.recv_from, reuse=m)
         if step.recv_from is None:
             continue
         if step.merge == "replace":
             m.send_header[SIGNATURE_BYTES] = m.recv_header[SIGNATURE_BYTES]
             if payload is not None:
-                np.copyto(m.own, m.received)
+                m.own[...] = m.received
             continue
         same = m.send_header[SIGNATURE_BYTES] and m.recv_header[SIGNATURE_BYTES] and \
-            m.recv_header[:SIGNATURE_BYTES].tobytes() == padded
+            m.recv_signature == padded
         if not same:
             m.send_header[SIGNATURE_BYTES] = 0
         elif payload is not None:
-            target = out if k == last and out is not None else m.own   # the last step writes it where it belongs
+            target = out if step is final and out is not None else m.own   # the last step writes where it belongs
             if step.merge == "mine_first":
-                combine(target, m.own, m.received)
+                combine(m.own, m.received, out=target)
             else:
-                combine(target, m.received, m.own)
-            if k == last:
+                combine(m.received, m.own, out=target)
+            if step is final:
                 return True
     agreed = m.send_header[SIGNATURE_BYTES] == 1
     if agreed and payload is not None and out is not None:
@@ -164,6 +169,7 @@ class _Layout:
         self.recv = recv
         self.send_header = memoryview(send)[:_HEADER]
         self.recv_header = recv[:_HEADER]
+        self.recv_signature = recv[:SIGNATURE_BYTES]
         self.own = send[_HEADER:_HEADER + nbytes].view(dtype) if dtype is not None else None
         self.received = np.frombuffer(recv, dtype, nbytes // dtype.itemsize, _HEADER) if dtype is not None else None
 
@@ -175,22 +181,14 @@ class _Messages:
         self._send = np.zeros(_HEADER + MAX_PAYLOAD_BYTES, np.uint8)
         self._recv = np.zeros(_HEADER + MAX_PAYLOAD_BYTES, np.uint8)
         self._whole_recv = memoryview(self._recv)
-        self._layouts: dict = {}
+        self.layouts: dict = {}   # (dtype, nbytes) -> its _Layout
 
     def layout(self, dtype, nbytes: int) -> _Layout:
-        found = self._layouts.get((dtype, nbytes))
-        if found is None:
-            if len(self._layouts) >= 64:
-                self._layouts.clear()
-            found = self._layouts[(dtype, nbytes)] = _Layout(self._send, self._whole_recv, dtype, nbytes)
+        """Make the layout for a payload of ``nbytes`` of ``dtype`` (None: no payload), and keep it."""
+        if len(self.layouts) >= 64:
+            self.layouts.clear()
+        found = self.layouts[(dtype, nbytes)] = _Layout(self._send, self._whole_recv, dtype, nbytes)
         return found
 
 
-_per_thread = threading.local()   # the in-process test transport runs every rank as a thread
-
-
-def _messages() -> _Messages:
-    messages = getattr(_per_thread, "messages", None)
-    if messages is None:
-        messages = _per_thread.messages = _Messages()
-    return messages
+_per_thread = threading.local()   # (per thread: the in-process test transport runs every rank as a thread)

@@ -28,7 +28,7 @@ def _run(n, signatures, payloads=None, op="sum"):
     def rank(r):
         payload = None if payloads is None else payloads[r]
         out = None if payload is None else np.full_like(payload, -1)
-        results[r] = agree(world.transport(r), signatures[r], payload, arrays.combiner(np, op), out)
+        results[r] = agree(world.transport(r), signatures[r], payload, arrays.ufunc(np, op), out)
         outs[r] = out
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]

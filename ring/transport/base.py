@@ -69,11 +69,12 @@ class Transport(Protocol):
         """Start receiving into ``buf`` (contiguous) from rank ``(rank - 1) % size``; return a request."""
 
     def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
-                 source: int | None = None, reuse: bool = False) -> None:
+                 source: int | None = None, reuse: Any = None) -> None:
         """Send ``send`` to ``dest`` (default: the right neighbour) while receiving ``recv`` from
         ``source`` (default: the left one), blocking until both are done; ``None``: nothing that way.
-        ``reuse``: these very buffer objects will be exchanged with these peers again, and
-        keep their memory, so the transport may keep the setup of the exchange."""
+        ``reuse``: a key (hashable, the same object whenever it is given these very buffer objects,
+        which keep their memory) under which the transport may keep the setup of the exchange with
+        these peers; None: a one-off exchange."""
 
     def wait(self, request: Any) -> None:
         """Block until ``request`` (or ``None``: nothing) is complete."""

@@ -52,7 +52,7 @@ class InProcessTransport:
         return _PendingRecv(buf, left(self.rank, self.size))
 
     def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
-                 source: int | None = None, reuse: bool = False) -> None:
+                 source: int | None = None, reuse: Any = None) -> None:
         if send is not None:
             self._send(send, right(self.rank, self.size) if dest is None else dest)
         if recv is not None:

@@ -110,11 +110,11 @@ class MPITransport(Departures, AtExit):
                 break
 
     def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
-                 source: int | None = None, reuse: bool = False) -> None:
+                 source: int | None = None, reuse: Any = None) -> None:
         source = self._left if source is None else source
         dest = self._right if dest is None else dest
-        if reuse and send is not None and recv is not None:
-            self._exchange_again(send, recv, dest, source)
+        if reuse is not None and send is not None and recv is not None:
+            self._exchange_again(send, recv, dest, source, reuse)
             return
         requests, peers = [], []
         try:
@@ -132,10 +132,10 @@ class MPITransport(Departures, AtExit):
             self.give_up(requests, (send, recv), requests[:1] if recv is not None else [])
             raise
 
-    def _exchange_again(self, send: Any, recv: Any, dest: int, source: int) -> None:
-        """exchange() over persistent requests, made once per (buffers, peers): for the latency path,
+    def _exchange_again(self, send: Any, recv: Any, dest: int, source: int, reuse: Any) -> None:
+        """exchange() over persistent requests, made once per (``reuse``, peers): for the latency path,
         whose buffers are the same on every call (about 1 us less per exchange here)."""
-        key = (id(send), id(recv), dest, source)
+        key = (reuse, dest, source)
         entry = self._persistent.get(key)
         if entry is None:
             if len(self._persistent) >= 64:

@@ -125,7 +125,7 @@ class NCCLTransport(OverHost):
             self._post()
 
     def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
-                 source: int | None = None, reuse: bool = False) -> None:
+                 source: int | None = None, reuse: Any = None) -> None:
         if recv is not None:
             self._noted.append((False, recv, self._left if source is None else source))
         if send is not None:

@@ -47,7 +47,7 @@ class StagedTransport(OverHost):
             arrays.copy_from_host(request.device, request.host)
 
     def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
-                 source: int | None = None, reuse: bool = False) -> None:
+                 source: int | None = None, reuse: Any = None) -> None:
         staged_send = None if send is None else arrays.to_host(send)
         staged_recv = None if recv is None else np.empty(recv.shape, recv.dtype)
         self.host.exchange(staged_send, staged_recv, dest, source)   # fresh host buffers: never reuse
