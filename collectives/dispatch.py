@@ -140,12 +140,14 @@ def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
     except CollectiveUsageError as error:
         call.reject(error)
     host = not plain or type(plain[0]) is np.ndarray
-    layout = tuple(f"{a.dtype.str}{a.shape}" for a in plain)
-    sig = call.signature(op, shape=layout, memory=("host" if host else "gpu") if plain else "")
-    call.nbytes = sum(a.nbytes for a in plain)
     by_dtype: dict = {}
+    layout, nbytes = [], 0
     for a in plain:
         by_dtype.setdefault(a.dtype, []).append(a)
+        layout.append(f"{a.dtype.str}{a.shape}")
+        nbytes += a.nbytes
+    sig = call.signature(op, shape=tuple(layout), memory=("host" if host else "gpu") if plain else "")
+    call.nbytes = nbytes
     checked = False
     for members in by_dtype.values():
         if len(members) == 1 and members[0].flags.c_contiguous:
@@ -167,11 +169,10 @@ def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
 def reduce_scatter(call: Call, x: Any, op: Any, out: Any) -> Any:
     g = call.group
     try:
-        x, _, _ = validate.reduction(call.name, x, op, None)
+        if type(x) is not np.ndarray:
+            x, _, _ = validate.reduction(call.name, x, op, None)   # (refuses what has no size)
         start, stop = chunk_bounds(x.size, g.transport.size)[g.transport.rank]
-        if out is not None:
-            out = validate.plain(call.name, "out", out)
-            validate.out_array(call.name, out, x, (stop - start,))
+        x, out, _ = validate.reduction(call.name, x, op, out, (stop - start,))
     except CollectiveUsageError as error:
         call.reject(error)
     host = type(x) is np.ndarray

@@ -87,6 +87,14 @@ def reducible(collective: str, argument: str, x: np.ndarray, op: Any) -> None:
 def array_list(collective: str, argument: str, given: Any, op: Any) -> list:
     """``given`` as a list of arrays that can each be reduced with ``op`` in place: a list or
     tuple of numpy arrays (or of cupy arrays, not both), writable, no two sharing memory."""
+    if type(given) is list or type(given) is tuple:   # the common case first, without a call per array
+        for a in given:
+            if not (type(a) is np.ndarray and type(op) is str and (a.dtype, op) in _ACCEPTED and a.flags.writeable):
+                break
+        else:
+            if len(given) > 1:
+                _apart(collective, argument, given)
+            return given
     if not isinstance(given, (list, tuple)):
         fail(collective, argument, f"expected a list of arrays, got {type(given).__name__}")
     result = []
