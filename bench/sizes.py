@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from collectives.sizes import format_size, parse_size
+from collectives import format_size, parse_size
 
 __all__ = ["format_size", "parse_size", "sweep"]
 

@@ -23,6 +23,7 @@ from collectives.leaving import abort   # (and its exit handlers, registered at 
 from collectives.membership import NonMember
 from collectives.p2p import Request, irecv, isend, recv, send, wait_all
 from collectives.progress import Work
+from collectives.sizes import format_size, parse_size
 from collectives.config import Settings
 from collectives.world import init, local_rank, local_size, rank, settings, size
 
@@ -30,5 +31,5 @@ __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "setting
            "allreduce", "allreduce_many", "reduce_scatter", "allgather", "broadcast", "barrier",
            "new_group", "split", "destroy", "Group", "NonMember", "algorithm_for", "block_bounds",
            "send", "recv", "isend", "irecv", "wait_all", "Request",
-           "Work", "timeline", "to_host", "synchronize",
+           "Work", "timeline", "to_host", "synchronize", "parse_size", "format_size",
            "CollectiveError", "CollectiveUsageError"]

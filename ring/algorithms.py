@@ -141,7 +141,9 @@ def gather_small(transport: Transport, counts: tuple[int, ...], data: np.ndarray
     head = n * len(counts) * 8
     width = 0 if data is None else data.nbytes
     message = np.zeros(head + n * width, np.uint8)
-    message[:head].view(np.int64).reshape(n, len(counts))[rank] = counts
+    mine = message[:head].view(np.int64)
+    for j, count in enumerate(counts):   # (element by element: a tuple assigned to a row converts slowly)
+        mine[rank * len(counts) + j] = count
     if width:
         message[head + rank * width:head + (rank + 1) * width] = data.view(np.uint8)
     gathered = np.empty_like(message)
