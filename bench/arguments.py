@@ -39,9 +39,6 @@ def parse_args(argv: list[str] | None, n: int, description: str = "") -> argpars
     args.op = args.op or "allreduce"
     args.max_bytes = args.max_bytes if args.max_bytes is not None else parse_size("64M" if args.model else "256M")
     args.factor = args.factor if args.factor is not None else (4.0 if args.model else 2.0)
-    if args.impl is None:
-        args.impl = ["ring", "nccl"] if args.device == "cuda" else ["ring", "mpi"]
-    args.impl = list(dict.fromkeys(args.impl))
     _check_together(p, args)
     _check_values(p, args, n)
     return args
@@ -86,11 +83,14 @@ def _flags(p: ArgumentParser) -> None:
 
 
 def _check_together(p: ArgumentParser, args: argparse.Namespace) -> None:
-    """The flags given go together."""
+    """The flags given go together (and --impl takes its default once --model is known to have none)."""
     if (args.link or args.hosts) and not args.model:
         p.error("--link and --hosts describe the predictions of --model")
     if args.model and (args.device != "cpu" or args.impl or args.plant_error or args.json or args.csv or args.plot):
         p.error("--model times the host algorithms alone: no --device, --impl, --plant-error, --json, --csv, --plot")
+    if args.impl is None:   # (the default, once --model is known to have none)
+        args.impl = ["ring", "nccl"] if args.device == "cuda" else ["ring", "mpi"]
+    args.impl = list(dict.fromkeys(args.impl))
     if args.device == "cpu" and "nccl" in args.impl:
         p.error("--impl nccl needs --device cuda")
     if args.device == "cuda" and "mpi" in args.impl:
