@@ -166,7 +166,7 @@ class Engine:
     """
 
     def __init__(self, runtime, threaded: bool):
-        self.runtime = runtime   # (collectives.world.Runtime)
+        self.runtime = runtime   # (collectives.runtime.Runtime)
         self.threaded = threaded
         self._lock = threading.Lock()
         self._turns = threading.Condition(self._lock)   # waited on only when a call must wait its turn

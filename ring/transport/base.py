@@ -96,7 +96,7 @@ class Transport(Protocol):
         """Tell every other rank that this one leaves after ``completed`` collectives, because ``why``
         ("": its program ended); ``failed``: the runtime had already failed here; ``root``: ``why``
         is a root cause to pass on as it is (see PeerLost); ``finalizing``: this process will
-        call MPI_Finalize (not after a peer died: see collectives.world's exit path); ``dead``: the
+        call MPI_Finalize (not after a peer died: see collectives.leaving); ``dead``: the
         rank that died, so that nobody sends it anything (over UCX that crashed the sender)."""
 
     def close(self, failed: bool = False) -> None:
