@@ -39,7 +39,7 @@ import numpy as np
 from collectives import timeline, validate
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.progress import Work
-from collectives.signature import disagreement, template
+from collectives.signature import disagreement, signature as make_signature, template
 from ring import arrays, cost, doubling
 from ring.transport.base import TransportError, TransportTimeout
 
@@ -71,7 +71,7 @@ class Call:
         if runtime.failure is not None:   # stopped meanwhile (see progress.Engine.stop): fail at the first poll
             deadline = float("-inf")
         else:
-            deadline = monotonic() + (runtime.timeout if timeout is None or not validate.is_timeout(timeout)
+            deadline = monotonic() + (runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout)
                                       else timeout)
         transport = group.transport
         transport.deadline, transport.seq = deadline, seq
@@ -91,7 +91,7 @@ class Call:
         """Check that every rank makes this same call; raise on every rank if not. Skipped when the
         check is off (COLLECTIVES_CHECK=0), unless ``always`` (the exchange is the call's own work,
         or what follows blocks inside MPI and needs every rank known to be there)."""
-        if always or self.runtime.check:
+        if always or self.runtime.settings.check:
             if not doubling.agree(self.group.transport, signature):
                 self.disagree(signature)
 
@@ -114,8 +114,8 @@ class Call:
         instead of waiting for this one (every body validates in ``try: ... except
         CollectiveUsageError as error: call.reject(error)``). With the check off the other ranks
         cannot be told: they go on waiting, so this rank stops the runtime (out of step)."""
-        if self.runtime.check:
-            signature = template(self.name, "", None, None, -1, True, "", "", "", "") % self.seq
+        if self.runtime.settings.check:
+            signature = make_signature(self.name, self.seq, rejected=True)
             try:
                 if not doubling.agree(self.group.transport, signature):
                     self.disagree(signature, str(error))

@@ -19,7 +19,6 @@ from collectives.call import Call
 from collectives.errors import CollectiveError, CollectiveUsageError
 from ring import algorithms
 from ring.arrays import is_array, xp_of
-from ring.doubling import MAX_PAYLOAD_BYTES
 from ring.partition import chunk_bounds
 from ring.transport import device as device_transports, nccl as nccl_transport
 
@@ -70,10 +69,16 @@ def predicted(g, collective: str, x: Any) -> str:
                                    f"got {collective!r}")
     if not is_array(x):
         validate.fail("algorithm_for", "x", f"expected a numpy.ndarray (or a cupy.ndarray), got {type(x).__name__}")
-    host = type(x).__module__ == "numpy"
+    host = isinstance(x, np.ndarray)
     n = g.transport.size
-    nbytes = n * (x.nbytes + 16) if collective == "allgather" else x.nbytes   # (as allgather guesses)
+    nbytes = _gathered_guess(n, x.nbytes) if collective == "allgather" else x.nbytes
     return g.runtime.algorithm_for(collective, n, nbytes, host, host and g.levels is not None)
+
+
+def _gathered_guess(n: int, nbytes: int) -> int:
+    """What an all-gather chooses its algorithm for: every rank's message if all bring ``nbytes``
+    (the rows, and the two counts of 8 bytes each)."""
+    return n * (nbytes + 16)
 
 
 _SIZED = ("allreduce", "reduce_scatter", "allgather", "broadcast")
@@ -81,7 +86,7 @@ _SIZED = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 
 def _cannot_carry(call: Call, forced: str, nbytes: int, host: bool) -> str:
     """Why the algorithm ``forced`` cannot run this call ("" if it can)."""
-    largest = min(call.runtime.small_bytes, MAX_PAYLOAD_BYTES)
+    largest = call.runtime.settings.small_bytes   # (at most ring.doubling's MAX_PAYLOAD_BYTES: see config)
     if not host and forced != "ring":
         return "GPU arrays run the ring only"
     if forced == "doubling" and nbytes > largest:
@@ -99,15 +104,11 @@ def allreduce(call: Call, x: Any, op: Any, out: Any) -> Any:
     host = type(x) is np.ndarray
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
-    if out is not None:
-        result = out
-    else:
-        result = np.empty(x.shape, x.dtype) if host else xp_of(x).empty(x.shape, x.dtype)
-    source = x if x.ndim == 1 and x.flags.c_contiguous else _flat(x)
-    target = source if in_place else result if result.ndim == 1 and result.flags.c_contiguous else \
-        _flat_target(result)
+    result = out if out is not None else (np if host else xp_of(x)).empty(x.shape, x.dtype)
+    source = _flat(x)
+    target = source if in_place else _flat_target(result)
     allreduce_flat(call, source, target, op, sig, host)
-    return result if target is result else _write_back(result, target)
+    return result if target is result else _write_back(result, target)   # (is: nothing to write back)
 
 
 def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, host: bool,
@@ -195,15 +196,17 @@ def reduce_scatter(call: Call, x: Any, op: Any, out: Any) -> Any:
 
 
 def allgather(call: Call, x: Any, out: Any) -> Any:
-    x, out = _allgather_arguments(call, x, out)
+    try:
+        x, out = validate.gathered(call.name, x, out)
+    except CollectiveUsageError as error:
+        call.reject(error)
     g, n = call.group, call.group.transport.size
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory="host" if host else "gpu")
     call.nbytes = x.nbytes
-    source = x if x.ndim == 1 and x.flags.c_contiguous else _flat(x)
+    source = _flat(x)
     mine = (x.shape[0], -1 if out is None else out.shape[0])
-    guess = n * (x.nbytes + 16)   # if every rank brings as many rows: the data and the two counts
-    small = choose(call, "allgather", guess, host) == "doubling"
+    small = choose(call, "allgather", _gathered_guess(n, x.nbytes), host) == "doubling"
     found = algorithms.gather_small(g.transport, mine, source if small else None, sig)   # (carries the check)
     if found is None:
         call.disagree(sig)
@@ -214,11 +217,8 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
     if wrong:   # known on every rank alike
         raise CollectiveUsageError(f"allgather: out: axis 0 must be {total} (the rows of every rank together), "
                                    f"but is not on rank(s) {', '.join(map(str, wrong))}")
-    if out is not None:
-        result = out
-    else:
-        result = np.empty((total,) + x.shape[1:], x.dtype) if host else xp_of(x).empty((total,) + x.shape[1:], x.dtype)
-    target = result if result.ndim == 1 and result.flags.c_contiguous else _flat_target(result)
+    result = out if out is not None else (np if host else xp_of(x)).empty((total,) + x.shape[1:], x.dtype)
+    target = _flat_target(result)
     if small and rows.count(x.shape[0]) == n:   # the guess held (on every rank alike): as many rows everywhere
         target.view(np.uint8)[...] = gathered
     else:
@@ -231,50 +231,17 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
     return result if target is result else _write_back(result, target)
 
 
-def _allgather_arguments(call: Call, x: Any, out: Any) -> tuple[Any, Any]:
-    """``x`` and ``out`` of an allgather, checked (shared as usage errors on every rank)."""
-    if type(x) is np.ndarray and x.ndim and not x.dtype.hasobject and (out is None or (
-            type(out) is np.ndarray and out is not x and out.ndim == x.ndim and out.dtype == x.dtype and out.shape[1:] == x.shape[1:]
-            and out.flags.writeable and out.flags.owndata and x.flags.owndata)):
-        return x, out   # the common case, decided without a call (the full checks name what is wrong)
-    name = call.name
-    try:
-        x, out = validate.plain(name, "x", x), validate.plain(name, "out", out)
-        validate.array(name, "x", x)
-        if x.ndim == 0:
-            validate.fail(name, "x", "is 0-dimensional; allgather concatenates along axis 0")
-        if out is not None:
-            if getattr(out, "ndim", None) != x.ndim:
-                validate.fail(name, "out", f"expected {x.ndim} dimension(s) like x, got "
-                                           f"{getattr(out, 'ndim', type(out).__name__)}")
-            if validate.out_array(name, out, x, out.shape[:1] + x.shape[1:]):
-                validate.fail(name, "out", "is x itself; the result must go elsewhere")
-    except CollectiveUsageError as error:
-        call.reject(error)
-    return x, out
-
-
 def broadcast(call: Call, x: Any, root: Any) -> Any:
     g = call.group
     me = g.transport.rank
-    if not (type(x) is np.ndarray and not x.dtype.hasobject and type(root) is int and 0 <= root < g.transport.size
-            and (me == root or x.flags.writeable)):   # (the common case, decided without a call)
-        try:
-            x = validate.plain(call.name, "x", x)
-            validate.array(call.name, "x", x)
-            validate.root(call.name, root, g.transport.size, g.is_world)
-            if me != root:
-                validate.writable(call.name, "x", x)
-        except CollectiveUsageError as error:
-            call.reject(error)
-        root = int(root)
+    try:
+        x, root = validate.broadcast(call.name, x, root, g.transport.size, g.is_world, me)
+    except CollectiveUsageError as error:
+        call.reject(error)
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape, root=root, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
-    if x.ndim == 1 and x.flags.c_contiguous:
-        buffer = x
-    else:
-        buffer = _flat(x) if me == root else _flat_target(x)
+    buffer = _flat(x) if me == root else _flat_target(x)
     if choose(call, "broadcast", x.nbytes, host) == "doubling":
         if not algorithms.broadcast_small(g.transport, buffer, root, sig):
             call.disagree(sig)
@@ -282,7 +249,7 @@ def broadcast(call: Call, x: Any, root: Any) -> Any:
         call.agree(sig)
         transport = g.transport_for(x)
         algorithms.broadcast(transport, buffer, root, call.runtime.segment_elems(x.dtype, transport))
-    return x if me == root or buffer is x else _write_back(x, buffer)
+    return x if me == root else _write_back(x, buffer)
 
 
 def barrier(call: Call) -> None:

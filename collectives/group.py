@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from collectives import dispatch, validate
 from collectives.call import Call, issue
 from collectives.errors import CollectiveError, CollectiveUsageError
@@ -230,7 +232,7 @@ class Group:
     def transport_for(self, x) -> Transport:
         """The transport that carries ``x``: MPI for numpy arrays; for cupy arrays the device
         transport, made on first use (every member must be in this call: collectives agree first)."""
-        if type(x).__module__ == "numpy":
+        if isinstance(x, np.ndarray):
             return self.transport
         self.open_device_transport(x.device.id)
         return self.device_transport
@@ -243,9 +245,9 @@ class Group:
         if self.device_transport is None:
             try:
                 self.device_transport = device_transports.open_transport(self.transport, device,
-                                                                         self.runtime.gpu_transport)
+                                                                         self.runtime.settings.gpu_transport)
             except device_transports.Unavailable as e:   # the same on every member: still in step
-                setting = " (COLLECTIVES_GPU_TRANSPORT=nccl)" if self.runtime.gpu_transport == "nccl" else ""
+                setting = " (COLLECTIVES_GPU_TRANSPORT=nccl)" if self.runtime.settings.gpu_transport == "nccl" else ""
                 raise CollectiveError(f"{e}{setting}") from e
         elif device is not None and device != self.device_transport.gpu:
             raise CollectiveError(f"{self.where()}: an array on GPU {device}, but this rank's collectives "

@@ -65,7 +65,7 @@ def leave(finishing: bool = True) -> None:
         for g in runtime.groups:   # each group's members count their calls on it
             g.transport.farewell(g.completed, why, failed=runtime.failed_by_peer, root=root is not None,
                                  finalizing=not gone, dead=runtime.dead_rank)
-        if runtime.timeline:   # (after the farewells: a rank still in a call hears why this one left)
+        if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
             _write_timeline(w, healthy=not why)
         if finishing and not gone and worlds.mpi_running():
             gone = w.transport.exit_barrier()
@@ -145,8 +145,8 @@ def _write_timeline(w: Group, healthy: bool) -> None:
     recorder = timelines.current
     if recorder is None:
         return
-    transport, path = w.transport, w.runtime.timeline
-    deadline = time.monotonic() + w.runtime.timeout
+    transport, path = w.transport, w.runtime.settings.timeline
+    deadline = time.monotonic() + w.runtime.settings.timeout
     mine = json.dumps(recorder.trace_events()).encode()
     try:
         if healthy and w.rank() == 0:

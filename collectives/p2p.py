@@ -106,7 +106,7 @@ def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive:
 
 def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
     runtime = g.runtime
-    deadline = time.monotonic() + (runtime.timeout if timeout is None else timeout)
+    deadline = time.monotonic() + (runtime.settings.timeout if timeout is None else timeout)
     try:
         return g.transport.p2p.wait([r._request for r in pending], deadline)
     except TransportError as e:

@@ -5,12 +5,10 @@ Below the groups (``collectives.group``), which hold a Runtime; it knows them on
 """
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import numpy as np
 
 from collectives import progress
-from collectives.config import DEFAULT_SEGMENT_BYTES, Settings
+from collectives.config import Settings
 from ring import cost
 from ring.partition import chunk_bounds
 
@@ -20,8 +18,8 @@ _TWO_LEVEL_REPLACES = ("halving", "ring")
 
 
 class Runtime:
-    """The settings in force (as attributes, read on every call: ``check``, ``timeout``, ...), the
-    engine, the groups this rank belongs to (the world first), and the failure state."""
+    """The settings in force (``settings``), the engine, the groups this rank belongs to (the world
+    first), and the failure state."""
 
     def __init__(self, settings: Settings, threads_checked: str = "", threaded: bool = False):
         self.apply(settings)
@@ -37,10 +35,8 @@ class Runtime:
         self.closed = False                # the process has left (see collectives.leaving)
 
     def apply(self, settings: Settings) -> None:
-        """Put ``settings`` in force (every rank together: see ``init``)."""
+        """Put ``settings`` in force (every rank together: see ``init``), and choose again."""
         self.settings = settings
-        for name, value in asdict(settings).items():
-            setattr(self, name, value)
         self.choices: dict = {}   # (collective, ranks, bytes, host, two levels) -> algorithm
 
     def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True, two_level: bool = False) -> str:
@@ -55,15 +51,16 @@ class Runtime:
         if found is None:
             if len(self.choices) >= 4096:
                 self.choices.clear()
+            s = self.settings
             if not host:
                 found = "ring"
-            elif self.algorithm in cost.candidates(op, nbytes, self.small_bytes):
-                found = self.algorithm
-            elif self.algorithm in cost.ALGORITHMS["allreduce"]:   # forced, but not for this call
+            elif s.algorithm in cost.candidates(op, nbytes, s.small_bytes):
+                found = s.algorithm
+            elif s.algorithm in cost.ALGORITHMS["allreduce"]:   # forced, but not for this call
                 found = "ring"
             else:
-                found = cost.choose(op, n, nbytes, segment_bytes=self.segment_bytes or DEFAULT_SEGMENT_BYTES,
-                                    check=self.check, doubling_bytes=self.small_bytes)
+                found = cost.choose(op, n, nbytes, segment_bytes=s.segment(), check=s.check,
+                                    doubling_bytes=s.small_bytes)
             if two_level and op == "allreduce" and found in _TWO_LEVEL_REPLACES:
                 found = "hierarchical"
             self.choices[key] = found
@@ -85,9 +82,9 @@ class Runtime:
     def two_level_hosts(self, transport, ranks: tuple[int, ...], world: bool) -> list | None:
         """The host of each rank of a group over ``transport`` (world ``ranks``) where its all-reduce
         takes two levels (the setting allows it, and so does the layout), else None."""
-        if self.algorithm not in ("auto", "hierarchical"):
+        if self.settings.algorithm not in ("auto", "hierarchical"):
             return None
-        hosts = hosts_of(ranks, transport.hosts, self.hosts, len(ranks) if world else self.world.size())
+        hosts = hosts_of(ranks, transport.hosts, self.settings.hosts, len(ranks) if world else self.world.size())
         return None if two_level_layout(hosts) else hosts
 
     def transports(self) -> list:

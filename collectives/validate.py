@@ -43,6 +43,43 @@ def reduction(collective: str, x: Any, op: Any, out: Any, shape: tuple | None = 
     return x, out, in_place
 
 
+def gathered(collective: str, x: Any, out: Any) -> tuple[Any, Any]:
+    """``x`` and ``out`` of an all-gather as :func:`plain` makes them, checked: ``x`` an array of
+    at least one dimension, ``out`` None or an array whose trailing shape and dtype are x's, apart
+    from x (axis 0, the ranks' rows together, is checked by the call itself). The common case is
+    decided without a call, as in :func:`reduction`."""
+    if type(x) is np.ndarray and x.ndim and not x.dtype.hasobject and (out is None or (
+            type(out) is np.ndarray and out is not x and out.ndim == x.ndim and out.dtype == x.dtype
+            and out.shape[1:] == x.shape[1:] and out.flags.writeable and out.flags.owndata and x.flags.owndata)):
+        return x, out
+    x, out = plain(collective, "x", x), plain(collective, "out", out)
+    array(collective, "x", x)
+    if x.ndim == 0:
+        fail(collective, "x", "is 0-dimensional; allgather concatenates along axis 0")
+    if out is not None:
+        if getattr(out, "ndim", None) != x.ndim:
+            fail(collective, "out", f"expected {x.ndim} dimension(s) like x, got "
+                                    f"{getattr(out, 'ndim', type(out).__name__)}")
+        if out_array(collective, out, x, out.shape[:1] + x.shape[1:]):
+            fail(collective, "out", "is x itself; the result must go elsewhere")
+    return x, out
+
+
+def broadcast(collective: str, x: Any, root: Any, size: int, world: bool, me: int) -> tuple[Any, int]:
+    """``x`` (as :func:`plain` makes it) and ``root`` of a broadcast by rank ``me`` of ``size``:
+    an array, a rank of the world (or group), writable where it is received. The common case is
+    decided without a call, as in :func:`reduction`."""
+    if type(x) is np.ndarray and not x.dtype.hasobject and type(root) is int and 0 <= root < size \
+            and (me == root or x.flags.writeable):
+        return x, root
+    x = plain(collective, "x", x)
+    array(collective, "x", x)
+    rank(collective, "root", root, size, world)
+    if me != root:
+        writable(collective, "x", x)
+    return x, int(root)
+
+
 def plain(collective: str, argument: str, x: Any) -> Any:
     """``x`` itself, or a plain ndarray view of a numpy subclass (``np.matrix`` would stay 2-D
     when flattened); a masked array is refused, since its mask would be silently dropped."""
@@ -175,10 +212,6 @@ _TOO_HARD = getattr(np, "exceptions", np).TooHardError   # (np.exceptions from n
 
 def _kind(x: Any) -> str:
     return "numpy.ndarray" if isinstance(x, np.ndarray) else "cupy.ndarray"
-
-
-def root(collective: str, value: Any, size: int, world: bool = True) -> None:
-    rank(collective, "root", value, size, world)
 
 
 def rank(collective: str, argument: str, value: Any, size: int, world: bool = True) -> None:

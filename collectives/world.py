@@ -49,7 +49,7 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
         _start(given, comm=_communicator(comm))
         return
     runtime = the_world.runtime
-    fixed = [name for name in config.SETUP_SETTINGS if given[name] not in (None, getattr(runtime, name))]
+    fixed = [name for name in config.SETUP_SETTINGS if given[name] not in (None, getattr(runtime.settings, name))]
     if comm is not None and not _same_ranks(_communicator(comm), the_world.transport.comm):
         fixed.append("comm")
     if fixed:
@@ -60,10 +60,10 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
         if problem:
             raise CollectiveUsageError(problem)   # only the timeout: this rank's own business
     else:
-        _agree_again({**asdict(runtime.settings), **changed}, problem, changed.get("timeout", runtime.timeout))
+        _agree_again({**asdict(runtime.settings), **changed}, problem, changed.get("timeout", runtime.settings.timeout))
     runtime.apply(replace(runtime.settings, **changed))
     if "timeline" in changed:
-        timelines.start(runtime.timeline, the_world.rank())
+        timelines.start(runtime.settings.timeline, the_world.rank())
 
 
 def _agree_again(proposed: dict, problem: str, timeout: float) -> None:
@@ -175,7 +175,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     runtime = Runtime(Settings(**found), threads_checked=names.get(level, "") if level < MPI.THREAD_SERIALIZED
                       else "", threaded=level == MPI.THREAD_MULTIPLE)
     w = runtime.world = make_group(runtime, transport, tuple(range(transport.size)), world=True)
-    timelines.start(runtime.timeline, w.rank())
+    timelines.start(runtime.settings.timeline, w.rank())
     keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: (at_finalize and at_finalize()) or MPI.SUCCESS)
     MPI.COMM_SELF.Set_attr(keyval, True)   # MPI.Finalize() deletes COMM_SELF's attributes first thing
     return w

@@ -48,7 +48,7 @@ PIECES = {
     "algorithm= forced": (None, lambda: col.allreduce(_X, out=_OUT, algorithm="doubling"), None),
     "async_op=True, then wait()": (None, lambda: col.allreduce(_X, out=_OUT, async_op=True).wait(), None),
     "on a group (group=)": (None, None, None),   # filled in by main: needs the group
-    "int32 (no floating-point guard needed)": (None, lambda: col.allreduce(_INTS, out=_INTS), None),
+    "an int32 array": (None, lambda: col.allreduce(_INTS, out=_INTS), None),
     "a 2-D array": (None, lambda: col.allreduce(_ROWS, out=_ROWS), None),
     "timeline recorded": (lambda: col.init(timeline=_TRACE), lambda: col.allreduce(_X, out=_OUT),
                           lambda: col.init(timeline="")),
