@@ -156,6 +156,8 @@ def test_the_timeline_is_a_chrome_trace_with_a_track_per_rank_and_every_phase(tm
             "allreduce #1", "allreduce #2", "reduce_scatter #3", "allgather #4", "broadcast #5", "barrier #6",
             "allreduce #7"], calls
         assert calls[0]["args"]["bytes"] == 1_200_000 and calls[-1]["args"]["name"] == "last"
+        ran = {e["name"]: e["args"].get("algorithm") for e in calls}   # (issue 26: which algorithm each ran)
+        assert ran.pop("barrier #6") is None and set(ran.values()) <= {"doubling", "halving", "ring"}, ran
         phases = {e["name"] for e in mine if e["tid"] == 1 and " #" not in e["name"]}
         assert phases == {"check", "small", "reduce-scatter", "all-gather", "broadcast"}, phases
         program = {e["name"].split(" #")[0] for e in mine if e["tid"] == 0}
