@@ -23,22 +23,22 @@ from ring.partition import chunk_bounds
 from ring.transport import device as device_transports, nccl as nccl_transport
 
 
-def _flat(x: Any) -> Any:
+def flat(x: Any) -> Any:
     """A flat C-order view of ``x`` when it is contiguous, else a flat copy (which is then ours)."""
     if x.flags.c_contiguous:
         return x if x.ndim == 1 else x.reshape(-1)
     return xp_of(x).ascontiguousarray(x).reshape(-1)
 
 
-def _flat_target(result: Any) -> Any:
+def flat_target(result: Any) -> Any:
     """Where to compute ``result``: its own flat view when contiguous, else a new flat buffer."""
     if result.flags.c_contiguous:
         return result if result.ndim == 1 else result.reshape(-1)
     return xp_of(result).empty(result.size, result.dtype)
 
 
-def _write_back(result: Any, flat: Any) -> Any:
-    """Copy ``flat`` into ``result`` unless it already is ``result``'s own memory (see _flat_target)."""
+def write_back(result: Any, flat: Any) -> Any:
+    """Copy ``flat`` into ``result`` unless it already is ``result``'s own memory (see flat_target)."""
     if not result.flags.c_contiguous:
         result[...] = flat.reshape(result.shape)
     return result
@@ -105,10 +105,10 @@ def allreduce(call: Call, x: Any, op: Any, out: Any) -> Any:
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
     result = out if out is not None else (np if host else xp_of(x)).empty(x.shape, x.dtype)
-    source = _flat(x)
-    target = source if in_place else _flat_target(result)
+    source = flat(x)
+    target = source if in_place else flat_target(result)
     allreduce_flat(call, source, target, op, sig, host)
-    return result if target is result else _write_back(result, target)   # (is: nothing to write back)
+    return result if target is result else write_back(result, target)   # (is: nothing to write back)
 
 
 def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, host: bool,
@@ -152,8 +152,8 @@ def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
     checked = False
     for members in by_dtype.values():
         if len(members) == 1 and members[0].flags.c_contiguous:
-            flat = _flat(members[0])
-            allreduce_flat(call, flat, flat, op, sig, host, checked)
+            alone = flat(members[0])
+            allreduce_flat(call, alone, alone, op, sig, host, checked)
         else:
             fused = xp_of(members[0]).concatenate([m.reshape(-1) for m in members])
             allreduce_flat(call, fused, fused, op, sig, host, checked)
@@ -180,7 +180,7 @@ def reduce_scatter(call: Call, x: Any, op: Any, out: Any) -> Any:
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
     xp = np if host else xp_of(x)
-    source = _flat(x)
+    source = flat(x)
     work = xp.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
     if choose(call, "reduce_scatter", x.nbytes, host) == "doubling":
         if not algorithms.allreduce_small(g.transport, source, work, op, sig):
@@ -204,10 +204,10 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory="host" if host else "gpu")
     call.nbytes = x.nbytes
-    source = _flat(x)
+    source = flat(x)
     mine = (x.shape[0], -1 if out is None else out.shape[0])
     small = choose(call, "allgather", _gathered_guess(n, x.nbytes), host) == "doubling"
-    found = algorithms.gather_small(g.transport, mine, source if small else None, sig)   # (carries the check)
+    found = algorithms.allgather_small(g.transport, mine, source if small else None, sig)   # (carries the check)
     if found is None:
         call.disagree(sig)
     every, gathered = found
@@ -218,7 +218,7 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
         raise CollectiveUsageError(f"allgather: out: axis 0 must be {total} (the rows of every rank together), "
                                    f"but is not on rank(s) {', '.join(map(str, wrong))}")
     result = out if out is not None else (np if host else xp_of(x)).empty((total,) + x.shape[1:], x.dtype)
-    target = _flat_target(result)
+    target = flat_target(result)
     if small and rows.count(x.shape[0]) == n:   # the guess held (on every rank alike): as many rows everywhere
         target.view(np.uint8)[...] = gathered
     else:
@@ -228,7 +228,7 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
         transport = g.transport_for(x)
         algorithms.allgather(transport, source, target, [r * row for r in rows],
                              call.runtime.segment_elems(x.dtype, transport))
-    return result if target is result else _write_back(result, target)
+    return result if target is result else write_back(result, target)
 
 
 def broadcast(call: Call, x: Any, root: Any) -> Any:
@@ -241,7 +241,7 @@ def broadcast(call: Call, x: Any, root: Any) -> Any:
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape, root=root, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
-    buffer = _flat(x) if me == root else _flat_target(x)
+    buffer = flat(x) if me == root else flat_target(x)
     if choose(call, "broadcast", x.nbytes, host) == "doubling":
         if not algorithms.broadcast_small(g.transport, buffer, root, sig):
             call.disagree(sig)
@@ -249,7 +249,7 @@ def broadcast(call: Call, x: Any, root: Any) -> Any:
         call.agree(sig)
         transport = g.transport_for(x)
         algorithms.broadcast(transport, buffer, root, call.runtime.segment_elems(x.dtype, transport))
-    return x if me == root else _write_back(x, buffer)
+    return x if me == root else write_back(x, buffer)
 
 
 def barrier(call: Call) -> None:

@@ -1,4 +1,4 @@
-"""The four ring collectives, each composed from plans (ring.schedule) and the executor.
+"""The collectives, each composed from plans (``ring.schedule``, ``ring.personalized``) and the executor.
 
 All take flat, contiguous arrays of one dtype and a transport; validation and
 shapes are the caller's business (see ``collectives``).
@@ -12,6 +12,7 @@ import numpy as np
 from ring import arrays, doubling
 from ring.execute import run
 from ring.partition import bounds_from_counts, chunk_bounds
+from ring.personalized import alltoall_plan, gather_plan, scatter_plan
 from ring.schedule import allgather_plan, broadcast_plan, doubling_gather_plan, halving_plans, reduce_scatter_plan
 from ring.transport.base import Transport
 
@@ -125,7 +126,7 @@ def allreduce_two_level(local: Transport, across: Transport, input: Any, output:
     run(allgather_plan(local.rank, bounds, segment_elems), local, output, phase="all-gather")
 
 
-def gather_small(transport: Transport, counts: tuple[int, ...], data: np.ndarray | None,
+def allgather_small(transport: Transport, counts: tuple[int, ...], data: np.ndarray | None,
                  signature: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     """One recursive-doubling exchange that carries the check of ``signature``, every rank's
     ``counts`` (the same number of them on every rank) and, on the guess that every rank brings as
@@ -175,3 +176,46 @@ def broadcast(transport: Transport, buffer: Any, root: int, segment_elems: int) 
     """Every rank's ``buffer`` becomes ``root``'s, pipelined along the ring from the root."""
     plan = broadcast_plan(transport.rank, transport.size, root, buffer.size, segment_elems)
     run(plan, transport, buffer, phase="broadcast")
+
+
+def reduce(transport: Transport, input: Any, work: Any, root: int, op: str, segment_elems: int) -> None:
+    """``work`` on ``root`` = the reduction of every rank's ``input`` (elsewhere ``work`` is scratch).
+
+    A reduce-scatter leaves each rank one finished chunk (as in ``allreduce``), and a gather
+    brings the chunks to the root instead of to every rank: each rank sends (n-1)/n of the
+    buffer, as in the ring, and the root's link is the only one that carries the whole result.
+    """
+    owned = reduce_scatter(transport, input, work, op, segment_elems)
+    bounds = chunk_bounds(work.size, transport.size)
+    mine = work if transport.rank == root else work[owned]   # (the root's own chunk is already in place)
+    run(gather_plan(transport.rank, root, bounds, segment_elems), transport, mine, phase="gather")
+
+
+def gather(transport: Transport, input: Any, output: Any, root: int, counts: list[int], segment_elems: int) -> None:
+    """``output`` on ``root`` = every rank's ``input`` laid end to end in rank order (rank r brings
+    ``counts[r]`` elements); ``output`` is not used elsewhere (None will do)."""
+    me = transport.rank
+    bounds = bounds_from_counts(counts)
+    if me == root:
+        arrays.copy_(output[slice(*bounds[me])], input)
+    run(gather_plan(me, root, bounds, segment_elems), transport, output if me == root else input, input,
+        phase="gather")
+
+
+def scatter(transport: Transport, input: Any, output: Any, root: int, counts: list[int], segment_elems: int) -> None:
+    """``output`` on rank r = elements ``counts[0] + ... + counts[r-1]`` on of ``root``'s ``input``
+    (``counts[r]`` of them); ``input`` is not used but on the root."""
+    me = transport.rank
+    bounds = bounds_from_counts(counts)
+    if me == root:
+        arrays.copy_(output, input[slice(*bounds[me])])
+    run(scatter_plan(me, root, bounds, segment_elems), transport, output, input if me == root else output,
+        phase="scatter")
+
+
+def alltoall(transport: Transport, input: Any, output: Any, sends: tuple, recvs: tuple, segment_elems: int) -> None:
+    """Every rank's block for every rank: ``input[sends[j]]`` goes to rank j, and ``output[recvs[j]]``
+    receives rank j's block for this one (pairwise exchange: ``ring.personalized``)."""
+    me = transport.rank
+    arrays.copy_(output[slice(*recvs[me])], input[slice(*sends[me])])
+    run(alltoall_plan(me, sends, recvs, segment_elems), transport, output, input, phase="all-to-all")

@@ -55,7 +55,8 @@ def _walk(plan: Plan, transport: Transport, output: Any, input: Any, combine: Co
     if plan.lockstep:
         for k, t in enumerate(plan):
             received = _incoming(t, k, output, in_place)
-            transport.exchange(_outgoing(t, input, output), received, dest=t.peer, source=t.peer)
+            transport.exchange(_outgoing(t, input, output), received, dest=t.peer,
+                               source=t.peer if t.source is None else t.source)
             _reduce(t, output, input, received, combine)
         return
 

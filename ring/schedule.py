@@ -59,6 +59,8 @@ class Transfer:
     posted once that transfer is finished.
     ``peer``: the rank both directions talk to, for the schedules that are not rings
     (``None``: the ring's neighbours). A plan with peers runs in lockstep.
+    ``source``: where the receive comes from when that is not ``peer`` (the all-to-all's
+    pairwise steps, ``ring.personalized``).
     """
 
     send: Range | None
@@ -67,6 +69,7 @@ class Transfer:
     send_from_input: bool = False
     send_waits: bool = False
     peer: int | None = None
+    source: int | None = None
 
 
 class Plan(tuple):
@@ -135,7 +138,7 @@ def reduce_scatter_plan(rank: int, bounds: tuple[Range, ...], segment_elems: int
     """Transfers of the reduce-scatter half for ``rank``; chunk ``rank`` ends fully reduced in the output.
 
     >>> reduce_scatter_plan(0, ((0, 1), (1, 2)), 4)[0]
-    Transfer(send=(1, 2), recv=(0, 1), reduce=True, send_from_input=True, send_waits=False, peer=None)
+    Transfer(send=(1, 2), recv=(0, 1), reduce=True, send_from_input=True, send_waits=False, peer=None, source=None)
     """
     steps = reduce_scatter_steps(rank, len(bounds))
     return _segmented(steps, bounds, segment_elems, reduce=True, first_from_input=True)
@@ -146,7 +149,7 @@ def allgather_plan(rank: int, bounds: tuple[Range, ...], segment_elems: int) -> 
     """Transfers of the all-gather half for ``rank``; expects chunk ``rank`` already in the output.
 
     >>> allgather_plan(0, ((0, 1), (1, 2)), 4)[0]
-    Transfer(send=(0, 1), recv=(1, 2), reduce=False, send_from_input=False, send_waits=False, peer=None)
+    Transfer(send=(0, 1), recv=(1, 2), reduce=False, send_from_input=False, send_waits=False, peer=None, source=None)
     """
     steps = allgather_steps(rank, len(bounds))
     return _segmented(steps, bounds, segment_elems, reduce=False, first_from_input=False)
@@ -218,7 +221,7 @@ def halving_plans(rank: int, nranks: int, count: int, segment_elems: int) -> tup
     p = core_size(nranks)
     whole = (0, count)
     if rank >= p:   # hands its input to rank - p, then owns nothing
-        return Plan(_segments([_pair(whole, None, rank - p, from_input=True)], segment_elems)), Plan(()), (0, 0)
+        return Plan(cut_into_segments([_pair(whole, None, rank - p, from_input=True)], segment_elems)), Plan(()), (0, 0)
     bounds = chunk_bounds(count, p)
     steps = [_pair(None, whole, rank + p, reduce=True)] if rank + p < nranks else []
     lo, hi, distance = 0, p, p // 2
@@ -230,7 +233,7 @@ def halving_plans(rank: int, nranks: int, count: int, segment_elems: int) -> tup
         lo, hi = keep
         distance //= 2
     # The first step reads the input; the others reduce in place what it left in the output.
-    return Plan(_segments(steps[:1], segment_elems)), Plan(_segments(steps[1:], segment_elems)), bounds[rank]
+    return Plan(cut_into_segments(steps[:1], segment_elems)), Plan(cut_into_segments(steps[1:], segment_elems)), bounds[rank]
 
 
 @lru_cache(maxsize=256)
@@ -247,7 +250,7 @@ def doubling_gather_plan(rank: int, nranks: int, count: int, segment_elems: int)
     p = core_size(nranks)
     whole = (0, count)
     if rank >= p:   # gets the whole result from rank - p
-        return Plan(_segments([_pair(None, whole, rank - p)], segment_elems))
+        return Plan(cut_into_segments([_pair(None, whole, rank - p)], segment_elems))
     bounds = chunk_bounds(count, p)
     steps = []
     distance = 1
@@ -259,7 +262,7 @@ def doubling_gather_plan(rank: int, nranks: int, count: int, segment_elems: int)
         distance *= 2
     if rank + p < nranks:
         steps.append(_pair(whole, None, rank + p))
-    return Plan(_segments(steps, segment_elems))
+    return Plan(cut_into_segments(steps, segment_elems))
 
 
 def _elements(bounds: tuple[Range, ...], chunks: Range) -> Range:
@@ -273,7 +276,7 @@ def _pair(send: Range | None, recv: Range | None, peer: int, reduce: bool = Fals
     return Transfer(send=send, recv=recv, reduce=reduce, send_from_input=from_input, send_waits=True, peer=peer)
 
 
-def _segments(transfers: list[Transfer], segment_elems: int) -> list[Transfer]:
+def cut_into_segments(transfers: list[Transfer], segment_elems: int) -> list[Transfer]:
     """Cut each transfer into message pairs of at most ``segment_elems`` elements each way."""
     cut = []
     for t in transfers:
@@ -281,5 +284,5 @@ def _segments(transfers: list[Transfer], segment_elems: int) -> list[Transfer]:
         recvs = segment_bounds(t.recv, segment_elems) if t.recv else []
         for send, recv in zip_longest(sends, recvs):
             cut.append(Transfer(send=send, recv=recv, reduce=t.reduce, send_from_input=t.send_from_input,
-                                send_waits=True, peer=t.peer))
+                                send_waits=True, peer=t.peer, source=t.source))
     return cut

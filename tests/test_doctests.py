@@ -5,7 +5,7 @@ import importlib
 import numpy as np
 import pytest
 
-MODULES = ["ring.partition", "ring.schedule", "ring.doubling", "ring.cost", "ring.arrays", "collectives.signature",
+MODULES = ["ring.partition", "ring.schedule", "ring.personalized", "ring.doubling", "ring.cost", "ring.arrays", "collectives.signature",
            "collectives.sizes", "collectives.validate", "collectives.membership", "collectives.runtime", "collectives.config",
            "collectives.api", "collectives.timeline", "trainer.model", "trainer.optim",
            "trainer.buckets", "trainer.strategies.ps", "bench.sizes"]

@@ -189,11 +189,11 @@ def test_every_algorithm_of_every_collective_at_scale(n):
         work = x.copy()
         results["reduce_scatter"] = work[algorithms.reduce_scatter(t, x, work, "sum", segment)].copy()
         mine = np.full(rows[t.rank], t.rank, np.int16)
-        counts, _ = algorithms.gather_small(t, (rows[t.rank],), None, signature)
+        counts, _ = algorithms.allgather_small(t, (rows[t.rank],), None, signature)
         results["allgather ring"] = np.empty(int(counts.sum()), np.int16)
         algorithms.allgather(t, mine, results["allgather ring"], counts[:, 0].tolist(), segment)
         same = np.full(3, t.rank, np.int16)   # doubling: every rank brings as many
-        counts, results["allgather doubling"] = algorithms.gather_small(t, (3, -t.rank), same, signature)
+        counts, results["allgather doubling"] = algorithms.allgather_small(t, (3, -t.rank), same, signature)
         assert counts.tolist() == [[3, -r] for r in range(n)]
         results["broadcast"] = x.copy() if t.rank == n - 1 else np.zeros_like(x)
         algorithms.broadcast(t, results["broadcast"], n - 1, segment)
@@ -203,7 +203,7 @@ def test_every_algorithm_of_every_collective_at_scale(n):
 
     outcomes = simulate(n, body)
     total, gathered = reference(inputs, "sum"), np.repeat(np.arange(n), rows).astype(np.int16)
-    same = np.repeat(np.arange(n), 3).astype(np.int16).view(np.uint8)   # (gather_small returns bytes)
+    same = np.repeat(np.arange(n), 3).astype(np.int16).view(np.uint8)   # (allgather_small returns bytes)
     expected = {"ring": total, "halving": total, "doubling": reference(inputs, "max"),
                 "allgather ring": gathered, "allgather doubling": same, "broadcast": inputs[-1],
                 "broadcast doubling": inputs[0]}
