@@ -14,8 +14,8 @@ methods) -> ``group`` (a Group runs collectives) -> ``dispatch`` (each collectiv
 ``world`` sets the world up and ``leaving`` sees the process out.
 """
 from collectives import timeline
-from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many, barrier, block_bounds, broadcast,
-                             destroy, gpu_transport, nccl_communicator, new_group, reduce_scatter, split,
+from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many, alltoall, barrier, block_bounds,
+                             broadcast, destroy, gather, gpu_transport, nccl_communicator, new_group, reduce, reduce_scatter, scatter, split,
                              synchronize, to_host, use_local_gpu)
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group
@@ -29,6 +29,7 @@ from collectives.world import init, local_rank, local_size, rank, settings, size
 
 __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "settings", "Settings", "use_local_gpu", "gpu_transport", "nccl_communicator",
            "allreduce", "allreduce_many", "reduce_scatter", "allgather", "broadcast", "barrier",
+           "alltoall", "gather", "scatter", "reduce",
            "new_group", "split", "destroy", "Group", "NonMember", "algorithm_for", "block_bounds",
            "send", "recv", "isend", "irecv", "wait_all", "Request",
            "Work", "timeline", "to_host", "synchronize", "parse_size", "format_size",

@@ -74,6 +74,30 @@ def broadcast(x, root: int = 0, *, group: Group | None = None, async_op: bool = 
                                                    algorithm=algorithm)
 
 
+@_same_as(Group.alltoall)
+def alltoall(x, splits=None, out=None, *, group: Group | None = None, async_op: bool = False,
+             timeout: float | None = None, name: str | None = None) -> Any:
+    return _group(group, "alltoall", timeout).alltoall(x, splits, out, async_op=async_op, timeout=timeout, name=name)
+
+
+@_same_as(Group.gather)
+def gather(x, root: int = 0, out=None, *, group: Group | None = None, async_op: bool = False,
+           timeout: float | None = None, name: str | None = None) -> Any:
+    return _group(group, "gather", timeout).gather(x, root, out, async_op=async_op, timeout=timeout, name=name)
+
+
+@_same_as(Group.scatter)
+def scatter(x, root: int = 0, splits=None, *, group: Group | None = None, async_op: bool = False,
+            timeout: float | None = None, name: str | None = None) -> Any:
+    return _group(group, "scatter", timeout).scatter(x, root, splits, async_op=async_op, timeout=timeout, name=name)
+
+
+@_same_as(Group.reduce)
+def reduce(x, op: str = "sum", root: int = 0, out=None, *, group: Group | None = None, async_op: bool = False,
+           timeout: float | None = None, name: str | None = None) -> Any:
+    return _group(group, "reduce", timeout).reduce(x, op, root, out, async_op=async_op, timeout=timeout, name=name)
+
+
 @_same_as(Group.barrier)
 def barrier(*, group: Group | None = None, async_op: bool = False, timeout: float | None = None,
             name: str | None = None) -> Any:

@@ -46,7 +46,7 @@ from ring.transport.base import TransportError, TransportTimeout
 _PROBLEM_BYTES = 512
 _MAIN_THREAD = main_thread().ident
 _ROLL_CALL_GRACE = 1.0   # seconds the ranks that timed out spend finding out which others are here too
-_REDUCTIONS = frozenset(("allreduce", "allreduce_many", "reduce_scatter"))   # (the floating-point guard)
+_REDUCTIONS = frozenset(("allreduce", "allreduce_many", "reduce_scatter", "reduce"))   # (the floating-point guard)
 
 
 class Call:

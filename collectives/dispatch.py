@@ -18,7 +18,7 @@ from collectives import validate
 from collectives.call import Call
 from collectives.errors import CollectiveError, CollectiveUsageError
 from ring import algorithms
-from ring.arrays import is_array, xp_of
+from ring.arrays import is_array, transportable, xp_of
 from ring.partition import chunk_bounds
 from ring.transport import device as device_transports, nccl as nccl_transport
 
@@ -42,6 +42,15 @@ def write_back(result: Any, flat: Any) -> Any:
     if not result.flags.c_contiguous:
         result[...] = flat.reshape(result.shape)
     return result
+
+
+def widened(x: Any) -> tuple[Any, bool]:
+    """``x`` as a reduction computes it, and whether that is a copy: a bfloat16 array is reduced in
+    float32 and rounded to bfloat16 once at the end (gloo rounds after every addition), for twice
+    its bytes on the wire; any other array is reduced as it is."""
+    if x.dtype.isbuiltin == 2 and validate.is_bfloat16(x.dtype):
+        return x.astype(np.float32), True
+    return x, False
 
 
 def choose(call: Call, collective: str, nbytes: int, host: bool) -> str:
@@ -105,6 +114,11 @@ def allreduce(call: Call, x: Any, op: Any, out: Any) -> Any:
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
     result = out if out is not None else (np if host else xp_of(x)).empty(x.shape, x.dtype)
+    if x.dtype.isbuiltin == 2:   # (bfloat16: see widened)
+        source, _ = widened(flat(x))
+        allreduce_flat(call, source, source, op, sig, host)
+        result[...] = source.reshape(result.shape)
+        return result
     source = flat(x)
     target = source if in_place else flat_target(result)
     allreduce_flat(call, source, target, op, sig, host)
@@ -151,11 +165,11 @@ def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
     call.nbytes = nbytes
     checked = False
     for members in by_dtype.values():
-        if len(members) == 1 and members[0].flags.c_contiguous:
+        if len(members) == 1 and members[0].flags.c_contiguous and members[0].dtype.isbuiltin != 2:
             alone = flat(members[0])
             allreduce_flat(call, alone, alone, op, sig, host, checked)
         else:
-            fused = xp_of(members[0]).concatenate([m.reshape(-1) for m in members])
+            fused, _ = widened(xp_of(members[0]).concatenate([m.reshape(-1) for m in members]))
             allreduce_flat(call, fused, fused, op, sig, host, checked)
             offset = 0
             for m in members:
@@ -180,16 +194,17 @@ def reduce_scatter(call: Call, x: Any, op: Any, out: Any) -> Any:
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
     xp = np if host else xp_of(x)
-    source = flat(x)
-    work = xp.empty(x.size, x.dtype) if x.flags.c_contiguous else source   # a copy of x is ours to reuse
-    if choose(call, "reduce_scatter", x.nbytes, host) == "doubling":
+    source, wide = widened(flat(x))
+    work = source if wide or not x.flags.c_contiguous else xp.empty(x.size, x.dtype)   # (a copy is ours to reuse)
+    if choose(call, "reduce_scatter", source.nbytes, host) == "doubling":
         if not algorithms.allreduce_small(g.transport, source, work, op, sig):
             call.disagree(sig)
         owned = slice(start, stop)
     else:
         call.agree(sig)
         transport = g.transport_for(x)
-        owned = algorithms.reduce_scatter(transport, source, work, op, call.runtime.segment_elems(x.dtype, transport))
+        owned = algorithms.reduce_scatter(transport, source, work, op,
+                                          call.runtime.segment_elems(source.dtype, transport))
     result = out if out is not None else xp.empty(stop - start, x.dtype)
     result[...] = work[owned]
     return result
@@ -226,7 +241,7 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
             call.algorithm = "ring"   # (the counts travelled by doubling, the data goes round the ring)
         row = math.prod(x.shape[1:])
         transport = g.transport_for(x)
-        algorithms.allgather(transport, source, target, [r * row for r in rows],
+        algorithms.allgather(transport, transportable(source), transportable(target), [r * row for r in rows],
                              call.runtime.segment_elems(x.dtype, transport))
     return result if target is result else write_back(result, target)
 
@@ -248,7 +263,7 @@ def broadcast(call: Call, x: Any, root: Any) -> Any:
     else:
         call.agree(sig)
         transport = g.transport_for(x)
-        algorithms.broadcast(transport, buffer, root, call.runtime.segment_elems(x.dtype, transport))
+        algorithms.broadcast(transport, transportable(buffer), root, call.runtime.segment_elems(x.dtype, transport))
     return x if me == root else write_back(x, buffer)
 
 

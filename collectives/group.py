@@ -33,17 +33,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 
-from collectives import dispatch, validate
+from collectives import dispatch, personalized, validate
 from collectives.call import Call, issue
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.membership import NonMember, describe
-from ring.transport import device as device_transports
+from collectives.transports import GroupTransports
 from ring.transport.base import CommunicatorsExhausted, Transport
 
 
-class Group:
+class Group(GroupTransports):
     """Ranks that make collectives together: ``rank()``, ``size()``, ``ranks`` (world ranks, in
     the group's order) and every collective as a method. ``root`` of a broadcast is a rank of
     the group.
@@ -158,6 +157,50 @@ class Group:
         """
         return issue(self, "broadcast", dispatch.broadcast, (x, root), async_op, timeout, name, algorithm)
 
+    def alltoall(self, x, splits=None, out=None, *, async_op: bool = False, timeout: float | None = None,
+                 name: str | None = None) -> Any:
+        """Send block j of ``x`` (rows along axis 0) to rank j, and return the blocks every rank sent
+        this one, in rank order. ``splits``: the rows for each rank (None: equal blocks); they may
+        differ between ranks, and the result has the rows sent to this rank. ``out``: where to
+        write the result instead of a new array (apart from ``x``).
+
+        >>> col.alltoall(np.arange(4) + 10 * col.rank())     # rank 1 of 2  # doctest: +SKIP
+        array([ 2,  3, 12, 13])
+        """
+        return issue(self, "alltoall", personalized.alltoall, (x, splits, out), async_op, timeout, name)
+
+    def gather(self, x, root: int = 0, out=None, *, async_op: bool = False, timeout: float | None = None,
+               name: str | None = None) -> Any:
+        """Concatenate every rank's ``x`` along axis 0 on ``root`` (as ``allgather``, but on one rank);
+        returns the result on the root and None on the others. ``out``: the root's result array.
+
+        >>> col.gather(np.full(2, col.rank()), root=0)       # rank 0 of 2  # doctest: +SKIP
+        array([0, 0, 1, 1])
+        """
+        return issue(self, "gather", personalized.gather, (x, root, out), async_op, timeout, name)
+
+    def scatter(self, x, root: int = 0, splits=None, *, async_op: bool = False, timeout: float | None = None,
+                name: str | None = None) -> Any:
+        """Give rank j block j of the root's ``x`` (rows along axis 0; ``splits``: the rows for each
+        rank, None: equal blocks); returns this rank's block. The other ranks' ``x`` is not read
+        (None will do): the root tells them the dtype and shape.
+
+        >>> col.scatter(np.arange(4) if col.rank() == 0 else None)    # rank 1 of 2  # doctest: +SKIP
+        array([2, 3])
+        """
+        return issue(self, "scatter", personalized.scatter, (x, root, splits), async_op, timeout, name)
+
+    def reduce(self, x, op: str = "sum", root: int = 0, out=None, *, async_op: bool = False,
+               timeout: float | None = None, name: str | None = None) -> Any:
+        """Reduce ``x`` elementwise across ranks onto ``root`` (as ``allreduce``, but the result only
+        there): returns it on the root and None on the others; ``out`` (``out=x``: in place) is
+        written on the root only. Large arrays take the ring's reduce-scatter, then a gather.
+
+        >>> col.reduce(np.ones(2), root=1)                   # rank 1 of 3  # doctest: +SKIP
+        array([3., 3.])
+        """
+        return issue(self, "reduce", personalized.reduce, (x, op, root, out), async_op, timeout, name)
+
     def barrier(self, *, async_op: bool = False, timeout: float | None = None, name: str | None = None) -> Any:
         """Return once every rank has entered the barrier (and checks that they all meant to)."""
         return issue(self, "barrier", dispatch.barrier, (), async_op, timeout, name)
@@ -209,50 +252,6 @@ class Group:
         'doubling'
         """
         return dispatch.predicted(self, collective, x)
-
-    # What the calls use: the transports.
-
-    def transports(self) -> list:
-        """Every transport of this group's calls (host, levels, device)."""
-        found = [self.transport, *(self.levels or ())]
-        return found + ([self.device_transport] if self.device_transport is not None else [])
-
-    def abandon(self) -> None:
-        """After a failed or interrupted call: cancel what this group's transports still have posted."""
-        for transport in [self.transport, *(self.levels or ())]:
-            transport.abandon()
-
-    def release(self) -> None:
-        """Free this group's communicators (every member does it in the same call: see ``destroy``)."""
-        self.destroyed = True
-        self.runtime.groups.remove(self)
-        for transport in reversed(self.transports()):
-            transport.close()
-
-    def transport_for(self, x) -> Transport:
-        """The transport that carries ``x``: MPI for numpy arrays; for cupy arrays the device
-        transport, made on first use (every member must be in this call: collectives agree first)."""
-        if isinstance(x, np.ndarray):
-            return self.transport
-        self.open_device_transport(x.device.id)
-        return self.device_transport
-
-    def open_device_transport(self, device: int | None) -> int:
-        """Make the transport for cupy arrays on GPU ``device`` (None: GPU ``local_rank % visible
-        GPUs``), made current, unless it exists (then ``device`` must be its GPU); return the GPU's
-        index. Every member must make it together, as the first collective on a cupy array does
-        (see ``ring.transport.device``)."""
-        if self.device_transport is None:
-            try:
-                self.device_transport = device_transports.open_transport(self.transport, device,
-                                                                         self.runtime.settings.gpu_transport)
-            except device_transports.Unavailable as e:   # the same on every member: still in step
-                setting = " (COLLECTIVES_GPU_TRANSPORT=nccl)" if self.runtime.settings.gpu_transport == "nccl" else ""
-                raise CollectiveError(f"{e}{setting}") from e
-        elif device is not None and device != self.device_transport.gpu:
-            raise CollectiveError(f"{self.where()}: an array on GPU {device}, but this rank's collectives "
-                                  f"run on GPU {self.device_transport.gpu} (one GPU per rank)")
-        return self.device_transport.gpu
 
 
 def make_group(runtime, transport, ranks: tuple[int, ...], world: bool = False) -> Group:

@@ -15,6 +15,8 @@ OPS = ("sum", "avg", "min", "max", "prod")
 REDUCIBLE_DTYPES = tuple(np.dtype(t) for t in (
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"))
 _REDUCIBLE = frozenset(REDUCIBLE_DTYPES)
+#: What a scatter's header can name (index in this tuple; -1: ml_dtypes' bfloat16, see header_dtype).
+HEADER_DTYPES = REDUCIBLE_DTYPES + tuple(np.dtype(t) for t in ("bool", "complex64", "complex128"))
 _ACCEPTED = frozenset((d, op) for d in REDUCIBLE_DTYPES for op in OPS if not (op == "avg" and d.kind in "iu"))
 
 
@@ -112,13 +114,66 @@ def reducible(collective: str, argument: str, x: np.ndarray, op: Any) -> None:
     if type(x) is np.ndarray and isinstance(op, str) and (x.dtype, op) in _ACCEPTED:
         return   # the common case in one lookup: this check runs on every call
     array(collective, argument, x)
-    if x.dtype not in _REDUCIBLE:
-        names = ", ".join(str(d) for d in REDUCIBLE_DTYPES)
+    if x.dtype not in _REDUCIBLE and not is_bfloat16(x.dtype):
+        names = ", ".join(str(d) for d in REDUCIBLE_DTYPES) + ", bfloat16 (ml_dtypes)"
         fail(collective, argument, f"unsupported dtype {x.dtype}; expected one of {names}")
     if not isinstance(op, str) or op not in OPS:
         fail(collective, "op", f"unknown reduction {op!r}; expected one of {', '.join(map(repr, OPS))}")
     if op == "avg" and x.dtype.kind in "iu":
         fail(collective, "op", f"'avg' needs a floating dtype, {argument} is {x.dtype} (use 'sum' and divide)")
+
+
+def is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is ml_dtypes' ``bfloat16`` (numpy's, as JAX uses it), known without importing it."""
+    return dtype.isbuiltin == 2 and dtype.name == "bfloat16"
+
+
+def header_code(collective: str, argument: str, dtype: np.dtype) -> int:
+    """``dtype``'s index in HEADER_DTYPES (-1: bfloat16), the dtypes a scatter can name to the
+    ranks that do not know it."""
+    if is_bfloat16(dtype):
+        return -1
+    if dtype not in HEADER_DTYPES:
+        fail(collective, argument, f"dtype {dtype} cannot be scattered; expected one of "
+                                   f"{', '.join(map(str, HEADER_DTYPES))}, bfloat16 (ml_dtypes)")
+    return HEADER_DTYPES.index(dtype)
+
+
+def header_dtype(code: int) -> np.dtype:
+    """The dtype :func:`header_code` gave ``code``."""
+    if code == -1:
+        import ml_dtypes   # (present: the root has a bfloat16 array)
+        return np.dtype(ml_dtypes.bfloat16)
+    return HEADER_DTYPES[code]
+
+
+def splits(collective: str, value: Any, rows: int, size: int) -> list[int]:
+    """The rows of ``x`` that go to each of ``size`` ranks: ``value``, a sequence of ``size`` ints
+    >= 0 that add up to ``rows``, or None for equal blocks (then ``rows`` must divide evenly).
+
+    >>> splits("alltoall", None, 6, 3), splits("alltoall", [1, 0, 5], 6, 3)
+    ([2, 2, 2], [1, 0, 5])
+    """
+    if value is None:
+        if rows % size:
+            fail(collective, "x", f"axis 0 has {rows} rows, which do not split evenly among {size} ranks; "
+                                  "pass splits= (the rows for each rank)")
+        return [rows // size] * size
+    try:
+        counts = list(value)
+    except TypeError:
+        fail(collective, "splits", f"expected a sequence of {size} ints (rows for each rank), got "
+                                   f"{type(value).__name__}")
+    if len(counts) != size:
+        fail(collective, "splits", f"expected {size} counts (one per rank), got {len(counts)}")
+    for c in counts:
+        integer(collective, "splits", c)
+    counts = [int(c) for c in counts]
+    if min(counts) < 0:
+        fail(collective, "splits", f"counts must be >= 0, got {counts}")
+    if sum(counts) != rows:
+        fail(collective, "splits", f"counts add up to {sum(counts)}, but x has {rows} rows (axis 0)")
+    return counts
 
 
 def array_list(collective: str, argument: str, given: Any, op: Any) -> list:
@@ -221,6 +276,12 @@ def rank(collective: str, argument: str, value: Any, size: int, world: bool = Tr
     if not 0 <= value < size:
         fail(collective, argument, f"rank {value} is out of range for a {'world' if world else 'group'} of "
                                    f"{size} (0..{size - 1})")
+
+
+def root(collective: str, value: Any, size: int, world: bool) -> int:
+    """The root of a rooted collective: a rank of the call's ranks."""
+    rank(collective, "root", value, size, world)
+    return int(value)
 
 
 def integer(collective: str, argument: str, value: Any) -> None:

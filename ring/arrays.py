@@ -92,6 +92,16 @@ def combiner(xp: ModuleType, op: str):
     return combine
 
 
+def transportable(x):
+    """``x``, or a view of it as unsigned integers of its item size where its dtype exports no
+    buffer (numpy's user dtypes, like ml_dtypes' ``bfloat16``), so that MPI can move its bytes.
+
+    >>> transportable(np.zeros(2, np.float32)).dtype     # (a bfloat16 array comes back as uint16)
+    dtype('float32')
+    """
+    return x.view(f"u{x.dtype.itemsize}") if x.dtype.isbuiltin == 2 else x
+
+
 def divide_(x, divisor: int) -> None:
     """``x /= divisor`` in place, in x's own dtype (floating types only)."""
     xp_of(x).true_divide(x, divisor, out=x, casting="unsafe")

@@ -1,0 +1,159 @@
+"""The bodies of the collectives that give each rank's block to one rank (all-to-all, gather,
+scatter) and of reduce to a root, once their call has begun (``collectives.call``); the others
+are in ``collectives.dispatch``, whose helpers these share.
+
+Blocks are cut along axis 0: rows. A rank's rows for each rank (``splits``) may differ, and
+so may the rows each rank brings to a gather; the runtime tells every rank the others' counts
+(in the cross-rank check's exchange where it can), so that only the data moves after it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from collectives import validate
+from collectives.call import Call
+from collectives.dispatch import choose, flat, flat_target, widened, write_back
+from collectives.errors import CollectiveUsageError
+from ring import algorithms
+from ring.arrays import transportable, xp_of
+from ring.partition import bounds_from_counts
+
+_MAX_DIMS = 32   # numpy's limit on dimensions, which a scatter's header must carry
+
+
+def alltoall(call: Call, x: Any, splits: Any, out: Any) -> Any:
+    g, n = call.group, call.group.transport.size
+    try:
+        x, out = validate.gathered(call.name, x, out)
+        rows = validate.splits(call.name, splits, x.shape[0], n)
+    except CollectiveUsageError as error:
+        call.reject(error)
+    host = type(x) is np.ndarray
+    sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory="host" if host else "gpu")
+    call.nbytes = x.nbytes
+    call.algorithm = "pairwise"
+    call.agree(sig, always=True)   # (the counts' exchange below blocks inside MPI: every rank must be here)
+    mine = np.array(rows + [-1 if out is None else out.shape[0]], np.int64)   # (the rows of out, for the check)
+    every = np.frombuffer(b"".join(g.transport.allgather_bytes(mine.tobytes())), np.int64).reshape(n, n + 1)
+    totals = every[:, :n].sum(axis=0).tolist()   # the rows each rank receives
+    wrong = [f"rank {g.ranks[r]}: {given} for {totals[r]}" for r, given in enumerate(every[:, n].tolist())
+             if given not in (-1, totals[r])]
+    if wrong:   # known on every rank alike
+        raise CollectiveUsageError(f"{call.name}: out: axis 0 must be the rows the ranks send to its rank, but is "
+                                   f"not ({', '.join(wrong)})")
+    incoming = every[:, g.transport.rank].tolist()
+    total = totals[g.transport.rank]
+    result = out if out is not None else (np if host else xp_of(x)).empty((total,) + x.shape[1:],
+                                                                                       x.dtype)
+    row = math.prod(x.shape[1:])
+    target = flat_target(result)
+    transport = g.transport_for(x)
+    algorithms.alltoall(transport, transportable(flat(x)), transportable(target), bounds_from_counts([r * row for r in rows]),
+                        bounds_from_counts([r * row for r in incoming]),
+                        call.runtime.segment_elems(x.dtype, transport))
+    return result if target is result else write_back(result, target)
+
+
+def gather(call: Call, x: Any, root: Any, out: Any) -> Any:
+    g = call.group
+    me = g.transport.rank
+    try:
+        x, out = validate.gathered(call.name, x, out)
+        root = validate.root(call.name, root, g.transport.size, g.is_world)
+    except CollectiveUsageError as error:
+        call.reject(error)
+    host = type(x) is np.ndarray
+    sig = call.signature(dtype=x.dtype, shape=x.shape[1:], root=root, memory="host" if host else "gpu")
+    call.nbytes = x.nbytes
+    call.algorithm = "linear"
+    given = -1 if out is None or me != root else out.shape[0]
+    found = algorithms.allgather_small(g.transport, (x.shape[0], given), None, sig)   # (carries the check)
+    if found is None:
+        call.disagree(sig)
+    every = found[0]
+    rows = every[:, 0].tolist()
+    total = sum(rows)
+    if every[root, 1] not in (-1, total):   # known on every rank alike
+        raise CollectiveUsageError(f"{call.name}: out: axis 0 must be {total} (the rows of every rank together), "
+                                   f"but is {every[root, 1]} on the root, rank {g.ranks[root]}")
+    result = target = None
+    if me == root:
+        result = out if out is not None else (np if host else xp_of(x)).empty(
+            (total,) + x.shape[1:], x.dtype)
+        target = flat_target(result)
+    row = math.prod(x.shape[1:])
+    transport = g.transport_for(x)
+    algorithms.gather(transport, transportable(flat(x)), None if target is None else transportable(target), root,
+                      [r * row for r in rows], call.runtime.segment_elems(x.dtype, transport))
+    return None if result is None else result if target is result else write_back(result, target)
+
+
+def scatter(call: Call, x: Any, root: Any, splits: Any) -> Any:
+    g, n = call.group, call.group.transport.size
+    me = g.transport.rank
+    try:
+        root = validate.root(call.name, root, n, g.is_world)
+        if me == root:
+            x, _ = validate.gathered(call.name, x, None)
+            rows = validate.splits(call.name, splits, x.shape[0], n)
+            code = validate.header_code(call.name, "x", x.dtype)
+            if x.ndim > _MAX_DIMS:
+                validate.fail(call.name, "x", f"has {x.ndim} dimensions, more than numpy's {_MAX_DIMS}")
+    except CollectiveUsageError as error:
+        call.reject(error)
+    host = me != root or type(x) is np.ndarray
+    header = np.zeros(2 + _MAX_DIMS + n, np.int64)   # dtype, dimensions, shape, then the rows of each rank
+    if me == root:
+        header[0], header[1] = code, x.ndim
+        header[2:2 + x.ndim - 1] = x.shape[1:]
+        header[2 + _MAX_DIMS:] = rows
+    sig = call.signature(root=root, memory="host" if host else "gpu")
+    if not algorithms.broadcast_small(g.transport, header, root, sig):   # (carries the check)
+        call.disagree(sig)
+    dtype, ndim = validate.header_dtype(int(header[0])), int(header[1])
+    trailing = tuple(header[2:2 + ndim - 1].tolist())
+    rows = header[2 + _MAX_DIMS:].tolist()
+    call.nbytes = x.nbytes if me == root else 0
+    call.algorithm = "linear"
+    xp = np if me != root else xp_of(x)
+    result = xp.empty((rows[me],) + trailing, dtype)
+    row = math.prod(trailing)
+    transport = g.transport if me != root else g.transport_for(x)
+    algorithms.scatter(transport, transportable(flat(x)) if me == root else None, transportable(result.reshape(-1)), root,
+                       [r * row for r in rows], call.runtime.segment_elems(dtype, transport))
+    return result
+
+
+def reduce(call: Call, x: Any, op: Any, root: Any, out: Any) -> Any:
+    g = call.group
+    me = g.transport.rank
+    try:
+        x, out, in_place = validate.reduction(call.name, x, op, out)
+        root = validate.root(call.name, root, g.transport.size, g.is_world)
+    except CollectiveUsageError as error:
+        call.reject(error)
+    host = type(x) is np.ndarray
+    sig = call.signature(op, x.dtype, x.shape, root=root, memory="host" if host else "gpu")
+    call.nbytes = x.nbytes
+    xp = np if host else xp_of(x)
+    result = (out if out is not None else xp.empty(x.shape, x.dtype)) if me == root else None
+    source, wide = widened(flat(x))
+    direct = me == root and not wide   # (the root reduces into the result itself)
+    target = (source if in_place else flat_target(result)) if direct else xp.empty(source.size, source.dtype)
+    if choose(call, "allreduce", source.nbytes, host) == "doubling":
+        if not algorithms.allreduce_small(g.transport, source, target, op, sig):
+            call.disagree(sig)
+    else:
+        call.algorithm = "ring"
+        call.agree(sig)
+        transport = g.transport_for(x)
+        algorithms.reduce(transport, source, target, root, op, call.runtime.segment_elems(source.dtype, transport))
+    if result is None:
+        return None
+    if direct:
+        return write_back(result, target)
+    result[...] = target.reshape(result.shape)   # (rounds a widened bfloat16 sum once)
+    return result

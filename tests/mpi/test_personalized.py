@@ -1,0 +1,154 @@
+"""Tier 2: alltoall, gather, scatter and reduce in a real MPI world, against mpi4py's Alltoall(v),
+Gatherv, Scatterv and Reduce; bfloat16 reductions against an exact float64 reference.
+
+Run under mpiexec -n 1..5 by tests/test_worlds.py, like tests/mpi/test_collectives.py.
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives as col
+from collectives.config import DEFAULT_SEGMENT_BYTES
+from tests.mpi.test_collectives import MPI_OPS, agree, rank_input
+
+pytestmark = pytest.mark.mpi
+
+COMM = MPI.COMM_WORLD
+N, RANK = COMM.Get_size(), COMM.Get_rank()
+ROOTS = sorted({0, N - 1, N // 2})
+
+
+@pytest.fixture(autouse=True, params=[None, 96], ids=["default-segments", "96-byte-segments"])
+def segment_size(request):
+    col.init(segment_bytes=request.param or 0)
+    yield request.param or DEFAULT_SEGMENT_BYTES
+    col.init(segment_bytes=0)
+
+
+def splits_of(rank):
+    """Rows rank ``rank`` sends to each rank: uneven, zeros included, different on every rank."""
+    return [(rank * 3 + j * 5) % 4 for j in range(N)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "uint64", "complex128", "bool"])
+def test_alltoall_equal_blocks_matches_mpi(dtype):
+    x = (np.arange(N * 6).reshape(N * 2, 3) + 100 * RANK).astype(dtype)
+    expected = np.empty_like(x)
+    COMM.Alltoall(x, expected)
+    got = col.alltoall(x)
+    agree(got.shape == x.shape and np.array_equal(got, expected), f"alltoall {dtype}")
+
+
+@pytest.mark.parametrize("trailing", [(), (2, 3)])
+def test_alltoall_uneven_splits_matches_mpi_alltoallv(trailing):
+    send_rows = splits_of(RANK)
+    recv_rows = [splits_of(j)[RANK] for j in range(N)]
+    row = int(np.prod(trailing))
+    x = (np.arange(sum(send_rows) * row).reshape((sum(send_rows),) + trailing) + 1000 * RANK).astype(np.float64)
+    expected = np.empty((sum(recv_rows),) + trailing)
+    COMM.Alltoallv([x, [r * row for r in send_rows]], [expected, [r * row for r in recv_rows]])
+    got = col.alltoall(x, splits=send_rows)
+    out = np.full_like(expected, -1.0)
+    col.alltoall(x, splits=send_rows, out=out)
+    agree(np.array_equal(got, expected) and np.array_equal(out, expected), "alltoall with splits")
+
+
+def test_alltoall_refuses_bad_splits_and_out_on_every_rank():
+    x = np.zeros((N * 2, 2))
+    with pytest.raises(col.CollectiveUsageError, match="splits: counts add up to"):
+        col.alltoall(x, splits=[1] * N if RANK == 0 else [2] * N)
+    if N > 1:
+        with pytest.raises(col.CollectiveUsageError, match="x: axis 0 has"):
+            col.alltoall(np.zeros((N * 2 + (RANK == 0), 2)))
+    with pytest.raises(col.CollectiveUsageError, match="out: axis 0 must be the rows"):
+        col.alltoall(x, out=np.zeros((N * 2 + (RANK == N - 1), 2)))
+    col.barrier()   # still in step
+
+
+@pytest.mark.parametrize("root", ROOTS)
+def test_gather_uneven_rows_matches_mpi_gatherv(root):
+    rows = [(r * 5) % 3 + r for r in range(N)]
+    x = rank_input(rows[RANK] * 2, "int32", "sum").reshape(rows[RANK], 2)
+    expected = np.empty((sum(rows), 2), np.int32) if RANK == root else None
+    COMM.Gatherv(x, [expected, [r * 2 for r in rows]] if RANK == root else None, root=root)
+    got = col.gather(x, root=root)
+    good = np.array_equal(got, expected) if RANK == root else got is None
+    agree(good, f"gather to {root}")
+
+
+@pytest.mark.parametrize("root", ROOTS)
+@pytest.mark.parametrize("dtype", ["float16", "int64", "complex64"])
+def test_scatter_matches_mpi_scatterv_and_needs_nothing_but_on_the_root(root, dtype):
+    rows = [(r * 3) % 4 + 1 for r in range(N)]
+    whole = np.arange(sum(rows) * 3).reshape(sum(rows), 3).astype(dtype)
+    expected = np.empty((rows[RANK], 3), dtype)
+    COMM.Scatterv([whole, [r * 3 for r in rows]] if RANK == root else None, expected, root=root)
+    got = col.scatter(whole if RANK == root else None, root=root, splits=rows)
+    agree(got.dtype == whole.dtype and np.array_equal(got, expected), f"scatter from {root}")
+    equal = col.scatter(np.arange(N * 2) if RANK == root else None, root=root)
+    agree(equal.tolist() == [2 * RANK, 2 * RANK + 1], "scatter in equal blocks")
+
+
+@pytest.mark.parametrize("root", ROOTS)
+@pytest.mark.parametrize("count", [5, 100_001])   # recursive doubling, and the ring then a gather
+@pytest.mark.parametrize("op", ["sum", "max", "prod"])
+def test_reduce_matches_mpi_reduce(root, count, op):
+    x = rank_input(count, "float64", op)
+    expected = np.empty_like(x) if RANK == root else None
+    COMM.Reduce(x, expected, op=MPI_OPS[op], root=root)
+    got = col.reduce(x, op=op, root=root)
+    good = np.array_equal(got, expected) if RANK == root else got is None
+    agree(good, f"reduce {op} to {root}")
+
+
+def test_reduce_in_place_on_the_root_leaves_the_others_untouched():
+    x = rank_input(3001, "float32", "sum")
+    before = x.copy()
+    expected = np.empty_like(x)
+    COMM.Allreduce(before, expected, op=MPI.SUM)
+    result = col.reduce(x, root=0, out=x)
+    agree(result is x and np.array_equal(x, expected) if RANK == 0 else result is None and
+          np.array_equal(x, before), "reduce in place")
+
+
+@pytest.mark.parametrize("collective", ["alltoall", "gather", "scatter", "reduce"])
+def test_async_op_and_name_and_groups(collective):
+    """async_op gives a Work; a group runs the collective among its members only."""
+    evens = col.new_group(range(0, N, 2))
+    ok = True
+    if evens:
+        m = evens.size()
+        x = np.arange(2 * m, dtype=np.float64) + RANK
+        calls = {"alltoall": lambda **kw: evens.alltoall(x, **kw), "gather": lambda **kw: evens.gather(x, **kw),
+                 "scatter": lambda **kw: evens.scatter(x if evens.rank() == 0 else None, **kw),
+                 "reduce": lambda **kw: evens.reduce(x, **kw)}
+        work = calls[collective](async_op=True, name="step 1")
+        now = calls[collective](name="step 2")
+        later = work.wait()
+        ok = (later is None and now is None) or np.array_equal(later, now)
+        evens.destroy()
+    agree(ok, f"{collective} async on a group")
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "prod"])
+@pytest.mark.parametrize("count", [7, 200_003])
+def test_bfloat16_is_reduced_in_float32_and_rounded_once(op, count):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng(RANK)
+    x = (rng.standard_normal(count) * (1.0 if op != "prod" else 0.5) + (1.0 if op == "prod" else 0)).astype(bf16)
+    everyone = np.stack(COMM.allgather(x.astype(np.float32)))
+    exact = {"sum": everyone.sum(0), "avg": everyone.sum(0) / N, "max": everyone.max(0),
+             "prod": everyone.astype(np.float64).prod(0)}[op]
+    expected = np.asarray(exact, np.float32).astype(bf16)   # every ulp of float32 is exact here: one rounding
+    got = col.allreduce(x, op=op)
+    close = np.abs(got.astype(np.float64) - exact) <= np.abs(expected.astype(np.float64) - exact) + \
+        np.abs(exact) * 2.0 ** -20
+    agree(got.dtype == bf16 and close.all(), f"bfloat16 {op}")
+    scattered = col.reduce_scatter(x, op=op)
+    start, stop = col.block_bounds(count)[RANK]
+    agree(np.array_equal(scattered, got[start:stop]), "bfloat16 reduce_scatter")
+    reduced = col.reduce(x, op=op, root=N - 1)
+    agree(reduced is None if RANK != N - 1 else np.array_equal(reduced, got), "bfloat16 reduce")
+    agree(np.array_equal(col.broadcast(got.copy(), root=0), got), "bfloat16 broadcast")
+    agree(np.array_equal(col.allgather(x)[RANK * count:(RANK + 1) * count], x), "bfloat16 allgather")
