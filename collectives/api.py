@@ -106,9 +106,10 @@ def barrier(*, group: Group | None = None, async_op: bool = False, timeout: floa
 
 
 @_same_as(Group.new_group)
-def new_group(ranks, *, group: Group | None = None, timeout: float | None = None,
+def new_group(ranks, *, members_only: bool = False, group: Group | None = None, timeout: float | None = None,
               name: str | None = None) -> Group | NonMember:
-    return _group(group, "new_group", timeout).new_group(ranks, timeout=timeout, name=name)
+    return _group(group, "new_group", timeout).new_group(ranks, members_only=members_only, timeout=timeout,
+                                                         name=name)
 
 
 @_same_as(Group.split)

@@ -13,7 +13,8 @@ from dataclasses import asdict, replace
 
 from collectives import config, timeline as timelines
 from collectives.errors import CollectiveError, CollectiveUsageError
-from collectives.group import Group, make_group
+from collectives.group import Group
+from collectives.making import make_group
 from collectives.runtime import Runtime, hosts_of, two_level_layout
 from collectives.config import Settings
 from ring.transport.base import TransportError
@@ -174,7 +175,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED"}
     runtime = Runtime(Settings(**found), threads_checked=names.get(level, "") if level < MPI.THREAD_SERIALIZED
                       else "", threaded=level == MPI.THREAD_MULTIPLE)
-    w = runtime.world = make_group(runtime, transport, tuple(range(transport.size)), world=True)
+    w = runtime.world = make_group(Group, runtime, transport, tuple(range(transport.size)), world=True)
     timelines.start(runtime.settings.timeline, w.rank())
     keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: (at_finalize and at_finalize()) or MPI.SUCCESS)
     MPI.COMM_SELF.Set_attr(keyval, True)   # MPI.Finalize() deletes COMM_SELF's attributes first thing

@@ -29,6 +29,7 @@ from ring.transport.mpi_p2p import PointToPoint
 from ring.transport.polling import SPIN_SECONDS, pause, usable_cores
 
 _TAG = 7
+_SUBSET_TAG = 10   # Comm_create_group's (the tags of departures.py are 8 and 9)
 CHECK_INTERVAL = 0.5       # seconds between looks at the control channel and the local peers' processes
 _QUICK_POLLS = 32          # polls before the first look at the clock (about 5 us)
 _testall = MPI.Request.Testall
@@ -229,6 +230,24 @@ class MPITransport(Departures, AtExit):
         outer.Free()
         return MPITransport(comm, [self.hosts[r] for r in mine], [self.pids[r] for r in mine],
                             [self.names[r] for r in mine], self if watched else None, self.liveness)
+
+    def subset(self, ranks: Sequence[int]) -> "MPITransport":
+        """A transport over ``ranks`` of this one, in that order, made by those ranks alone (MPI's
+        Comm_create_group): the others need not call, as in torch.distributed's ``new_group`` where
+        only the members make the group. It blocks inside MPI until every one of ``ranks`` calls."""
+        outer = self.comm.Get_group()
+        inner = outer.Incl(list(ranks))
+        try:
+            comm = self.comm.Create_group(inner, _SUBSET_TAG)
+        except MPI.Exception as e:
+            text = _error_text(e)
+            failure = CommunicatorsExhausted if "too many communicators" in text.lower() else TransportError
+            raise failure(f"making a communicator for ranks {list(ranks)} failed: {text}") from e
+        finally:
+            inner.Free()
+            outer.Free()
+        return MPITransport(comm, [self.hosts[r] for r in ranks], [self.pids[r] for r in ranks],
+                            [self.names[r] for r in ranks], None, self.liveness)
 
     def close(self, failed: bool = False) -> None:
         """Free this transport's communicator, unless requests on it could not be ended. Control
