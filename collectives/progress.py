@@ -59,7 +59,7 @@ class Work:
     """
 
     __slots__ = ("name", "seq", "algorithm", "issued_at", "started_at", "completed_at", "_job", "_engine", "_done",
-                 "_result", "_error", "_waited", "_after", "_latch", "__weakref__")
+                 "_result", "_error", "_waited", "_after", "_latch", "_callbacks", "__weakref__")
 
     def __init__(self, name: str, job: Callable[[], Any], engine: "Engine"):
         self.name = name
@@ -77,10 +77,21 @@ class Work:
         self._error: BaseException | None = None
         self._waited = False
         self._after: Callable[[], None] | None = None   # what wait() must still do (a GPU stream's sync)
+        self._callbacks: list | None = []   # add_done_callback's, until the call is done (then None)
 
     def is_completed(self) -> bool:
         """Whether the call has finished on this rank (then ``wait`` returns at once)."""
         return self._done
+
+    def add_done_callback(self, callback: Callable[["Work"], None]) -> None:
+        """Call ``callback(work)`` once the call is done (at once if it is), in the thread that
+        finished it, so quick and issuing no collective; what it raises becomes a RuntimeWarning.
+        A torch future learns of its call this way (``collectives.torch``)."""
+        with _CALLBACKS:
+            if self._callbacks is not None:
+                self._callbacks.append(callback)
+                return
+        _call_back(callback, self)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the call has finished; return its result, or raise its error.
@@ -137,6 +148,10 @@ class Work:
             timeline.add(timeline.QUEUE, f"{self.name} #{self.seq} queued", self.issued_at, self.started_at)
         self._done = True
         self._latch.release()
+        with _CALLBACKS:
+            callbacks, self._callbacks = self._callbacks, None
+        for callback in callbacks:
+            _call_back(callback, self)
 
     def __repr__(self) -> str:
         if self.is_completed():
@@ -147,6 +162,17 @@ class Work:
         if not self._waited and isinstance(self._error, CollectiveUsageError):
             warnings.warn(f"the handle of {self.name} #{self.seq} was dropped without wait(), and its call raised: "
                           f"{self._error}", RuntimeWarning, stacklevel=2)
+
+
+_CALLBACKS = threading.Lock()   # (add_done_callback against the call finishing: rare, so one lock for all)
+
+
+def _call_back(callback: Callable[[Work], None], work: Work) -> None:
+    try:
+        callback(work)
+    except Exception as error:   # noqa: BLE001 - a callback's failure must not become the call's
+        warnings.warn(f"a done-callback of {work.name} #{work.seq} raised {type(error).__name__}: {error}",
+                      RuntimeWarning, stacklevel=2)
 
 
 #: The engine thread takes a queued call once it is _PICKUP_SECONDS old: until then its caller may
