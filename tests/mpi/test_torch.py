@@ -1,0 +1,210 @@
+"""Tier 2: the torch.distributed backend "ring" against torch's own gloo, in one MPI world.
+
+The default process group is gloo (over loopback, port chosen by rank 0); "ring" is a second
+group over the same ranks, so every call runs on both and the results are compared. Inputs are
+rank-dependent and integer-valued, so every dtype's result is exact and must be equal. Skipped
+cleanly where torch is not installed (the extra ``[torch]``).
+"""
+import socket
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+import collectives.torch  # noqa: E402,F401 - registers "ring"
+from datetime import timedelta  # noqa: E402
+
+from tests.mpi.test_collectives import agree  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+COMM = MPI.COMM_WORLD
+N, RANK = COMM.Get_size(), COMM.Get_rank()
+DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.float16, torch.bfloat16]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def groups():
+    """(ring, gloo): two torch process groups over every rank."""
+    port = COMM.bcast(free_port() if RANK == 0 else None)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=N,
+                            timeout=timedelta(seconds=60))
+    ring = dist.new_group(backend="ring")
+    yield ring, dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def values(shape, dtype, rank=RANK, offset=0):
+    n = int(np.prod(shape))
+    return ((torch.arange(n) * 7 + rank * 13 + offset) % 11 + 1).reshape(shape).to(dtype)
+
+
+def both(groups, call):
+    """``call(group)`` on ring and on gloo; their results."""
+    ring, gloo = groups
+    return call(ring), call(gloo)
+
+
+def same(a, b) -> bool:
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", ["SUM", "MIN", "MAX", "PRODUCT"])
+def test_all_reduce_matches_gloo(groups, dtype, op):
+    def run(g):
+        t = values((3, 5), dtype) if op != "PRODUCT" else (values((3, 5), dtype) % 3 + 1)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=g)
+        return t
+    agree(same(*both(groups, run)), f"all_reduce {op} {dtype}")
+
+
+def test_all_reduce_avg_is_the_sum_over_n(groups):
+    ring, gloo = groups
+    t, s = values((7,), torch.float32), values((7,), torch.float32)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG, group=ring)
+    dist.all_reduce(s, group=gloo)
+    agree(torch.equal(t, s / N), "all_reduce AVG")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_data_movement_matches_gloo(groups, dtype):
+    root = N - 1
+
+    def run(g):
+        got = {}
+        b = values((4, 3), dtype)
+        dist.broadcast(b, src=root, group=g)
+        got["broadcast"] = b
+        parts = [torch.zeros(2, 3, dtype=dtype) for _ in range(N)]
+        dist.all_gather(parts, values((2, 3), dtype), group=g)
+        got["all_gather"] = parts
+        whole = torch.zeros(N * 2, 3, dtype=dtype)
+        dist.all_gather_into_tensor(whole, values((2, 3), dtype), group=g)
+        got["all_gather_into_tensor"] = whole
+        outs = [torch.zeros(3, dtype=dtype) for _ in range(N)]
+        dist.all_to_all(outs, [values((3,), dtype, offset=j) for j in range(N)], group=g)
+        got["all_to_all"] = outs
+        single = torch.zeros(N * 2, dtype=dtype)
+        dist.all_to_all_single(single, values((N * 2,), dtype), group=g)
+        got["all_to_all_single"] = single
+        gathered = [torch.zeros(5, dtype=dtype) for _ in range(N)] if RANK == root else None
+        dist.gather(values((5,), dtype), gathered, dst=root, group=g)
+        got["gather"] = gathered or []
+        mine = torch.zeros(4, dtype=dtype)
+        dist.scatter(mine, [values((4,), dtype, offset=j) for j in range(N)] if RANK == root else None, src=root,
+                     group=g)
+        got["scatter"] = mine
+        r = values((6,), dtype)
+        dist.reduce(r, dst=root, group=g)
+        got["reduce"] = r if RANK == root else torch.zeros(0)
+        return got
+
+    ring, gloo = both(groups, run)
+    for name in ring:
+        agree(same(ring[name], gloo[name]), f"{name} {dtype}")
+
+
+def test_uneven_all_to_all_single_and_reduce_scatter_match_a_reference(groups):
+    ring, _ = groups
+    send = [(RANK + j) % 3 for j in range(N)]
+    receive = [(i + RANK) % 3 for i in range(N)]
+    x = values((sum(send), 2), torch.float64)
+    out = torch.zeros(sum(receive), 2, dtype=torch.float64)
+    dist.all_to_all_single(out, x, output_split_sizes=receive, input_split_sizes=send, group=ring)
+    everyone = COMM.allgather(x.numpy())
+    pieces = [np.split(everyone[i], np.cumsum([(i + j) % 3 for j in range(N)])[:-1])[RANK] for i in range(N)]
+    agree(np.array_equal(out.numpy(), np.concatenate(pieces)), "uneven all_to_all_single")
+    inputs = [values((3,), torch.float32, offset=j) for j in range(N)]
+    mine = torch.zeros(3)
+    dist.reduce_scatter(mine, inputs, group=ring)
+    expected = sum(values((3,), torch.float32, rank=r, offset=RANK) for r in range(N))   # every rank's block for me
+    whole = torch.zeros(3)
+    dist.reduce_scatter_tensor(whole, torch.cat(inputs), group=ring)
+    agree(torch.equal(mine, expected) and torch.equal(whole, expected), "reduce_scatter")
+
+
+def test_async_work_and_its_future(groups):
+    ring, _ = groups
+    t = values((1000,), torch.float32)
+    work = dist.all_reduce(t, group=ring, async_op=True)
+    doubled = work.get_future().then(lambda f: f.value()[0] * 2).wait()
+    work.wait()
+    expected = sum(values((1000,), torch.float32, rank=r) for r in range(N))
+    agree(torch.equal(t, expected) and torch.equal(doubled, expected * 2), "async all_reduce and future")
+
+
+def test_subgroups_and_point_to_point(groups):
+    evens = dist.new_group(list(range(0, N, 2)), backend="ring")
+    ok = True
+    if RANK % 2 == 0:
+        t = torch.tensor([float(RANK)])
+        dist.all_reduce(t, group=evens)
+        ok = t.item() == sum(range(0, N, 2))
+    if N > 1 and RANK < 2:
+        ring, _ = groups
+        buf = torch.tensor([RANK * 10.0, 1.0])
+        if RANK == 0:
+            dist.send(buf, dst=1, group=ring)
+        else:
+            dist.recv(buf, src=0, group=ring)
+            ok = ok and buf.tolist() == [0.0, 1.0]
+    agree(ok, "subgroup and send/recv")
+
+
+def test_unsupported_ops_are_refused_by_name_and_complex_numbers_are_summed(groups):
+    ring, _ = groups
+    for op in ("BAND", "BOR", "BXOR"):
+        with pytest.raises(Exception, match=f"{op} is not supported by the ring backend"):
+            dist.all_reduce(torch.ones(2, dtype=torch.int32), op=getattr(dist.ReduceOp, op), group=ring)
+    z = torch.tensor([1 + 2j, RANK - 1j], dtype=torch.complex64)   # (torch sends complex numbers as pairs of floats)
+    dist.all_reduce(z, group=ring)
+    agree(z.tolist() == [N * (1 + 2j), sum(range(N)) - N * 1j], "complex all_reduce")
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def cnn():
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                               torch.nn.Linear(4 * 3 * 3, 5))
+
+
+@pytest.mark.parametrize("make, shape", [(mlp, (8, 20)), (cnn, (8, 1, 8, 8))], ids=["mlp", "cnn"])
+def test_ddp_trains_like_gloo_with_identical_replicas(groups, make, shape):
+    """Unmodified DistributedDataParallel on each group: the same loss at every step, and every
+    rank's parameters bit for bit the same at the end."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train(g):
+        torch.manual_seed(RANK + 1)   # different initial weights: DDP's broadcast from rank 0 must fix them
+        model = DDP(make(), process_group=g, bucket_cap_mb=0.001)   # (tiny buckets: several in flight)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        data = torch.Generator().manual_seed(100 + RANK)
+        losses = []
+        for _ in range(6):
+            x = torch.randn(shape, generator=data)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    (ring_losses, ring_params), (gloo_losses, gloo_params) = both(groups, train)
+    close = np.allclose(ring_losses, gloo_losses, rtol=1e-6, atol=0)
+    replicas = COMM.allgather(ring_params.numpy().tobytes())
+    agree(close, f"losses ring {ring_losses} vs gloo {gloo_losses}")
+    agree(all(r == replicas[0] for r in replicas), "ring replicas differ")
+    agree(torch.allclose(ring_params, gloo_params, rtol=1e-5, atol=1e-7), "ring and gloo models differ")
