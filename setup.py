@@ -15,8 +15,14 @@ setup(
         "mpich": ["mpich>=4.2"],
         # matplotlib: the tests check the bench's and the trainer's plots too; tensorboardX and tensorboard:
         # the trainer's TensorBoard files, written and read back
+        # torch and ml-dtypes: the torch backend's tests, against gloo (2.13.0: the version tested, whose CPU
+        # build pip finds on the project's machines; a newer one from PyPI brings several GB of CUDA)
         "test": ["pytest>=8", "pytest-mpi>=0.6", "pytest-timeout>=2.3", "hypothesis>=6.100", "matplotlib>=3.7",
-                 "tensorboardX>=2.6", "tensorboard>=2.14"],
+                 "tensorboardX>=2.6", "tensorboard>=2.14", "torch==2.13.0", "ml-dtypes>=0.4"],
+        # import collectives.torch: the torch.distributed backend "ring" (bfloat16 tensors need ml-dtypes)
+        "torch": ["torch>=2.4", "ml-dtypes>=0.4"],
+        # numpy bfloat16 arrays (ml_dtypes.bfloat16, as JAX uses) in the collectives
+        "bfloat16": ["ml-dtypes>=0.4"],
         "plot": ["matplotlib>=3.7"],
         # --tensorboard: tensorboardX writes the event files (tensorboard itself reads them: the tests do)
         "tensorboard": ["tensorboardX>=2.6"],

@@ -39,3 +39,26 @@ def test_the_groups_example_runs_and_shows_its_results(tmp_path):
                 3: "row (2, 3) sum 7.0, column (1, 3) sum 6.0, x[0] 4.0, my rank in the row 1 of 2"}
     for rank, line in expected.items():
         assert result.stdout.count(f"rank {rank}: {line}") == 1, result.stdout
+
+
+def test_the_rooted_and_personalized_example_runs_and_shows_its_results(tmp_path):
+    result = run_example("## To one rank, from one rank, to each rank: reduce, gather, scatter, alltoall; bfloat16", 3,
+                         tmp_path)
+    # x = arange(6) + 10 r; rank r receives block r of every x; rank 0 gets r + 1 rows of value r from each r
+    expected = {0: "total [30. 33.], gathered None, scattered [0 1 2 3], swapped [ 0.  1. 10. 11. 20. 21.], "
+                   "uneven [0 1 1 2 2 2]",
+                1: "total None, gathered None, scattered [4 5 6 7], swapped [ 2.  3. 12. 13. 22. 23.], uneven [0 1 2]",
+                2: "total None, gathered 6, scattered [ 8  9 10 11], swapped [ 4.  5. 14. 15. 24. 25.], "
+                   "uneven [0 1 2]"}
+    for rank, line in expected.items():
+        assert result.stdout.count(f"rank {rank}: {line}") == 1, result.stdout
+
+
+def test_the_pytorch_example_trains_identical_replicas(tmp_path):
+    import re
+
+    import pytest
+    pytest.importorskip("torch")
+    result = run_example("## PyTorch: the `ring` backend", 2, tmp_path)
+    sums = re.findall(r"rank \d: parameters sum (-?[\d.]+)", result.stdout)
+    assert len(sums) == 2 and sums[0] == sums[1], result.stdout
