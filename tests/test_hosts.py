@@ -132,6 +132,8 @@ def test_every_collective_matches_mpi4py_across_hosts(cluster, layout, netmod):
     # changes; alone, and over libfabric's tcp, 4 of 4 passed). Left out of that layout only, until fixed.
     known = (["--deselect", "tests/mpi/test_p2p.py::test_receives_from_any_rank_name_the_sender_and_keep_each_"
               "senders_order"] if layout == "2,2,2" else [])
+    # The torch backend's tests compare with gloo, whose rendezvous they put on 127.0.0.1: one host's own.
+    known += ["--ignore", "tests/mpi/test_torch.py"]
     result = _run(layout, ["-m", "pytest", "tests/mpi", "--with-mpi", "-q", "-x", "-p", "no:cacheprovider",
                            "--timeout", "240", *known], OFI_TCP if netmod == "ofi-tcp" else None)
     assert result.returncode == 0, result.stdout[-6000:]

@@ -3,7 +3,7 @@ import pytest
 
 from tests.worlds import run_world
 
-WORLD_TIMEOUT_S = 300
+WORLD_TIMEOUT_S = 480   # (5 ranks on 2 cores beside a CPU hog: the torch tests train DDP twice)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
