@@ -182,8 +182,9 @@ class Group(GroupTransports, GroupMaking):
     def scatter(self, x, root: int = 0, splits=None, *, async_op: bool = False, timeout: float | None = None,
                 name: str | None = None) -> Any:
         """Give rank j block j of the root's ``x`` (rows along axis 0; ``splits``: the rows for each
-        rank, None: equal blocks); returns this rank's block. The other ranks' ``x`` is not read
-        (None will do): the root tells them the dtype and shape.
+        rank, None: equal blocks); returns this rank's block, a numpy array (a cupy ``x`` goes
+        through host memory). The other ranks' ``x`` is not read (None will do): the root tells
+        them the dtype and shape.
 
         >>> col.scatter(np.arange(4) if col.rank() == 0 else None)    # rank 1 of 2  # doctest: +SKIP
         array([2, 3])

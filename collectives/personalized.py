@@ -18,7 +18,7 @@ from collectives.call import Call
 from collectives.dispatch import choose, flat, flat_target, widened, write_back
 from collectives.errors import CollectiveUsageError
 from ring import algorithms
-from ring.arrays import transportable, xp_of
+from ring.arrays import to_host, transportable, xp_of
 from ring.partition import bounds_from_counts
 
 _MAX_DIMS = 32   # numpy's limit on dimensions, which a scatter's header must carry
@@ -104,13 +104,14 @@ def scatter(call: Call, x: Any, root: Any, splits: Any) -> Any:
                 validate.fail(call.name, "x", f"has {x.ndim} dimensions, more than numpy's {_MAX_DIMS}")
     except CollectiveUsageError as error:
         call.reject(error)
-    host = me != root or type(x) is np.ndarray
+    if me == root and type(x) is not np.ndarray:
+        x = to_host(x)   # (the others cannot know the root's memory: a scatter moves through the host)
     header = np.zeros(2 + _MAX_DIMS + n, np.int64)   # dtype, dimensions, shape, then the rows of each rank
     if me == root:
         header[0], header[1] = code, x.ndim
         header[2:2 + x.ndim - 1] = x.shape[1:]
         header[2 + _MAX_DIMS:] = rows
-    sig = call.signature(root=root, memory="host" if host else "gpu")
+    sig = call.signature(root=root)
     if not algorithms.broadcast_small(g.transport, header, root, sig):   # (carries the check)
         call.disagree(sig)
     dtype, ndim = validate.header_dtype(int(header[0])), int(header[1])
@@ -118,12 +119,10 @@ def scatter(call: Call, x: Any, root: Any, splits: Any) -> Any:
     rows = header[2 + _MAX_DIMS:].tolist()
     call.nbytes = x.nbytes if me == root else 0
     call.algorithm = "linear"
-    xp = np if me != root else xp_of(x)
-    result = xp.empty((rows[me],) + trailing, dtype)
+    result = np.empty((rows[me],) + trailing, dtype)
     row = math.prod(trailing)
-    transport = g.transport if me != root else g.transport_for(x)
-    algorithms.scatter(transport, transportable(flat(x)) if me == root else None, transportable(result.reshape(-1)), root,
-                       [r * row for r in rows], call.runtime.segment_elems(dtype, transport))
+    algorithms.scatter(g.transport, transportable(flat(x)) if me == root else None, transportable(result.reshape(-1)),
+                       root, [r * row for r in rows], call.runtime.segment_elems(dtype, g.transport))
     return result
 
 

@@ -215,7 +215,7 @@ def _split_into(outputs: list) -> Callable[[Any], None]:
             return
         flat, start = result.reshape(-1), 0
         for t in outputs:
-            as_array(t).reshape(t.shape)[...] = flat[start:start + t.numel()].reshape(t.shape)
+            as_array(t)[...] = flat[start:start + t.numel()].reshape(t.shape)   # (in t's own memory, any layout)
             start += t.numel()
     return copy
 
