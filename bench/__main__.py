@@ -29,13 +29,14 @@ from mpi4py import MPI
 
 import collectives as col
 from cmdline.cores import THREAD_VARIABLES
-from cmdline.parser import launch_note
+from cmdline.parser import INTERRUPTED, launch_note
 from bench import model
 from bench.arguments import parse_args
 from bench.cases import Case
 from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
 from bench.sizes import format_size, sweep
-from bench.timing import copy_bandwidth, default_iterations, stop_on_ctrl_c, time_interleaved
+from bench.timing import copy_bandwidth, default_iterations, time_interleaved
+from cmdline.interrupt import stop_on_ctrl_c
 
 def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
     """For --device cuda: cupy with this rank's GPU current, NCCL's own communicator (if timed)
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
             written = ", ".join(p for p in (args.json, args.csv, args.plot) if p)
             print(f"# interrupted (Ctrl-C) after {len(rows) // len(args.impl)} of {len(sizes)} sizes"
                   + (f"; the rows so far are in {written}" if written and rows else ""), flush=True)
-        return 130
+        return INTERRUPTED
     wrong = sum(r.wrong for r in rows)
     if rank0:
         if skipped:
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return model.run(args, comm) if args.model else run(args, comm)
     except KeyboardInterrupt:   # outside the sweep: nothing to keep
-        return 130
+        return INTERRUPTED
     except Exception:   # one rank failing alone must not leave the others waiting in a barrier
         print(f"rank {comm.Get_rank()}: {traceback.format_exc()}", file=sys.stderr, flush=True)
         comm.Abort(1)

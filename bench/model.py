@@ -24,7 +24,9 @@ import collectives as col
 from bench.cases import Case, bus_factor
 from bench.report import GB
 from bench.sizes import format_size, sweep
-from bench.timing import stop_on_ctrl_c, time_interleaved
+from bench.timing import time_interleaved
+from cmdline.interrupt import stop_on_ctrl_c
+from cmdline.parser import INTERRUPTED
 from ring import cost
 
 #: The world sizes and buffer sizes of the predictions.
@@ -200,7 +202,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
     except KeyboardInterrupt:
         if comm.Get_rank() == 0:
             print("# interrupted (Ctrl-C): nothing fitted", flush=True)
-        return 130
+        return INTERRUPTED
     if comm.Get_rank() == 0:
         costs = fit(rows, segment_bytes, settings.check)
         print(f"# {' '.join(['python -m bench', *args.argv])}")

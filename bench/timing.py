@@ -8,14 +8,12 @@ slowest rank's, since a collective is done only when every rank has its result.
 Checking the result happens after the clock stops.
 
 Ctrl-C: a rank must never leave the sweep alone, or the others wait for it for ever
-inside MPI. So Ctrl-C only raises a flag (:func:`stop_on_ctrl_c`), which the barrier
+inside MPI. So Ctrl-C only raises a flag (``cmdline.interrupt``), which the barrier
 before each call carries to every rank: all of them stop at the same call, with
 KeyboardInterrupt. A second Ctrl-C stops this rank at once.
 """
 from __future__ import annotations
 
-import contextlib
-import signal
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -25,6 +23,7 @@ from mpi4py import MPI
 
 from bench.cases import Case
 import collectives as col
+from cmdline import interrupt
 
 
 @dataclass(frozen=True)
@@ -74,31 +73,11 @@ def time_interleaved(comm: MPI.Comm, case: Case, impls: list[str], iters: int, w
     return {impl: Timing(float(np.median(seconds[k])), int(wrong[k].max())) for k, impl in enumerate(impls)}
 
 
-_stop = np.zeros(1, np.int32)   # 1 once Ctrl-C was pressed on this rank (see stop_on_ctrl_c)
-
-
-@contextlib.contextmanager
-def stop_on_ctrl_c():
-    """While inside: Ctrl-C (SIGINT) asks every rank to stop at the next :func:`barrier`;
-    a second one raises KeyboardInterrupt on this rank at once."""
-    def ask(signum, frame):
-        if _stop[0]:
-            raise KeyboardInterrupt
-        _stop[0] = 1
-
-    previous = signal.signal(signal.SIGINT, ask)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        _stop[0] = 0
-
-
 def barrier(comm: MPI.Comm) -> None:
     """A barrier that also agrees whether to stop: KeyboardInterrupt on every rank if any rank
     was asked to (a one-integer all-reduce synchronizes as a barrier does)."""
     anyone = np.zeros(1, np.int32)
-    comm.Allreduce(_stop, anyone, op=MPI.MAX)
+    comm.Allreduce(np.array([interrupt.requested()], np.int32), anyone, op=MPI.MAX)
     if anyone[0]:
         raise KeyboardInterrupt
 

@@ -20,6 +20,20 @@ except metadata.PackageNotFoundError:   # run from a checkout that was not insta
     VERSION = "unknown (not installed)"
 USAGE = 2   # exit status of a usage error, as argparse's
 FAULT = 1   # exit status of a fault (a file that cannot be written, a failed collective)
+INTERRUPTED = 130   # exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
+
+
+class _DefaultsInHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default once: not after a help text that already says it, "none" for None,
+    and nothing for switches (``store_true``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default is argparse.SUPPRESS or action.nargs == 0:
+            return text
+        if action.default is None:
+            return text + " (default: none)"
+        return super()._get_help_string(action)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -29,7 +43,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", _DefaultsInHelp)
         super().__init__(*args, **kwargs)
         self.add_argument("--version", action="version", version=f"%(prog)s (ringcollectives {VERSION})")
 

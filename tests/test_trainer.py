@@ -115,7 +115,10 @@ def test_two_runs_cannot_share_a_checkpoint_dir(tmp_path):
         first.communicate()
     message = f"error: --checkpoint-dir {directory}: in use by another training run (pid {first.pid})"
     assert second.returncode == 2 and second.stdout.count(message) == 1, second.stdout
-    # the lock ends with its process: a later run may use the directory
+    # the lock ends with its process: a later run may use the directory (once the killed run's checkpoints,
+    # which a fresh run refuses to write among, are gone)
+    for left in directory.glob(checkpoint.PATTERN):
+        left.unlink()
     train(1, tmp_path, "shared", "--epochs", "1")
 
 
@@ -274,6 +277,7 @@ def test_tensorboard_files_hold_the_metrics(tmp_path, strategy):
     result = run_world(3, ["-m", "trainer", *SMALL, "--strategy", strategy, "--metrics", str(metrics),
                            "--tensorboard", str(board)], TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-3000:]
+    assert result.stdout.count(f"TensorBoard event files written to {board} (tensorboard --logdir {board})") == 1
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     events = EventAccumulator(str(board))
     events.Reload()

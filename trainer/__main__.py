@@ -30,10 +30,11 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 import collectives as col  # noqa: E402
-from cmdline.parser import FAULT, launch_note  # noqa: E402
+from cmdline.interrupt import stop_on_ctrl_c  # noqa: E402
+from cmdline.parser import FAULT, INTERRUPTED, launch_note  # noqa: E402
 from trainer import data  # noqa: E402
 from trainer.arguments import agree_on, check_outputs, parse_args  # noqa: E402
-from trainer.common import EpochLog, UsageExit, say  # noqa: E402
+from trainer.common import EpochLog, Interrupted, UsageExit, say  # noqa: E402
 from trainer.layout import make_layout  # noqa: E402
 from trainer.model import MLP, split_widths  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
@@ -91,11 +92,13 @@ def train(args) -> tuple[list[dict], list[dict]]:
     step = start * -(-len(dataset.train_y) // args.batch_size)
     earlier = earlier_records(args.metrics, start) if args.resume and col.rank() == 0 else []
     log = EpochLog(args, args.resume)
-    if args.strategy == "ps":
-        history = ps.train(args, dataset, config, model, opt, start, step, log)
-    else:
-        history = allreduce.train(args, dataset, config, model, opt, start, step, log, layout)
-    log.close()
+    try:
+        if args.strategy == "ps":
+            history = ps.train(args, dataset, config, model, opt, start, step, log)
+        else:
+            history = allreduce.train(args, dataset, config, model, opt, start, step, log, layout)
+    finally:
+        log.close()
     return earlier, history
 
 
@@ -136,10 +139,15 @@ def main(argv=None) -> int:
         say(f"note: {note}")
     began = time.perf_counter()
     try:
-        earlier, history = train(args)
+        with stop_on_ctrl_c():   # every rank stops at the same step
+            earlier, history = train(args)
     except UsageExit as e:
         say(f"error: {e}")
         return e.status
+    except Interrupted as e:
+        say(str(e))
+        tell_outputs(args)
+        return INTERRUPTED
     if history:
         final = history[-1]
         say(f"done: {len(history)} epoch(s) in {time.perf_counter() - began:.1f}s on {col.size()} rank(s); "
@@ -149,7 +157,16 @@ def main(argv=None) -> int:
             say(f"plot written to {args.plot}")
     else:
         say("nothing to do: the checkpoint already covers every epoch")
+    tell_outputs(args)
     return 0
+
+
+def tell_outputs(args) -> None:
+    """Where rank 0 wrote the run's records (the plot says so when it is drawn)."""
+    if args.metrics:
+        say(f"metrics written to {args.metrics} (one JSON object per epoch)")
+    if args.tensorboard:
+        say(f"TensorBoard event files written to {args.tensorboard} (tensorboard --logdir {args.tensorboard})")
 
 
 def run(argv=None) -> None:

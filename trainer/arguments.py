@@ -176,5 +176,17 @@ def check_outputs(args) -> str:
             return f"{USAGE}:--checkpoint-dir {e}"
         except OSError as e:
             return f"{FAULT}:--checkpoint-dir {args.checkpoint_dir}: {e.strerror or e}"
+        return "" if args.resume else _earlier_run(args.checkpoint_dir)
     return ""
+
+
+def _earlier_run(directory: Path) -> str:
+    """A fresh run must not write among another run's checkpoints (a later --resume would pick
+    whichever is newest): "status:problem" if ``directory`` holds any, else ""."""
+    found = sorted(p.name for p in directory.glob(checkpoint.PATTERN))
+    if not found:
+        return ""
+    held = found[0] if len(found) == 1 else f"{len(found)} checkpoints, {found[0]} to {found[-1]}"
+    return (f"{USAGE}:--checkpoint-dir {directory}: holds an earlier run's checkpoints ({held}); "
+            "continue that run with --resume, or give this one an empty directory")
 

@@ -64,7 +64,9 @@ class GradientBuckets:
 
     def wait(self) -> tuple[float, float]:
         """Reduce the last bucket and wait for the others; return (seconds the buckets' all-reduces
-        were in flight, seconds spent here: the communication backward did not hide)."""
+        were in flight, seconds of that spent here, after backward: the communication backward did not
+        hide). The second is part of the first by construction: time here with nothing in flight (the
+        handles' own bookkeeping) counts as neither."""
         waiting = perf_counter()
         last = len(self.plan) - 1
         last_span = self._span(last)   # reduced after the others: the engine runs calls in issue order
@@ -72,11 +74,12 @@ class GradientBuckets:
         done = perf_counter()
         for work in self.works:
             work.wait()
-        in_flight, reach = 0.0, float("-inf")
+        in_flight, exposed, reach = 0.0, 0.0, float("-inf")
         for began, ended in [(w.issued_at, w.completed_at) for w in self.works] + [(waiting, done)]:
             began = max(began, reach)   # the union of the intervals: they run one after another
             if ended > began:
                 in_flight += ended - began
+                exposed += max(0.0, ended - max(began, waiting))
                 reach = ended
         self.works = []
-        return in_flight, perf_counter() - waiting
+        return in_flight, exposed

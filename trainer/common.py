@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 import collectives as col
+from cmdline import interrupt
 from cmdline.parser import FAULT, USAGE
 from trainer import checkpoint
 from trainer.layout import Layout
@@ -25,6 +26,26 @@ class UsageExit(Exception):
     def __init__(self, message: str, status: int = USAGE):
         super().__init__(message)
         self.status = status
+
+
+class Interrupted(Exception):
+    """Ctrl-C: every rank stopped at the same point (``cmdline.interrupt``); rank 0 says where, and
+    which checkpoint a ``--resume`` would continue from (``saved``: the epochs it covers; None: none)."""
+
+    def __init__(self, where: str, saved: int | None, checkpoint_dir):
+        if saved:
+            after = f"the last checkpoint is epoch {saved}: --resume continues from it"
+        elif checkpoint_dir:
+            after = f"no checkpoint was written yet in {checkpoint_dir}"
+        else:
+            after = "no checkpoint was written (--checkpoint-dir)"
+        super().__init__(f"interrupted at {where}; {after}")
+
+
+def stop_requested(group: col.Group | None = None) -> bool:
+    """Whether Ctrl-C was pressed on any rank of ``group`` (None: the world): one small all-reduce."""
+    return bool(col.allreduce(np.array([interrupt.requested()], np.int8), op="max", group=group,
+                              name="Ctrl-C?")[0])
 
 
 def accuracy(model: MLP, x: np.ndarray, y: np.ndarray, layout: Layout) -> float:

@@ -12,7 +12,7 @@ import numpy as np
 import collectives as col
 from cmdline.parser import FAULT
 from trainer.buckets import GradientBuckets
-from trainer.common import EpochLog, UsageExit, epoch_record, save_checkpoint, say
+from trainer.common import EpochLog, Interrupted, UsageExit, epoch_record, save_checkpoint, say, stop_requested
 from trainer.layout import Layout
 from trainer.model import MLP
 from trainer.optim import SGD
@@ -21,13 +21,18 @@ from trainer.optim import SGD
 def train(args, dataset, config: dict, model: MLP, opt: SGD, start: int, step: int, log: EpochLog,
           layout: Layout) -> list[dict]:
     """Epochs ``start``..``args.epochs`` of synchronous data-parallel training; returns their records
-    (as ``ps.train``). Ends by checking that every rank holds the very same parameters."""
+    (as ``ps.train``). Ends by checking that every rank holds the very same parameters. Ctrl-C on any
+    rank stops every rank before the same step (``Interrupted``)."""
     xp, n_train, history = model.xp, len(dataset.train_y), []
     buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6, layout.dp)
+    saved = start if args.resume else None
     for epoch in range(start, args.epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
         loss_sum, comm_s, exposed_s, steps, began = 0.0, 0.0, 0.0, 0, time.perf_counter()
         for first in range(0, n_train, args.batch_size):
+            if stop_requested():
+                raise Interrupted(f"epoch {epoch + 1}, step {steps + 1} of {-(-n_train // args.batch_size)}",
+                                  saved, args.checkpoint_dir)
             batch = order[first: first + args.batch_size]
             shard = xp.asarray(np.array_split(batch, layout.dp_size)[layout.dp_rank])
             loss, in_flight, exposed = train_step(model, opt, buckets, dataset.train_x[shard],
@@ -43,6 +48,7 @@ def train(args, dataset, config: dict, model: MLP, opt: SGD, start: int, step: i
         last = epoch + 1 == args.epochs
         if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or last):
             save_checkpoint(args, model, opt, epoch, step, config)
+            saved = epoch + 1
     check_replicas(model)
     return history
 

@@ -32,7 +32,8 @@ import time
 import numpy as np
 
 import collectives as col
-from trainer.common import EpochLog, UsageExit, epoch_record, save_checkpoint
+from cmdline import interrupt
+from trainer.common import EpochLog, Interrupted, UsageExit, epoch_record, save_checkpoint
 from trainer.layout import Layout
 from trainer.optim import SGD
 
@@ -70,20 +71,26 @@ def check_flags(args, n: int) -> None:
 
 
 def train(args, dataset, config: dict, model, opt: SGD, start: int, step: int, log: EpochLog) -> list[dict]:
-    """Every rank: serve or work until every epoch is done; return the chief's records."""
+    """Every rank: serve or work until every epoch is done; return the chief's records. Ctrl-C
+    stops the workers together at the end of an epoch (they meet there), which the chief then
+    treats as the last one; every rank raises ``Interrupted``."""
     roles = Roles(col.size(), args.servers, model.flat_params.size)
     workers = col.split(0 if col.rank() in roles.workers else None)
     chief = col.new_group([0])   # (the chief scores the model alone)
     if start >= args.epochs:
         return []
     steps_per_epoch = -(-len(dataset.train_y) // args.batch_size)
+    history, stopped_at = [], 0
     if col.rank() in roles.servers:
         index = roles.servers.index(col.rank())
         Server(args, roles, index, model, opt, start * steps_per_epoch).serve()
-        history = []
     else:
-        history = Worker(args, roles, workers, chief, model, opt).run(dataset, config, start, step, log)
-    col.barrier(name="parameter servers done")   # nobody leaves while another still waits for it
+        worker = Worker(args, roles, workers, chief, model, opt)
+        history, stopped_at = worker.run(dataset, config, start, step, log), worker.stopped_at
+    # whether Ctrl-C ended the run early reaches every rank in a collective: nobody leaves while another waits for it
+    stopped = int(col.allreduce(np.array([stopped_at]), op="max", name="parameter servers done")[0])
+    if stopped:
+        raise Interrupted(f"the end of epoch {stopped}", stopped if args.checkpoint_dir else None, args.checkpoint_dir)
     return history
 
 
@@ -201,6 +208,7 @@ class Worker:
         self.chief = col.rank() == 0
         self.alone = Layout(None, chief, 0, 1) if self.chief else None   # the chief scores on its own
         self.versions = np.zeros(len(roles.servers), np.int64)   # the version of each shard pulled last
+        self.stopped_at = 0   # the epoch at whose end Ctrl-C stopped the workers (0: none)
 
     def pull(self, step: int) -> None:
         """Every shard of the parameters, once the servers let this worker's ``step`` go ahead."""
@@ -257,10 +265,14 @@ class Worker:
                 comm_s += time.perf_counter() - waited
                 steps, step = steps + 1, step + 1
             elapsed = time.perf_counter() - began
-            loss = float(col.allreduce(np.array([loss_sum]), group=self.group)[0]) / n_train
+            loss_sum, stop = col.allreduce(np.array([loss_sum, interrupt.requested()]), group=self.group)
+            loss = float(loss_sum) / n_train
+            self.stopped_at = epoch + 1 if stop else 0
             if not self.chief:
+                if stop:
+                    break
                 continue
-            last = epoch + 1 == args.epochs
+            last = epoch + 1 == args.epochs or stop
             if last:
                 self.done()   # (then the servers' final state comes unasked)
             updates, statistics = self.state(step, final=last)
@@ -268,6 +280,8 @@ class Worker:
             log.write(history[-1])
             if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or last):
                 save_checkpoint(args, model, self.opt, epoch, step, config)
+            if last:
+                break
         if not self.chief:
             self.done()
         return history

@@ -1,0 +1,134 @@
+"""The trainer's command line as users meet it (issue 28): Ctrl-C, a checkpoint directory that
+holds another run, the communication shares of the epoch line, where the outputs went, --help."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.worlds import ROOT, mpiexec, run_world
+from trainer import checkpoint
+
+TIMEOUT_S = 180
+LONG = ["--epochs", "5000"]   # the digits: a few ms an epoch, so the run is still going when Ctrl-C comes
+
+
+def start(n: int, flags: list[str]) -> subprocess.Popen:
+    """``mpiexec -n n python -m trainer FLAGS`` in its own session (a Ctrl-C to mpiexec alone)."""
+    return subprocess.Popen([*mpiexec(), "-n", str(n), sys.executable, "-m", "trainer", *flags], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def read_until(process: subprocess.Popen, text: str, seconds: float = 120) -> str:
+    """The output up to the first line holding ``text`` (the run is killed if none comes in time)."""
+    lines, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return "".join(lines)
+    os.killpg(process.pid, signal.SIGKILL)
+    pytest.fail(f"no line with {text!r} in time:\n" + "".join(lines) + process.communicate()[0])
+
+
+def finish(process: subprocess.Popen, seconds: float = 60) -> str:
+    try:
+        return process.communicate(timeout=seconds)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return "TIMED OUT\n" + process.communicate()[0]
+
+
+def interrupt(process: subprocess.Popen, after: str, pid_of_rank: int | None = None) -> str:
+    """Ctrl-C once the output shows ``after``: to mpiexec, which passes it to every rank, as in a
+    terminal, or to one rank alone (``pid_of_rank``, read from the trainer's "ranks (pid)" line)."""
+    output = read_until(process, after)
+    if pid_of_rank is None:
+        process.send_signal(signal.SIGINT)
+    else:
+        pids = output.split("ranks (pid): ", 1)[1].split("  (", 1)[0]
+        os.kill(int(pids.split(", ")[pid_of_rank].split("(")[1].rstrip(")")), signal.SIGINT)
+    return output + finish(process)
+
+
+@pytest.mark.parametrize("who", ["mpiexec", "rank 1 alone"])
+def test_ctrl_c_stops_every_rank_at_the_same_step_with_one_line(tmp_path, who):
+    directory = tmp_path / "ckpt"
+    process = start(2, [*LONG, "--checkpoint-dir", str(directory)])
+    output = interrupt(process, "epoch   3/", None if who == "mpiexec" else 1)
+    assert process.returncode == 130, output
+    newest = int(sorted(directory.glob(checkpoint.PATTERN))[-1].name[len("checkpoint-epoch"):-len(".npz")])
+    lines = [line for line in output.splitlines() if line.startswith("interrupted at epoch ")]
+    assert len(lines) == 1 and lines[0].endswith(f"; the last checkpoint is epoch {newest}: --resume continues "
+                                                 "from it"), output
+    assert f"epoch {newest:3d}/5000" in output and f"epoch {newest + 2:3d}/5000" not in output, output
+    for noise in ("Traceback", "KeyboardInterrupt", "BAD TERMINATION", "error"):
+        assert noise not in output, output
+    resumed = run_world(2, ["-m", "trainer", "--epochs", str(newest + 1), "--checkpoint-dir", str(directory),
+                            "--resume"], TIMEOUT_S)
+    assert resumed.returncode == 0 and f"epoch {newest + 1:3d}/{newest + 1}" in resumed.stdout, resumed.stdout
+
+
+def test_ctrl_c_without_checkpoints_says_there_is_nothing_to_resume():
+    process = start(3, [*LONG, "--no-overlap"])
+    output = interrupt(process, "epoch   2/")
+    assert process.returncode == 130, output
+    assert output.count("; no checkpoint was written (--checkpoint-dir)") == 1, output
+
+
+def test_ctrl_c_stops_parameter_servers_at_the_end_of_an_epoch(tmp_path):
+    directory = tmp_path / "ckpt"
+    process = start(3, [*LONG, "--strategy", "ps", "--checkpoint-dir", str(directory)])
+    output = interrupt(process, "epoch   2/")
+    assert process.returncode == 130, output
+    last = [line for line in output.splitlines() if line.startswith("epoch ")][-1]
+    epoch = int(last.split()[1].split("/")[0])
+    assert output.count(f"interrupted at the end of epoch {epoch}; the last checkpoint is epoch {epoch}: "
+                        "--resume continues from it") == 1, output
+    assert sorted(directory.glob(checkpoint.PATTERN))[-1].name == f"checkpoint-epoch{epoch:06d}.npz"
+    assert "Traceback" not in output and "BAD TERMINATION" not in output, output
+
+
+def test_a_fresh_run_refuses_a_directory_holding_another_runs_checkpoints(tmp_path):
+    directory = tmp_path / "ckpt"
+    first = run_world(2, ["-m", "trainer", "--epochs", "2", "--checkpoint-dir", str(directory)], TIMEOUT_S)
+    assert first.returncode == 0, first.stdout
+    before = {p.name: p.stat().st_mtime_ns for p in directory.glob(checkpoint.PATTERN)}
+    other = run_world(2, ["-m", "trainer", "--hidden", "32", "--checkpoint-dir", str(directory)], TIMEOUT_S)
+    message = (f"error: --checkpoint-dir {directory}: holds an earlier run's checkpoints (2 checkpoints, "
+               "checkpoint-epoch000001.npz to checkpoint-epoch000002.npz); continue that run with --resume, "
+               "or give this one an empty directory")
+    assert other.returncode == 2 and other.stdout.count(message) == 1 and "epoch   1/" not in other.stdout, \
+        other.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in directory.glob(checkpoint.PATTERN)} == before
+    resumed = run_world(2, ["-m", "trainer", "--epochs", "3", "--checkpoint-dir", str(directory), "--resume"],
+                        TIMEOUT_S)
+    assert resumed.returncode == 0 and "epoch   3/3" in resumed.stdout, resumed.stdout
+
+
+@pytest.mark.parametrize("overlap", [[], ["--no-overlap"]], ids=["overlapped", "not overlapped"])
+def test_exposed_communication_is_part_of_communication(tmp_path, overlap):
+    metrics = tmp_path / "m.jsonl"
+    result = run_world(2, ["-m", "trainer", "--epochs", "4", "--metrics", str(metrics), *overlap], TIMEOUT_S)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count(f"metrics written to {metrics} (one JSON object per epoch)") == 1, result.stdout
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert len(records) == 4
+    for r in records:
+        assert 0 < r["exposed_comm_time"] <= r["comm_time"] < r["step_time"], r
+
+
+def test_help_states_each_default_once():
+    result = subprocess.run([sys.executable, "-m", "trainer", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    text = " ".join(result.stdout.split())   # argparse wraps lines
+    assert result.returncode == 0 and text.count("(default:") >= 20, text
+    assert "(default: None)" not in text and "default: none) (default" not in text, text
+    assert "--metrics METRICS write one JSON object per epoch to this file; with --resume, the epochs after the " \
+           "checkpoint are replaced (default: none)" in text, text
