@@ -10,14 +10,9 @@ import argparse
 import math
 import os
 import sys
-from importlib import metadata
 
 import collectives as col
-
-try:
-    VERSION = metadata.version("ringcollectives")
-except metadata.PackageNotFoundError:   # run from a checkout that was not installed
-    VERSION = "unknown (not installed)"
+from collectives.about import LAUNCHER_SIZES, VERSION
 USAGE = 2   # exit status of a usage error, as argparse's
 FAULT = 1   # exit status of a fault (a file that cannot be written, a failed collective)
 INTERRUPTED = 130   # exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
@@ -53,10 +48,6 @@ class ArgumentParser(argparse.ArgumentParser):
             print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(USAGE)
 
-
-#: Variables by which launchers tell a process the size of its job: (variable, launcher).
-LAUNCHER_SIZES = (("PMI_SIZE", "MPICH's or Intel MPI's mpiexec"), ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
-                  ("SLURM_NTASKS", "Slurm's srun"))
 
 
 def launch_note(command: str) -> str | None:

@@ -13,7 +13,8 @@ methods) -> ``group`` (a Group runs collectives) -> ``dispatch`` (each collectiv
 ``call`` (the frame: turn, check, errors) -> ``runtime``, ``progress``, ``settings`` -> ``ring``.
 ``world`` sets the world up and ``leaving`` sees the process out.
 """
-from collectives import timeline
+from collectives import about, timeline
+from collectives.about import VERSION as __version__
 from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many, alltoall, barrier, block_bounds,
                              broadcast, destroy, gather, gpu_transport, nccl_communicator, new_group, reduce, reduce_scatter, scatter, split,
                              synchronize, to_host, use_local_gpu)
@@ -32,5 +33,5 @@ __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "setting
            "alltoall", "gather", "scatter", "reduce",
            "new_group", "split", "destroy", "Group", "NonMember", "algorithm_for", "block_bounds",
            "send", "recv", "isend", "irecv", "wait_all", "Request",
-           "Work", "timeline", "to_host", "synchronize", "parse_size", "format_size",
+           "Work", "timeline", "about", "to_host", "synchronize", "parse_size", "format_size",
            "CollectiveError", "CollectiveUsageError"]

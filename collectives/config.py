@@ -134,6 +134,9 @@ _TABLE = {
               "a number of hosts to treat consecutive blocks of ranks as (0: the real hosts)"),
 }
 
+#: (keyword, environment variable) of every setting, in the order of the table above.
+VARIABLES = tuple((name, entry[0]) for name, entry in _TABLE.items())
+
 
 def defaults(**changes) -> Settings:
     """The default settings (not the environment's), with ``changes``.

@@ -1,0 +1,114 @@
+"""``python -m collectives``: what this installation is and whether it works here, as ``ompi_info``
+and ``horovodrun --check-build`` tell. Run it as the job will run::
+
+    mpiexec -n 4 python -m collectives
+
+Rank 0 prints the versions, the MPI library and the launcher, the ranks on each host, every
+setting with where it came from, the optional packages and the GPU; then every rank runs a
+self-check of well under a second: each collective (each all-reduce algorithm forced in turn) and a
+ring of point-to-point messages on rank-dependent integers, compared with mpi4py's own results.
+Exit status 0 when every result matched, 1 otherwise (each wrong one is named).
+"""
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives as col
+from collectives import about
+
+SIZES = (3, 1 << 17)   # elements: the latency path and the bandwidth path
+
+
+def describe() -> list[str]:
+    """The report's lines (every rank takes part: the hosts are gathered)."""
+    hosts = MPI.COMM_WORLD.allgather(socket.gethostname())
+    by_host: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    started = about.launcher()
+    how = f"{started[0]} ({started[1]}={started[2]})" if started else "no launcher (a world of one rank)"
+    lines = [about.versions(), f"MPI: {about.mpi_library()}",
+             f"launched by {how}: {col.size()} rank(s) on {len(by_host)} host(s): "
+             + "; ".join(f"{host} ranks {', '.join(map(str, ranks))}" for host, ranks in by_host.items()),
+             "settings (environment, or init() keywords; col.settings()):"]
+    rows = about.settings_table(col.settings())
+    width = max(len(variable) for variable, _, _ in rows)
+    lines += [f"  {variable:<{width}}  {value:<34} {source}" for variable, value, source in rows]
+    lines += ["optional packages:"] + [f"  {line}" for line in about.extras()]
+    lines.append(f"GPU of rank 0: {about.gpu(col.local_rank())}")
+    return lines
+
+
+def expected_and_ours(count: int) -> list[tuple[str, object, object]]:
+    """(what, mpi4py's result, ours) for every collective on ``count`` rank-dependent integers."""
+    comm, r, n = MPI.COMM_WORLD, col.rank(), col.size()
+
+    def mine(rank: int) -> np.ndarray:
+        return (np.arange(count, dtype=np.int64) * (rank + 1) + rank) % 1000
+    x, whole = mine(r), np.empty(count * n, np.int64)
+    comm.Allgather(mine(r), whole)
+    total, (start, stop) = whole.reshape(n, count).sum(0), col.block_bounds(count)[r]
+    forced = ("doubling", "halving", "ring") if x.nbytes <= col.settings().small_bytes else ("halving", "ring")
+    results = [(f"allreduce ({name or 'auto'})", total, col.allreduce(x, algorithm=name, name="self-check"))
+               for name in (None, *forced)]
+    results += [("reduce_scatter", total[start:stop], col.reduce_scatter(x)),
+                ("allgather", whole, col.allgather(x)),
+                ("broadcast", mine(0), col.broadcast(x.copy(), root=0)),
+                ("reduce", total if r == n - 1 else None, col.reduce(x, root=n - 1)),
+                ("gather", whole if r == 0 else None, col.gather(x, root=0)),
+                ("scatter", whole[slice(*col.block_bounds(count * n)[r])],
+                 col.scatter(whole if r == 0 else None, root=0))]
+    swapped = np.empty_like(whole)
+    comm.Alltoall(whole, swapped)
+    results.append(("alltoall", swapped, col.alltoall(whole)))
+    received = np.empty(count, np.int64)
+    col.wait_all([col.isend(x, (r + 1) % n), col.irecv(received, (r - 1) % n)])
+    results.append(("send/recv around the ring", mine((r - 1) % n), received))
+    col.barrier()
+    return results
+
+
+def self_check() -> tuple[int, list[str]]:
+    """How many results this rank compared, and which differed from MPI's ("what at N elements")."""
+    compared, wrong = 0, []
+    for count in SIZES:
+        for what, expected, ours in expected_and_ours(count):
+            compared += 1
+            if expected is None and ours is None:   # (a rooted collective, off its root)
+                continue
+            if expected is None or ours is None or not np.array_equal(np.asarray(ours), expected):
+                wrong.append(f"{what} at {count} elements: not MPI's result")
+    return compared, wrong
+
+
+def main() -> int:
+    try:
+        lines = describe()
+    except col.CollectiveError as e:   # the runtime could not be set up: say why, on every rank
+        print(f"[rank {col.rank()}] python -m collectives: {e}", file=sys.stderr, flush=True)
+        return 1
+    if col.rank() == 0:
+        print("\n".join(lines), flush=True)
+    began = time.perf_counter()
+    try:
+        compared, wrong = self_check()
+    except (col.CollectiveError, col.CollectiveUsageError) as e:   # raised alike on every rank
+        print(f"[rank {col.rank()}] self-check failed: {e}", file=sys.stderr, flush=True)
+        return 1
+    every = MPI.COMM_WORLD.gather(wrong, root=0)
+    if col.rank() == 0:
+        failures = [f"rank {r}: {w}" for r, found in enumerate(every) for w in found]
+        verdict = "every result equal to MPI's" if not failures else f"{len(failures)} wrong:\n  " + \
+            "\n  ".join(failures)
+        print(f"self-check: {compared} calls on {col.size()} rank(s) in {time.perf_counter() - began:.2f} s, "
+              f"{verdict}", flush=True)
+    return 1 if MPI.COMM_WORLD.allreduce(len(wrong)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

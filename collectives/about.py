@@ -1,0 +1,114 @@
+"""This installation and this launch, in words: the facts ``python -m collectives`` prints and the
+programs' notes use (the version, the MPI library, the launcher, each setting and where it came
+from, the optional packages and the GPU).
+
+>>> launcher({"PMI_SIZE": "4"})
+("MPICH's or Intel MPI's mpiexec", 'PMI_SIZE', '4')
+>>> launcher({}) is None
+True
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+from importlib import metadata
+
+import numpy as np
+
+from collectives import config
+from collectives.sizes import format_size
+from ring.transport import device
+
+try:
+    VERSION = metadata.version("ringcollectives")
+except metadata.PackageNotFoundError:   # run from a checkout that was not installed
+    VERSION = "unknown (not installed)"
+
+#: Variables by which launchers tell a process the size of its job: (variable, launcher).
+LAUNCHER_SIZES = (("PMI_SIZE", "MPICH's or Intel MPI's mpiexec"), ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+                  ("SLURM_NTASKS", "Slurm's srun"))
+
+
+def launcher(environment=os.environ) -> tuple[str, str, str] | None:
+    """(launcher, variable, its value): who started this process and how many it said it started;
+    None without a launcher."""
+    for variable, name in LAUNCHER_SIZES:
+        if environment.get(variable):
+            return name, variable, environment[variable]
+    return None
+
+
+def versions() -> str:
+    """This package's version and those it runs on."""
+    import mpi4py   # (lazy: importing it is cheap, but keeps this module free of MPI until asked)
+    return (f"ringcollectives {VERSION}; python {platform.python_version()}, numpy {np.__version__}, "
+            f"mpi4py {mpi4py.__version__}")
+
+
+def mpi_library() -> str:
+    """The MPI library's first line of its version, the network module asked for, and the thread level."""
+    from mpi4py import MPI
+    library = " ".join(MPI.Get_library_version().split("\n")[0].split())
+    levels = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED", MPI.THREAD_SERIALIZED: "SERIALIZED",
+              MPI.THREAD_MULTIPLE: "MULTIPLE"}
+    netmod = os.environ.get("MPIR_CVAR_CH4_NETMOD")
+    return (f"{library}; threads MPI_THREAD_{levels.get(MPI.Query_thread(), '?')}"
+            + (f"; network module {netmod} (MPIR_CVAR_CH4_NETMOD)" if netmod else ""))
+
+
+def settings_table(settings: config.Settings, environment=os.environ) -> list[tuple[str, str, str]]:
+    """(variable, value in force, where it came from) for every setting.
+
+    >>> settings_table(config.defaults(), {"COLLECTIVES_TIMEOUT": "30"})[0]
+    ('COLLECTIVES_SEGMENT_BYTES', '0 (4M on a host, 1M across hosts)', 'default')
+    """
+    rows = []
+    for name, variable in config.VARIABLES:
+        value = getattr(settings, name)
+        shown = {"segment_bytes": lambda v: format_size(v) if v else "0 (4M on a host, 1M across hosts)",
+                 "small_bytes": format_size, "check": lambda v: "1" if v else "0",
+                 "timeline": lambda v: v or "none", "hosts": lambda v: str(v) if v else "0 (the real hosts)",
+                 "timeout": lambda v: f"{v:g} s"}.get(name, str)(value)
+        given = environment.get(variable)
+        source = f"environment ({variable}={given})" if given is not None else "default"
+        if given is None and value != getattr(config.defaults(), name):
+            source = "init()"
+        rows.append((variable, shown, source))
+    return rows
+
+
+def extras() -> list[str]:
+    """The optional packages, installed or not (with the extra that brings each)."""
+    found = []
+    for module, what, extra in (("torch", "the torch backend 'ring'", "torch"),
+                                ("ml_dtypes", "bfloat16", "bfloat16"), ("cupy", "GPU arrays", "cuda13"),
+                                ("matplotlib", "plots", "plot"), ("tensorboardX", "TensorBoard files", "tensorboard")):
+        installed = importlib.util.find_spec(module) is not None
+        version = _version_of(module) if installed else ""
+        found.append(f"{what}: {module} {version}" if installed else
+                     f"{what}: not installed (pip install -e \".[{extra}]\")")
+    return found
+
+
+def _version_of(module: str) -> str:
+    names = {"cupy": ("cupy-cuda13x", "cupy-cuda12x", "cupy"), "ml_dtypes": ("ml-dtypes",)}
+    for name in names.get(module, (module,)):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def gpu(local_rank: int) -> str:
+    """This rank's GPU and NCCL, or why there is none (makes GPU ``local_rank % visible`` current)."""
+    if importlib.util.find_spec("cupy") is None:
+        return "none (CuPy is not installed)"
+    finding = device.probe(None, local_rank)
+    if finding.problem:
+        return f"none ({finding.problem})"
+    if finding.nccl_problem:
+        return f"{finding.gpu}; NCCL unusable ({finding.nccl_problem}): GPU arrays move staged, over MPI"
+    code = finding.nccl_version
+    return f"{finding.gpu}; NCCL {code // 10000}.{code // 100 % 100}.{code % 100}"

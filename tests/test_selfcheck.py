@@ -1,0 +1,44 @@
+"""``python -m collectives`` (issue 28): the installation described, and a self-check against mpi4py's
+collectives that fails, naming the call, when a result is wrong."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.worlds import ROOT, run_world
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_it_describes_the_installation_and_checks_every_collective(n):
+    result = run_world(n, ["-m", "collectives"], 120, env={"COLLECTIVES_TIMEOUT": "30"})
+    out = result.stdout
+    assert result.returncode == 0, out
+    assert out.count(f"self-check: 23 calls on {n} rank(s) in ") == 1 and "every result equal to MPI's" in out, out
+    assert out.count("ringcollectives ") == 1 and ("MPI: MPICH" in out or "MPI: Open MPI" in out), out
+    assert f"launched by MPICH's or Intel MPI's mpiexec (PMI_SIZE={n}): {n} rank(s) on 1 host(s)" in out, out
+    settings = {line.split()[0]: line for line in out.splitlines() if line.startswith("  COLLECTIVES_")}
+    assert len(settings) == 8, out
+    assert settings["COLLECTIVES_TIMEOUT"].split()[1:] == ["30", "s", "environment", "(COLLECTIVES_TIMEOUT=30)"]
+    assert settings["COLLECTIVES_CHECK"].split()[1:] == ["1", "default"]
+    assert "GPU of rank 0: " in out and "the torch backend 'ring': " in out, out
+
+
+def test_a_wrong_result_fails_the_check_and_is_named():
+    planted = ("import sys, collectives as col, collectives.__main__ as about\n"
+               "real = col.allgather\n"
+               "col.allgather = lambda x, **kw: real(x, **kw) + (col.rank() == 1)\n"
+               "sys.exit(about.main())\n")
+    result = run_world(2, ["-c", planted], 120)
+    assert result.returncode == 1, result.stdout
+    assert "self-check: 23 calls on 2 rank(s)" in result.stdout and "2 wrong:" in result.stdout, result.stdout
+    for count in (3, 131072):
+        assert f"rank 1: allgather at {count} elements: not MPI's result" in result.stdout, result.stdout
+    assert "rank 0: allgather" not in result.stdout
+
+
+def test_without_a_launcher_it_says_so():
+    result = subprocess.run([sys.executable, "-m", "collectives"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("PMI")})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "launched by no launcher (a world of one rank): 1 rank(s) on 1 host(s)" in result.stdout, result.stdout
