@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 
 import numpy as np
@@ -37,8 +38,8 @@ PREDICTED_SIZES = tuple(4 ** k * 8 for k in range(13))   # 8 B .. 128 MiB
 def parse_link(text: str) -> cost.Costs:
     """``25GB/s,5us`` -> the network's beta (s/B) and alpha (s); units GB/s, MB/s; s, ms, us, ns.
 
-    >>> link = parse_link("25GB/s,5us"); link.beta, link.alpha
-    (4e-11, 5e-06)
+    >>> link = parse_link("25GB/s,5us"); f"{link.beta:g} s/B, {link.alpha:g} s"
+    '4e-11 s/B, 5e-06 s'
     """
     match = re.fullmatch(r"\s*([\d.]+)\s*([GM])B/s\s*,\s*([\d.]+)\s*(s|ms|us|ns)\s*", text)
     if not match:
@@ -144,9 +145,42 @@ def report(rows: list[dict], costs: cost.Costs, args: argparse.Namespace, segmen
               f"{r['seconds'] * 1e6:>8.1f}us {predicted * 1e6:>8.1f}us {error:>+6.0f}% | {mark}")
     for n, e in sorted(errors.items()):
         print(f"# n={n}: median |error| {np.median(e):.0f}%, 90th percentile {np.percentile(e, 90):.0f}%")
+    for line in fit_warnings(errors, costs, col.local_size(), len(os.sched_getaffinity(0))):
+        print(f"# warning: {line}")
     wrong = sum(r["wrong"] for r in rows)
     print(f"# #wrong: {wrong} " + ("(every result exact)" if not wrong else "-- RESULTS ARE WRONG"))
     _predictions(costs, args, segment_bytes, check)
+
+
+BAD_FIT_PERCENT = 25   # a median error above this: the four costs do not explain the timings
+
+
+def fit_warnings(errors: dict[int, list[float]], costs: cost.Costs, ranks_here: int, cpus: int) -> list[str]:
+    """What makes the fit untrustworthy, in words: a median error over BAD_FIT_PERCENT at some n,
+    a cost fitted as 0 (its term was dropped: it explained nothing here), oversubscribed cores.
+
+    >>> fit_warnings({2: [5, 8, 12]}, cost.Costs(call=3e-5, alpha=1e-5, beta=2e-10, gamma=2e-10), 2, 2)
+    []
+    >>> for line in fit_warnings({2: [10], 4: [70, 80]}, cost.Costs(call=0, alpha=1e-5, beta=2e-10, gamma=0), 4, 2):
+    ...     print(line)
+    the fit explains these timings badly (median |error| 75% at n=4, above 25%): do not choose by its predictions
+    call and gamma fitted as 0: those terms explained nothing in these timings (dropped), so predictions leave them out
+    4 ranks share 2 cpus here: waiting ranks take cores from working ones, and times measure that more than the algorithms
+    """
+    lines = []
+    bad = [f"{np.median(e):.0f}% at n={n}" for n, e in sorted(errors.items()) if np.median(e) > BAD_FIT_PERCENT]
+    if bad:
+        lines.append(f"the fit explains these timings badly (median |error| {', '.join(bad)}, above "
+                     f"{BAD_FIT_PERCENT}%): do not choose by its predictions")
+    dropped = [name for name in ("call", "alpha", "beta", "gamma") if getattr(costs, name) == 0]
+    if dropped:
+        lines.append(f"{' and '.join(dropped)} fitted as 0: {'those terms' if len(dropped) > 1 else 'that term'} "
+                     "explained nothing in these timings (dropped), so predictions leave "
+                     f"{'them' if len(dropped) > 1 else 'it'} out")
+    if ranks_here > cpus:
+        lines.append(f"{ranks_here} ranks share {cpus} cpus here: waiting ranks take cores from working ones, and "
+                     "times measure that more than the algorithms")
+    return lines
 
 
 def _predictions(costs: cost.Costs, args: argparse.Namespace, segment_bytes: int, check: bool) -> None:
