@@ -9,7 +9,7 @@ returns the agreed values as a read-only :class:`Settings`.
     Largest message the ring sends, at most 1 GiB; "4M", "64K" and plain byte counts are
     accepted. Default: 4 MiB among ranks of one host, 1 MiB where a call's ranks span
     hosts (over TCP, 4 MiB messages lost the two-level all-reduce its gain at 64 MiB:
-    the README's "Running on several hosts"); a value given applies to both, 0 restores
+    docs/hosts.md); a value given applies to both, 0 restores
     the defaults. Bounds the receive scratch to two segments (and to the data) and sets
     how finely reduction overlaps transfer.
 ``COLLECTIVES_SMALL_BYTES`` / ``small_bytes``

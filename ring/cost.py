@@ -73,7 +73,7 @@ class Costs:
 
 
 #: Fitted on the 2-core development machine, n = 2, float32 sum, every algorithm of every
-#: collective from 8 B to 64 MiB: ``mpiexec -n 2 python -m bench --model`` (README, "Cost model").
+#: collective from 8 B to 64 MiB: ``mpiexec -n 2 python -m bench --model`` (docs/algorithms.md, "Cost model").
 #: ``call`` and ``alpha`` are mostly Python (one mpi4py exchange alone takes about 4 us here).
 MEASURED = Costs(call=34.5e-6, alpha=10.8e-6, beta=0.250e-9, gamma=0.167e-9)   # medians of 3 fits
 

@@ -62,7 +62,7 @@ def test_a_host_link_carries_what_each_algorithm_sends_across_it(hosts, per_host
     """With free hosts and a network that only moves bytes, the time is the busiest host link's
     bytes: the flat ring's 2(n-1)/n N (one rank per host talks to the next host), two levels'
     2(H-1)/H N (L all-reduces of N/L share the link), Rabenseifner's every step between hosts
-    times the ranks of a host that take it together (the README's "Running on several hosts"
+    times the ranks of a host that take it together (docs/hosts.md
     compares these with measurements on 2 x 2 emulated hosts)."""
     n, nbytes = hosts * per_host, 48 << 20
     free, network = cost.Costs(0, 0, 0, 0), cost.Costs(0, 0, 1e-9, 0)
