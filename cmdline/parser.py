@@ -12,7 +12,7 @@ import os
 import sys
 
 import collectives as col
-from collectives.about import LAUNCHER_SIZES, VERSION
+from collectives.about import VERSION, launcher
 USAGE = 2   # exit status of a usage error, as argparse's
 FAULT = 1   # exit status of a fault (a file that cannot be written, a failed collective)
 INTERRUPTED = 130   # exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
@@ -60,15 +60,15 @@ def launch_note(command: str) -> str | None:
     """
     if col.size() != 1:
         return None
-    for variable, launcher in LAUNCHER_SIZES:
-        value = os.environ.get(variable, "")
-        if value.isdigit() and int(value) > 1:
-            return (f"running 1 rank, but {launcher} started {value} ({variable}={value}): mpi4py uses another MPI "
-                    f"than that launcher's, so each process is a world of its own; use the mpiexec of mpi4py's MPI "
-                    f"(with the 'mpich' extra: {os.path.join(os.path.dirname(sys.executable), 'mpiexec')})")
-        if value == "1":
-            return None   # one rank, as asked
-    return f"running 1 rank: no MPI launcher started this process (mpirun -n 4 {command} runs 4)"
+    started = launcher()
+    if started is None:
+        return f"running 1 rank: no MPI launcher started this process (mpirun -n 4 {command} runs 4)"
+    name, variable, value = started
+    if value.isdigit() and int(value) > 1:
+        return (f"running 1 rank, but {name} started {value} ({variable}={value}): mpi4py uses another MPI "
+                f"than that launcher's, so each process is a world of its own; use the mpiexec of mpi4py's MPI "
+                f"(with the 'mpich' extra: {os.path.join(os.path.dirname(sys.executable), 'mpiexec')})")
+    return None   # one rank, as asked
 
 
 def finite_positive(text: str) -> float:

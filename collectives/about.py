@@ -57,24 +57,29 @@ def mpi_library() -> str:
             + (f"; network module {netmod} (MPIR_CVAR_CH4_NETMOD)" if netmod else ""))
 
 
+#: How ``python -m collectives`` shows a setting's value (the others: ``str``).
+_SHOWN = {"segment_bytes": lambda v: format_size(v) if v else "0 (4M on a host, 1M across hosts)",
+          "small_bytes": format_size, "check": lambda v: "1" if v else "0", "timeline": lambda v: v or "none",
+          "hosts": lambda v: str(v) if v else "0 (the real hosts)", "timeout": lambda v: f"{v:g} s"}
+
+
 def settings_table(settings: config.Settings, environment=os.environ) -> list[tuple[str, str, str]]:
-    """(variable, value in force, where it came from) for every setting.
+    """(variable, value in force, where it came from) for every setting: ``init()`` where the value
+    is not what the environment (or, without the variable, the default) gives.
 
     >>> settings_table(config.defaults(), {"COLLECTIVES_TIMEOUT": "30"})[0]
     ('COLLECTIVES_SEGMENT_BYTES', '0 (4M on a host, 1M across hosts)', 'default')
+    >>> settings_table(config.defaults(timeout=5.0), {"COLLECTIVES_TIMEOUT": "30"})[3]
+    ('COLLECTIVES_TIMEOUT', '5 s', 'init()')
     """
-    rows = []
+    defaults, rows = config.defaults(), []
     for name, variable in config.VARIABLES:
-        value = getattr(settings, name)
-        shown = {"segment_bytes": lambda v: format_size(v) if v else "0 (4M on a host, 1M across hosts)",
-                 "small_bytes": format_size, "check": lambda v: "1" if v else "0",
-                 "timeline": lambda v: v or "none", "hosts": lambda v: str(v) if v else "0 (the real hosts)",
-                 "timeout": lambda v: f"{v:g} s"}.get(name, str)(value)
-        given = environment.get(variable)
-        source = f"environment ({variable}={given})" if given is not None else "default"
-        if given is None and value != getattr(config.defaults(), name):
+        value, given = getattr(settings, name), environment.get(variable)
+        if value != (getattr(defaults, name) if given is None else config.parse_text(name, given)):
             source = "init()"
-        rows.append((variable, shown, source))
+        else:
+            source = "default" if given is None else f"environment ({variable}={given})"
+        rows.append((variable, _SHOWN.get(name, str)(value), source))
     return rows
 
 

@@ -147,6 +147,20 @@ def defaults(**changes) -> Settings:
     return Settings(**{**{name: entry[1] for name, entry in _TABLE.items()}, **changes})
 
 
+def parse_text(name: str, raw: str):
+    """The value an environment variable's text gives setting ``name``; None if it gives none valid.
+
+    >>> parse_text("segment_bytes", "64K"), parse_text("check", "yes")
+    (65536, None)
+    """
+    _, _, parse, ok, _ = _TABLE[name]
+    try:
+        value = parse(raw)
+    except (ValueError, KeyError):
+        return None
+    return value if ok(value) else None
+
+
 def read(given: dict, from_environment: bool, rank: int = 0) -> tuple[dict, str]:
     """The settings ``given`` as keyword arguments (None: not given), else (``from_environment``)
     from the environment, else the defaults; and the first problem found ("" if none), so that
@@ -159,13 +173,9 @@ def read(given: dict, from_environment: bool, rank: int = 0) -> tuple[dict, str]
                 problem = problem or f"init: {name}: expected {expected}, got {value!r}"
                 continue
         elif from_environment and os.environ.get(env) is not None:
-            raw = os.environ[env]
-            try:
-                value = parse(raw)
-            except (ValueError, KeyError):
-                value = None
-            if value is None or not ok(value):
-                problem = problem or f"init: {env}: expected {expected}, got {raw!r}"
+            value = parse_text(name, os.environ[env])
+            if value is None:
+                problem = problem or f"init: {env}: expected {expected}, got {os.environ[env]!r}"
                 continue
         elif from_environment:
             value = default
