@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from cmdline import interrupt as interrupt_module
 from tests.worlds import ROOT, mpiexec, run_world
 from trainer import checkpoint
 
@@ -73,6 +74,19 @@ def test_ctrl_c_stops_every_rank_at_the_same_step_with_one_line(tmp_path, who):
     resumed = run_world(2, ["-m", "trainer", "--epochs", str(newest + 1), "--checkpoint-dir", str(directory),
                             "--resume"], TIMEOUT_S)
     assert resumed.returncode == 0 and f"epoch {newest + 1:3d}/{newest + 1}" in resumed.stdout, resumed.stdout
+
+
+def test_a_second_ctrl_c_stops_this_rank_at_once():
+    """The first Ctrl-C only raises the flag the ranks agree on; a second raises KeyboardInterrupt here."""
+    with interrupt_module.stop_on_ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)   # (Python runs the handler between bytecodes)
+        assert interrupt_module.requested()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert not interrupt_module.requested()   # leaving resets it, and restores the previous handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_ctrl_c_without_checkpoints_says_there_is_nothing_to_resume():
