@@ -16,7 +16,7 @@ methods) -> ``group`` (a Group runs collectives) -> ``dispatch`` (each collectiv
 from collectives import about, timeline
 from collectives.about import VERSION as __version__
 from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many, alltoall, barrier, block_bounds,
-                             broadcast, destroy, gather, gpu_transport, nccl_communicator, new_group, reduce, reduce_scatter, scatter, split,
+                             broadcast, destroy, gather, refuse, gpu_transport, nccl_communicator, new_group, reduce, reduce_scatter, scatter, split,
                              synchronize, to_host, use_local_gpu)
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group
@@ -30,7 +30,7 @@ from collectives.world import init, local_rank, local_size, rank, settings, size
 
 __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "settings", "Settings", "use_local_gpu", "gpu_transport", "nccl_communicator",
            "allreduce", "allreduce_many", "reduce_scatter", "allgather", "broadcast", "barrier",
-           "alltoall", "gather", "scatter", "reduce",
+           "alltoall", "gather", "scatter", "reduce", "refuse",
            "new_group", "split", "destroy", "Group", "NonMember", "algorithm_for", "block_bounds",
            "send", "recv", "isend", "irecv", "wait_all", "Request",
            "Work", "timeline", "about", "to_host", "synchronize", "parse_size", "format_size",

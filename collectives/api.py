@@ -75,9 +75,10 @@ def broadcast(x, root: int = 0, *, group: Group | None = None, async_op: bool = 
 
 
 @_same_as(Group.alltoall)
-def alltoall(x, splits=None, out=None, *, group: Group | None = None, async_op: bool = False,
+def alltoall(x, splits=None, out=None, *, out_splits=None, group: Group | None = None, async_op: bool = False,
              timeout: float | None = None, name: str | None = None) -> Any:
-    return _group(group, "alltoall", timeout).alltoall(x, splits, out, async_op=async_op, timeout=timeout, name=name)
+    return _group(group, "alltoall", timeout).alltoall(x, splits, out, out_splits=out_splits, async_op=async_op,
+                                                       timeout=timeout, name=name)
 
 
 @_same_as(Group.gather)
@@ -103,6 +104,12 @@ def barrier(*, group: Group | None = None, async_op: bool = False, timeout: floa
             name: str | None = None) -> Any:
     g = worlds.the_world if group is None else _group(group, "barrier", timeout)
     return (g or worlds.world(timeout)).barrier(async_op=async_op, timeout=timeout, name=name)
+
+
+@_same_as(Group.refuse)
+def refuse(collective: str, problem: str, *, group: Group | None = None, async_op: bool = False,
+           timeout: float | None = None) -> Any:
+    return _group(group, collective, timeout).refuse(collective, problem, async_op=async_op, timeout=timeout)
 
 
 @_same_as(Group.new_group)

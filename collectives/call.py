@@ -159,7 +159,7 @@ def issue(g, name: str, body: Callable, args: tuple, async_op: object = False, t
     if async_op is False:
         return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)
     if async_op is not True:
-        body = _refusal(CollectiveUsageError(f"{name}: async_op: expected True or False, got {async_op!r}"))
+        body = refusal(CollectiveUsageError(f"{name}: async_op: expected True or False, got {async_op!r}"))
         return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)
     job = functools.partial(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)
     return runtime.engine.submit(Work(name, job, runtime.engine), inline=_on_gpu(args))
@@ -223,8 +223,9 @@ def _record(call: Call, started: float) -> None:
     timeline.add(timeline.COLLECTIVES, f"{call.name} #{call.seq}", started, perf_counter(), args)
 
 
-def _refusal(error: CollectiveUsageError) -> Callable:
-    """A stand-in body for a call that is wrong before it starts (a bad ``async_op``): it raises
+def refusal(error: CollectiveUsageError) -> Callable:
+    """A stand-in body for a call that is wrong before it starts (a bad ``async_op``, an adapter's
+    refusal: ``Group.refuse``): it raises
     ``error`` the way every collective raises a usage error, so every rank hears of it."""
     def refuse(call: Call, *args) -> NoReturn:
         call.reject(error)

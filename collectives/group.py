@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from collectives import dispatch, personalized
-from collectives.call import issue
+from collectives.call import issue, refusal
 from collectives.errors import CollectiveUsageError
 from collectives.making import GroupMaking
 from collectives.membership import NonMember, describe
@@ -157,17 +157,19 @@ class Group(GroupTransports, GroupMaking):
         """
         return issue(self, "broadcast", dispatch.broadcast, (x, root), async_op, timeout, name, algorithm)
 
-    def alltoall(self, x, splits=None, out=None, *, async_op: bool = False, timeout: float | None = None,
-                 name: str | None = None) -> Any:
+    def alltoall(self, x, splits=None, out=None, *, out_splits=None, async_op: bool = False,
+                 timeout: float | None = None, name: str | None = None) -> Any:
         """Send block j of ``x`` (rows along axis 0) to rank j, and return the blocks every rank sent
         this one, in rank order. ``splits``: the rows for each rank (None: equal blocks); they may
         differ between ranks, and the result has the rows sent to this rank. ``out``: where to
-        write the result instead of a new array (apart from ``x``).
+        write the result instead of a new array (apart from ``x``). ``out_splits``: the rows this
+        rank expects from each rank (MPI_Alltoallv's receive counts; None: whatever they send);
+        where they are not what the senders send, every rank raises the same CollectiveUsageError.
 
         >>> col.alltoall(np.arange(4) + 10 * col.rank())     # rank 1 of 2  # doctest: +SKIP
         array([ 2,  3, 12, 13])
         """
-        return issue(self, "alltoall", personalized.alltoall, (x, splits, out), async_op, timeout, name)
+        return issue(self, "alltoall", personalized.alltoall, (x, splits, out, out_splits), async_op, timeout, name)
 
     def gather(self, x, root: int = 0, out=None, *, async_op: bool = False, timeout: float | None = None,
                name: str | None = None) -> Any:
@@ -205,6 +207,17 @@ class Group(GroupTransports, GroupMaking):
     def barrier(self, *, async_op: bool = False, timeout: float | None = None, name: str | None = None) -> Any:
         """Return once every rank has entered the barrier (and checks that they all meant to)."""
         return issue(self, "barrier", dispatch.barrier, (), async_op, timeout, name)
+
+    def refuse(self, collective: str, problem: str, *, async_op: bool = False, timeout: float | None = None) -> Any:
+        """Take this rank's turn in ``collective`` as a refusal: this rank raises
+        CollectiveUsageError(``problem``), and so does every other rank of the group in its own
+        call of ``collective``, with ``problem`` and this rank named, instead of waiting for this
+        one. For adapters that check what the runtime cannot see (``collectives.torch`` checks
+        the sizes of torch's tensor lists); ``problem`` should name the collective and the argument.
+
+        >>> col.refuse("allgather", "all_gather: tensor_list: expected 3 tensors, got 2")  # doctest: +SKIP
+        """
+        return issue(self, collective, refusal(CollectiveUsageError(problem)), (), async_op, timeout)
 
     def algorithm_for(self, collective: str, x) -> str:
         """The algorithm a call of ``collective`` on ``x`` would run here, forcing none (the same on

@@ -24,11 +24,13 @@ from ring.partition import bounds_from_counts
 _MAX_DIMS = 32   # numpy's limit on dimensions, which a scatter's header must carry
 
 
-def alltoall(call: Call, x: Any, splits: Any, out: Any) -> Any:
+def alltoall(call: Call, x: Any, splits: Any, out: Any, out_splits: Any = None) -> Any:
     g, n = call.group, call.group.transport.size
     try:
         x, out = validate.gathered(call.name, x, out)
         rows = validate.splits(call.name, splits, x.shape[0], n)
+        expected = [-1] * n if out_splits is None else validate.splits(
+            call.name, out_splits, None if out is None else out.shape[0], n, "out_splits", "out")
     except CollectiveUsageError as error:
         call.reject(error)
     host = type(x) is np.ndarray
@@ -36,14 +38,9 @@ def alltoall(call: Call, x: Any, splits: Any, out: Any) -> Any:
     call.nbytes = x.nbytes
     call.algorithm = "pairwise"
     call.agree(sig, always=True)   # (the counts' exchange below blocks inside MPI: every rank must be here)
-    mine = np.array(rows + [-1 if out is None else out.shape[0]], np.int64)   # (the rows of out, for the check)
-    every = np.frombuffer(b"".join(g.transport.allgather_bytes(mine.tobytes())), np.int64).reshape(n, n + 1)
-    totals = every[:, :n].sum(axis=0).tolist()   # the rows each rank receives
-    wrong = [f"rank {g.ranks[r]}: {given} for {totals[r]}" for r, given in enumerate(every[:, n].tolist())
-             if given not in (-1, totals[r])]
-    if wrong:   # known on every rank alike
-        raise CollectiveUsageError(f"{call.name}: out: axis 0 must be the rows the ranks send to its rank, but is "
-                                   f"not ({', '.join(wrong)})")
+    mine = np.array(rows + [-1 if out is None else out.shape[0]] + expected, np.int64)   # (for the checks)
+    every = np.frombuffer(b"".join(g.transport.allgather_bytes(mine.tobytes())), np.int64).reshape(n, 2 * n + 1)
+    _check_receiving(call, every[:, :n], every[:, n], every[:, n + 1:])
     incoming = every[:, g.transport.rank].tolist()
     total = totals[g.transport.rank]
     result = out if out is not None else (np if host else xp_of(x)).empty((total,) + x.shape[1:],
@@ -55,6 +52,24 @@ def alltoall(call: Call, x: Any, splits: Any, out: Any) -> Any:
                         bounds_from_counts([r * row for r in incoming]),
                         call.runtime.segment_elems(x.dtype, transport))
     return result if target is result else write_back(result, target)
+
+
+def _check_receiving(call: Call, sent: np.ndarray, out_rows: np.ndarray, expected: np.ndarray) -> None:
+    """Raise the same error on every rank if a rank's ``out`` (``out_rows``, -1: none) or its
+    ``out_splits`` (``expected[r, s]``: rows rank r expects from rank s, -1: any) disagree with
+    what the ranks send it (``sent[s, r]``: rows rank s sends rank r)."""
+    ranks = call.group.ranks
+    totals = sent.sum(axis=0).tolist()   # the rows each rank receives
+    wrong = [f"rank {ranks[r]}: {given} for {totals[r]}" for r, given in enumerate(out_rows.tolist())
+             if given not in (-1, totals[r])]
+    if wrong:
+        raise CollectiveUsageError(f"{call.name}: out: axis 0 must be the rows the ranks send to its rank, but is "
+                                   f"not ({', '.join(wrong)})")
+    wrong = [f"rank {ranks[r]} expects {want} from rank {ranks[s]}, which sends {sent[s, r]}"
+             for r, s in zip(*np.nonzero((expected != -1) & (expected != sent.T))) for want in [expected[r, s]]]
+    if wrong:
+        raise CollectiveUsageError(f"{call.name}: out_splits: must be the rows each rank sends this one, but "
+                                   f"{'; '.join(wrong[:8])}{f'; and {len(wrong) - 8} more' if len(wrong) > 8 else ''}")
 
 
 def gather(call: Call, x: Any, root: Any, out: Any) -> Any:

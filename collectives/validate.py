@@ -147,32 +147,34 @@ def header_dtype(code: int) -> np.dtype:
     return HEADER_DTYPES[code]
 
 
-def splits(collective: str, value: Any, rows: int, size: int) -> list[int]:
-    """The rows of ``x`` that go to each of ``size`` ranks: ``value``, a sequence of ``size`` ints
-    >= 0 that add up to ``rows``, or None for equal blocks (then ``rows`` must divide evenly).
+def splits(collective: str, value: Any, rows: int | None, size: int, argument: str = "splits",
+           array: str = "x") -> list[int]:
+    """The rows of ``array`` that go to (or come from) each of ``size`` ranks: ``value``, a sequence
+    of ``size`` ints >= 0 that add up to ``rows`` (None: any total), or None for equal blocks (then
+    ``rows`` must divide evenly).
 
     >>> splits("alltoall", None, 6, 3), splits("alltoall", [1, 0, 5], 6, 3)
     ([2, 2, 2], [1, 0, 5])
     """
     if value is None:
         if rows % size:
-            fail(collective, "x", f"axis 0 has {rows} rows, which do not split evenly among {size} ranks; "
-                                  "pass splits= (the rows for each rank)")
+            fail(collective, array, f"axis 0 has {rows} rows, which do not split evenly among {size} ranks; "
+                                    f"pass {argument}= (the rows for each rank)")
         return [rows // size] * size
     try:
         counts = list(value)
     except TypeError:
-        fail(collective, "splits", f"expected a sequence of {size} ints (rows for each rank), got "
+        fail(collective, argument, f"expected a sequence of {size} ints (rows for each rank), got "
                                    f"{type(value).__name__}")
     if len(counts) != size:
-        fail(collective, "splits", f"expected {size} counts (one per rank), got {len(counts)}")
+        fail(collective, argument, f"expected {size} counts (one per rank), got {len(counts)}")
     for c in counts:
-        integer(collective, "splits", c)
+        integer(collective, argument, c)
     counts = [int(c) for c in counts]
     if min(counts) < 0:
-        fail(collective, "splits", f"counts must be >= 0, got {counts}")
-    if sum(counts) != rows:
-        fail(collective, "splits", f"counts add up to {sum(counts)}, but x has {rows} rows (axis 0)")
+        fail(collective, argument, f"counts must be >= 0, got {counts}")
+    if rows is not None and sum(counts) != rows:
+        fail(collective, argument, f"counts add up to {sum(counts)}, but {array} has {rows} rows (axis 0)")
     return counts
 
 

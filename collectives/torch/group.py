@@ -1,0 +1,303 @@
+"""The ring backend's torch ``ProcessGroup``: torch's calls as the runtime's, on one group.
+
+Each method turns torch's tensors and options into the runtime's arrays and arguments
+(``prepare``), checks what the runtime cannot see (the sizes in torch's tensor lists), and
+hands the call to :meth:`RingProcessGroup._run`:
+
+* a synchronous call (``async_op=False``: torch waits at once) runs in the caller's thread,
+  as ``col.allreduce(x)`` does: no engine thread, no future;
+* an asynchronous one (``async_op=True``, DDP's buckets) runs on the runtime's engine and
+  returns a :class:`~collectives.torch.work.RingWork`;
+* a local refusal becomes ``col.refuse``: every rank raises the same error in that call.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+
+import collectives as col
+from collectives.torch.tensors import (as_array, dense, flat, host_array, into, joined, reduction, same_sizes,
+                                       staged)
+from collectives.torch.work import RingBackendError, RingWork
+
+BACKEND = "ring"
+Prepared = tuple[Callable, tuple, list, Callable[[Any], None] | None]   # (collective, its arguments, tensors, after)
+
+
+class RingProcessGroup(dist.ProcessGroup):
+    """A torch ``ProcessGroup`` whose collectives are the runtime's, on ``group`` (a
+    ``collectives.Group``; None: the world). Made by ``init_process_group("ring")`` and
+    ``new_group``; ``timeout`` (seconds) bounds each call.
+
+    >>> pg = dist.new_group(backend="ring")                       # doctest: +SKIP
+    >>> pg.allreduce([torch.ones(3)]).wait()                      # doctest: +SKIP
+    True
+    """
+
+    def __init__(self, group: col.Group | None, timeout: float):
+        super().__init__(col.rank() if group is None else group.rank(), col.size() if group is None else group.size())
+        self.group = group
+        self.timeout = timeout
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"<RingProcessGroup {'the world' if self.group is None else self.group!r}>"
+
+    # Reductions.
+
+    def allreduce(self, tensors: list, opts=None) -> RingWork:
+        opts = opts or c10d.AllreduceOptions()
+
+        def prepare() -> Prepared:
+            t, back = self._one("all_reduce", tensors)
+            x, op = reduction("all_reduce", t, opts.reduceOp)
+            return col.allreduce, (x, op, x), tensors, back
+        return self._run("allreduce", opts, prepare)
+
+    def allreduce_coalesced(self, tensors: list, opts=None) -> RingWork:
+        opts = opts or c10d.AllreduceCoalescedOptions()
+
+        def prepare() -> Prepared:
+            dense("all_reduce_coalesced", tensors, "tensors")
+            _same_dtype("all_reduce_coalesced", tensors, "tensors")
+            copies = [staged(t) for t in tensors]
+            pairs = [reduction("all_reduce_coalesced", t, opts.reduceOp) for t, _ in copies]
+            arrays = [x for x, _ in pairs]
+            return col.allreduce_many, (arrays, pairs[0][1] if pairs else "sum"), tensors, _all(b for _, b in copies)
+        return self._run("allreduce_many", opts, prepare)
+
+    def reduce(self, tensors: list, opts=None) -> RingWork:
+        opts = opts or c10d.ReduceOptions()
+
+        def prepare() -> Prepared:
+            t, back = self._one("reduce", tensors)
+            x, op = reduction("reduce", t, opts.reduceOp)
+            return col.reduce, (x, op, opts.rootRank, x), tensors, back
+        return self._run("reduce", opts, prepare)
+
+    def reduce_scatter(self, outputs: list, input_lists: list, opts=None) -> RingWork:
+        opts = opts or c10d.ReduceScatterOptions()
+
+        def prepare() -> Prepared:
+            out, back = self._one("reduce_scatter", outputs, "output")
+            pieces = input_lists[0] if len(input_lists) == 1 else []
+            same_sizes("reduce_scatter", pieces, out.numel(), self.size(), "input_list", out.dtype)
+            dense("reduce_scatter", pieces, "input_list")
+            x, op = reduction("reduce_scatter", joined(pieces), opts.reduceOp)
+            return col.reduce_scatter, (x, op, flat(out)), outputs, back
+        return self._run("reduce_scatter", opts, prepare)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> RingWork:
+        opts = opts or c10d.ReduceScatterOptions()
+
+        def prepare() -> Prepared:
+            out, back = self._one("reduce_scatter_tensor", [output], "output")
+            whole = self._whole("reduce_scatter_tensor", input, out, "input")
+            x, op = reduction("reduce_scatter_tensor", whole, opts.reduceOp)
+            return col.reduce_scatter, (x.reshape(-1), op, flat(out)), [output], back
+        return self._run("reduce_scatter", opts, prepare)
+
+    # Data movement.
+
+    def broadcast(self, tensors: list, opts=None) -> RingWork:
+        opts = opts or c10d.BroadcastOptions()
+
+        def prepare() -> Prepared:
+            t, back = self._one("broadcast", tensors)
+            return col.broadcast, (as_array(t), opts.rootRank), tensors, back
+        return self._run("broadcast", opts, prepare)
+
+    def allgather(self, output_lists: list, inputs: list, opts=None) -> RingWork:
+        opts = opts or c10d.AllgatherOptions()
+
+        def prepare() -> Prepared:
+            x, _ = self._one("all_gather", inputs)
+            outputs = output_lists[0] if len(output_lists) == 1 else []
+            same_sizes("all_gather", outputs, x.numel(), self.size(), "tensor_list", x.dtype)
+            return col.allgather, (flat(x).reshape(1, -1),), outputs, into(outputs)
+        return self._run("allgather", opts, prepare)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> RingWork:
+        opts = opts or c10d.AllgatherOptions()
+
+        def prepare() -> Prepared:
+            x, _ = self._one("all_gather_into_tensor", [input])
+            out, back = self._one("all_gather_into_tensor", [output], "output_tensor")
+            self._whole("all_gather_into_tensor", out, x, "output_tensor")
+            return col.allgather, (flat(x).reshape(1, -1), flat(out).reshape(self.size(), -1)), [output], back
+        return self._run("allgather", opts, prepare)
+
+    def allgather_coalesced(self, output_lists: list, inputs: list, opts=None) -> RingWork:
+        opts = opts or c10d.AllgatherOptions()
+
+        def prepare() -> Prepared:
+            dense("all_gather_coalesced", inputs, "input_tensor_list")
+            _same_dtype("all_gather_coalesced", inputs, "input_tensor_list")
+            if len(output_lists) != len(inputs):
+                raise col.CollectiveUsageError(f"all_gather_coalesced: output_tensor_lists: expected {len(inputs)} "
+                                               f"lists (one per input tensor), got {len(output_lists)}")
+            for outputs, t in zip(output_lists, inputs):
+                same_sizes("all_gather_coalesced", outputs, t.numel(), self.size(), "output_tensor_lists", t.dtype)
+            by_rank = [t for r in range(self.size()) for t in (outputs[r] for outputs in output_lists)]
+            whole = joined(inputs)
+            return col.allgather, (as_array(whole).reshape(1, -1),), by_rank, into(by_rank)
+        return self._run("allgather", opts, prepare)
+
+    def alltoall(self, outputs: list, inputs: list, opts=None) -> RingWork:
+        opts = opts or c10d.AllToAllOptions()
+
+        def prepare() -> Prepared:
+            for name, tensors in (("input_tensor_list", inputs), ("output_tensor_list", outputs)):
+                dense("all_to_all", tensors, name)
+                if len(tensors) != self.size():
+                    raise col.CollectiveUsageError(f"all_to_all: {name}: expected {self.size()} tensors (one per "
+                                                   f"rank), got {len(tensors)}")
+            _same_dtype("all_to_all", inputs + outputs, "tensors")
+            sizes, wanted = [t.numel() for t in inputs], [t.numel() for t in outputs]
+            alltoall = functools.partial(col.alltoall, out_splits=wanted)
+            return alltoall, (as_array(joined(inputs)), sizes), outputs, into(outputs)
+        return self._run("alltoall", opts, prepare)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
+                      input_split_sizes: list, opts=None) -> RingWork:
+        opts = opts or c10d.AllToAllOptions()
+
+        def prepare() -> Prepared:
+            x, _ = self._one("all_to_all_single", [input])
+            out, back = self._one("all_to_all_single", [output], "output")
+            _same_dtype("all_to_all_single", [x, out], "output")
+            if x.dim() == 0 or out.dim() == 0:
+                raise col.CollectiveUsageError("all_to_all_single: input: 0-d tensors have no dim 0 to split")
+            rows, out_rows = as_array(x).reshape(x.shape[0], -1), flat(out).reshape(out.shape[0], -1)
+            alltoall = functools.partial(col.alltoall, out_splits=list(output_split_sizes) or None)
+            return alltoall, (rows, list(input_split_sizes) or None, out_rows), [output], back
+        return self._run("alltoall", opts, prepare)
+
+    def gather(self, output_lists: list, inputs: list, opts=None) -> RingWork:
+        opts = opts or c10d.GatherOptions()
+
+        def prepare() -> Prepared:
+            x, _ = self._one("gather", inputs)
+            outputs = output_lists[0] if len(output_lists) == 1 else []
+            if self.rank() == opts.rootRank:
+                same_sizes("gather", outputs, x.numel(), self.size(), "gather_list", x.dtype)
+            elif output_lists and any(output_lists):
+                raise col.CollectiveUsageError("gather: gather_list: must be empty on every rank but the root")
+            return col.gather, (flat(x).reshape(1, -1), opts.rootRank), outputs, into(outputs)
+        return self._run("gather", opts, prepare)
+
+    def scatter(self, outputs: list, input_lists: list, opts=None) -> RingWork:
+        opts = opts or c10d.ScatterOptions()
+        out = outputs[0] if len(outputs) == 1 else None
+        agreed = self._agree_on_output("scatter", out)
+
+        def prepare() -> Prepared:
+            if agreed:
+                raise col.CollectiveUsageError(agreed)
+            self._one("scatter", outputs, "output")
+            pieces = input_lists[0] if len(input_lists) == 1 else []
+            if self.rank() == opts.rootRank:
+                same_sizes("scatter", pieces, out.numel(), self.size(), "scatter_list", out.dtype)
+                dense("scatter", pieces, "scatter_list")
+            elif input_lists and any(input_lists):
+                raise col.CollectiveUsageError("scatter: scatter_list: must be empty on every rank but the root")
+            rows = as_array(torch.stack([t.reshape(-1) for t in pieces])) if pieces else None
+            return col.scatter, (rows, opts.rootRank), outputs, into(outputs)
+        return self._run("scatter", opts, prepare)
+
+    def barrier(self, opts=None) -> RingWork:
+        return self._run("barrier", opts or c10d.BarrierOptions(), lambda: (col.barrier, (), [], None))
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout`` (default: this
+        group's), as gloo's does; the runtime's roll call finds them on every rank that came."""
+        seconds = self.timeout if timeout is None else timeout.total_seconds()
+        try:
+            col.barrier(group=self.group, timeout=seconds, name="monitored_barrier")
+        except col.CollectiveError as error:
+            raise RingBackendError(f"monitored_barrier: not every rank arrived within {seconds:g} s: {error}") \
+                from error
+
+    # Point to point: the runtime's, on this group's ranks.
+
+    def send(self, tensors: list, dst: int, tag: int) -> RingWork:
+        return RingWork(col.isend(host_array("send", tensors[0]), dst, tag, group=self.group), tensors,
+                        bound=self.timeout)
+
+    def recv(self, tensors: list, src: int, tag: int) -> RingWork:
+        return RingWork(col.irecv(host_array("recv", tensors[0]), src, tag, group=self.group), tensors,
+                        bound=self.timeout)
+
+    def recv_anysource(self, tensors: list, tag: int) -> RingWork:
+        return RingWork(col.irecv(host_array("recv", tensors[0]), None, tag, group=self.group), tensors,
+                        bound=self.timeout)
+
+    # The one way every collective runs.
+
+    def _run(self, collective: str, opts: Any, prepare: Callable[[], Prepared]) -> RingWork:
+        """Run the call ``prepare()`` describes: in this thread if torch waits at once (as a
+        blocking ``col`` call, no future), else on the runtime's engine; a refusal every rank hears."""
+        try:
+            method, args, tensors, after = prepare()
+        except col.CollectiveUsageError as refused:
+            method, args, tensors, after = col.refuse, (collective, str(refused)), [], None
+        if getattr(opts, "asyncOp", True):
+            return RingWork(method(*args, group=self.group, async_op=True, timeout=self.timeout), tensors, after)
+        try:
+            result = method(*args, group=self.group, timeout=self.timeout)
+            if after is not None:
+                after(result)
+        except Exception as error:   # noqa: BLE001 - raised by wait(), where torch looks for it
+            return RingWork.done(tensors, error)
+        return RingWork.done(tensors)
+
+    def _one(self, collective: str, tensors: list, argument: str = "tensor") -> tuple[torch.Tensor, Any]:
+        """The one dense tensor of a call, contiguous (a copy if need be), and what writes a
+        copy back once the call is done (None: the tensor itself is used)."""
+        if len(tensors) != 1:
+            raise col.CollectiveUsageError(f"{collective}: {argument}: expected one tensor (the ring backend drives "
+                                           f"one device per rank), got {len(tensors)}")
+        dense(collective, tensors, argument)
+        t, back = staged(tensors[0])
+        return t, None if back is None else (lambda _: back())
+
+    def _whole(self, collective: str, whole: torch.Tensor, block: torch.Tensor, argument: str) -> torch.Tensor:
+        """``whole``, refused unless it holds size() blocks of ``block``'s elements and dtype."""
+        if whole.numel() != self.size() * block.numel() or whole.dtype != block.dtype:
+            raise col.CollectiveUsageError(f"{collective}: {argument}: expected {self.size()} x {block.numel()} "
+                                           f"elements of {block.dtype} (size() blocks), got {whole.numel()} of "
+                                           f"{whole.dtype}")
+        return whole
+
+    def _agree_on_output(self, collective: str, out: torch.Tensor | None) -> str:
+        """Compare every rank's output (elements and dtype) before a call whose root alone knows
+        the sizes; the same verdict on every rank: "" or the problem."""
+        mine = f"{out.numel()} x {out.dtype}, {out.layout}" if out is not None else "no single output"
+        every = col.allgather(np.frombuffer(mine.encode()[:64].ljust(64), np.uint8).reshape(1, -1),
+                              group=self.group, timeout=self.timeout)
+        seen = [bytes(row).decode().strip() for row in every]
+        if len(set(seen)) == 1:
+            return ""
+        ranks = range(self.size()) if self.group is None else self.group.ranks
+        shown = ", ".join(f"rank {r}: {s}" for r, s in zip(ranks, seen))
+        return f"{collective}: tensor: the output differs across ranks ({shown}); every rank receives the same size"
+
+
+def _same_dtype(collective: str, tensors: list, argument: str) -> None:
+    if len({t.dtype for t in tensors}) > 1:
+        raise col.CollectiveUsageError(f"{collective}: {argument}: the tensors' dtypes differ "
+                                       f"({', '.join(sorted({str(t.dtype) for t in tensors}))}); gloo refuses "
+                                       "that too")
+
+
+def _all(backs) -> Callable[[Any], None] | None:
+    """One ``after`` that writes back every staged copy."""
+    pending = [b for b in backs if b is not None]
+    return (lambda _: [b() for b in pending]) if pending else None

@@ -1,0 +1,123 @@
+"""torch tensors as the runtime's arrays, and what the ring backend checks that the runtime cannot.
+
+Every check here returns nothing or raises ``CollectiveUsageError``; the process group turns
+that into a refusal every rank hears of (``col.refuse``), so a rank with a wrong tensor list
+does not leave the others waiting.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import collectives as col
+
+OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max",
+       dist.ReduceOp.PRODUCT: "prod"}
+#: A bool tensor is reduced as gloo reduces it: sum and max are "any", prod and min "all".
+BOOL_OPS = {"sum": "max", "max": "max", "prod": "min", "min": "min"}
+
+
+def as_array(t: torch.Tensor) -> Any:
+    """The array that shares ``t``'s memory: numpy for a CPU tensor (bfloat16 as ml_dtypes'
+    bfloat16, bool as uint8), CuPy for a CUDA tensor (through DLPack, on torch's current stream).
+
+    >>> a = as_array(torch.arange(3.0)); a[0] = 7; a.dtype.name
+    'float32'
+    """
+    t = t.detach()
+    if t.is_cuda:
+        import cupy
+        cupy.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream).use()
+        return cupy.from_dlpack(t)
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8).numpy()
+    return t.numpy()
+
+
+def flat(t: torch.Tensor) -> Any:
+    """A 1-D array over contiguous ``t``'s memory."""
+    return as_array(t).reshape(-1)
+
+
+def reduction(collective: str, t: torch.Tensor, op: Any) -> tuple[Any, str]:
+    """``t`` (contiguous) as an array, and torch's reduce ``op`` as the runtime names it for that
+    array; the bitwise ops, and AVG of bools, refused by name.
+
+    >>> reduction("all_reduce", torch.tensor([True]), dist.ReduceOp.SUM)[1]
+    'max'
+    """
+    kind = getattr(op, "op", op)
+    if kind not in OPS:
+        names = ", ".join(str(k).rsplit(".", 1)[-1] for k in OPS)
+        raise col.CollectiveUsageError(f"{collective}: op: {str(kind).rsplit('.', 1)[-1]} is not supported by the "
+                                       f"ring backend; expected one of {names}")
+    if t.dtype != torch.bool:
+        return as_array(t), OPS[kind]
+    if OPS[kind] not in BOOL_OPS:
+        raise col.CollectiveUsageError(f"{collective}: op: AVG of a bool tensor has no bool result (gloo refuses it "
+                                       "too); convert the tensor to a floating-point dtype first")
+    return as_array(t), BOOL_OPS[OPS[kind]]
+
+
+def dense(collective: str, tensors: list, argument: str = "tensor") -> None:
+    """Refuse sparse (and other non-strided) tensors by name."""
+    for t in tensors:
+        if t.layout != torch.strided:
+            raise col.CollectiveUsageError(f"{collective}: {argument}: {t.layout} tensors are not supported by the "
+                                           "ring backend (it moves dense arrays); call .to_dense() first")
+
+
+def same_sizes(collective: str, tensors: list, numel: int, count: int, argument: str,
+               dtype: torch.dtype | None = None) -> None:
+    """Refuse a list of tensors that is not ``count`` tensors of ``numel`` elements (and ``dtype``) each."""
+    if len(tensors) != count:
+        raise col.CollectiveUsageError(f"{collective}: {argument}: expected {count} tensors (one per rank), "
+                                       f"got {len(tensors)}")
+    for i, t in enumerate(tensors):
+        if t.numel() != numel:
+            raise col.CollectiveUsageError(f"{collective}: {argument}: tensor {i} has {t.numel()} elements "
+                                           f"(shape {tuple(t.shape)}); expected {numel}, as the input has")
+        if dtype is not None and t.dtype != dtype:
+            raise col.CollectiveUsageError(f"{collective}: {argument}: tensor {i} is {t.dtype}; expected {dtype}, "
+                                           "as the input is")
+
+
+def staged(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
+    """``t`` itself if contiguous, else a contiguous copy and what writes it back into ``t`` once
+    the call is done (gloo takes non-contiguous tensors too, and so does every rank here)."""
+    if t.is_contiguous():
+        return t, None
+    copy = t.contiguous()
+    return copy, lambda: t.copy_(copy)
+
+
+def into(outputs: list) -> Callable[[Any], None]:
+    """What copies a result (the outputs laid end to end, or None on a rank that gets nothing)
+    into the tensors ``outputs``, each in its own memory, any layout."""
+    def copy(result: Any) -> None:
+        if result is None:
+            return
+        whole, start = result.reshape(-1), 0
+        for t in outputs:
+            as_array(t)[...] = whole[start:start + t.numel()].reshape(t.shape)
+            start += t.numel()
+    return copy
+
+
+def joined(tensors: list) -> torch.Tensor:
+    """The tensors' elements end to end, in one new contiguous tensor."""
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+
+
+def host_array(collective: str, t: torch.Tensor) -> np.ndarray:
+    """The numpy array of a CPU tensor that point-to-point can move (contiguous); others refused."""
+    if not t.is_contiguous() or t.is_cuda:
+        raise col.CollectiveUsageError(f"{collective}: tensor: point-to-point moves contiguous CPU tensors; "
+                                       f"got a {'CUDA' if t.is_cuda else 'non-contiguous'} tensor")
+    return as_array(t)
