@@ -1,10 +1,12 @@
-"""Bandwidth of our ring collectives against the MPI library's own, side by side, nccl-tests style.
+"""Bandwidth of our ring collectives against the MPI library's own and torch's gloo, side by side,
+nccl-tests style.
 
     mpirun -n 2 python -m bench                        # allreduce, float32, sum, 8 B .. 256 MiB
     mpirun -n 4 python -m bench --op allgather --max-bytes 64M --json ag.json --plot ag.png
     mpirun -n 2 python -m bench --min-bytes 4K --max-bytes 4K --iters 3000   # one size, many iterations
 
-For every size both implementations run interleaved on the same buffers; each
+For every size the implementations run interleaved on the same buffers (gloo
+where torch is installed; --no-gloo leaves it out); each
 call follows a barrier and counts as the slowest rank's time; the table shows
 the median. busbw is algbw (bytes / time) times what each link carries, as
 nccl-tests defines it: 2(n-1)/n for allreduce, (n-1)/n for reduce_scatter and
@@ -33,6 +35,7 @@ from cmdline.parser import INTERRUPTED, launch_note
 from bench import model
 from bench.arguments import parse_args
 from bench.cases import Case
+from bench.gloo import Gloo
 from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
 from bench.sizes import format_size, sweep
 from bench.timing import copy_bandwidth, default_iterations, time_interleaved
@@ -99,8 +102,12 @@ def _print_header(env: dict, args: argparse.Namespace) -> None:
           f"cross-rank check {'on' if env['check'] else 'off'}; "
           f"{env['threads']}")
     iters = f"{args.iters} iterations" if args.iters else "iterations (about 1 GiB per size, 10 to 1000)"
-    print(f"# each call after a barrier, slowest rank, median over {iters} after warm-up; "
-          f"{' and '.join(args.impl)} interleaved")
+    impls = ", ".join(args.impl[:-1]) + " and " + args.impl[-1] if len(args.impl) > 1 else args.impl[0]
+    print(f"# each call after a barrier, slowest rank, median over {iters} after warm-up; {impls} interleaved")
+    if "gloo" in env:
+        print(f"# {env['gloo']}")
+    elif args.gloo_note:
+        print(f"# note: gloo column omitted: {args.gloo_note}")
     if env["device"] == "cuda":
         print(f"# GPU {env['gpu']}; cupy {env['cupy']}; NCCL {env['nccl']}; "
               f"GPU transport {env['gpu_transport']}")
@@ -120,6 +127,9 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
     env["memcpy_gbps"] = copy_bandwidth(comm, xp=xp) / GB
     sizes = sweep(args.min_bytes, args.max_bytes, args.factor)
     _refuse_what_does_not_fit(comm, env, sizes[-1])
+    gloo = Gloo(comm) if "gloo" in args.impl else None
+    if gloo:
+        env.update(gloo=gloo.describe(), torch=gloo.version)
     if rank0:
         _print_header(env, args)
         note = launch_note("python -m bench")
@@ -128,35 +138,46 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
         print(_duration(sizes, args, env))
         print("\n".join(table_header(args.impl, comm.Get_size())), flush=True)
     rows: list[Row] = []
-    skipped = []
+    skipped: list[int] = []
     try:
         with stop_on_ctrl_c():
-            _sweep(args, comm, sizes, xp, nccl_comm, env, rows, skipped)
+            _sweep(args, comm, sizes, (xp, nccl_comm, gloo), env, rows, skipped)
     except KeyboardInterrupt:
+        if gloo:
+            gloo.close()
         if rank0:
             _write(args, env, rows, plot_too=True)
             written = ", ".join(p for p in (args.json, args.csv, args.plot) if p)
             print(f"# interrupted (Ctrl-C) after {len(rows) // len(args.impl)} of {len(sizes)} sizes"
                   + (f"; the rows so far are in {written}" if written and rows else ""), flush=True)
         return INTERRUPTED
+    if gloo:
+        gloo.close()
     wrong = sum(r.wrong for r in rows)
     if rank0:
-        if skipped:
-            print(f"# skipped {', '.join(map(str, skipped))} B: less than one element per rank")
-        for impl in args.impl:
-            mine = [r.busbw for r in rows if r.impl == impl]
-            print(f"# {impl}: average busbw {np.mean(mine) if mine else 0:.3f} GB/s over {len(mine)} sizes")
-        print(f"# #wrong: {wrong} " + ("(every result exact)" if not wrong else "-- RESULTS ARE WRONG"))
-        _write(args, env, rows, plot_too=True)
+        _summarize(args, env, rows, skipped, wrong)
     return 1 if wrong else 0
 
 
-def _sweep(args: argparse.Namespace, comm: MPI.Comm, sizes: list[int], xp: ModuleType, nccl_comm: Any,
+def _summarize(args: argparse.Namespace, env: dict, rows: list[Row], skipped: list[int], wrong: int) -> None:
+    """The lines under the table (rank 0), and the files with every row."""
+    if skipped:
+        print(f"# skipped {', '.join(map(str, skipped))} B: less than one element per rank")
+    for impl in args.impl:
+        mine = [r.busbw for r in rows if r.impl == impl]
+        print(f"# {impl}: average busbw {np.mean(mine) if mine else 0:.3f} GB/s over {len(mine)} sizes")
+    print(f"# #wrong: {wrong} " + ("(every result exact)" if not wrong else "-- RESULTS ARE WRONG"))
+    _write(args, env, rows, plot_too=True)
+
+
+def _sweep(args: argparse.Namespace, comm: MPI.Comm, sizes: list[int], libraries: tuple[ModuleType, Any, Any],
            env: dict, rows: list[Row], skipped: list[int]) -> None:
     """Time every size, printing (rank 0) and writing each row as it is done; ``rows`` and
-    ``skipped`` grow in place, so that an interruption keeps what was done."""
+    ``skipped`` grow in place, so that an interruption keeps what was done. ``libraries``: the
+    array module, NCCL's communicator and the gloo group (None where not timed)."""
+    xp, nccl_comm, gloo = libraries
     for nbytes in sizes:
-        case = Case(comm, args.op, args.dtype, args.redop, nbytes, args.root, xp, nccl_comm)
+        case = Case(comm, args.op, args.dtype, args.redop, nbytes, args.root, xp, nccl_comm, gloo=gloo)
         if case.count == 0:
             skipped.append(nbytes)
             continue

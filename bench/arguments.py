@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import model
+from bench import gloo, model
 from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, nccl_supports
 from bench.sizes import parse_size
 from cmdline.parser import ArgumentParser
@@ -59,7 +59,11 @@ def _flags(p: ArgumentParser) -> None:
                    help="cpu: numpy arrays; cuda: cupy arrays on each rank's GPU (default: cpu)")
     p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=None,
                    help="implementations to time: ring (ours), mpi (the MPI library's own, host arrays), "
-                        "nccl (NCCL's own, GPU arrays) (default: ring mpi; with --device cuda: ring nccl)")
+                        "gloo (torch.distributed's gloo, host arrays), nccl (NCCL's own, GPU arrays) "
+                        "(default: ring mpi gloo, gloo where torch is installed; with --device cuda: ring nccl)")
+    p.add_argument("--gloo", action=argparse.BooleanOptionalAction, default=None,
+                   help="time torch.distributed's gloo beside them, or not (default: on the host, when torch "
+                        "is installed and has the dtype; otherwise a note says why the column is left out)")
     p.add_argument("--iters", type=_count, default=0,
                    help="timed iterations per size (default: 0, meaning about 1 GiB per size, 10 to 1000)")
     p.add_argument("--warmup", type=_count, default=None,
@@ -88,9 +92,13 @@ def _check_together(p: ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--link and --hosts describe the predictions of --model")
     if args.model and (args.device != "cpu" or args.impl or args.plant_error or args.json or args.csv or args.plot):
         p.error("--model times the host algorithms alone: no --device, --impl, --plant-error, --json, --csv, --plot")
+    if args.model and args.gloo:
+        p.error("--model times the host algorithms alone: no --gloo")
+    chosen = args.impl is not None
     if args.impl is None:   # (the default, once --model is known to have none)
         args.impl = ["ring", "nccl"] if args.device == "cuda" else ["ring", "mpi"]
     args.impl = list(dict.fromkeys(args.impl))
+    _choose_gloo(p, args, default=not chosen and not args.model and args.device == "cpu")
     if args.device == "cpu" and "nccl" in args.impl:
         p.error("--impl nccl needs --device cuda")
     if args.device == "cuda" and "mpi" in args.impl:
@@ -104,6 +112,24 @@ def _check_together(p: ArgumentParser, args: argparse.Namespace) -> None:
             import cupy  # noqa: F401
         except ImportError as e:
             p.error(f'--device cuda needs CuPy ({e}): pip install -e ".[cuda13]" (or ".[cuda12]")')
+
+
+def _choose_gloo(p: ArgumentParser, args: argparse.Namespace, default: bool) -> None:
+    """gloo joins the implementations when asked for (--gloo, --impl gloo) or by ``default`` (unless
+    --no-gloo); ``args.gloo_note`` says why a default gloo column is left out (None if it is not)."""
+    args.gloo_note = None
+    if args.gloo is False:
+        args.impl = [impl for impl in args.impl if impl != "gloo"]
+    elif args.gloo or "gloo" in args.impl:
+        if args.device == "cuda":
+            p.error("--gloo times host arrays; with --device cuda compare ring and nccl")
+        why = gloo.missing(args.dtype)
+        if why:
+            p.error(f"--gloo: {why}")
+        args.impl += [] if "gloo" in args.impl else ["gloo"]
+    elif default:
+        args.gloo_note = gloo.missing(args.dtype)
+        args.impl += [] if args.gloo_note else ["gloo"]
 
 
 def _check_values(p: ArgumentParser, args: argparse.Namespace, n: int) -> None:

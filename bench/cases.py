@@ -19,7 +19,8 @@ Before every call the output is filled with a sentinel that the result can
 never contain, so a call that writes nothing (or too little) shows as wrong.
 
 With ``xp=cupy`` the buffers live on this rank's GPU; the implementations are
-then ours (``ring``) and NCCL's own collectives (``nccl``).
+then ours (``ring``) and NCCL's own collectives (``nccl``). With ``gloo`` (a
+``bench.gloo.Gloo``) torch's gloo runs on torch views of the same host buffers.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as col
+from bench.gloo import gloo_allgather, gloo_allreduce, gloo_broadcast, gloo_reduce_scatter
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 REDOPS = ("sum", "avg", "min", "max", "prod")
@@ -90,7 +92,7 @@ class Case:
     """
 
     def __init__(self, comm: MPI.Comm, op: str, dtype: str, redop: str, nbytes: int, root: int = 0,
-                 xp: ModuleType = np, nccl_comm: Any = None, group: col.Group | None = None):
+                 xp: ModuleType = np, nccl_comm: Any = None, group: col.Group | None = None, gloo: Any = None):
         self.comm, self.op, self.redop, self.root = comm, op, redop, root
         self.group = group   # where the ring runs (None: the world), the same ranks as ``comm``
         self.algorithm: str | None = None   # the one the ring's calls force (None: the runtime's choice)
@@ -122,10 +124,15 @@ class Case:
         if self.on_device:
             self.x, self.expected = xp.asarray(self.x), xp.asarray(self.expected)
         self.out = xp.empty_like(self.expected)
+        self.gloo = gloo   # torch's gloo group (None: not timed), and its views of the buffers
+        self.tx, self.tout = (gloo.tensor(self.x), gloo.tensor(self.out)) if gloo else (None, None)
 
-    def reset(self) -> None:
-        """Before each call: the output holds the sentinel (broadcast: the root's buffer its data)."""
-        if self.op == "broadcast" and self.comm.Get_rank() == self.root:
+    def reset(self, impl: str | None = None) -> None:
+        """Before each call: the output holds the sentinel (broadcast: the root's buffer its data).
+        Before gloo's all-reduce, which works in place, the output holds the input instead."""
+        if impl == "gloo" and self.op == "allreduce":
+            self.xp.copyto(self.out, self.x)
+        elif self.op == "broadcast" and self.comm.Get_rank() == self.root:
             self.xp.copyto(self.x, self.expected)
         elif self.op == "broadcast":
             self.x.fill(self.sentinel)
@@ -133,7 +140,7 @@ class Case:
             self.out.fill(self.sentinel)
 
     def run(self, impl: str) -> np.ndarray:
-        """One call of ``impl`` ("ring" or "mpi"); returns the array that holds this rank's result."""
+        """One call of ``impl`` ("ring", "mpi", "gloo" or "nccl"); returns the array that holds this rank's result."""
         return IMPLEMENTATIONS[impl][self.op](self)
 
     def wrong(self, result: np.ndarray) -> int:
@@ -243,6 +250,8 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable[[Case], Any]]] = {
              "allgather": _ring_allgather, "broadcast": _ring_broadcast},
     "mpi": {"allreduce": _mpi_allreduce, "reduce_scatter": _mpi_reduce_scatter,
             "allgather": _mpi_allgather, "broadcast": _mpi_broadcast},
+    "gloo": {"allreduce": gloo_allreduce, "reduce_scatter": gloo_reduce_scatter,
+             "allgather": gloo_allgather, "broadcast": gloo_broadcast},
     "nccl": {"allreduce": _nccl_allreduce, "reduce_scatter": _nccl_reduce_scatter,
              "allgather": _nccl_allgather, "broadcast": _nccl_broadcast},
 }

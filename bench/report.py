@@ -1,11 +1,11 @@
 """What the bench writes: the nccl-tests style table, JSON, CSV and the bandwidth plot.
 
 One :class:`Row` per implementation and size. The table puts the rows of one
-size on one line, implementations side by side, then ours over MPI's busbw:
+size on one line, implementations side by side, then ours over each library's busbw:
 
-    #       size        count     type  redop |  ring: time   algbw   busbw  #wrong |  ...  |  ring/mpi
-    #        (B)   (elements)                 |        (us)  (GB/s)  (GB/s)         |  ...  |     busbw
-        67108864     16777216  float32    sum |     13486.4    4.98    4.98       0 |  ...  |      2.53
+    #       size        count     type  redop |  ring: time   algbw   busbw  #wrong |  ...  |  ring/mpi | ring/gloo
+    #        (B)   (elements)                 |        (us)  (GB/s)  (GB/s)         |  ...  |     busbw |     busbw
+        67108864     16777216  float32    sum |     13486.4    4.98    4.98       0 |  ...  |      2.53 |      1.87
 """
 from __future__ import annotations
 
@@ -47,15 +47,14 @@ class Row:
 
 def table_header(impls: list[str], n: int = 2) -> list[str]:
     """The two header lines of the table for these implementations on ``n`` ranks. The last
-    column is ours over the library's busbw; on one rank, where busbw is 0 by definition, the
+    columns are ours over each library's busbw; on one rank, where busbw is 0 by definition, the
     same number is called what it is there: the speed ratio (the library's time over ours)."""
     first = f"#{'size':>11} {'count':>12} {'type':>8} {'redop':>6}"
     second = f"#{'(B)':>11} {'(elements)':>12} {'':>8} {'':>6}"
     for impl in impls:
         first += f" | {impl + ': time':>11} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"
         second += f" | {'(us)':>11} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}"
-    native = _native(impls)
-    if native:
+    for native in _natives(impls):
         first += f" | {'ring/' + native:>9}"
         second += f" | {'busbw' if n > 1 else 'speed':>9}"
     return [first, second]
@@ -68,16 +67,14 @@ def table_line(rows: list[Row]) -> str:
     for row in rows:
         line += f" | {row.time_us:>11.1f} {row.algbw:>7.2f} {row.busbw:>7.2f} {row.wrong:>7}"
     by_impl = {row.impl: row for row in rows}
-    native = _native(list(by_impl))
-    if native:
+    for native in _natives(list(by_impl)):
         line += f" | {by_impl[native].time_us / by_impl['ring'].time_us:>9.2f}"   # same bytes: busbw ratio
     return line
 
 
-def _native(impls: list[str]) -> str | None:
-    """The library implementation ours is compared with (mpi or nccl), when exactly one is timed beside it."""
-    others = [impl for impl in impls if impl != "ring"]
-    return others[0] if "ring" in impls and len(others) == 1 else None
+def _natives(impls: list[str]) -> list[str]:
+    """The library implementations ours is compared with (mpi, gloo, nccl), when ours is timed."""
+    return [impl for impl in impls if impl != "ring"] if "ring" in impls else []
 
 
 def write_json(path: str, environment: dict, rows: list[Row]) -> None:

@@ -54,7 +54,7 @@ def time_interleaved(comm: MPI.Comm, case: Case, impls: list[str], iters: int, w
     planter = comm.Get_size() - 1
     for i in range(warmup + iters):
         for k, impl in enumerate(impls):
-            case.reset()
+            case.reset(impl)
             if case.on_device:
                 case.synchronize()
             barrier(comm)

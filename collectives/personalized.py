@@ -41,8 +41,8 @@ def alltoall(call: Call, x: Any, splits: Any, out: Any, out_splits: Any = None) 
     mine = np.array(rows + [-1 if out is None else out.shape[0]] + expected, np.int64)   # (for the checks)
     every = np.frombuffer(b"".join(g.transport.allgather_bytes(mine.tobytes())), np.int64).reshape(n, 2 * n + 1)
     _check_receiving(call, every[:, :n], every[:, n], every[:, n + 1:])
-    incoming = every[:, g.transport.rank].tolist()
-    total = totals[g.transport.rank]
+    incoming = every[:, g.transport.rank].tolist()   # the rows each rank sends this one
+    total = sum(incoming)
     result = out if out is not None else (np if host else xp_of(x)).empty((total,) + x.shape[1:],
                                                                                        x.dtype)
     row = math.prod(x.shape[1:])

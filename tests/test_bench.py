@@ -16,7 +16,8 @@ from ring import cost
 from tests.worlds import ROOT, mpiexec, run_world
 
 TIMEOUT_S = 240
-QUICK = ["--max-bytes", "64K", "--factor", "16", "--iters", "5", "--warmup", "1"]
+#: (--no-gloo: the gloo column has its own tests, in test_bench_gloo.py; these stay quick without torch's start)
+QUICK = ["--max-bytes", "64K", "--factor", "16", "--iters", "5", "--warmup", "1", "--no-gloo"]
 
 
 def bench(n, *flags, timeout=TIMEOUT_S, env=None):
@@ -129,8 +130,8 @@ def test_sizes_that_cannot_fit_in_memory_are_refused_before_any_timing():
 
 def test_ctrl_c_stops_every_rank_with_one_line_and_keeps_the_rows(tmp_path):
     out = tmp_path / "partial.json"
-    job = subprocess.Popen([*mpiexec(), "-n", "2", sys.executable, "-m", "bench", "--max-bytes", "256M", "--json",
-                            str(out)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
+    job = subprocess.Popen([*mpiexec(), "-n", "2", sys.executable, "-m", "bench", "--max-bytes", "256M", "--no-gloo",
+                            "--json", str(out)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         seen = []

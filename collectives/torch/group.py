@@ -104,6 +104,8 @@ class RingProcessGroup(dist.ProcessGroup):
             return col.reduce_scatter, (x.reshape(-1), op, flat(out)), [output], back
         return self._run("reduce_scatter", opts, prepare)
 
+    reduce_scatter_single = _reduce_scatter_base   # (the name torch's reduce_scatter_tensor calls)
+
     # Data movement.
 
     def broadcast(self, tensors: list, opts=None) -> RingWork:
@@ -133,6 +135,8 @@ class RingProcessGroup(dist.ProcessGroup):
             self._whole("all_gather_into_tensor", out, x, "output_tensor")
             return col.allgather, (flat(x).reshape(1, -1), flat(out).reshape(self.size(), -1)), [output], back
         return self._run("allgather", opts, prepare)
+
+    all_gather_single = _allgather_base   # (the name torch's all_gather_into_tensor calls)
 
     def allgather_coalesced(self, output_lists: list, inputs: list, opts=None) -> RingWork:
         opts = opts or c10d.AllgatherOptions()
@@ -179,6 +183,8 @@ class RingProcessGroup(dist.ProcessGroup):
             alltoall = functools.partial(col.alltoall, out_splits=list(output_split_sizes) or None)
             return alltoall, (rows, list(input_split_sizes) or None, out_rows), [output], back
         return self._run("alltoall", opts, prepare)
+
+    all_to_all_single = alltoall_base   # (the name torch's all_to_all_single calls)
 
     def gather(self, output_lists: list, inputs: list, opts=None) -> RingWork:
         opts = opts or c10d.GatherOptions()
