@@ -28,9 +28,10 @@ def mpiexec() -> tuple[str, ...]:
     return (exe,)
 
 
-def run_world(n: int, args: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``mpiexec -n n python ARGS`` from the repository root; kills the whole world on timeout."""
-    command = [*mpiexec(), "-n", str(n), sys.executable, *args]
+def run_world(n: int, args: list[str], timeout: float, env: dict | None = None,
+              launcher_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``mpiexec LAUNCHER_ARGS -n n python ARGS`` from the repository root; kills the whole world on timeout."""
+    command = [*mpiexec(), *launcher_args, "-n", str(n), sys.executable, *args]
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -1,0 +1,125 @@
+"""Tier 2: every failure the runtime names reaches torch.distributed callers of the "ring" backend
+(``tests/programs/torch_faults.py`` under mpiexec): a refusal raises the same error on every rank,
+a peer that exits, dies or is late ends every survivor's call (synchronous or inside DDP's
+backward) with the runtime's message naming rank 1, never a segfault and never the input
+returned as if reduced; what gloo accepts (bool reductions, a non-contiguous tensor on one rank)
+gives gloo's result."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.worlds import ROOT, mpiexec, run_world
+
+pytest.importorskip("torch")
+BOUND_S = 120
+TIMEOUT_S = 4   # the runtime's timeout in these programs (torch's timeout= is the same)
+MPICH = "Open MPI" not in " ".join(mpiexec())
+KILL_ATTEMPTS = 4   # MPICH's launcher sometimes SIGKILLs survivors too (see tests/test_edges.py)
+
+
+def scenario(n: int, name: str, cleanup: bool = True) -> tuple[int, dict[int, str], str]:
+    """Run it; the exit status, each rank's one line (what follows ``rank R: ``), all the output."""
+    launcher = () if cleanup or not MPICH else ("-disable-auto-cleanup",)
+    result = run_world(n, ["-m", "tests.programs.torch_faults", name], BOUND_S,
+                       env={"COLLECTIVES_TIMEOUT": str(TIMEOUT_S)}, launcher_args=launcher)
+    assert "Segmentation" not in result.stdout and result.returncode not in (-11, 139, -9), result.stdout
+    return result.returncode, _lines(result.stdout), result.stdout
+
+
+def _lines(output: str) -> dict[int, str]:
+    start = r"rank \d: (?=ok |\w+Error after )"   # (lines of two ranks may run together)
+    found = re.findall(rf"rank (\d): (?=ok |\w+Error after )(.*?)(?={start}|\n|$)", output)
+    return {int(r): line for r, line in found}
+
+
+def killed_scenario(tmp_path) -> tuple[dict[int, str], str]:
+    """``killed`` at n=3 under -disable-auto-cleanup, each rank's output in a file of its own (the
+    launcher drops what survivors print once it has seen a death)."""
+    command = [*mpiexec(), "-disable-auto-cleanup", "-n", "3", str(ROOT / "tests" / "programs" / "own_output.sh"),
+               sys.executable, "-m", "tests.programs.torch_faults", "killed"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "COLLECTIVES_TIMEOUT": str(TIMEOUT_S),
+           "OWN_OUTPUT": str(tmp_path / "out")}
+    subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=BOUND_S)
+    output = "\n".join((tmp_path / f"out.{r}").read_text() for r in (0, 2) if (tmp_path / f"out.{r}").exists())
+    return _lines(output), output
+
+
+REFUSALS = {
+    "count_differs": r"allreduce: x: count differs across ranks: rank 0: 3, rank 1: 4, rank 2: 5",
+    "gather_uneven": r"allgather: x: trailing shape differs across ranks: rank 0: \(2,\), rank 1: \(3,\)",
+    "scatter_short": r"scatter: tensor: the output differs across ranks \(rank 0: 3 x torch.float32.*rank 1: 2 x",
+    "reduce_scatter_list": r"reduce_scatter: input_list: tensor 0 has 3 elements .*expected 2",
+    "splits_wrong": r"alltoall: out_splits: must be the rows each rank sends this one, but rank 0 expects 1 from "
+                    r"rank 0, which sends 2",
+    "gather_list_wrong": r"gather: gather_list: tensor 1 has 3 elements .*expected 2",
+    "sparse": r"all_reduce: tensor: torch.sparse_coo tensors are not supported by the ring backend",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSALS))
+def test_a_refusal_raises_the_same_error_on_every_rank(name):
+    status, lines, output = scenario(3, name)
+    assert status != 0 and sorted(lines) == [0, 1, 2], output
+    for rank, line in lines.items():
+        assert line.startswith("RingUsageError after 0.") and re.search(REFUSALS[name], line), (rank, output)
+    messages = {re.sub(r" \(on rank \d; this call was abandoned on every rank\)", "", line.split(": ", 1)[1])
+                for line in lines.values()}
+    assert len(messages) == 1, output
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_bool_reductions_give_glooss_any_and_all(n):
+    status, lines, output = scenario(n, "bool")
+    assert status == 0 and lines == {r: "ok [[True], [False]]" for r in range(n)}, output
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_non_contiguous_tensor_on_one_rank_is_reduced_like_the_others(n):
+    status, lines, output = scenario(n, "noncontiguous")
+    total = sum(range(1, n + 1))
+    expected = [[float(i + 3 * j) * total for j in range(2)] for i in range(3)]
+    assert status == 0 and lines == {r: f"ok {expected}" for r in range(n)}, output
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("name, why", [("exits", r"rank 1 ended its program"),
+                                       ("late", rf"timed out after {TIMEOUT_S}(\.\d+)? s waiting for rank")])
+def test_a_peer_that_exits_or_is_late_fails_every_survivors_call(n, name, why):
+    status, lines, output = scenario(n, name)
+    survivors = [r for r in range(n) if r != 1]
+    assert status != 0, output
+    for rank in survivors:
+        seconds = float(re.match(r"RingBackendError after ([\d.]+) s", lines[rank]).group(1))
+        assert re.search(rf"allreduce #1 on rank {rank}: .*{why}", lines[rank]), output
+        assert seconds < (2 if name == "exits" else TIMEOUT_S + 3), output
+    assert "ok" not in output.replace("ok[", ""), output
+
+
+@pytest.mark.skipif(not MPICH, reason="-disable-auto-cleanup is an option of MPICH's launcher")
+def test_a_killed_peer_fails_every_survivors_call_naming_it(tmp_path):
+    for attempt in range(KILL_ATTEMPTS):   # (a run where the launcher killed a survivor too says nothing)
+        (tmp_path / str(attempt)).mkdir()
+        lines, output = killed_scenario(tmp_path / str(attempt))
+        if sorted(lines) == [0, 2]:
+            break
+    assert sorted(lines) == [0, 2], output
+    for rank in (0, 2):
+        assert re.search(rf"RingBackendError after 0\.\d+ s: allreduce #1 on rank {rank}: rank 1 is gone",
+                         lines[rank]), output
+
+
+@pytest.mark.parametrize("cleanup", [True, False] if MPICH else [True])
+@pytest.mark.parametrize("name", ["ddp_exits", "ddp_raises", "ddp_uneven", "ddp_late"])
+def test_ddp_raises_in_backward_naming_the_peer_instead_of_crashing(name, cleanup):
+    status, lines, output = scenario(3, name, cleanup)
+    assert status != 0, output
+    why = "timed out after" if name == "ddp_late" else "rank 1 ended its program"
+    for rank in (0, 2):
+        assert re.search(rf"RuntimeError after [\d.]+ s: .*RingBackendError: allreduce #\d+ on rank {rank}: .*{why}",
+                         lines[rank]), output
+    if name == "ddp_uneven":
+        assert lines[1] == "ok 3 steps", output
