@@ -59,7 +59,6 @@ def leave(finishing: bool = True) -> None:
     root = runtime.root_cause
     why = root or _why_leaving or (f"it stopped after a failure: {runtime.failure}" if failed else "")
     gone = w.transport.gone_at_exit()
-    __import__('builtins').__dict__.get('_dbglog', lambda *a: None)('leave', finishing, 'failed', failed, 'gone', gone, 'why', why[:80], 'groups', len(runtime.groups), 'departed', dict(w.transport.departed), 'dead', w.transport.dead, 'unfin', w.transport.unfinalized, 'abandoned', len(w.transport._abandoned))
     if gone:   # said before the farewell: the launcher may end this process once the others have left
         _say_no_finalize(w, gone)
     try:
@@ -70,10 +69,8 @@ def leave(finishing: bool = True) -> None:
             _write_timeline(w, healthy=not why)
         if finishing and not gone and worlds.mpi_running():
             gone = w.transport.exit_barrier()
-            __import__('builtins').__dict__.get('_dbglog', lambda *a: None)('exit_barrier ->', gone)
             if gone:
                 _say_no_finalize(w, gone)
-        __import__('builtins').__dict__.get('_dbglog', lambda *a: None)('leave end; gone', gone, 'mpi_running', worlds.mpi_running())
         if gone:
             _end_without_finalize(w)
     finally:

@@ -139,7 +139,6 @@ def _agree(transport: Transport, signature: bytes, payload: Any, combine: np.ufu
         same = m.send_header[SIGNATURE_BYTES] and m.recv_header[SIGNATURE_BYTES] and \
             m.recv_signature == padded
         if not same:
-            __import__('builtins').__dict__.get('_dbglog', lambda *a: None)('agree: differs at step', step, 'mine', bytes(padded).rstrip(b'\0'), 'theirs', bytes(m.recv_signature).rstrip(b'\0'), 'flags', m.send_header[SIGNATURE_BYTES], m.recv_header[SIGNATURE_BYTES])
             m.send_header[SIGNATURE_BYTES] = 0
         elif payload is not None:
             target = out if step is final and out is not None else m.own   # the last step writes where it belongs

@@ -1,6 +1,7 @@
 """The worked examples in the docstrings of the modules that need no MPI run as written."""
 import doctest
 import importlib
+import importlib.util
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ MODULES = ["ring.partition", "ring.schedule", "ring.personalized", "ring.doublin
            "collectives.sizes", "collectives.validate", "collectives.membership", "collectives.runtime", "collectives.config",
            "collectives.api", "collectives.timeline", "trainer.model", "trainer.optim",
            "trainer.buckets", "trainer.strategies.ps", "bench.sizes", "bench.model", "collectives.about", "cmdline.interrupt"]
+MODULES += ["collectives.torch.tensors"] if importlib.util.find_spec("torch") else []   # (the extra [torch])
 
 
 @pytest.mark.parametrize("name", MODULES)

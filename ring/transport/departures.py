@@ -29,9 +29,10 @@ _testall = MPI.Request.Testall
 
 # Control messages: kind, a flag, then a number, then text. LEFT: "I left after completing <number>
 # collectives, because <text>" (flag: after a failure of the runtime, so probably not the cause);
-# ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>".
+# ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>"; AT_EXIT: "I have said every
+# farewell and wait for the others before MPI_Finalize" (the exit barrier, ``ring.transport.exits``).
 _CONTROL_BYTES = 512
-LEFT, _ASK, _HERE = 1, 2, 3
+LEFT, _ASK, _HERE, AT_EXIT = 1, 2, 3, 4
 FAILED, ROOT, NOT_FINALIZING = 1, 2, 4   # a farewell's flags
 _FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
 _DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer that died
@@ -48,6 +49,7 @@ class Departures:
         self.dead: set[int] = set()         # ranks known dead: never sent anything again
         self.dead_names: dict[int, int] = {}   # rank -> the rank its farewell said died (as names gives it)
         self.unfinalized: set[int] = set()  # ranks whose farewell said they will not call MPI_Finalize
+        self.at_exit: set[int] = set()      # ranks waiting in the exit barrier (see exits.exit_barrier)
         # Control messages are probed for at each check (twice a second, in long waits only), never
         # awaited by a receive from any source kept posted, which MPICH would match against every
         # message of every call: nothing on the hot path.
@@ -133,6 +135,8 @@ class Departures:
                 self._control(peer, _HERE, self.seq)
             elif kind == _HERE:
                 self._heard[peer] = number
+            elif kind == AT_EXIT:
+                self.at_exit.add(peer)
 
     def check_peers(self, expecting: Any = COLLECTIVE) -> None:
         """Raise PeerLost if a rank this call needs is gone: it left before completing this call,

@@ -9,7 +9,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ring.transport.departures import EXIT_TAG, FAILED, LEFT, NOT_FINALIZING, ROOT
+from ring.transport.departures import AT_EXIT, EXIT_TAG, FAILED, LEFT, NOT_FINALIZING, ROOT
 from ring.transport.polling import pause
 
 _testall = MPI.Request.Testall
@@ -102,14 +102,22 @@ class AtExit:
     def exit_barrier(self) -> list[int]:
         """At exit, before MPI_Finalize (which waits for every rank, for ever if one died): wait
         until every rank is at exit too; return [] then, or as soon as some rank is known never
-        to finalize, those ranks (see gone_at_exit), so that this one can leave without it."""
-        __import__('builtins').__dict__.get('_dbglog', lambda *a: None)('Ibarrier on', self.comm, 'abandoned', [(len(r), type(b).__name__) for r, b in self._abandoned], 'inflight', len(self._inflight))
-        request = self.comm.Ibarrier()
+        to finalize, those ranks (see gone_at_exit), so that this one can leave without it.
+
+        A barrier of control messages (each rank tells every other that it is here), not MPI's
+        Ibarrier: MPI pairs collectives by their order on a communicator, and a failure can leave
+        ranks out of step there. A rank that comes late to a call the others abandoned finds their
+        leftover messages disagree with its own, and starts the all-gather that reports a
+        disagreement, which they never join; an Ibarrier then paired with that orphan on one rank,
+        which went on into MPI_Finalize while the others waited in the barrier for ever."""
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._control(peer, AT_EXIT, 0)
         started = time.monotonic()
-        while not request.Test():
-            gone = self.gone_at_exit()
+        while True:
+            gone = self.gone_at_exit()   # (reads the control channel, so notes the others' AT_EXIT)
             if gone:
-                self._abandoned.append(([request], None))
                 return gone
+            if len(self.at_exit) == self.size - 1 and _testall([r for r, _ in self._control_out]):
+                return []   # (every rank is here, and has this one's messages: none is left unread)
             pause(time.monotonic() - started, 0.0, background=True)
-        return []

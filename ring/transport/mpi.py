@@ -170,13 +170,12 @@ class MPITransport(Departures, AtExit):
         every = np.empty((self.size, mine.size), np.uint8)
         try:
             request = self.comm.Iallgather(mine, every)
-            __import__('builtins').__dict__.get('_dbglog', lambda *a: None)('Iallgather on', self.comm, mine.size)
         except MPI.Exception as e:
             raise TransportError(f"metadata exchange failed: {_error_text(e)}") from e
         try:
             self._wait_all([request], [r for r in range(self.size) if r != self.rank] or [self.rank])
         except BaseException:
-            __import__('builtins').__dict__.get('_dbglog', lambda *a: None)('Iallgather abandoned');self._abandoned.append(([request], (mine, every)))   # a collective cannot be cancelled: kept
+            self._abandoned.append(([request], (mine, every)))   # a collective cannot be cancelled: kept
             raise
         return [row.tobytes() for row in every]
 
@@ -209,7 +208,6 @@ class MPITransport(Departures, AtExit):
             except MPI.Exception:
                 break
             time.sleep(1e-3)
-        __import__('builtins').__dict__.get('_dbglog', lambda *a: None)('give_up abandoned', len(requests), self.comm)
         self._abandoned.append((requests, buffers))
 
     def split(self, color: int | None, key: int, watched: bool = False) -> "MPITransport | None":

@@ -352,6 +352,20 @@ def async_dropped_at_exit() -> None:
         _say(f"rank {col.rank()}: sum {salt} {'right' if right else 'WRONG'}")
 
 
+def late_other_call() -> None:
+    """Ranks 0 and 2 have async all-reduces in flight when they time out waiting for rank 1, which
+    then comes with a call of another size: it finds the others' abandoned messages disagree, and
+    the others have left. Every rank must still end (each rank's error, then exit), none hang."""
+    col.barrier()
+    if col.rank() == 1:
+        time.sleep(3)
+        _report("late call", col.allreduce, _ints(4, 1), timeout=2)
+        return
+    works = [col.allreduce(_ints(1000, col.rank(), salt), async_op=True, timeout=2) for salt in (1, 2)]
+    for k, work in enumerate(works):
+        _report(f"wait {k}", work.wait)
+
+
 def timeline() -> None:
     """Every collective, blocking and async, small and large, with a program span, under
     COLLECTIVES_TIMELINE; argv[2] "fail": rank 1 then raises an uncaught exception."""
@@ -435,5 +449,6 @@ if __name__ == "__main__":
      "absent-at-setup": absent_at_setup, "unchecked": unchecked,
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
+     "late-other-call": late_other_call,
      "timeline": timeline, "group-absent": group_absent, "group-member-dies": group_member_dies,
      "group-partial": group_partial, "group-comm": group_comm}[sys.argv[1]]()
