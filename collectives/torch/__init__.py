@@ -36,7 +36,8 @@ def _create(options, backend_options=None) -> RingProcessGroup:
     """torch's creator for "ring": the world for the default group, a group of its members for
     ``new_group`` (torch calls this on the members alone)."""
     col.init()
-    timeout = min(options.timeout.total_seconds(), col.settings().timeout)
+    timeout = options.timeout.total_seconds()
+    timeout = None if timeout >= col.settings().timeout else timeout   # (None: the runtime's own, checked once)
     ranks = list(options.global_ranks_in_group)
     if not ranks:
         if (options.group_rank, options.group_size) != (col.rank(), col.size()):

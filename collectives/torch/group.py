@@ -32,14 +32,14 @@ Prepared = tuple[Callable, tuple, list, Callable[[Any], None] | None]   # (colle
 class RingProcessGroup(dist.ProcessGroup):
     """A torch ``ProcessGroup`` whose collectives are the runtime's, on ``group`` (a
     ``collectives.Group``; None: the world). Made by ``init_process_group("ring")`` and
-    ``new_group``; ``timeout`` (seconds) bounds each call.
+    ``new_group``; ``timeout`` (seconds; None: the runtime's ``COLLECTIVES_TIMEOUT``) bounds each call.
 
     >>> pg = dist.new_group(backend="ring")                       # doctest: +SKIP
     >>> pg.allreduce([torch.ones(3)]).wait()                      # doctest: +SKIP
     True
     """
 
-    def __init__(self, group: col.Group | None, timeout: float):
+    def __init__(self, group: col.Group | None, timeout: float | None):
         super().__init__(col.rank() if group is None else group.rank(), col.size() if group is None else group.size())
         self.group = group
         self.timeout = timeout
@@ -224,7 +224,7 @@ class RingProcessGroup(dist.ProcessGroup):
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
         """A barrier that names the ranks that did not arrive within ``timeout`` (default: this
         group's), as gloo's does; the runtime's roll call finds them on every rank that came."""
-        seconds = self.timeout if timeout is None else timeout.total_seconds()
+        seconds = (self.timeout or col.settings().timeout) if timeout is None else timeout.total_seconds()
         try:
             col.barrier(group=self.group, timeout=seconds, name="monitored_barrier")
         except col.CollectiveError as error:

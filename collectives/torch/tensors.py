@@ -27,7 +27,8 @@ def as_array(t: torch.Tensor) -> Any:
     >>> a = as_array(torch.arange(3.0)); a[0] = 7; a.dtype.name
     'float32'
     """
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.is_cuda:
         import cupy
         cupy.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream).use()
