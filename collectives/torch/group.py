@@ -43,9 +43,22 @@ class RingProcessGroup(dist.ProcessGroup):
         super().__init__(col.rank() if group is None else group.rank(), col.size() if group is None else group.size())
         self.group = group
         self.timeout = timeout
+        self._name = self._description = ""   # (set by torch; its own ProcessGroup keeps them on backends)
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupDesc(self) -> str:
+        return self._description
+
+    def setGroupDesc(self, description: str) -> None:
+        self._description = description
 
     def __repr__(self) -> str:
         return f"<RingProcessGroup {'the world' if self.group is None else self.group!r}>"
