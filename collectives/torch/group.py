@@ -13,6 +13,7 @@ hands the call to :meth:`RingProcessGroup._run`:
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -157,12 +158,14 @@ class RingProcessGroup(dist.ProcessGroup):
         def prepare() -> Prepared:
             dense("all_gather_coalesced", inputs, "input_tensor_list")
             _same_dtype("all_gather_coalesced", inputs, "input_tensor_list")
-            if len(output_lists) != len(inputs):
-                raise col.CollectiveUsageError(f"all_gather_coalesced: output_tensor_lists: expected {len(inputs)} "
-                                               f"lists (one per input tensor), got {len(output_lists)}")
-            for outputs, t in zip(output_lists, inputs):
-                same_sizes("all_gather_coalesced", outputs, t.numel(), self.size(), "output_tensor_lists", t.dtype)
-            by_rank = [t for r in range(self.size()) for t in (outputs[r] for outputs in output_lists)]
+            if len(output_lists) != self.size():
+                raise col.CollectiveUsageError(f"all_gather_coalesced: output_tensor_lists: expected {self.size()} "
+                                               f"lists (one per rank), got {len(output_lists)}")
+            for outputs in output_lists:   # (each rank's list: one tensor like each input)
+                if [(t.numel(), t.dtype) for t in outputs] != [(t.numel(), t.dtype) for t in inputs]:
+                    raise col.CollectiveUsageError("all_gather_coalesced: output_tensor_lists: each list must hold "
+                                                   "one tensor of each input's size and dtype, in order")
+            by_rank = [t for outputs in output_lists for t in outputs]
             whole = joined(inputs)
             return col.allgather, (as_array(whole).reshape(1, -1),), by_rank, into(by_rank)
         return self._run("allgather", opts, prepare)
@@ -192,7 +195,8 @@ class RingProcessGroup(dist.ProcessGroup):
             _same_dtype("all_to_all_single", [x, out], "output")
             if x.dim() == 0 or out.dim() == 0:
                 raise col.CollectiveUsageError("all_to_all_single: input: 0-d tensors have no dim 0 to split")
-            rows, out_rows = as_array(x).reshape(x.shape[0], -1), flat(out).reshape(out.shape[0], -1)
+            rows = as_array(x).reshape(x.shape[0], math.prod(x.shape[1:]))   # (0 rows too: no -1)
+            out_rows = flat(out).reshape(out.shape[0], math.prod(out.shape[1:]))
             alltoall = functools.partial(col.alltoall, out_splits=list(output_split_sizes) or None)
             return alltoall, (rows, list(input_split_sizes) or None, out_rows), [output], back
         return self._run("alltoall", opts, prepare)

@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
+import collectives  # noqa: E402
 import collectives.torch  # noqa: E402,F401 - registers "ring"
 from datetime import timedelta  # noqa: E402
 
@@ -160,6 +161,64 @@ def test_subgroups_and_point_to_point(groups):
             dist.recv(buf, src=0, group=ring)
             ok = ok and buf.tolist() == [0.0, 1.0]
     agree(ok, "subgroup and send/recv")
+
+
+def test_what_torch_calls_besides_the_collectives(groups):
+    """Process-group methods without options (as DDP's communication hooks call them), a subgroup
+    destroyed, a receive from any rank that reports its sender, all_gather_coalesced against gloo,
+    bool reductions as gloo's, and the process group's monitored_barrier."""
+    ring, gloo = groups
+    t = values((5,), torch.float32)
+    agree(ring.allreduce([t]).wait() and torch.equal(t, sum(values((5,), torch.float32, rank=r) for r in range(N))),
+          "allreduce without options")
+    evens = dist.new_group(list(range(0, N, 2)), backend="ring")
+    dist.destroy_process_group(evens) if RANK % 2 == 0 else None
+    ok = True
+    if N > 1 and RANK < 2:
+        buf = torch.zeros(2)
+        if RANK == 1:
+            dist.send(torch.tensor([7.0, 8.0]), dst=0, group=ring)
+        else:
+            ok = dist.recv(buf, group=ring) == 1 and buf.tolist() == [7.0, 8.0]
+    agree(ok, "recv from any source")
+
+    def coalesced(g):
+        outs = [[torch.zeros(2), torch.zeros(3)] for _ in range(N)]   # (one list per rank)
+        dist.all_gather_coalesced(outs, [values((2,), torch.float32), values((3,), torch.float32, offset=1)], group=g)
+        return [t for o in outs for t in o]
+    agree(same(*both(groups, coalesced)), "all_gather_coalesced")
+
+    def any_and_all(g):
+        a, b = torch.tensor([RANK == 0, True]), torch.tensor([RANK == 0, True])
+        dist.all_reduce(a, group=g)
+        dist.all_reduce(b, op=dist.ReduceOp.PRODUCT, group=g)
+        return [a, b]
+    agree(same(*both(groups, any_and_all)), "bool all_reduce")
+    agree(ring.monitored_barrier() is None, "monitored_barrier")
+
+
+def test_a_failed_call_reaches_every_door_torch_has(groups):
+    """A refusal (the last rank's tensor_list is one too long) through wait(), exception(),
+    is_success(), the future and a synchronous call, on every rank; the ranks stay in step, so
+    the next call works."""
+    ring, _ = groups
+    expected = f"all_gather: tensor_list: expected {N} tensors"
+
+    def wrong():
+        outs = [torch.zeros(3) for _ in range(N + (RANK == N - 1))]
+        return dist.all_gather(outs, torch.ones(3), group=ring, async_op=True)
+    work = wrong()
+    with pytest.raises(RuntimeError, match=expected) as raised:
+        work.wait()
+    assert isinstance(raised.value, collectives.CollectiveUsageError)
+    assert not work.is_success() and expected in str(work.exception())
+    with pytest.raises(RuntimeError, match=expected):
+        wrong().get_future().wait()
+    with pytest.raises(RuntimeError, match=expected):
+        dist.all_gather([torch.zeros(3) for _ in range(N + (RANK == N - 1))], torch.ones(3), group=ring)
+    t = torch.ones(2)
+    dist.all_reduce(t, group=ring)
+    agree(t.tolist() == [N, N], "in step after a refusal")
 
 
 def test_unsupported_ops_are_refused_by_name_and_complex_numbers_are_summed(groups):
