@@ -115,6 +115,21 @@ def test_a_rank_that_dies_with_handles_in_flight_fails_the_others_waits_fast(n):
             "rank 1 left: uncaught RuntimeError: user bug on rank 1 (after 3 collective(s))"), output
 
 
+@pytest.mark.parametrize("cleanup", [True, False] if len(mpiexec()) == 1 else [True])   # (an MPICH option)
+def test_a_late_rank_whose_call_differs_from_the_abandoned_one_does_not_hang_the_exit(cleanup):
+    # Rank 1 finds the others' leftover messages disagree with its call and starts the all-gather that
+    # reports it, which they, gone, never join: the exit barrier must not pair with that (it hung).
+    started = time.monotonic()
+    result = run_world(3, ["-m", "tests.programs.faults", "late-other-call"], BOUND_S,
+                       launcher_args=() if cleanup else ("-disable-auto-cleanup",))
+    output, wall = result.stdout, time.monotonic() - started
+    errors = _errors(output)
+    assert result.returncode not in (0, -9) and sorted(errors) == [0, 1, 2] and wall < 30, output
+    for rank in (0, 2):
+        assert 2 <= errors[rank][0] < 5 and re.match(rf"allreduce #2 on rank {rank}: timed out after 2", errors[rank][1])
+    assert errors[1][0] < LEAVE_BOUND_S and re.match(r"allreduce #2 on rank 1: rank [02] left: it stopped after a "
+                                                     r"failure: allreduce #2 on rank [02]: timed out", errors[1][1])
+
 def test_ctrl_c_while_waiting_for_a_handle_stops_the_runtime_and_tells_the_others():
     status, output, _ = _fault(3, "async-ctrl-c")
     assert "rank 1: KeyboardInterrupt inside wait" in output, output
