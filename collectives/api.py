@@ -88,9 +88,10 @@ def gather(x, root: int = 0, out=None, *, group: Group | None = None, async_op: 
 
 
 @_same_as(Group.scatter)
-def scatter(x, root: int = 0, splits=None, *, group: Group | None = None, async_op: bool = False,
+def scatter(x, root: int = 0, splits=None, out=None, *, group: Group | None = None, async_op: bool = False,
             timeout: float | None = None, name: str | None = None) -> Any:
-    return _group(group, "scatter", timeout).scatter(x, root, splits, async_op=async_op, timeout=timeout, name=name)
+    return _group(group, "scatter", timeout).scatter(x, root, splits, out, async_op=async_op, timeout=timeout,
+                                                     name=name)
 
 
 @_same_as(Group.reduce)

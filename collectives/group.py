@@ -181,17 +181,19 @@ class Group(GroupTransports, GroupMaking):
         """
         return issue(self, "gather", personalized.gather, (x, root, out), async_op, timeout, name)
 
-    def scatter(self, x, root: int = 0, splits=None, *, async_op: bool = False, timeout: float | None = None,
-                name: str | None = None) -> Any:
+    def scatter(self, x, root: int = 0, splits=None, out=None, *, async_op: bool = False,
+                timeout: float | None = None, name: str | None = None) -> Any:
         """Give rank j block j of the root's ``x`` (rows along axis 0; ``splits``: the rows for each
         rank, None: equal blocks); returns this rank's block, a numpy array (a cupy ``x`` goes
         through host memory). The other ranks' ``x`` is not read (None will do): the root tells
-        them the dtype and shape.
+        them the dtype and shape. ``out``: where to write the block instead of a new array; given
+        on every rank, the check compares its dtype and trailing shape across ranks (a rank whose
+        ``out`` has other rows than the root's splits give it raises alone, its ``out`` untouched).
 
         >>> col.scatter(np.arange(4) if col.rank() == 0 else None)    # rank 1 of 2  # doctest: +SKIP
         array([2, 3])
         """
-        return issue(self, "scatter", personalized.scatter, (x, root, splits), async_op, timeout, name)
+        return issue(self, "scatter", personalized.scatter, (x, root, splits, out), async_op, timeout, name)
 
     def reduce(self, x, op: str = "sum", root: int = 0, out=None, *, async_op: bool = False,
                timeout: float | None = None, name: str | None = None) -> Any:

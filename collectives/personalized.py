@@ -106,17 +106,21 @@ def gather(call: Call, x: Any, root: Any, out: Any) -> Any:
     return None if result is None else result if target is result else write_back(result, target)
 
 
-def scatter(call: Call, x: Any, root: Any, splits: Any) -> Any:
+def scatter(call: Call, x: Any, root: Any, splits: Any, out: Any = None) -> Any:
     g, n = call.group, call.group.transport.size
     me = g.transport.rank
     try:
         root = validate.root(call.name, root, n, g.is_world)
+        out = _scatter_out(call.name, out)
         if me == root:
             x, _ = validate.gathered(call.name, x, None)
             rows = validate.splits(call.name, splits, x.shape[0], n)
             code = validate.header_code(call.name, "x", x.dtype)
             if x.ndim > _MAX_DIMS:
                 validate.fail(call.name, "x", f"has {x.ndim} dimensions, more than numpy's {_MAX_DIMS}")
+            if out is not None and (out.dtype != x.dtype or out.shape[1:] != x.shape[1:]):
+                validate.fail(call.name, "out", f"expected rows like x's ({x.dtype}, trailing shape "
+                                                f"{x.shape[1:]}), got {out.dtype} {out.shape[1:]}")
     except CollectiveUsageError as error:
         call.reject(error)
     if me == root and type(x) is not np.ndarray:
@@ -126,7 +130,8 @@ def scatter(call: Call, x: Any, root: Any, splits: Any) -> Any:
         header[0], header[1] = code, x.ndim
         header[2:2 + x.ndim - 1] = x.shape[1:]
         header[2 + _MAX_DIMS:] = rows
-    sig = call.signature(root=root)
+    sig = call.signature(root=root) if out is None else call.signature(dtype=out.dtype, shape=out.shape[1:],
+                                                                       root=root)
     if not algorithms.broadcast_small(g.transport, header, root, sig):   # (carries the check)
         call.disagree(sig)
     dtype, ndim = validate.header_dtype(int(header[0])), int(header[1])
@@ -134,11 +139,29 @@ def scatter(call: Call, x: Any, root: Any, splits: Any) -> Any:
     rows = header[2 + _MAX_DIMS:].tolist()
     call.nbytes = x.nbytes if me == root else 0
     call.algorithm = "linear"
-    result = np.empty((rows[me],) + trailing, dtype)
+    fits = out is not None and out.shape == (rows[me],) + trailing   # (dtype and trailing shape: checked above)
+    result = out if fits else np.empty((rows[me],) + trailing, dtype)
+    target = flat_target(result)
     row = math.prod(trailing)
-    algorithms.scatter(g.transport, transportable(flat(x)) if me == root else None, transportable(result.reshape(-1)),
+    algorithms.scatter(g.transport, transportable(flat(x)) if me == root else None, transportable(target),
                        root, [r * row for r in rows], call.runtime.segment_elems(dtype, g.transport))
-    return result
+    if out is not None and not fits:   # (the call is done on every rank; only this rank's out was wrong)
+        raise CollectiveUsageError(f"{call.name}: out: expected {rows[me]} rows for rank {g.ranks[me]} (the root's "
+                                   f"splits), got {out.shape[0]}; out was left as it was")
+    return write_back(result, target)
+
+
+def _scatter_out(collective: str, out: Any) -> np.ndarray | None:
+    """A scatter's ``out``: None, or a writable numpy array of at least one dimension (a scatter
+    moves through host memory)."""
+    if out is None:
+        return None
+    out = validate.plain(collective, "out", out)
+    if type(out) is not np.ndarray or out.ndim == 0 or out.dtype.hasobject:
+        validate.fail(collective, "out", f"expected a numpy array of at least one dimension, got "
+                                         f"{getattr(out, 'shape', type(out).__name__)}")
+    validate.writable(collective, "out", out)
+    return out
 
 
 def reduce(call: Call, x: Any, op: Any, root: Any, out: Any) -> Any:

@@ -115,6 +115,8 @@ def disagreement(collective: str, signatures: list[bytes], names: tuple[int, ...
             name, argument = "dtype and shape of each array", "arrays"
         if collective == "new_group" and name == "shape":
             name, argument = "members", "ranks"
+        if collective == "scatter" and argument == "x":
+            argument = "out"   # (a scatter's signature carries its out, the root's x travels in the header)
         prefix = f"{argument}: " if argument else ""
         clauses.append(f"{prefix}{name} differs across ranks: {_listing([r[i] for r in rows], names)}")
     where = f" on {group}" if group else ""

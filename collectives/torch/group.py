@@ -16,7 +16,6 @@ import functools
 import math
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
@@ -218,13 +217,9 @@ class RingProcessGroup(dist.ProcessGroup):
 
     def scatter(self, outputs: list, input_lists: list, opts=None) -> RingWork:
         opts = opts or c10d.ScatterOptions()
-        out = outputs[0] if len(outputs) == 1 else None
-        agreed = self._agree_on_output("scatter", out)
 
         def prepare() -> Prepared:
-            if agreed:
-                raise col.CollectiveUsageError(agreed)
-            self._one("scatter", outputs, "output")
+            out, back = self._one("scatter", outputs, "output")
             pieces = input_lists[0] if len(input_lists) == 1 else []
             if self.rank() == opts.rootRank:
                 same_sizes("scatter", pieces, out.numel(), self.size(), "scatter_list", out.dtype)
@@ -232,7 +227,8 @@ class RingProcessGroup(dist.ProcessGroup):
             elif input_lists and any(input_lists):
                 raise col.CollectiveUsageError("scatter: scatter_list: must be empty on every rank but the root")
             rows = as_array(torch.stack([t.reshape(-1) for t in pieces])) if pieces else None
-            return col.scatter, (rows, opts.rootRank), outputs, into(outputs)
+            # (out's elements and dtype are compared across ranks by the call's own check)
+            return col.scatter, (rows, opts.rootRank, None, flat(out).reshape(1, -1)), outputs, back
         return self._run("scatter", opts, prepare)
 
     def barrier(self, opts=None) -> RingWork:
@@ -298,19 +294,6 @@ class RingProcessGroup(dist.ProcessGroup):
                                            f"elements of {block.dtype} (size() blocks), got {whole.numel()} of "
                                            f"{whole.dtype}")
         return whole
-
-    def _agree_on_output(self, collective: str, out: torch.Tensor | None) -> str:
-        """Compare every rank's output (elements and dtype) before a call whose root alone knows
-        the sizes; the same verdict on every rank: "" or the problem."""
-        mine = f"{out.numel()} x {out.dtype}, {out.layout}" if out is not None else "no single output"
-        every = col.allgather(np.frombuffer(mine.encode()[:64].ljust(64), np.uint8).reshape(1, -1),
-                              group=self.group, timeout=self.timeout)
-        seen = [bytes(row).decode().strip() for row in every]
-        if len(set(seen)) == 1:
-            return ""
-        ranks = range(self.size()) if self.group is None else self.group.ranks
-        shown = ", ".join(f"rank {r}: {s}" for r, s in zip(ranks, seen))
-        return f"{collective}: tensor: the output differs across ranks ({shown}); every rank receives the same size"
 
 
 def _same_dtype(collective: str, tensors: list, argument: str) -> None:

@@ -50,7 +50,23 @@ def test_alltoall_uneven_splits_matches_mpi_alltoallv(trailing):
     got = col.alltoall(x, splits=send_rows)
     out = np.full_like(expected, -1.0)
     col.alltoall(x, splits=send_rows, out=out)
-    agree(np.array_equal(got, expected) and np.array_equal(out, expected), "alltoall with splits")
+    named = col.alltoall(x, splits=send_rows, out_splits=recv_rows)
+    agree(np.array_equal(got, expected) and np.array_equal(out, expected) and np.array_equal(named, expected),
+          "alltoall with splits")
+
+
+def test_alltoall_out_splits_that_differ_from_what_is_sent_are_refused_on_every_rank():
+    x = np.arange(N * 2.0)
+    wrong = [2] * N if RANK != N - 1 else [1] * (N - 1) + [N + 1]   # (the last rank's expectations are off)
+    if N > 1:
+        with pytest.raises(col.CollectiveUsageError, match=rf"out_splits: must be the rows each rank sends this one, "
+                                                            rf"but rank {N - 1} expects 1 from rank 0, which sends 2"):
+            col.alltoall(x, out_splits=wrong)
+    with pytest.raises(col.CollectiveUsageError, match="out_splits: expected"):
+        col.alltoall(x, out_splits=[2] * (N + 1))
+    agree(col.alltoall(x, out_splits=[2] * N).tolist() == [float(2 * RANK + j) for j in range(2)] * N or N > 1,
+          "alltoall with right out_splits")
+    col.barrier()   # still in step
 
 
 def test_alltoall_refuses_bad_splits_and_out_on_every_rank():
@@ -87,6 +103,27 @@ def test_scatter_matches_mpi_scatterv_and_needs_nothing_but_on_the_root(root, dt
     agree(got.dtype == whole.dtype and np.array_equal(got, expected), f"scatter from {root}")
     equal = col.scatter(np.arange(N * 2) if RANK == root else None, root=root)
     agree(equal.tolist() == [2 * RANK, 2 * RANK + 1], "scatter in equal blocks")
+    out = np.full((rows[RANK], 3), -1, dtype)
+    into = col.scatter(whole if RANK == root else None, root=root, splits=rows, out=out)
+    agree(into is out and np.array_equal(out, expected), f"scatter into out from {root}")
+
+
+def test_scatter_out_is_checked_across_ranks():
+    whole = np.arange(N * 3.0).reshape(N, 3)
+    if N > 1:
+        out = np.zeros((1, 3 + (RANK == 1)))
+        with pytest.raises(col.CollectiveUsageError, match="scatter: out: count differs across ranks: rank 0: 3, "
+                                                           "rank 1: 4"):
+            col.scatter(whole if RANK == 0 else None, out=out)
+    out = np.zeros((1 + (RANK == N - 1), 3))   # (the last rank's rows are not what the root's splits give it)
+    if RANK == N - 1:
+        with pytest.raises(col.CollectiveUsageError, match=f"out: expected 1 rows for rank {N - 1}"):
+            col.scatter(whole if RANK == 0 else None, out=out)
+        good = not out.any()   # left as it was
+    else:
+        col.scatter(whole if RANK == 0 else None, out=out)
+        good = out[0].tolist() == whole[RANK].tolist()
+    agree(good, "scatter with one wrong out")   # (and the ranks are still in step)
 
 
 @pytest.mark.parametrize("root", ROOTS)
