@@ -105,8 +105,10 @@ class Call:
         problems = [row[doubling.SIGNATURE_BYTES:].rstrip(b"\0").decode(errors="replace") for row in every]
         for r, other in enumerate(problems):
             if other:
-                raise CollectiveUsageError(f"{other} (on rank {g.ranks[r]}; this call was abandoned on "
-                                           f"every rank{' of the ' + g.label if g.label else ''})")
+                shared = CollectiveUsageError(f"{other} (on rank {g.ranks[r]}; this call was abandoned on "
+                                              f"every rank{' of the ' + g.label if g.label else ''})")
+                shared.origin = g.ranks[r]   # (see reject)
+                raise shared
         raise CollectiveUsageError(disagreement(self.name, signatures, g.ranks, g.label))
 
     def reject(self, error: CollectiveUsageError) -> NoReturn:
@@ -115,12 +117,15 @@ class Call:
         CollectiveUsageError as error: call.reject(error)``). With the check off the other ranks
         cannot be told: they go on waiting, so this rank stops the runtime (out of step)."""
         if self.runtime.settings.check:
-            signature = make_signature(self.name, self.seq, rejected=True)
+            signature = make_signature(self.name, self.seq, rejected=True, name=str(error))   # (two ranks' different
+            # problems then disagree, and every rank raises the first one's)
             try:
                 if not doubling.agree(self.group.transport, signature):
                     self.disagree(signature, str(error))
-            except CollectiveUsageError:
-                pass   # this rank raises its own, more precise error
+            except CollectiveUsageError as shared:   # the first rank's problem, the one every rank raises:
+                if getattr(shared, "origin", None) != self.group.ranks[self.group.rank()]:
+                    raise shared from error
+                # this rank's own: raised below as it is (the others add "(on rank r; ...)")
         else:
             self.runtime.failure = (f"{self.name} #{self.seq} on {self.group.where()} was refused with "
                                     f"COLLECTIVES_CHECK=0, so the other ranks were not told: {error}")

@@ -59,8 +59,10 @@ class RefusingStore(dist.Store):
                            "MASTER_PORT set, as with torch's own env:// rendezvous")
 
     set = get = add = compare_set = wait = check = delete_key = num_keys = multi_get = multi_set = _refuse
+    getNumKeys = deleteKey = _refuse   # (the names some of torch's C++ asks for)
 
 
+_STORE = RefusingStore()   # (kept here: torch's C++ holds it without keeping the Python object alive)
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")   # (the package names a function so too)
 _torch_env_handler = _rendezvous._rendezvous_handlers["env"]
 
@@ -71,7 +73,7 @@ def _env_or_runtime(url: str, **kwargs):
         yield from _torch_env_handler(url, **kwargs)
         return
     col.init()
-    yield RefusingStore(), col.rank(), col.size()
+    yield _STORE, col.rank(), col.size()
     raise RuntimeError("the ring rendezvous cannot rendezvous again: restart the job")
 
 

@@ -23,7 +23,7 @@ from torch._C import _distributed_c10d as c10d
 import collectives as col
 from collectives.torch.tensors import (as_array, dense, flat, host_array, into, joined, reduction, same_sizes,
                                        staged)
-from collectives.torch.work import RingBackendError, RingWork
+from collectives.torch.work import RingBackendError, RingWork, for_torch
 
 BACKEND = "ring"
 Prepared = tuple[Callable, tuple, list, Callable[[Any], None] | None]   # (collective, its arguments, tensors, after)
@@ -80,7 +80,7 @@ class RingProcessGroup(dist.ProcessGroup):
         def prepare() -> Prepared:
             dense("all_reduce_coalesced", tensors, "tensors")
             _same_dtype("all_reduce_coalesced", tensors, "tensors")
-            copies = [staged(t) for t in tensors]
+            copies = [staged("all_reduce_coalesced", t, "tensors", written=True) for t in tensors]
             pairs = [reduction("all_reduce_coalesced", t, opts.reduceOp) for t, _ in copies]
             arrays = [x for x, _ in pairs]
             return col.allreduce_many, (arrays, pairs[0][1] if pairs else "sum"), tensors, _all(b for _, b in copies)
@@ -133,7 +133,7 @@ class RingProcessGroup(dist.ProcessGroup):
         opts = opts or c10d.AllgatherOptions()
 
         def prepare() -> Prepared:
-            x, _ = self._one("all_gather", inputs)
+            x, _ = self._one("all_gather", inputs, written=False)
             outputs = output_lists[0] if len(output_lists) == 1 else []
             same_sizes("all_gather", outputs, x.numel(), self.size(), "tensor_list", x.dtype)
             return col.allgather, (flat(x).reshape(1, -1),), outputs, into(outputs)
@@ -143,7 +143,7 @@ class RingProcessGroup(dist.ProcessGroup):
         opts = opts or c10d.AllgatherOptions()
 
         def prepare() -> Prepared:
-            x, _ = self._one("all_gather_into_tensor", [input])
+            x, _ = self._one("all_gather_into_tensor", [input], written=False)
             out, back = self._one("all_gather_into_tensor", [output], "output_tensor")
             self._whole("all_gather_into_tensor", out, x, "output_tensor")
             return col.allgather, (flat(x).reshape(1, -1), flat(out).reshape(self.size(), -1)), [output], back
@@ -189,7 +189,7 @@ class RingProcessGroup(dist.ProcessGroup):
         opts = opts or c10d.AllToAllOptions()
 
         def prepare() -> Prepared:
-            x, _ = self._one("all_to_all_single", [input])
+            x, _ = self._one("all_to_all_single", [input], written=False)
             out, back = self._one("all_to_all_single", [output], "output")
             _same_dtype("all_to_all_single", [x, out], "output")
             if x.dim() == 0 or out.dim() == 0:
@@ -206,7 +206,7 @@ class RingProcessGroup(dist.ProcessGroup):
         opts = opts or c10d.GatherOptions()
 
         def prepare() -> Prepared:
-            x, _ = self._one("gather", inputs)
+            x, _ = self._one("gather", inputs, written=False)
             outputs = output_lists[0] if len(output_lists) == 1 else []
             if self.rank() == opts.rootRank:
                 same_sizes("gather", outputs, x.numel(), self.size(), "gather_list", x.dtype)
@@ -247,16 +247,21 @@ class RingProcessGroup(dist.ProcessGroup):
     # Point to point: the runtime's, on this group's ranks.
 
     def send(self, tensors: list, dst: int, tag: int) -> RingWork:
-        return RingWork(col.isend(host_array("send", tensors[0]), dst, tag, group=self.group), tensors,
-                        bound=self.timeout)
+        return self._point("send", col.isend, tensors, dst, tag)
 
     def recv(self, tensors: list, src: int, tag: int) -> RingWork:
-        return RingWork(col.irecv(host_array("recv", tensors[0]), src, tag, group=self.group), tensors,
-                        bound=self.timeout)
+        return self._point("recv", col.irecv, tensors, src, tag)
 
     def recv_anysource(self, tensors: list, tag: int) -> RingWork:
-        return RingWork(col.irecv(host_array("recv", tensors[0]), None, tag, group=self.group), tensors,
-                        bound=self.timeout)
+        return self._point("recv", col.irecv, tensors, None, tag)
+
+    def _point(self, what: str, post: Callable, tensors: list, peer: int | None, tag: int) -> RingWork:
+        """Post a point-to-point call; what it raises at once is raised as torch expects it."""
+        try:
+            request = post(host_array(what, tensors[0]), peer, tag, group=self.group)
+        except (col.CollectiveUsageError, col.CollectiveError) as error:
+            raise for_torch(error) from error
+        return RingWork(request, tensors, bound=self.timeout)
 
     # The one way every collective runs.
 
@@ -277,15 +282,15 @@ class RingProcessGroup(dist.ProcessGroup):
             return RingWork.done(tensors, error)
         return RingWork.done(tensors)
 
-    def _one(self, collective: str, tensors: list, argument: str = "tensor") -> tuple[torch.Tensor, Any]:
-        """The one dense tensor of a call, contiguous (a copy if need be), and what writes a
-        copy back once the call is done (None: the tensor itself is used)."""
+    def _one(self, collective: str, tensors: list, argument: str = "tensor",
+             written: bool = True) -> tuple[torch.Tensor, Any]:
+        """The one dense tensor of a call, contiguous (a copy if need be), and, where the call
+        writes it, what writes a copy back once the call is done (None: nothing to write back)."""
         if len(tensors) != 1:
             raise col.CollectiveUsageError(f"{collective}: {argument}: expected one tensor (the ring backend drives "
                                            f"one device per rank), got {len(tensors)}")
         dense(collective, tensors, argument)
-        t, back = staged(tensors[0])
-        return t, None if back is None else (lambda _: back())
+        return staged(collective, tensors[0], argument, written)
 
     def _whole(self, collective: str, whole: torch.Tensor, block: torch.Tensor, argument: str) -> torch.Tensor:
         """``whole``, refused unless it holds size() blocks of ``block``'s elements and dtype."""
@@ -306,4 +311,4 @@ def _same_dtype(collective: str, tensors: list, argument: str) -> None:
 def _all(backs) -> Callable[[Any], None] | None:
     """One ``after`` that writes back every staged copy."""
     pending = [b for b in backs if b is not None]
-    return (lambda _: [b() for b in pending]) if pending else None
+    return (lambda result: [b(result) for b in pending]) if pending else None

@@ -42,28 +42,37 @@ def as_array(t: torch.Tensor) -> Any:
 
 
 def flat(t: torch.Tensor) -> Any:
-    """A 1-D array over contiguous ``t``'s memory."""
-    return as_array(t).reshape(-1)
+    """A 1-D array over contiguous ``t``'s memory (a complex tensor's as pairs of floats)."""
+    return as_array(torch.view_as_real(t) if t.is_complex() else t).reshape(-1)
 
 
 def reduction(collective: str, t: torch.Tensor, op: Any) -> tuple[Any, str]:
     """``t`` (contiguous) as an array, and torch's reduce ``op`` as the runtime names it for that
-    array; the bitwise ops, and AVG of bools, refused by name.
+    array: a bool tensor as bytes (see BOOL_OPS), a complex one as pairs of floats (SUM and AVG,
+    as gloo); the bitwise ops, AVG of bools and the ordering ops of complex numbers refused by name.
 
     >>> reduction("all_reduce", torch.tensor([True]), dist.ReduceOp.SUM)[1]
     'max'
+    >>> reduction("reduce", torch.ones(2, dtype=torch.complex64), dist.ReduceOp.SUM)[0].shape
+    (2, 2)
     """
     kind = getattr(op, "op", op)
     if kind not in OPS:
         names = ", ".join(str(k).rsplit(".", 1)[-1] for k in OPS)
         raise col.CollectiveUsageError(f"{collective}: op: {str(kind).rsplit('.', 1)[-1]} is not supported by the "
                                        f"ring backend; expected one of {names}")
+    name = OPS[kind]
+    if t.is_complex():
+        if name not in ("sum", "avg"):
+            raise col.CollectiveUsageError(f"{collective}: op: {name.upper()} has no meaning for complex numbers; "
+                                           "expected SUM or AVG")
+        return as_array(torch.view_as_real(t)), name
     if t.dtype != torch.bool:
-        return as_array(t), OPS[kind]
-    if OPS[kind] not in BOOL_OPS:
+        return as_array(t), name
+    if name not in BOOL_OPS:
         raise col.CollectiveUsageError(f"{collective}: op: AVG of a bool tensor has no bool result (gloo refuses it "
                                        "too); convert the tensor to a floating-point dtype first")
-    return as_array(t), BOOL_OPS[OPS[kind]]
+    return as_array(t), BOOL_OPS[name]
 
 
 def dense(collective: str, tensors: list, argument: str = "tensor") -> None:
@@ -89,13 +98,23 @@ def same_sizes(collective: str, tensors: list, numel: int, count: int, argument:
                                            "as the input is")
 
 
-def staged(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
-    """``t`` itself if contiguous, else a contiguous copy and what writes it back into ``t`` once
-    the call is done (gloo takes non-contiguous tensors too, and so does every rank here)."""
+def staged(collective: str, t: torch.Tensor, argument: str, written: bool) -> tuple[torch.Tensor, Any]:
+    """``t`` itself if contiguous, else a contiguous copy and, where the call writes ``t``, what
+    writes the copy back once it is done (gloo takes non-contiguous tensors too). A tensor to be
+    written whose elements share memory (an expanded or stride-0 view) is refused: the result
+    has nowhere to go.
+
+    >>> staged("broadcast", torch.ones(3).expand(2, 3), "tensor", written=False)[0].is_contiguous()
+    True
+    """
     if t.is_contiguous():
         return t, None
+    if written and torch._debug_has_internal_overlap(t) == 1:
+        raise col.CollectiveUsageError(f"{collective}: {argument}: its elements share memory (an expanded or "
+                                       f"stride-0 view, strides {t.stride()}), so it cannot hold a result; pass "
+                                       "a tensor of its own (t.clone())")
     copy = t.contiguous()
-    return copy, lambda: t.copy_(copy)
+    return copy, (lambda _: t.copy_(copy)) if written else None
 
 
 def into(outputs: list) -> Callable[[Any], None]:

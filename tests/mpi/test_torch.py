@@ -221,6 +221,33 @@ def test_a_failed_call_reaches_every_door_torch_has(groups):
     agree(t.tolist() == [N, N], "in step after a refusal")
 
 
+def test_complex_reductions_match_gloo_and_shared_memory_is_refused_alike(groups):
+    ring, _ = groups
+
+    def complex_sums(g):
+        z = (values((4,), torch.float32) + 1j * values((4,), torch.float32, offset=3)).to(torch.complex64)
+        r = z.clone()
+        dist.reduce(r, dst=N - 1, group=g)
+        block = torch.zeros(2, dtype=torch.complex64)
+        dist.reduce_scatter_tensor(block, torch.cat([z[:2]] * N), group=g)
+        return [r if RANK == N - 1 else torch.zeros(0), block]
+    agree(same(*both(groups, complex_sums)), "complex reduce and reduce_scatter")
+    expanded = torch.ones(1).expand(4) if RANK == 0 else torch.ones(4)
+    with pytest.raises(RuntimeError, match=r"all_reduce: tensor: its elements share memory \(an expanded"):
+        dist.all_reduce(expanded, group=ring)
+    lists = [torch.zeros(2) for _ in range(N)]   # (each rank but 0 finds another problem: rank 1's is raised)
+    if N > 1:
+        with pytest.raises(RuntimeError, match=r"^all_gather: tensor_list: tensor 0 has 2 elements \(shape \(2,\)\); "
+                                               r"expected 3, as the input has( \(on rank 1;.*)?$"):
+            dist.all_gather(lists, torch.ones(2 + RANK), group=ring)
+    store = collectives.torch._STORE   # (the default group here is gloo's, with a store of its own)
+    for use in (lambda: store.set("k", "v"), lambda: store.num_keys(), lambda: store.add("k", 1)):
+        with pytest.raises(RuntimeError, match="the ring backend's rendezvous keeps no key-value store"):
+            use()
+    with pytest.raises(RuntimeError, match="recv: tensor: point-to-point moves contiguous CPU tensors"):
+        dist.recv(torch.zeros(4, 2).t(), src=0, group=ring)
+
+
 def test_unsupported_ops_are_refused_by_name_and_complex_numbers_are_summed(groups):
     ring, _ = groups
     for op in ("BAND", "BOR", "BXOR"):
