@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 import collectives as col
-from collectives.torch.tensors import (as_array, dense, flat, host_array, into, joined, reduction, same_sizes,
-                                       staged)
+from collectives.torch.tensors import (OPS, as_array, dense, flat, host_array, into, joined, reduction, same_sizes,
+                                       sparse_rows, sparse_sum, staged)
 from collectives.torch.work import RingBackendError, RingWork, for_torch
 
 BACKEND = "ring"
@@ -69,10 +69,21 @@ class RingProcessGroup(dist.ProcessGroup):
         opts = opts or c10d.AllreduceOptions()
 
         def prepare() -> Prepared:
+            if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
+                return self._sparse_sum(tensors[0], opts.reduceOp)
             t, back = self._one("all_reduce", tensors)
             x, op = reduction("all_reduce", t, opts.reduceOp)
             return col.allreduce, (x, op, x), tensors, back
         return self._run("allreduce", opts, prepare)
+
+    def _sparse_sum(self, t: torch.Tensor, op: Any) -> Prepared:
+        """A sparse all-reduce, as gloo's: every rank's entries gathered, then summed (SUM only).
+        The entries travel as bytes, so their dtype and shape ride in the call's ``name=``, which
+        the cross-rank check compares."""
+        if OPS.get(getattr(op, "op", op)) != "sum":
+            raise col.CollectiveUsageError("all_reduce: op: a sparse tensor is reduced by SUM only (as gloo's)")
+        gathered = functools.partial(col.allgather, name=f"sparse {str(t.dtype)[6:]} {list(t.shape)}")
+        return gathered, (sparse_rows(t),), [t], lambda rows: t.copy_(sparse_sum(rows, t))
 
     def allreduce_coalesced(self, tensors: list, opts=None) -> RingWork:
         opts = opts or c10d.AllreduceCoalescedOptions()
@@ -236,12 +247,15 @@ class RingProcessGroup(dist.ProcessGroup):
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
         """A barrier that names the ranks that did not arrive within ``timeout`` (default: this
-        group's), as gloo's does; the runtime's roll call finds them on every rank that came."""
+        group's), as gloo's does; the runtime's roll call finds them on every rank that came.
+        A timeout of 0 has run out before anyone could arrive."""
         seconds = (self.timeout or col.settings().timeout) if timeout is None else timeout.total_seconds()
+        if seconds <= 0:
+            raise RingBackendError(f"Rank {self.rank()} timed out in monitoredBarrier: its timeout is {seconds:g} s")
         try:
             col.barrier(group=self.group, timeout=seconds, name="monitored_barrier")
         except col.CollectiveError as error:
-            raise RingBackendError(f"monitored_barrier: not every rank arrived within {seconds:g} s: {error}") \
+            raise RingBackendError(f"Rank {self.rank()} timed out in monitoredBarrier after {seconds:g} s: {error}") \
                 from error
 
     # Point to point: the runtime's, on this group's ranks.

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 import collectives as col
+from ring.transport.base import TransportTimeout
 
 
 class RingUsageError(col.CollectiveUsageError, RuntimeError):
@@ -40,11 +41,15 @@ class RingBackendError(col.CollectiveError, dist.DistBackendError):
 
 
 def for_torch(error: BaseException) -> BaseException:
-    """``error`` as torch callers expect it (same text; the runtime's error kept as the cause)."""
+    """``error`` as torch callers expect it (the runtime's text, and the runtime's error kept as the
+    cause); a timeout says so in the words torch's tests look for (`` timeout ``)."""
     if isinstance(error, col.CollectiveUsageError) and not isinstance(error, RuntimeError):
         return _chained(RingUsageError(str(error)), error)
     if isinstance(error, col.CollectiveError) and not isinstance(error, dist.DistBackendError):
-        return _chained(RingBackendError(str(error)), error)
+        text = str(error)
+        if isinstance(error.__cause__, TransportTimeout):
+            text += " (the call's timeout ran out: raise it, or COLLECTIVES_TIMEOUT, if the ranks are only slow)"
+        return _chained(RingBackendError(text), error)
     return error
 
 

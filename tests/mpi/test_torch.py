@@ -232,6 +232,13 @@ def test_complex_reductions_match_gloo_and_shared_memory_is_refused_alike(groups
         dist.reduce_scatter_tensor(block, torch.cat([z[:2]] * N), group=g)
         return [r if RANK == N - 1 else torch.zeros(0), block]
     agree(same(*both(groups, complex_sums)), "complex reduce and reduce_scatter")
+
+    def sparse_sum(g):
+        t = torch.sparse_coo_tensor(torch.tensor([[RANK % 3, 0], [1, RANK % 2]]), torch.tensor([1.0 + RANK, 10.0]),
+                                    (3, 2))
+        dist.all_reduce(t, group=g)
+        return t.to_dense()
+    agree(same(*both(groups, sparse_sum)), "sparse all_reduce")
     expanded = torch.ones(1).expand(4) if RANK == 0 else torch.ones(4)
     with pytest.raises(RuntimeError, match=r"all_reduce: tensor: its elements share memory \(an expanded"):
         dist.all_reduce(expanded, group=ring)

@@ -11,7 +11,7 @@ refusals (every rank must raise the same error):
   reduce_scatter_list  reduce_scatter whose input list on rank 1 has a longer tensor
   splits_wrong         all_to_all_single whose output_split_sizes disagree with what is sent
   gather_list_wrong    gather whose gather_list on the root has a tensor of the wrong size
-  sparse               all_reduce of a sparse tensor
+  sparse_max           all_reduce (MAX) of a sparse tensor: gloo, and ring, reduce those by SUM only
 accepted as gloo accepts them:
   bool                 all_reduce (SUM, MIN) of rank == 0: [True] and [False] everywhere
   noncontiguous        all_reduce of a transposed tensor on rank 1 only
@@ -62,9 +62,9 @@ def refusal(name: str, rank: int, n: int):
         outs = [torch.zeros(2 + (r == 1)) for r in range(n)] if rank == 0 else None
         dist.gather(torch.ones(2), outs, dst=0)
         return outs
-    if name == "sparse":
+    if name == "sparse_max":
         t = torch.eye(3).to_sparse()
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t
     if name == "bool":
         a, b = torch.tensor([rank == 0]), torch.tensor([rank == 0])
