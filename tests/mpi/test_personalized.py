@@ -108,6 +108,13 @@ def test_scatter_matches_mpi_scatterv_and_needs_nothing_but_on_the_root(root, dt
     agree(into is out and np.array_equal(out, expected), f"scatter into out from {root}")
 
 
+@pytest.mark.parametrize("collective", ["alltoall", "gather", "allgather"])
+def test_a_0_d_array_is_refused_naming_the_collective(collective):
+    with pytest.raises(col.CollectiveUsageError, match=f"^{collective}: x: is 0-dimensional; {collective} moves rows"):
+        getattr(col, collective)(np.array(2.0))
+    col.barrier()   # still in step
+
+
 def test_scatter_out_is_checked_across_ranks():
     whole = np.arange(N * 3.0).reshape(N, 3)
     if N > 1:
