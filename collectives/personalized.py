@@ -65,8 +65,8 @@ def _check_receiving(call: Call, sent: np.ndarray, out_rows: np.ndarray, expecte
     if wrong:
         raise CollectiveUsageError(f"{call.name}: out: axis 0 must be the rows the ranks send to its rank, but is "
                                    f"not ({', '.join(wrong)})")
-    wrong = [f"rank {ranks[r]} expects {want} from rank {ranks[s]}, which sends {sent[s, r]}"
-             for r, s in zip(*np.nonzero((expected != -1) & (expected != sent.T))) for want in [expected[r, s]]]
+    wrong = [f"rank {ranks[r]} expects {expected[r, s]} from rank {ranks[s]}, which sends {sent[s, r]}"
+             for r, s in zip(*np.nonzero((expected != -1) & (expected != sent.T)))]
     if wrong:
         raise CollectiveUsageError(f"{call.name}: out_splits: must be the rows each rank sends this one, but "
                                    f"{'; '.join(wrong[:8])}{f'; and {len(wrong) - 8} more' if len(wrong) > 8 else ''}")
