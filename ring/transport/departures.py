@@ -41,7 +41,7 @@ COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-
 
 class Departures:
     """The control channel's state and methods, for a transport with ``comm``, ``rank``, ``size``,
-    ``names``, ``hosts``, ``pids``, ``liveness``, ``watch``, ``seq`` and ``_local_pids``."""
+    ``names``, ``hosts``, ``pids``, ``liveness``, ``watch``, ``seq``, ``_local_pids`` and ``_remote``."""
 
     def _init_departures(self) -> None:
         self.departed: dict[int, tuple[bool, int, str]] = {}   # rank -> (after a failure?, completed, why)
@@ -90,8 +90,9 @@ class Departures:
 
     def _control(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0,
                  dead: int | None = None) -> None:
-        if peer in self.dead or (self.liveness is not None and self.names[peer] in self.liveness.ended):
-            return   # (over UCX, a message to a dead process crashed the sender)
+        if peer in self.dead or (peer in self._remote and self.liveness is not None
+                                 and self.liveness.gone(self.names[peer])):
+            return   # (over UCX, a message to a dead process crashes the sender: see Liveness.gone)
         message = np.zeros(_CONTROL_BYTES, np.uint8)
         message[0] = kind
         message[1] = flag

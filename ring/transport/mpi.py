@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from ring.schedule import left, right
 from ring.transport import liveness as liveness_watch
-from ring.transport.base import CommunicatorsExhausted, TransportError, TransportTimeout
+from ring.transport.base import CommunicatorsExhausted, PeerLost, TransportError, TransportTimeout
 from ring.transport.departures import COLLECTIVE, Departures
 from ring.transport.exits import AtExit
 from ring.transport.mpi_p2p import PointToPoint
@@ -30,6 +30,7 @@ from ring.transport.polling import SPIN_SECONDS, pause, usable_cores
 
 _TAG = 7
 _SUBSET_TAG = 10   # Comm_create_group's (the tags of departures.py are 8 and 9)
+_MEMBERS_TAG = 11  # what the members of a group to be made by them alone say of it first (see ``among``)
 CHECK_INTERVAL = 0.5       # seconds between looks at the control channel and the local peers' processes
 _QUICK_POLLS = 32          # polls before the first look at the clock (about 5 us)
 _testall = MPI.Request.Testall
@@ -67,6 +68,7 @@ class MPITransport(Departures, AtExit):
         self.local_size = len(local)
         self.spans_hosts = len(local) < self.size   # (the runtime's segments are smaller across hosts)
         self._local_pids = {r: pids[r] for r in local if r != self.rank}
+        self._remote = frozenset(r for r in range(self.size) if hosts[r] != hosts[self.rank])
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
         oversubscribed = self.local_size > usable_cores()
@@ -82,6 +84,7 @@ class MPITransport(Departures, AtExit):
         self.p2p = PointToPoint(self)
 
     def send_to_right(self, buf: Any) -> tuple[MPI.Request, int]:
+        self.sending_to(self._right)
         try:
             request = self.comm.Isend([buf, MPI.BYTE], self._right, _TAG)
         except MPI.Exception as e:
@@ -94,6 +97,16 @@ class MPITransport(Departures, AtExit):
         except MPI.Exception as e:
             raise TransportError(f"receive from rank {self.names[self._left]} failed: {_error_text(e)}") from e
         return self._posted(request, self._left, buf, receive=True)
+
+    def sending_to(self, peer: int) -> None:
+        """Raise PeerLost, before anything is posted, if ``peer`` is on another host and has died:
+        over UCX, MPICH crashes a rank that sends to a dead peer once it has seen that peer's
+        connection close (see ``Liveness.gone``); a peer on this host is never sent anything
+        after its death is known, and MPI's shared memory does not crash meanwhile."""
+        if peer in self._remote and self.liveness is not None and self.liveness.gone(self.names[peer]):
+            self.dead.add(peer)
+            self.check_peers(COLLECTIVE)   # (names it as every rank should hear it, or a root cause)
+            raise PeerLost(self.names[peer], self._death_text([peer]))
 
     def _posted(self, request: MPI.Request, peer: int, buf: Any, receive: bool) -> tuple[MPI.Request, int]:
         """Remember a posted request until it is waited for (see ``abandon``)."""
@@ -123,6 +136,7 @@ class MPITransport(Departures, AtExit):
                 requests.append(self.comm.Irecv([recv, MPI.BYTE], source, _TAG))
                 peers.append(source)
             if send is not None:
+                self.sending_to(dest)
                 requests.append(self.comm.Isend([send, MPI.BYTE], dest, _TAG))
                 peers.append(dest)
             self._wait_all(requests, peers)
@@ -149,6 +163,7 @@ class MPITransport(Departures, AtExit):
                                      f"{_error_text(e)}") from e
             entry = self._persistent[key] = (requests, (source, dest), send, recv)   # buffers kept alive: ids stay unique
         requests = entry[0]
+        self.sending_to(dest)
         try:
             _startall(requests)
             self._wait_all(requests, entry[1])
@@ -168,6 +183,8 @@ class MPITransport(Departures, AtExit):
     def allgather_bytes(self, data: bytes) -> list[bytes]:
         mine = np.frombuffer(data, np.uint8)
         every = np.empty((self.size, mine.size), np.uint8)
+        for peer in self._remote:
+            self.sending_to(peer)
         try:
             request = self.comm.Iallgather(mine, every)
         except MPI.Exception as e:
@@ -216,6 +233,8 @@ class MPITransport(Departures, AtExit):
         all must be known to be here (it blocks inside MPI: there is no nonblocking split), as they
         are after a collective's cross-rank check. ``watched``: the new transport learns of
         departures through this one's control channel (see the class docstring)."""
+        for peer in self._remote:
+            self.sending_to(peer)
         try:
             comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
         except MPI.Exception as e:
@@ -231,10 +250,38 @@ class MPITransport(Departures, AtExit):
         return MPITransport(comm, [self.hosts[r] for r in mine], [self.pids[r] for r in mine],
                             [self.names[r] for r in mine], self if watched else None, self.liveness)
 
+    def among(self, peers: Sequence[int], data: bytes, deadline: float) -> list[bytes]:
+        """Send ``data`` to each of ``peers`` (ranks of this transport, this one included) and
+        receive theirs, all of its size, in the order of ``peers``: an agreement among some ranks
+        while the others go on with other calls (as before ``subset``, whose Comm_create_group
+        makes two different communicators, without a word, of members that list each other in
+        different orders). Raises TransportTimeout at ``deadline``."""
+        mine = np.frombuffer(data, np.uint8)
+        theirs = {peer: np.empty_like(mine) for peer in peers if peer != self.rank}
+        requests, waited = [], []
+        try:
+            for peer, buffer in theirs.items():
+                requests.append(self.comm.Irecv([buffer, MPI.BYTE], peer, _MEMBERS_TAG))
+                waited.append(peer)
+            for peer in theirs:
+                self.sending_to(peer)
+                requests.append(self.comm.Isend([mine, MPI.BYTE], peer, _MEMBERS_TAG))
+                waited.append(peer)
+            self._wait_all(requests, waited, deadline=deadline)
+        except MPI.Exception as e:
+            raise TransportError(f"exchange with ranks {[self.names[p] for p in theirs]} failed: "
+                                 f"{_error_text(e)}") from e
+        except BaseException:
+            self.give_up(requests, (mine, theirs), requests[:len(theirs)])
+            raise
+        return [data if peer == self.rank else theirs[peer].tobytes() for peer in peers]
+
     def subset(self, ranks: Sequence[int]) -> "MPITransport":
         """A transport over ``ranks`` of this one, in that order, made by those ranks alone (MPI's
         Comm_create_group): the others need not call, as in torch.distributed's ``new_group`` where
         only the members make the group. It blocks inside MPI until every one of ``ranks`` calls."""
+        for peer in self._remote.intersection(ranks):
+            self.sending_to(peer)
         outer = self.comm.Get_group()
         inner = outer.Incl(list(ranks))
         try:
@@ -268,9 +315,11 @@ class MPITransport(Departures, AtExit):
             self.liveness.goodbye()
             self.liveness.close()
 
-    def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int], statuses: list | None = None) -> None:
-        """Poll until ``requests`` are done; the first peer still pending is the one named on timeout
-        (-1: any rank)."""
+    def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int], statuses: list | None = None,
+                  deadline: float | None = None) -> None:
+        """Poll until ``requests`` are done, or ``deadline`` (default: the call's); the first peer
+        still pending is the one named on timeout (-1: any rank)."""
+        deadline = self.deadline if deadline is None else deadline
         try:
             for _ in range(self._quick_polls):   # a few microseconds, without the clock: the latency path
                 if _testall(requests, statuses):
@@ -284,7 +333,7 @@ class MPITransport(Departures, AtExit):
                     notices = self.notices()
                     self.check_peers(COLLECTIVE)
                     next_check = now + CHECK_INTERVAL
-                if now >= self.deadline:
+                if now >= deadline:
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
                     peer = (pending or peers)[0]
                     if peer < 0:

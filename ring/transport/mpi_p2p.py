@@ -115,6 +115,7 @@ class PointToPoint:
                     posted.requests.append(comm.Irecv([posted.header, MPI.BYTE], source, HEADER_TAG + tag))
                     self._unread.append(posted)
                 else:
+                    self.transport.sending_to(peer)
                     posted.requests.append(comm.Isend([posted.header, MPI.BYTE], peer, HEADER_TAG + tag))
                     if buf.nbytes <= INLINE_BYTES:
                         pass   # (the bytes are in the header's message)

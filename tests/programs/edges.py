@@ -4,6 +4,7 @@ one whole line each: ``rank R: CollectiveError after T s in LABEL: message``, ``
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -47,6 +48,25 @@ def killed() -> None:
             pass
     else:
         time.sleep(1.5)
+    _say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
+
+
+def killed_async() -> None:
+    """Rank argv[2] is SIGKILLed 0.2 s into 20 async all-reduces of 16 MB each, in flight on every
+    rank (across hosts: the two-level all-reduce's reduce-scatter sends to it meanwhile)."""
+    victim = int(sys.argv[2])
+    _say(f"rank {col.rank()}: pid {os.getpid()}")
+    col.allreduce(np.ones(1000, np.float32))
+    col.barrier()
+    if col.rank() == victim:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    x = np.full(4 << 20, col.rank() + 1.0, np.float32)
+    works = [col.allreduce(x, async_op=True, timeout=30) for _ in range(20)]
+    try:
+        for i, work in enumerate(works):
+            _report(f"work {i}", work.wait)
+    except SystemExit:
+        pass
     _say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
 
 
@@ -116,5 +136,5 @@ def vanished() -> None:
 
 
 if __name__ == "__main__":
-    {"p2p-mismatch": p2p_mismatch, "killed": killed, "ended-early": ended_early, "never-used": never_used,
+    {"p2p-mismatch": p2p_mismatch, "killed": killed, "killed-async": killed_async, "ended-early": ended_early, "never-used": never_used,
      "groups-in-a-loop": groups_in_a_loop, "hosts": hosts, "vanished": vanished}[sys.argv[1]]()
