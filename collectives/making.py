@@ -2,13 +2,16 @@
 work is a communicator (see ``collectives.group`` for what a group is)."""
 from __future__ import annotations
 
+from time import monotonic
 from typing import Any, Callable
 
 from collectives import validate
 from collectives.call import Call, issue, stopped
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.membership import NonMember
-from ring.transport.base import CommunicatorsExhausted
+from collectives.signature import disagreement, signature
+from ring.doubling import SIGNATURE_BYTES
+from ring.transport.base import CommunicatorsExhausted, TransportError, TransportTimeout
 
 
 class GroupMaking:
@@ -44,7 +47,7 @@ class GroupMaking:
         ...     evens.allreduce(x)
         """
         if members_only is True:
-            made = self.runtime.engine.run_now(_made_by_members, self, ranks)
+            made = self.runtime.engine.run_now(_made_by_members, self, ranks, timeout)
             return issue(made, "new_group", _agreed, (made.ranks,), False, timeout, name)
         return issue(self, "new_group", _new_group, (ranks,), False, timeout, name)
 
@@ -89,16 +92,35 @@ def _new_group(call: Call, ranks: Any) -> Any:
                    members)
 
 
-def _made_by_members(parent, ranks: Any) -> Any:
+def _made_by_members(parent, ranks: Any, timeout: Any) -> Any:
     """The group of ``ranks`` (world ranks, members of ``parent``), made by them alone: a usage
-    error on this rank if it is not one of them (nobody waits for it)."""
-    if parent.runtime.failure is not None:
-        raise stopped("new_group", parent.runtime)
+    error on this rank if it is not one of them (nobody waits for it). The members first tell
+    each other their lists, so that lists in different orders raise on every member instead of
+    making two different groups (MPI's Comm_create_group does not check)."""
+    runtime = parent.runtime
+    if runtime.failure is not None:
+        raise stopped("new_group", runtime)
     members = validate.members("new_group", "ranks", ranks, parent.ranks)
+    if timeout is not None:
+        validate.timeout("new_group", timeout)
     me = parent.ranks[parent.rank()]
     if me not in members:
         validate.fail("new_group", "ranks", f"with members_only=True only the members call, and rank {me} is "
                                             f"not one of {list(members)}")
+    places = sorted(parent.ranks.index(r) for r in members)
+    deadline = monotonic() + (runtime.settings.timeout if timeout is None else timeout)
+    try:
+        mine = signature("new_group", 0, shape=members).ljust(SIGNATURE_BYTES, b"\0")
+        said = parent.transport.among(places, mine, deadline)
+    except TransportError as e:
+        failure = f"new_group (members_only=True) on {parent.where()}: {e}"
+        if isinstance(e, TransportTimeout):
+            failure += " (every rank in ranks must call new_group with members_only=True)"
+        runtime.note_failure(failure, e, by_peer=True)   # (a late member's list may still come: out of step)
+        raise CollectiveError(failure) from e
+    if len(set(said)) > 1:
+        raise CollectiveUsageError(disagreement("new_group", said, tuple(parent.ranks[p] for p in places),
+                                                parent.label))
     try:
         made = parent.transport.subset([parent.ranks.index(r) for r in members])
     except CommunicatorsExhausted as e:

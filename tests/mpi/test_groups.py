@@ -246,3 +246,48 @@ def test_a_mismatch_on_a_group_names_world_ranks_and_the_group():
     else:
         ok, text, expected = True, "", ""
     agree(ok, f"rank {RANK}: {text!r} != {expected!r}")
+
+
+def test_a_group_made_by_its_members_alone_equals_mpis():
+    """members_only=True: the last ranks make a group (in reverse order) while the first ranks
+    make theirs; each sums on its own, against mpi4py's on the same ranks."""
+    members = list(range(N - 1, N // 2 - 1, -1))   # n=4: [3, 2]; n=1: [0]
+    inside = RANK in members
+    comm = COMM.Split(0 if inside else 1, -RANK)
+    x = values(LARGE, np.float64)
+    expected = np.empty_like(x)
+    comm.Allreduce(x, expected)
+    mine = members if inside else list(range(N // 2 - 1, -1, -1))
+    group = col.new_group(mine, members_only=True)
+    made = bool(group) and group.ranks == tuple(mine) and group.rank() == mine.index(RANK)
+    result = group.allreduce(x)
+    group.destroy()
+    agree(made, "the groups' ranks")
+    agree(np.array_equal(result, expected), "allreduce on a group made by its members, and beside it")
+    agree(np.all(col.allreduce(np.ones(2)) == N), "the world still in step")
+
+
+@pytest.mark.skipif(N < 2, reason="needs two members to list each other")
+def test_members_that_list_each_other_in_other_orders_all_raise_at_once():
+    """Issue 36, item 2: MPI's Comm_create_group made two different groups of [0, 1] and [1, 0]
+    without a word, and the first call on them hung for the whole timeout. Now the members tell
+    each other their lists first; the other ranks go on meanwhile."""
+    if RANK < 2:
+        ranks = [0, 1] if RANK == 0 else [1, 0]
+        try:
+            col.new_group(ranks, members_only=True, timeout=60)
+        except col.CollectiveUsageError as e:
+            ok, text = "new_group: ranks: members differs across ranks: rank 0: (0, 1), rank 1: (1, 0)" == str(e), str(e)
+        else:
+            ok, text = False, "no error"
+        agree(ok, f"rank {RANK}: {text}")
+    else:
+        agree(True, "")
+    agree(np.all(col.allreduce(np.ones(2)) == N), "the world still in step")
+
+
+@pytest.mark.skipif(N < 2, reason="needs another rank to name")
+def test_a_non_member_making_a_members_only_group_is_told_so():
+    other = (RANK + 1) % N
+    with pytest.raises(col.CollectiveUsageError, match=rf"rank {RANK} is not one of \[{other}\]$"):
+        col.new_group([other], members_only=True)
