@@ -96,10 +96,13 @@ def test_ctrl_c_without_checkpoints_says_there_is_nothing_to_resume():
     assert output.count("; no checkpoint was written (--checkpoint-dir)") == 1, output
 
 
-def test_ctrl_c_stops_parameter_servers_at_the_end_of_an_epoch(tmp_path):
+@pytest.mark.parametrize("who", ["mpiexec", "worker rank 1 alone", "server rank 2 alone"])
+def test_ctrl_c_stops_parameter_servers_at_the_end_of_an_epoch(tmp_path, who):
+    """A server's Ctrl-C (issue 36, item 3: it was ignored, the run went on to its end) reaches the
+    workers in its next answer to a pull."""
     directory = tmp_path / "ckpt"
     process = start(3, [*LONG, "--strategy", "ps", "--checkpoint-dir", str(directory)])
-    output = interrupt(process, "epoch   2/")
+    output = interrupt(process, "epoch   2/", {"mpiexec": None, "worker rank 1 alone": 1, "server rank 2 alone": 2}[who])
     assert process.returncode == 130, output
     last = [line for line in output.splitlines() if line.startswith("epoch ")][-1]
     epoch = int(last.split()[1].split("/")[0])

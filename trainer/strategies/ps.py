@@ -21,7 +21,7 @@ Unbounded (the default), workers never wait for each other. 2 workers, K = 1::
 
 Messages (int64 headers on tag HEADER, then the arrays): a worker sends PULL (its step and
 requirement), PUSH (the version it pulled, then its gradient shard on tag GRADIENT), SNAPSHOT
-(the chief), DONE. A server answers PULL with (version, params) and SNAPSHOT with (version,
+(the chief), DONE. A server answers PULL with (version, Ctrl-C pressed there?, params) and SNAPSHOT with (version,
 params, velocity, statistics); after every worker's DONE it sends the chief its final
 snapshot and leaves its loop.
 """
@@ -180,8 +180,8 @@ class Server:
         for worker, kind, requirement in self.pending:
             if not self._ready(requirement):
                 waiting.append((worker, kind, requirement))
-            elif kind == PULL:
-                col.send(np.array([self.version], np.int64), worker, PARAMS)
+            elif kind == PULL:   # (with this server's Ctrl-C, which only the workers' epoch end can act on)
+                col.send(np.array([self.version, interrupt.requested()], np.int64), worker, PARAMS)
                 col.send(self.params, worker, PARAMS)
                 self.statistics[3] += self.params.nbytes
             else:
@@ -209,13 +209,14 @@ class Worker:
         self.alone = Layout(None, chief, 0, 1) if self.chief else None   # the chief scores on its own
         self.versions = np.zeros(len(roles.servers), np.int64)   # the version of each shard pulled last
         self.stopped_at = 0   # the epoch at whose end Ctrl-C stopped the workers (0: none)
+        self.server_interrupted = False   # a server had Ctrl-C (its answers to pulls say so)
 
     def pull(self, step: int) -> None:
         """Every shard of the parameters, once the servers let this worker's ``step`` go ahead."""
         header = np.array([PULL, step, 0, 0], np.int64)
         for server in self.roles.servers:
             col.send(header, server, HEADER)
-        versions = [np.zeros(1, np.int64) for _ in self.roles.servers]
+        versions = [np.zeros(2, np.int64) for _ in self.roles.servers]
         flat = self.model.flat_params
         requests = []
         for s, (server, (start, stop)) in enumerate(zip(self.roles.servers, self.roles.shards)):
@@ -223,6 +224,7 @@ class Worker:
             requests.append(col.irecv(flat[start:stop], server, PARAMS))
         col.wait_all(requests)
         self.versions[:] = [v[0] for v in versions]
+        self.server_interrupted = self.server_interrupted or any(v[1] for v in versions)
 
     def push(self) -> None:
         grads = self.model.flat_grads
@@ -265,7 +267,8 @@ class Worker:
                 comm_s += time.perf_counter() - waited
                 steps, step = steps + 1, step + 1
             elapsed = time.perf_counter() - began
-            loss_sum, stop = col.allreduce(np.array([loss_sum, interrupt.requested()]), group=self.group)
+            stop = interrupt.requested() or self.server_interrupted
+            loss_sum, stop = col.allreduce(np.array([loss_sum, stop]), group=self.group)
             loss = float(loss_sum) / n_train
             self.stopped_at = epoch + 1 if stop else 0
             if not self.chief:
