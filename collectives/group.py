@@ -174,7 +174,9 @@ class Group(GroupTransports, GroupMaking):
     def gather(self, x, root: int = 0, out=None, *, async_op: bool = False, timeout: float | None = None,
                name: str | None = None) -> Any:
         """Concatenate every rank's ``x`` along axis 0 on ``root`` (as ``allgather``, but on one rank);
-        returns the result on the root and None on the others. ``out``: the root's result array.
+        returns the result on the root and None on the others. ``out``: the root's result array
+        (another rank may pass one too, say the same code on every rank: it is checked alike and
+        left unwritten).
 
         >>> col.gather(np.full(2, col.rank()), root=0)       # rank 0 of 2  # doctest: +SKIP
         array([0, 0, 1, 1])

@@ -84,16 +84,18 @@ def gather(call: Call, x: Any, root: Any, out: Any) -> Any:
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], root=root, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
     call.algorithm = "linear"
-    given = -1 if out is None or me != root else out.shape[0]
+    given = -1 if out is None else out.shape[0]   # (checked on every rank that passes one, as its dtype is)
     found = algorithms.allgather_small(g.transport, (x.shape[0], given), None, sig)   # (carries the check)
     if found is None:
         call.disagree(sig)
     every = found[0]
     rows = every[:, 0].tolist()
     total = sum(rows)
-    if every[root, 1] not in (-1, total):   # known on every rank alike
+    wrong = [r for r in range(len(rows)) if every[r, 1] not in (-1, total)]   # known on every rank alike
+    if wrong:
+        where = "the root, rank" if wrong[0] == root else "rank"
         raise CollectiveUsageError(f"{call.name}: out: axis 0 must be {total} (the rows of every rank together), "
-                                   f"but is {every[root, 1]} on the root, rank {g.ranks[root]}")
+                                   f"but is {every[wrong[0], 1]} on {where} {g.ranks[wrong[0]]}")
     result = target = None
     if me == root:
         result = out if out is not None else (np if host else xp_of(x)).empty(

@@ -82,6 +82,23 @@ def test_alltoall_refuses_bad_splits_and_out_on_every_rank():
 
 
 @pytest.mark.parametrize("root", ROOTS)
+def test_gather_checks_every_ranks_out_alike(root):
+    """Issue 36, item 4: a non-root out with the wrong rows was ignored while a read-only one was
+    refused. Now any rank's out is checked alike: wrong rows on the last rank, refused on every rank;
+    a right one on a non-root is accepted and left unwritten."""
+    x = np.full((2, 3), RANK, np.int64)
+    bad = N - 1
+    with pytest.raises(col.CollectiveUsageError, match=rf"gather: out: axis 0 must be {2 * N} \(the rows of every "
+                                                     rf"rank together\), but is {2 * N + 1} on .*rank {bad}$"):
+        col.gather(x, root=root, out=np.zeros((2 * N + (RANK == bad), 3), np.int64))
+    out = np.full((2 * N, 3), -1, np.int64)
+    got = col.gather(x, root=root, out=out)
+    expected = np.repeat(np.arange(N), 2)[:, None] * np.ones(3, np.int64)
+    good = got is out and np.array_equal(out, expected) if RANK == root else got is None and np.all(out == -1)
+    agree(good, f"gather to {root} with out on every rank")
+
+
+@pytest.mark.parametrize("root", ROOTS)
 def test_gather_uneven_rows_matches_mpi_gatherv(root):
     rows = [(r * 5) % 3 + r for r in range(N)]
     x = rank_input(rows[RANK] * 2, "int32", "sum").reshape(rows[RANK], 2)
