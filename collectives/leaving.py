@@ -19,6 +19,7 @@ from collectives import timeline as timelines, world as worlds
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group
 from collectives.config import ENDED
+from ring.transport import departures
 
 _FAREWELL_SETUP_SECONDS = 2.0   # how long a process ending before setup waits to tell the others
 _LEAVE_TOGETHER_SECONDS = 1.5   # how long a process that skips MPI_Finalize waits for the others' farewells
@@ -77,6 +78,7 @@ def leave(finishing: bool = True) -> None:
         for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
             for transport in reversed(g.transports()):
                 transport.close(failed)
+        departures.ignore_failure_notices()
 
 
 

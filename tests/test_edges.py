@@ -263,3 +263,15 @@ def _kill_during_ps_training(directory: Path, victim: int):
     finally:
         guard.cancel()
     return {r: _read(directory, r) for r in range(4) if r != victim}, pids, ended
+
+
+def test_a_failure_notice_that_comes_after_the_runtime_left_ends_nothing():
+    """Issue 36, item 4: under -disable-auto-cleanup MPICH tells survivors of a death by SIGUSR1;
+    Python's finalization put its default action (end at once) back, and processes that had reported
+    everything ended with "signal 10". Once the runtime has left, SIGUSR1 is ignored."""
+    launcher = ("-disable-auto-cleanup",) if MPICH else ()
+    result = run_world(2, ["-m", "tests.programs.notice_at_exit"], 60, launcher_args=launcher)
+    assert result.returncode == 0, result.stdout
+    for rank in (0, 1):
+        assert f"rank {rank}: SIGUSR1 at exit: <Handlers.SIG_IGN: 1>" in result.stdout, result.stdout
+        assert f"rank {rank}: survived a notice at exit" in result.stdout, result.stdout

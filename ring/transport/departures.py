@@ -250,6 +250,16 @@ def hear_failure_notices() -> None:
         signal.signal(signal.SIGUSR1, _count_notice)
 
 
+def ignore_failure_notices() -> None:
+    """At exit, once this process has said farewell: a notice is a cue to nothing any more, and
+    Python's finalization puts SIGUSR1's default action (end at once) back in place of the counting
+    handler, so a late notice (a rank died while this one finalized) ended a process that had
+    reported everything with "signal 10". An ignored signal stays ignored through finalization."""
+    if (threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1")
+            and signal.getsignal(signal.SIGUSR1) is _count_notice):
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def _count_notice(signum, frame) -> None:
     global _notices
     _notices += 1
