@@ -159,6 +159,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     joined_setup = True   # (a rank that took part in a setup never joins another at exit)
     MPI = mpi()
     from ring.transport import departures, mpi_setup   # (imported here: importing them starts MPI)
+    departures.hear_failure_notices()   # (before the setup: a notice there would end this process unheard)
     try:
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
                                                    config.record(found, problem, left), comm)
@@ -170,7 +171,6 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     except (CollectiveUsageError, CollectiveError):
         transport.close()
         raise
-    departures.hear_failure_notices()
     level = MPI.Query_thread()
     names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED"}
     runtime = Runtime(Settings(**found), threads_checked=names.get(level, "") if level < MPI.THREAD_SERIALIZED

@@ -275,3 +275,19 @@ def test_a_failure_notice_that_comes_after_the_runtime_left_ends_nothing():
     for rank in (0, 1):
         assert f"rank {rank}: SIGUSR1 at exit: <Handlers.SIG_IGN: 1>" in result.stdout, result.stdout
         assert f"rank {rank}: survived a notice at exit" in result.stdout, result.stdout
+
+
+@pytest.mark.skipif(not MPICH, reason="MPICH's launcher's failure notice (-disable-auto-cleanup); Open MPI's sends none")
+def test_a_rank_terminated_before_its_first_collective_is_reported_by_the_others_in_setup(tmp_path):
+    """Issue 36, item 4: SIGTERM of a rank before its first collective made the survivors vanish
+    without a word (the launcher's SIGUSR1 came before the runtime heard it). The setup now hears
+    the notice: before the setup's exchange nobody knows which rank died, and the error says so."""
+    env = {"OWN_OUTPUT": str(tmp_path / "out")}
+    run_world(3, [str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges", "terminated-before-setup"], 60,
+              env=env, launcher_args=("-disable-auto-cleanup",), python=False)
+    for rank in (0, 2):
+        output = _read(tmp_path, rank)
+        found = re.search(rf"rank {rank}: CollectiveError after ([\d.]+) s in first call: init: a process of this job "
+                          r"ended before every rank could make the runtime's communicator: mpiexec's failure notice "
+                          r"\(SIGUSR1\) came", output)
+        assert found and float(found.group(1)) < 5, output

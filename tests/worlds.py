@@ -29,9 +29,10 @@ def mpiexec() -> tuple[str, ...]:
 
 
 def run_world(n: int, args: list[str], timeout: float, env: dict | None = None,
-              launcher_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """``mpiexec LAUNCHER_ARGS -n n python ARGS`` from the repository root; kills the whole world on timeout."""
-    command = [*mpiexec(), *launcher_args, "-n", str(n), sys.executable, *args]
+              launcher_args: tuple[str, ...] = (), python: bool = True) -> subprocess.CompletedProcess:
+    """``mpiexec LAUNCHER_ARGS -n n python ARGS`` (``python=False``: ``... -n n ARGS``) from the
+    repository root; kills the whole world on timeout."""
+    command = [*mpiexec(), *launcher_args, "-n", str(n), *([sys.executable] if python else []), *args]
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -237,6 +237,11 @@ class Departures:
         return _notices
 
 
+def failure_notices() -> int:
+    """How many failure notices the launcher has sent this process (see hear_failure_notices)."""
+    return _notices
+
+
 _notices = 0   # failure notices heard from the launcher (see hear_failure_notices)
 
 

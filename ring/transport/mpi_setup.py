@@ -12,11 +12,13 @@ from mpi4py import MPI
 
 from ring.transport import liveness as liveness_watch
 from ring.transport.base import TransportError, TransportTimeout
+from ring.transport.departures import failure_notices
 from ring.transport.mpi import MPITransport
 from ring.transport.polling import pause
 
 _HELLO_TAG = 10  # the setup's empty messages across hosts (see _connect_across_hosts)
 _SETUP_RECORD_BYTES = 1024
+_NOTICE_GRACE = 0.5   # seconds a setup goes on after a failure notice, in case the dead rank had done its part
 _testall = MPI.Request.Testall
 
 
@@ -71,12 +73,23 @@ _unfinished_setups: list = []   # requests of a setup that timed out, kept with 
 
 
 def _wait_setup(requests: list[MPI.Request], deadline: float, what: str, *buffers: Any) -> None:
-    started = time.monotonic()
+    """Poll until ``requests`` are done, the deadline passes, or the launcher has told this process
+    that another of the job died (``departures.hear_failure_notices``) and the setup still has not
+    ended _NOTICE_GRACE seconds later: before the exchange nobody knows the others' processes, so
+    that notice is the only word of a death here (without it the survivors would wait for the
+    whole timeout)."""
+    started, notices, noticed = time.monotonic(), failure_notices(), float("inf")
     while not _testall(requests):
         now = time.monotonic()
-        if now >= deadline:
+        if noticed == float("inf") and failure_notices() != notices:
+            noticed = now
+        if now >= deadline or now - noticed >= _NOTICE_GRACE:
             # A nonblocking collective cannot be cancelled: keep it, and what it writes into, alive.
             _unfinished_setups.append((requests, buffers))
+            if now < deadline:
+                raise TransportError(f"a process of this job ended before every rank could {what}: mpiexec's "
+                                     "failure notice (SIGUSR1) came while this rank waited; which rank it was "
+                                     "cannot be known before the setup's exchange")
             raise TransportTimeout(-1, now - started, f"every rank to {what} (a rank has not called "
                                                       "into the runtime yet, or will not)")
         pause(now - started, 0.0)

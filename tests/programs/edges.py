@@ -70,6 +70,15 @@ def killed_async() -> None:
     _say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
 
 
+def terminated_before_setup() -> None:
+    """Rank 1 is terminated (SIGTERM, Python's default: the process ends at once) 1 s after its
+    start, before its first collective; the others wait in theirs (the runtime's setup)."""
+    if col.rank() == 1:
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+    _report("first call", col.allreduce, np.ones(10), timeout=30)
+
+
 def ended_early() -> None:
     """Rank 1 ends its program normally before its first collective; the others call one."""
     if col.rank() == 1:
@@ -136,5 +145,5 @@ def vanished() -> None:
 
 
 if __name__ == "__main__":
-    {"p2p-mismatch": p2p_mismatch, "killed": killed, "killed-async": killed_async, "ended-early": ended_early, "never-used": never_used,
+    {"p2p-mismatch": p2p_mismatch, "killed": killed, "killed-async": killed_async, "terminated-before-setup": terminated_before_setup, "ended-early": ended_early, "never-used": never_used,
      "groups-in-a-loop": groups_in_a_loop, "hosts": hosts, "vanished": vanished}[sys.argv[1]]()
