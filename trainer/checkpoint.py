@@ -78,8 +78,27 @@ def save(directory: Path, epochs_done: int, step: int, arrays: dict[str, np.ndar
     return final
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
 def load(path: Path) -> dict[str, np.ndarray]:
-    """Read and verify one checkpoint; raises ValueError saying what is wrong with it."""
+    """Read and verify one checkpoint; raises ValueError saying what is wrong with it.
+
+    >>> import tempfile; text = Path(tempfile.mkdtemp()) / "checkpoint-epoch000001.npz"
+    >>> _ = text.write_text("notes")
+    >>> load(text)
+    Traceback (most recent call last):
+    ...
+    ValueError: checkpoint-epoch000001.npz: not a checkpoint: a checkpoint is an .npz (zip) archive, and this file begins with b'notes'
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError as e:
+        raise ValueError(f"{path.name}: unreadable ({e.strerror or e})") from e
+    if not head.startswith(_ZIP_MAGIC):   # (numpy takes any other file for a pickle, and says so)
+        raise ValueError(f"{path.name}: not a checkpoint: a checkpoint is an .npz (zip) archive, and this file "
+                         f"{'is empty' if not head else f'begins with {head!r}'}")
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {name: f[name] for name in f.files}
