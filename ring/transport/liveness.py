@@ -103,7 +103,11 @@ class Liveness:
         of one socket: about 1 us."""
         if peer not in self.ended:
             connection = self._watched.get(peer)
-            if connection is None or select.select([connection], [], [], 0)[0]:
+            try:
+                quiet = connection is not None and not select.select([connection], [], [], 0)[0]
+            except (OSError, ValueError):   # closed meanwhile by another thread's look
+                quiet = False
+            if not quiet:
                 with self._looking:
                     self._look()
         return peer in self.ended
