@@ -19,7 +19,6 @@ from collectives import timeline as timelines, world as worlds
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group
 from collectives.config import ENDED
-from ring.transport import departures
 
 _FAREWELL_SETUP_SECONDS = 2.0   # how long a process ending before setup waits to tell the others
 _LEAVE_TOGETHER_SECONDS = 1.5   # how long a process that skips MPI_Finalize waits for the others' farewells
@@ -63,7 +62,8 @@ def leave(finishing: bool = True) -> None:
     if gone:   # said before the farewell: the launcher may end this process once the others have left
         _say_no_finalize(w, gone)
     try:
-        for g in runtime.groups:   # each group's members count their calls on it
+        for g in reversed(runtime.groups):   # each group's members count their calls on it; the world's
+            # last: a rank that will not finalize ends once it has every world farewell, so none may follow
             g.transport.farewell(g.completed, why, failed=runtime.failed_by_peer, root=root is not None,
                                  finalizing=not gone, dead=runtime.dead_rank)
         if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
@@ -78,6 +78,7 @@ def leave(finishing: bool = True) -> None:
         for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
             for transport in reversed(g.transports()):
                 transport.close(failed)
+        from ring.transport import departures   # (loaded by now; importing it at the top would start MPI)
         departures.ignore_failure_notices()
 
 

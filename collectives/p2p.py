@@ -51,14 +51,14 @@ class Request:
 
 def send(x: np.ndarray, dest: int, tag: int = 0, *, group: Group | None = None, timeout: float | None = None) -> None:
     """Send host array ``x`` to rank ``dest`` of the group; returns once ``x`` may be reused."""
-    isend(x, dest, tag, group=group).wait(timeout)
+    _post("send", x, dest, tag, group, receive=False).wait(timeout)
 
 
 def recv(x: np.ndarray, source: int | None = None, tag: int = 0, *, group: Group | None = None,
          timeout: float | None = None) -> int:
     """Receive into host array ``x`` (exactly its size) from rank ``source`` (None: any rank) with
     ``tag``; return the rank it came from."""
-    return irecv(x, source, tag, group=group).wait(timeout)
+    return _post("recv", x, source, tag, group, receive=True).wait(timeout)
 
 
 def isend(x: np.ndarray, dest: int, tag: int = 0, *, group: Group | None = None) -> Request:
@@ -99,9 +99,10 @@ def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive:
     validate.integer(what, "tag", tag)
     if not 0 <= tag <= MAX_P2P_TAG:
         validate.fail(what, "tag", f"expected 0..{MAX_P2P_TAG}, got {tag}")
-    request = _in_turn(g, what, lambda: g.transport.p2p.post(x, peer, int(tag), receive))
-    return Request(g, request, peer, f"{what} {'from' if receive else 'to'} "
-                                     f"{'any rank' if peer is None else f'rank {g.ranks[peer]}'} (tag {tag})")
+    described = (f"{what} {'from' if receive else 'to'} "
+                 f"{'any rank' if peer is None else f'rank {g.ranks[peer]}'} (tag {tag})")
+    request = _in_turn(g, described, lambda: g.transport.p2p.post(x, peer, int(tag), receive))
+    return Request(g, request, peer, described)
 
 
 def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
@@ -111,11 +112,19 @@ def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
         return g.transport.p2p.wait([r._request for r in pending], deadline)
     except TransportError as e:
         what = ", ".join(r._what for r in pending[:3]) + (", ..." if len(pending) > 3 else "")
-        if runtime.failure is not None:   # stopped meanwhile, by a collective's failure or a wait's timeout
-            raise CollectiveError(f"{what} on {g.where()} was stopped: {runtime.failure}") from e
-        g.abandon()
-        runtime.note_failure(f"{what} on {g.where()}: {e}", e, by_peer=isinstance(e, (TransportTimeout, PeerLost)))
-        raise CollectiveError(runtime.failure) from e
+        raise _failed(g, what, e) from e
+
+
+def _failed(g: Group, what: str, error: TransportError) -> CollectiveError:
+    """The error of point-to-point call(s) ``what`` that failed with ``error`` (posting one to a rank
+    known dead, or waiting); the runtime stops, as after a collective's failure."""
+    runtime = g.runtime
+    if runtime.failure is not None:   # stopped meanwhile, by a collective's failure or a wait's timeout
+        return CollectiveError(f"{what} on {g.where()} was stopped: {runtime.failure}")
+    g.abandon()
+    runtime.note_failure(f"{what} on {g.where()}: {error}", error,
+                         by_peer=isinstance(error, (TransportTimeout, PeerLost)))
+    return CollectiveError(runtime.failure)
 
 
 def _in_turn(g: Group, what: str, job):
@@ -130,6 +139,8 @@ def _in_turn(g: Group, what: str, job):
             return job()
         except (CollectiveError, CollectiveUsageError):
             raise
+        except TransportError as e:   # (a send to a rank on another host known dead: see MPITransport.sending_to)
+            raise _failed(g, what, e) from e
         except BaseException as e:   # Ctrl-C while waiting: nothing posted may land later
             g.abandon()
             runtime.failure = runtime.failure or f"{what} on {g.where()} was interrupted by {named(e)}"

@@ -38,7 +38,7 @@ def test_a_message_that_does_not_fit_its_buffer_is_refused_naming_both_ranks_siz
     status, output, wall = _edge(2, "p2p-mismatch", buffer)
     errors = _errors(output)
     assert status not in (0, -9) and sorted(errors) == [1] and wall < 30, output
-    assert errors[1][1] == (f"irecv from rank 0 (tag 3) on rank 1: the message from rank 0 has 32 bytes (4 float64), "
+    assert errors[1][1] == (f"recv from rank 0 (tag 3) on rank 1: the message from rank 0 has 32 bytes (4 float64), "
                             f"{what}; nothing was written into it"), output
     assert "rank 1: buffer untouched" in output and "rank 0: ok send" in output, output
 

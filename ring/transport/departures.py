@@ -93,6 +93,8 @@ class Departures:
         if peer in self.dead or (peer in self._remote and self.liveness is not None
                                  and self.liveness.gone(self.names[peer])):
             return   # (over UCX, a message to a dead process crashes the sender: see Liveness.gone)
+        if kind != LEFT and peer in self.unfinalized:
+            return   # (it ends as soon as it has every farewell: nothing may follow ours)
         message = np.zeros(_CONTROL_BYTES, np.uint8)
         message[0] = kind
         message[1] = flag

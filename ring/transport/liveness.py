@@ -57,6 +57,7 @@ class Liveness:
         self.port = self._listener.getsockname()[1]
         self.ended: dict[int, str] = {}        # rank -> GONE or UNREACHABLE (closed without a goodbye)
         self.left: set[int] = set()            # ranks that said goodbye
+        self.closed: set[int] = set()          # ranks whose connection has closed, with a goodbye or without
         self._watched: dict[int, socket.socket] = {}   # rank -> its connection
         self._unnamed: list[socket.socket] = []        # accepted, its rank not read yet
         self._poll = select.poll()
@@ -95,13 +96,13 @@ class Liveness:
         return self.ended
 
     def gone(self, peer: int) -> bool:
-        """Whether ``peer`` has ended, as its connection says right now (``check`` may return what
-        another thread saw last): the guard before every message sent to it. MPICH over UCX,
-        asked to send to a peer whose connection its progress engine has already seen close,
-        dereferences a null request and the sender dies of SIGSEGV. The dead peer's kernel closes
-        this connection as it closes MPI's, so both ends of file arrive together. One select()
-        of one socket: about 1 us."""
-        if peer not in self.ended:
+        """Whether ``peer``'s process has ended or is ending (its connection closed, after a goodbye
+        or without), as its connection says right now (``check`` may return what another thread
+        saw last): the guard before every message sent to it. MPICH over UCX, asked to send to a
+        peer whose connection its progress engine has already seen close, dereferences a null
+        request and the sender dies of SIGSEGV. The ending peer's kernel closes this connection as
+        it closes MPI's, so both ends of file arrive together. One select() of one socket: about 1 us."""
+        if peer not in self.closed:
             connection = self._watched.get(peer)
             try:
                 quiet = connection is not None and not select.select([connection], [], [], 0)[0]
@@ -110,7 +111,7 @@ class Liveness:
             if not quiet:
                 with self._looking:
                     self._look()
-        return peer in self.ended
+        return peer in self.closed
 
     def _look(self) -> None:
         self._accept()
@@ -202,6 +203,7 @@ class Liveness:
         if _GOODBYE in data:
             self.left.add(peer)
         if reason is not None:
+            self.closed.add(peer)
             if peer not in self.left:
                 self.ended[peer] = reason
             self._forget(connection)

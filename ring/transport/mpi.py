@@ -99,14 +99,20 @@ class MPITransport(Departures, AtExit):
         return self._posted(request, self._left, buf, receive=True)
 
     def sending_to(self, peer: int) -> None:
-        """Raise PeerLost, before anything is posted, if ``peer`` is on another host and has died:
+        """Raise PeerLost, before anything is posted, if ``peer`` is on another host and its process
+        has ended (or is ending):
         over UCX, MPICH crashes a rank that sends to a dead peer once it has seen that peer's
         connection close (see ``Liveness.gone``); a peer on this host is never sent anything
         after its death is known, and MPI's shared memory does not crash meanwhile."""
         if peer in self._remote and self.liveness is not None and self.liveness.gone(self.names[peer]):
             self.dead.add(peer)
             self.check_peers(COLLECTIVE)   # (names it as every rank should hear it, or a root cause)
-            raise PeerLost(self.names[peer], self._death_text([peer]))
+            name = self.names[peer]
+            if peer in self.departed:   # it said farewell, and its process has ended since
+                why = self.departed[peer][2] or "its program ended"
+                raise PeerLost(name, f"rank {name} has left the runtime ({why}) and its process has ended: it "
+                                     "can be sent nothing more")
+            raise PeerLost(name, self._death_text([peer]))
 
     def _posted(self, request: MPI.Request, peer: int, buf: Any, receive: bool) -> tuple[MPI.Request, int]:
         """Remember a posted request until it is waited for (see ``abandon``)."""
@@ -317,9 +323,9 @@ class MPITransport(Departures, AtExit):
 
     def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int], statuses: list | None = None,
                   deadline: float | None = None) -> None:
-        """Poll until ``requests`` are done, or ``deadline`` (default: the call's); the first peer
-        still pending is the one named on timeout (-1: any rank)."""
-        deadline = self.deadline if deadline is None else deadline
+        """Poll until ``requests`` are done, or ``deadline`` (default: the call's, read at every look:
+        stopping the engine moves it, see ``collectives.progress``); the first peer still pending is
+        the one named on timeout (-1: any rank)."""
         try:
             for _ in range(self._quick_polls):   # a few microseconds, without the clock: the latency path
                 if _testall(requests, statuses):
@@ -333,7 +339,7 @@ class MPITransport(Departures, AtExit):
                     notices = self.notices()
                     self.check_peers(COLLECTIVE)
                     next_check = now + CHECK_INTERVAL
-                if now >= deadline:
+                if now >= (self.deadline if deadline is None else deadline):
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
                     peer = (pending or peers)[0]
                     if peer < 0:
