@@ -143,6 +143,19 @@ def test_a_failed_checkpoint_write_leaves_no_temporary_file(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-epoch000001.npz"]
 
 
+def test_keep_counts_only_this_runs_checkpoints(tmp_path):
+    """Adversarial round of issue 36: a note named like a later checkpoint was counted by --keep, which
+    then removed every real checkpoint and kept the note (the next --resume found nothing)."""
+    note = tmp_path / "checkpoint-epoch000009.npz"
+    note.write_text("notes")
+    for epochs in (1, 2, 3):
+        checkpoint.save(tmp_path, epochs, epochs, {"params": np.full(3, epochs)}, {"seed": 0}, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-epoch000002.npz", "checkpoint-epoch000003.npz",
+                                                          "checkpoint-epoch000009.npz"]
+    path, saved = checkpoint.newest_valid(tmp_path, report=lambda line: None)
+    assert path.name == "checkpoint-epoch000003.npz" and saved["params"][0] == 3
+
+
 def test_resume_without_checkpoints_fails_cleanly(tmp_path):
     result = run_world(2, ["-m", "trainer", "--checkpoint-dir", str(tmp_path / "empty"), "--resume"], TIMEOUT_S)
     assert result.returncode != 0 and "no usable checkpoint" in result.stdout and "Traceback" not in result.stdout

@@ -73,9 +73,31 @@ def save(directory: Path, epochs_done: int, step: int, arrays: dict[str, np.ndar
     except BaseException:   # a full disk, say: leave nothing half-written behind
         Path(temporary).unlink(missing_ok=True)
         raise
-    for old in sorted(directory.glob(PATTERN))[:-keep]:
+    for old in _this_runs(directory, epochs_done)[:-keep]:
         old.unlink()
     return final
+
+
+def _this_runs(directory: Path, epochs_done: int) -> list[Path]:
+    """The checkpoints ``--keep`` counts, oldest first: archives named for ``epochs_done`` or fewer
+    epochs. A file named like a later one (it was skipped when this run resumed) or one that is no
+    archive at all (a note saved under that name) is neither counted nor removed.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> for epochs in (1, 2, 3):
+    ...     _ = (d / f"checkpoint-epoch{epochs:06d}.npz").write_bytes(_ZIP_MAGIC)
+    >>> _ = (d / "checkpoint-epoch000009.npz").write_text("notes")
+    >>> [p.name for p in _this_runs(d, 2)]
+    ['checkpoint-epoch000001.npz', 'checkpoint-epoch000002.npz']
+    """
+    def counted(path: Path) -> bool:
+        number = path.name[len("checkpoint-epoch"):-len(".npz")]
+        try:
+            with open(path, "rb") as f:
+                return number.isdigit() and int(number) <= epochs_done and f.read(4) == _ZIP_MAGIC
+        except OSError:
+            return False
+    return [path for path in sorted(directory.glob(PATTERN)) if counted(path)]
 
 
 _ZIP_MAGIC = b"PK\x03\x04"
