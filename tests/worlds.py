@@ -38,6 +38,16 @@ def mpi_name() -> str:
     return "Open MPI" if _is_open_mpi(mpiexec()[0]) else "MPICH"
 
 
+def keep_survivors() -> tuple[str, ...]:
+    """Launcher flags that leave the other ranks running when one dies, so that the runtime names it.
+
+    MPICH: -disable-auto-cleanup. Open MPI 5 (prterun): a "recoverable" job (measured: without it
+    prterun kills every rank within a second of a death, before any speaks; --with-ft ulfm makes MPI
+    itself raise MPI_ERR_PROC_FAILED inside the runtime's calls instead, which the runtime does not use).
+    """
+    return ("--runtime-options", "recoverable") if mpi_name() == "Open MPI" else ("-disable-auto-cleanup",)
+
+
 def run_world(n: int, args: list[str], timeout: float, env: dict | None = None,
               launcher_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """``mpiexec LAUNCHER_ARGS -n n python ARGS`` from the repository root; kills the whole world on timeout."""
