@@ -73,7 +73,7 @@ class MPITransport(Departures, AtExit):
         self._local_pids = {r: pids[r] for r in local if r != self.rank}
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
-        oversubscribed = self.local_size > usable_cores()
+        oversubscribed = self.local_size > usable_cores(self._local_pids.values())
         self._spin_seconds = 0.0 if oversubscribed else SPIN_SECONDS
         # In the background (another thread of this process computes meanwhile): never spin or
         # yield, nap from the first poll on, so the computing thread keeps its core.
