@@ -14,7 +14,7 @@ import pytest
 
 from ring import cost
 from ring.transport.polling import usable_cores
-from tests.worlds import ROOT, mpi_name, mpiexec, run_world
+from tests.worlds import ROOT, killed_by_ctrl_c, mpi_name, mpiexec, run_world
 
 TIMEOUT_S = 240
 #: (--no-gloo: the gloo column has its own tests, in test_bench_gloo.py; these stay quick without torch's start)
@@ -173,6 +173,9 @@ def test_ctrl_c_stops_every_rank_with_one_line_and_keeps_the_rows(tmp_path):
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.communicate()
+    if mpi_name() == "Open MPI":
+        assert killed_by_ctrl_c(job.returncode, rest), rest   # (it does not pass Ctrl-C on: tests.worlds)
+        return
     assert job.returncode == 130, rest
     assert rest.count("# interrupted (Ctrl-C) after ") == 1 and "Traceback" not in rest, rest
     done = int(rest.split("# interrupted (Ctrl-C) after ")[1].split()[0])
