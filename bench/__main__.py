@@ -64,9 +64,12 @@ def environment(comm: MPI.Comm, device: str) -> dict:
     """Where these figures come from (printed, and written into the JSON and CSV)."""
     settings = col.settings()
     hosts = sorted(set(comm.allgather(MPI.Get_processor_name())))
+    cpus = {}   # per host, the cpus its ranks may run on together (a rank bound to one core shares it with none)
+    for host, mine in comm.allgather((MPI.Get_processor_name(), os.sched_getaffinity(0))):
+        cpus.setdefault(host, set()).update(mine)
     return {
         "ranks_per_host": comm.allreduce(col.local_size(), op=MPI.MAX),
-        "usable_cpus": comm.allreduce(len(os.sched_getaffinity(0)), op=MPI.MIN),
+        "usable_cpus": min(len(c) for c in cpus.values()),
         "device": device,
         "n": comm.Get_size(),
         "hosts": ",".join(hosts),

@@ -4,11 +4,13 @@
 # namespace through veth pairs, addresses 169.254.100.<i>, /etc/netns/<host>/hosts naming every host.
 #
 #   scripts/emulate_hosts.sh up 3 [RATE]        # hosts ringh1..ringh3; RATE (tc tbf, e.g. 1gbit): each host link
-#   scripts/emulate_hosts.sh run 2,2 -- python -m trainer     # MPICH's mpiexec on ringh1, 2 ranks on each of 2 hosts
+#   scripts/emulate_hosts.sh run 2,2 -- python -m trainer     # mpiexec on ringh1, 2 ranks on each of 2 hosts
 #   scripts/emulate_hosts.sh down               # remove every emulated host (also stale ones of a killed run)
 #
-# `run` launches with the venv's (or PATH's) MPICH mpiexec from host 1, with scripts/emulated_ssh.sh as
-# the ssh it starts the other hosts' proxies with; the environment (PYTHONPATH, MPIR_CVAR_*, ...) travels.
+# `run` launches with the venv's (or PATH's) mpiexec from host 1, MPICH's or Open MPI's, with
+# scripts/emulated_ssh.sh as the ssh it starts the other hosts' proxies (MPICH) or daemons (Open MPI's
+# prted) with; the environment (PYTHONPATH, MPIR_CVAR_*, OMPI_MCA_*, ...) travels. Consecutive ranks
+# share a host under both (MPICH: the hostfile's order; Open MPI: --map-by slot over "slots=N").
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 prefix="${EMULATED_HOSTS_PREFIX:-ringh}"
@@ -51,18 +53,29 @@ up() {
 run() {
     local layout=$1; shift
     [ "${1:-}" = "--" ] && shift
-    local total=0 i=0
+    local total=0 i=0 mpiexec open_mpi=""
+    mpiexec="$(dirname "$(command -v python3)")/mpiexec"
+    [ -x "$mpiexec" ] || mpiexec="$(command -v mpiexec)"
+    "$mpiexec" --version 2>/dev/null | grep -q "Open MPI" && open_mpi=1
     hostfile="$(mktemp /tmp/emulated-hosts.XXXXXX)"
     trap 'rm -f "$hostfile"' EXIT
     for slots in ${layout//,/ }; do
         i=$((i + 1)); total=$((total + slots))
-        echo "${prefix}$i:$slots" >> "$hostfile"
+        if [ -n "$open_mpi" ]; then echo "${prefix}$i slots=$slots"; else echo "${prefix}$i:$slots"; fi >> "$hostfile"
     done
-    local mpiexec
-    mpiexec="$(dirname "$(command -v python3)")/mpiexec"
-    [ -x "$mpiexec" ] || mpiexec="$(command -v mpiexec)"
+    local launch
+    if [ -n "$open_mpi" ]; then
+        # prterun starts a prted on each other host through the agent; the agent runs it here, so it finds
+        # prted on this PATH (the venv's bin first). --bind-to none: a host's ranks share 2 real cores.
+        export PATH="$(dirname "$mpiexec"):$PATH"
+        launch=("$mpiexec" --hostfile "$hostfile" --map-by slot --bind-to none
+                --mca plm_rsh_agent "$here/emulated_ssh.sh")
+        [ "$(id -u)" = 0 ] && launch+=(--allow-run-as-root)
+    else
+        launch=("$mpiexec" -f "$hostfile" -launcher ssh -launcher-exec "$here/emulated_ssh.sh")
+    fi
     ip netns exec "${prefix}1" unshare -ui sh -c "hostname ${prefix}1; \"\$@\"" sh \
-        "$mpiexec" -f "$hostfile" -launcher ssh -launcher-exec "$here/emulated_ssh.sh" -n "$total" "$@"
+        "${launch[@]}" -n "$total" "$@"
 }
 
 case "${1:-}" in

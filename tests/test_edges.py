@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_faults import BOUND_S, _errors, _fault, _trace
-from tests.worlds import ROOT, mpiexec, run_world
+from tests.worlds import ROOT, keep_survivors, mpi_name, mpiexec, run_world
 
-MPICH = len(mpiexec()) == 1   # (Open MPI's launcher comes with flags: see tests.worlds.mpiexec)
 OWN_OUTPUT = ROOT / "tests" / "programs" / "own_output.sh"
 
 
@@ -145,7 +144,8 @@ def _alive(pid: int) -> bool:
 
 
 #: MPICH's launcher (its proxy) sometimes SIGKILLs a survivor's whole process group within a
-#: fraction of a second of another rank's death, even with -disable-auto-cleanup, before the
+#: fraction of a second of another rank's death, even with -disable-auto-cleanup (Open MPI's
+#: "recoverable" job never did, in 5 runs of 5), before the
 #: survivor runs another line of Python (seen in about 1 run in 6 with a CPU hog beside; strace
 #: attached to a survivor died with it). Such a run says nothing about the runtime: it is run
 #: again, up to KILL_ATTEMPTS times in all, and the first run in which every survivor got to
@@ -161,14 +161,13 @@ def _until_every_survivor_speaks(run, survivors, spoke):
     return found
 
 
-@pytest.mark.skipif(not MPICH, reason="-disable-auto-cleanup is an option of MPICH's launcher")
 @pytest.mark.parametrize("when", ["waiting", "computing"])
 def test_after_a_rank_is_killed_every_survivor_says_so_and_exits_non_zero_within_2_s(tmp_path, when):
     def run(attempt):
         directory = tmp_path / f"attempt{attempt}"
         directory.mkdir()
         return _run_with_own_output(3, ["-m", "tests.programs.edges", "killed", when], directory,
-                                    launcher_args=["-disable-auto-cleanup"])
+                                    launcher_args=keep_survivors())
     outputs, ended, _ = _until_every_survivor_speaks(run, (0, 2), lambda output: "program ended" in output)
     for rank in (0, 2):
         output = outputs[rank]
@@ -199,12 +198,22 @@ def test_a_program_that_never_uses_the_runtime_ends_cleanly():
 
 
 def test_groups_made_in_a_loop_say_when_mpi_runs_out_and_destroy_gives_them_back():
-    status, output, wall = _edge(2, "groups-in-a-loop")
-    assert status == 0 and wall < BOUND_S, output[-3000:]
+    # MPICH runs out of communicators near 2048 groups. Open MPI 5 made all 5000 that the program asks
+    # for (its limit lies beyond), so there nothing runs out and only the rest is checked; a group costs
+    # it about 0.7 ms against MPICH's 0.3 (PMIx takes part), yet 2 runs in 8 here took over 60 s (one 89 s,
+    # beside a CPU hog): its bound is 180 s.
+    open_mpi = mpi_name() == "Open MPI"
+    started = time.monotonic()
+    result = run_world(2, ["-m", "tests.programs.edges", "groups-in-a-loop"], 180 if open_mpi else BOUND_S)
+    status, output, wall = result.returncode, result.stdout, time.monotonic() - started
+    assert status == 0, output[-3000:]
     for rank in (0, 1):
         found = re.search(rf"rank {rank}: CollectiveError after (\d+) groups: new_group: MPI has no communicators "
                           r"left \((\d+) groups alive\); destroy groups you no longer use", output)
-        assert found and found.group(1) == found.group(2), output[-3000:]
+        if open_mpi:
+            assert not found and "CollectiveError" not in output, output[-3000:]
+        else:
+            assert found and found.group(1) == found.group(2) and wall < BOUND_S, output[-3000:]
         assert f"rank {rank}: after destroying 100: sum right, world right" in output, output[-3000:]
         assert f"rank {rank}: then: barrier: group: group [0, 1] was destroyed (Group.destroy())" in output
         assert f"rank {rank}: 2100 groups made and destroyed" in output, output[-3000:]
@@ -214,7 +223,6 @@ def test_groups_made_in_a_loop_say_when_mpi_runs_out_and_destroy_gives_them_back
 PS_LONG = ["-m", "trainer", "--dataset", "synthetic", "--samples", "20000", "--epochs", "200", "--strategy", "ps"]
 
 
-@pytest.mark.skipif(not MPICH, reason="-disable-auto-cleanup is an option of MPICH's launcher")
 @pytest.mark.parametrize("victim, role", [(1, "worker"), (3, "server")])
 def test_a_parameter_server_job_losing_a_rank_names_it_on_every_survivor(tmp_path, victim, role):
     """4 ranks: workers 0-2, server 3. The victim is SIGKILLed once training is under way (runs in
@@ -236,7 +244,7 @@ def _kill_during_ps_training(directory: Path, victim: int):
     """Start PS training on 4 ranks, each with its own output file, SIGKILL ``victim`` once an epoch
     has passed; return (the survivors' output, every rank's pid, seconds until the last survivor ended)."""
     directory.mkdir()
-    command = [*mpiexec(), "-disable-auto-cleanup", "-n", "4", str(OWN_OUTPUT), sys.executable, *PS_LONG]
+    command = [*mpiexec(), *keep_survivors(), "-n", "4", str(OWN_OUTPUT), sys.executable, *PS_LONG]
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OWN_OUTPUT": str(directory / "out")}
     job = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, start_new_session=True)

@@ -17,7 +17,7 @@ import pytest
 
 from ring.transport.polling import process_state as _process_state
 from tests.test_trainer import final_params
-from tests.worlds import ROOT, mpiexec, run_world
+from tests.worlds import ROOT, keep_survivors, mpiexec, run_world
 
 BOUND_S = 60   # "well under a minute": no scenario may take longer to end
 LEAVE_BOUND_S = 2.0   # a rank waiting for one that left must know within this
@@ -115,13 +115,13 @@ def test_a_rank_that_dies_with_handles_in_flight_fails_the_others_waits_fast(n):
             "rank 1 left: uncaught RuntimeError: user bug on rank 1 (after 3 collective(s))"), output
 
 
-@pytest.mark.parametrize("cleanup", [True, False] if len(mpiexec()) == 1 else [True])   # (an MPICH option)
+@pytest.mark.parametrize("cleanup", [True, False])   # False: the launcher keeps the survivors (keep_survivors)
 def test_a_late_rank_whose_call_differs_from_the_abandoned_one_does_not_hang_the_exit(cleanup):
     # Rank 1 finds the others' leftover messages disagree with its call and starts the all-gather that
     # reports it, which they, gone, never join: the exit barrier must not pair with that (it hung).
     started = time.monotonic()
     result = run_world(3, ["-m", "tests.programs.faults", "late-other-call"], BOUND_S,
-                       launcher_args=() if cleanup else ("-disable-auto-cleanup",))
+                       launcher_args=() if cleanup else keep_survivors())
     output, wall = result.stdout, time.monotonic() - started
     errors = _errors(output)
     assert result.returncode not in (0, -9) and sorted(errors) == [0, 1, 2] and wall < 30, output

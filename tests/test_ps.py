@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.test_trainer import final_params, train
-from tests.worlds import ROOT, mpiexec, run_world
+from tests.worlds import ROOT, keep_survivors, mpiexec, run_world
 from trainer.strategies import ps
 
 TWO_EPOCHS = ["--epochs", "2", "--hidden", "32", "16"]
@@ -79,10 +79,8 @@ LONG = ["--dataset", "synthetic", "--samples", "20000", "--epochs", "200", "--st
 def test_a_killed_server_or_worker_ends_the_job_naming_it(victim, role):
     # MPICH's launcher kills the whole job as soon as one process dies, and its report names some pid,
     # not always the dead one's: asked not to (-disable-auto-cleanup), it lets the runtime see the death
-    # and name the rank. Open MPI's launcher has no such flag here: it is used as it comes.
-    launcher = mpiexec()
-    cleanup = ["-disable-auto-cleanup"] if len(launcher) == 1 else []
-    command = [*launcher, *cleanup, "-n", "3", sys.executable, "-m", "trainer", *LONG]
+    # and name the rank (Open MPI's: a "recoverable" job; tests.worlds.keep_survivors).
+    command = [*mpiexec(), *keep_survivors(), "-n", "3", sys.executable, "-m", "trainer", *LONG]
     job = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     guard = threading.Timer(120, lambda: os.killpg(job.pid, signal.SIGKILL))

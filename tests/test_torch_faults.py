@@ -11,18 +11,17 @@ import sys
 
 import pytest
 
-from tests.worlds import ROOT, mpiexec, run_world
+from tests.worlds import ROOT, keep_survivors, mpiexec, run_world
 
 pytest.importorskip("torch")
 BOUND_S = 120
 TIMEOUT_S = 4   # the runtime's timeout in these programs (torch's timeout= is the same)
-MPICH = "Open MPI" not in " ".join(mpiexec())
 KILL_ATTEMPTS = 4   # MPICH's launcher sometimes SIGKILLs survivors too (see tests/test_edges.py)
 
 
 def scenario(n: int, name: str, cleanup: bool = True) -> tuple[int, dict[int, str], str]:
     """Run it; the exit status, each rank's one line (what follows ``rank R: ``), all the output."""
-    launcher = () if cleanup or not MPICH else ("-disable-auto-cleanup",)
+    launcher = () if cleanup else keep_survivors()
     result = run_world(n, ["-m", "tests.programs.torch_faults", name], BOUND_S,
                        env={"COLLECTIVES_TIMEOUT": str(TIMEOUT_S)}, launcher_args=launcher)
     assert "Segmentation" not in result.stdout and result.returncode not in (-11, 139, -9), result.stdout
@@ -36,9 +35,9 @@ def _lines(output: str) -> dict[int, str]:
 
 
 def killed_scenario(tmp_path) -> tuple[dict[int, str], str]:
-    """``killed`` at n=3 under -disable-auto-cleanup, each rank's output in a file of its own (the
+    """``killed`` at n=3, the survivors kept by the launcher (keep_survivors), each rank's output in a file of its own (the
     launcher drops what survivors print once it has seen a death)."""
-    command = [*mpiexec(), "-disable-auto-cleanup", "-n", "3", str(ROOT / "tests" / "programs" / "own_output.sh"),
+    command = [*mpiexec(), *keep_survivors(), "-n", "3", str(ROOT / "tests" / "programs" / "own_output.sh"),
                sys.executable, "-m", "tests.programs.torch_faults", "killed"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "COLLECTIVES_TIMEOUT": str(TIMEOUT_S),
            "OWN_OUTPUT": str(tmp_path / "out")}
@@ -99,7 +98,6 @@ def test_a_peer_that_exits_or_is_late_fails_every_survivors_call(n, name, why):
     assert "ok" not in output.replace("ok[", ""), output
 
 
-@pytest.mark.skipif(not MPICH, reason="-disable-auto-cleanup is an option of MPICH's launcher")
 def test_a_killed_peer_fails_every_survivors_call_naming_it(tmp_path):
     for attempt in range(KILL_ATTEMPTS):   # (a run where the launcher killed a survivor too says nothing)
         (tmp_path / str(attempt)).mkdir()
@@ -112,7 +110,7 @@ def test_a_killed_peer_fails_every_survivors_call_naming_it(tmp_path):
                          lines[rank]), output
 
 
-@pytest.mark.parametrize("cleanup", [True, False] if MPICH else [True])
+@pytest.mark.parametrize("cleanup", [True, False])
 @pytest.mark.parametrize("name", ["ddp_exits", "ddp_raises", "ddp_uneven", "ddp_late"])
 def test_ddp_raises_in_backward_naming_the_peer_instead_of_crashing(name, cleanup):
     status, lines, output = scenario(3, name, cleanup)

@@ -10,10 +10,11 @@ import time
 import pytest
 
 from cmdline import interrupt as interrupt_module
-from tests.worlds import ROOT, mpiexec, run_world
+from tests.worlds import ROOT, killed_by_ctrl_c, mpi_name, mpiexec, run_world
 from trainer import checkpoint
 
 TIMEOUT_S = 180
+OPEN_MPI = mpi_name() == "Open MPI"   # (its mpiexec does not pass Ctrl-C on: tests.worlds.killed_by_ctrl_c)
 LONG = ["--epochs", "5000"]   # the digits: a few ms an epoch, so the run is still going when Ctrl-C comes
 
 
@@ -63,6 +64,9 @@ def test_ctrl_c_stops_every_rank_at_the_same_step_with_one_line(tmp_path, who):
     directory = tmp_path / "ckpt"
     process = start(2, [*LONG, "--checkpoint-dir", str(directory)])
     output = interrupt(process, "epoch   3/", None if who == "mpiexec" else 1)
+    if who == "mpiexec" and OPEN_MPI:
+        assert killed_by_ctrl_c(process.returncode, output), output   # (what Open MPI does instead)
+        return
     assert process.returncode == 130, output
     newest = int(sorted(directory.glob(checkpoint.PATTERN))[-1].name[len("checkpoint-epoch"):-len(".npz")])
     lines = [line for line in output.splitlines() if line.startswith("interrupted at epoch ")]
@@ -92,6 +96,9 @@ def test_a_second_ctrl_c_stops_this_rank_at_once():
 def test_ctrl_c_without_checkpoints_says_there_is_nothing_to_resume():
     process = start(3, [*LONG, "--no-overlap"])
     output = interrupt(process, "epoch   2/")
+    if OPEN_MPI:
+        assert killed_by_ctrl_c(process.returncode, output), output
+        return
     assert process.returncode == 130, output
     assert output.count("; no checkpoint was written (--checkpoint-dir)") == 1, output
 
@@ -103,6 +110,9 @@ def test_ctrl_c_stops_parameter_servers_at_the_end_of_an_epoch(tmp_path, who):
     directory = tmp_path / "ckpt"
     process = start(3, [*LONG, "--strategy", "ps", "--checkpoint-dir", str(directory)])
     output = interrupt(process, "epoch   2/", {"mpiexec": None, "worker rank 1 alone": 1, "server rank 2 alone": 2}[who])
+    if who == "mpiexec" and OPEN_MPI:
+        assert killed_by_ctrl_c(process.returncode, output), output
+        return
     assert process.returncode == 130, output
     last = [line for line in output.splitlines() if line.startswith("epoch ")][-1]
     epoch = int(last.split()[1].split("/")[0])

@@ -28,12 +28,20 @@ def pause(waited: float, spin_seconds: float, background: bool = False) -> None:
         time.sleep(min(waited * _NAP_SHARE, _MAX_NAP))
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
+def usable_cores(pids=()) -> int:
+    """The cores this process and ``pids`` (the other ranks on its host) may run on, together: a
+    launcher that binds each rank to a core of its own (Open MPI does by default) leaves each one
+    core, yet none shares it."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):   # not Linux
         return os.cpu_count() or 1
+    for pid in pids:
+        try:
+            cores |= os.sched_getaffinity(pid)
+        except OSError:   # gone, or not ours to read: its cores are not counted
+            pass
+    return len(cores)
 
 
 _HAVE_PROC = os.path.isdir("/proc/self")
