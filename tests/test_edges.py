@@ -277,22 +277,21 @@ def test_a_failure_notice_that_comes_after_the_runtime_left_ends_nothing():
     """Issue 36, item 4: under -disable-auto-cleanup MPICH tells survivors of a death by SIGUSR1;
     Python's finalization put its default action (end at once) back, and processes that had reported
     everything ended with "signal 10". Once the runtime has left, SIGUSR1 is ignored."""
-    launcher = ("-disable-auto-cleanup",) if MPICH else ()
-    result = run_world(2, ["-m", "tests.programs.notice_at_exit"], 60, launcher_args=launcher)
+    result = run_world(2, ["-m", "tests.programs.notice_at_exit"], 60, launcher_args=keep_survivors())
     assert result.returncode == 0, result.stdout
     for rank in (0, 1):
         assert f"rank {rank}: SIGUSR1 at exit: <Handlers.SIG_IGN: 1>" in result.stdout, result.stdout
         assert f"rank {rank}: survived a notice at exit" in result.stdout, result.stdout
 
 
-@pytest.mark.skipif(not MPICH, reason="MPICH's launcher's failure notice (-disable-auto-cleanup); Open MPI's sends none")
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="MPICH's launcher's failure notice (-disable-auto-cleanup); Open MPI's sends none")
 def test_a_rank_terminated_before_its_first_collective_is_reported_by_the_others_in_setup(tmp_path):
     """Issue 36, item 4: SIGTERM of a rank before its first collective made the survivors vanish
     without a word (the launcher's SIGUSR1 came before the runtime heard it). The setup now hears
     the notice: before the setup's exchange nobody knows which rank died, and the error says so."""
     env = {"OWN_OUTPUT": str(tmp_path / "out")}
     run_world(3, [str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges", "terminated-before-setup"], 60,
-              env=env, launcher_args=("-disable-auto-cleanup",), python=False)
+              env=env, launcher_args=keep_survivors(), python=False)
     for rank in (0, 2):
         output = _read(tmp_path, rank)
         found = re.search(rf"rank {rank}: CollectiveError after ([\d.]+) s in first call: init: a process of this job "
