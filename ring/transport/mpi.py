@@ -104,10 +104,9 @@ class MPITransport(Departures, AtExit):
 
     def sending_to(self, peer: int) -> None:
         """Raise PeerLost, before anything is posted, if ``peer`` is on another host and its process
-        has ended (or is ending):
-        over UCX, MPICH crashes a rank that sends to a dead peer once it has seen that peer's
-        connection close (see ``Liveness.gone``); a peer on this host is never sent anything
-        after its death is known, and MPI's shared memory does not crash meanwhile."""
+        has ended or is ending. Over UCX, MPICH crashes a rank that sends to such a peer once it
+        has seen the peer's connection close (see ``Liveness.gone``). A peer on this host is never
+        sent anything after its death is known, and MPI's shared memory does not crash meanwhile."""
         if peer in self._remote and self.liveness is not None and self.liveness.gone(self.names[peer]):
             self.dead.add(peer)
             self.check_peers(COLLECTIVE)   # (names it as every rank should hear it, or a root cause)
