@@ -104,11 +104,16 @@ def test_a_rank_killed_on_another_host_makes_open_mpi_abort_the_job_before_any_s
     result, outputs, job_ended = _killed_on_host_2(tmp_path, keep_survivors())
     assert result.returncode not in (0, -9) and job_ended - started < 30, (result.stdout, outputs)
     banner = " ".join(result.stdout.split())
-    # MPI's abort, or its help text naming the peer's host (each was missing in some runs: the abort cuts output off)
-    assert "An error occurred in Socket closed" in banner and "on a NULL communicator" in banner \
-        or "has unexpectedly disconnected" in banner and "Peer host: ringh2" in banner, result.stdout
+    assert _aborted_by_mpi(banner), result.stdout
     for rank in (0, 1, 2):
         assert "CollectiveError" not in outputs[rank] or re.search(DEATH, outputs[rank]), outputs
+
+
+def _aborted_by_mpi(banner: str) -> bool:
+    """MPI's abort, or its help text naming the peer's host (each was missing in some runs: the abort
+    cuts output off)."""
+    return ("An error occurred in Socket closed" in banner and "on a NULL communicator" in banner
+            or "has unexpectedly disconnected" in banner and "Peer host: ringh2" in banner)
 
 
 def test_with_prteruns_default_cleanup_it_names_the_dead_process_and_ends_the_job(cluster, tmp_path):
@@ -120,8 +125,10 @@ def test_with_prteruns_default_cleanup_it_names_the_dead_process_and_ends_the_jo
     pid = re.search(r"rank 3: pid (\d+)", outputs[3]).group(1)
     assert result.returncode not in (0, -9) and job_ended - started < 30, (result.stdout, outputs)
     banner = " ".join(result.stdout.split())
+    # prterun's own line, unless MPI's abort (as in the test above) came first: seen once in a CI run
+    # beside a CPU hog, where the survivors' TCP transport read the sockets close before prterun spoke
     assert f"prterun noticed that process rank 3 with PID {pid} on node ringh2 exited on signal 9 (Killed)" \
-        in banner, result.stdout
+        in banner or _aborted_by_mpi(banner), result.stdout
     for rank in (0, 1, 2):
         assert "CollectiveError" not in outputs[rank] or re.search(DEATH, outputs[rank]), outputs
     time.sleep(1)   # (a prted may still be on its way out)
