@@ -107,7 +107,8 @@ def _made_by_members(parent, ranks: Any, timeout: Any) -> Any:
     if me not in members:
         validate.fail("new_group", "ranks", f"with members_only=True only the members call, and rank {me} is "
                                             f"not one of {list(members)}")
-    places = sorted(parent.ranks.index(r) for r in members)
+    indices = [parent.ranks.index(r) for r in members]
+    places = sorted(indices)
     deadline = monotonic() + (runtime.settings.timeout if timeout is None else timeout)
     try:
         mine = signature("new_group", 0, shape=members).ljust(SIGNATURE_BYTES, b"\0")
@@ -122,7 +123,7 @@ def _made_by_members(parent, ranks: Any, timeout: Any) -> Any:
         raise CollectiveUsageError(disagreement("new_group", said, tuple(parent.ranks[p] for p in places),
                                                 parent.label))
     try:
-        made = parent.transport.subset([parent.ranks.index(r) for r in members])
+        made = parent.transport.subset(indices)
     except CommunicatorsExhausted as e:
         raise CollectiveError(f"new_group: MPI has no communicators left; destroy groups you no longer use [{e}]") \
             from e

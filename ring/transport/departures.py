@@ -235,8 +235,7 @@ class Departures:
             time.sleep(0.02)
 
     def notices(self) -> int:
-        """How many failure notices the launcher has sent this process (see hear_failure_notices)."""
-        return _notices
+        return failure_notices()
 
 
 def failure_notices() -> int:
