@@ -41,7 +41,7 @@ from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.progress import Work
 from collectives.signature import disagreement, signature as make_signature, template
 from ring import arrays, cost, doubling
-from ring.transport.base import TransportError, TransportTimeout
+from ring.transport.base import Bound, TransportError, TransportTimeout
 
 _PROBLEM_BYTES = 512
 _MAIN_THREAD = main_thread().ident
@@ -49,15 +49,18 @@ _ROLL_CALL_GRACE = 1.0   # seconds the ranks that timed out spend finding out wh
 _REDUCTIONS = frozenset(("allreduce", "allreduce_many", "reduce_scatter", "reduce"))   # (the floating-point guard)
 
 
-class Call:
-    """One call of collective ``name`` on ``group`` on this rank: its sequence number (the group's
-    count of calls, the same on every member in step), its deadline (set on the group's
-    transports), what it forces (``forced``: ``algorithm=``) and, once chosen, what it runs."""
+class Call(Bound):
+    """One call of collective ``name`` on ``group`` on this rank, and the bound of its waits (a
+    ``ring.transport.base.Bound``, handed to every transport call it makes): its sequence number
+    (the group's count of calls, the same on every member in step), its deadline (``until``),
+    the runtime's stop, what it forces (``forced``: ``algorithm=``) and, once its body has chosen,
+    what it runs (``algorithm``) and the bytes this rank brings (``nbytes``). A value of this
+    call alone: its body fills in what it ran, the frame returns it with the result."""
 
-    __slots__ = ("group", "runtime", "name", "seq", "call_name", "thread", "forced", "algorithm", "nbytes")
+    __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes")
 
     def __init__(self, group, name: str, timeout: object, call_name: object = None, forced: object = None,
-                 thread: str = ""):
+                 thread: str = "", background: bool = False):
         self.group = group
         runtime = self.runtime = group.runtime
         self.name = name
@@ -66,18 +69,11 @@ class Call:
         self.thread = thread   # the name of the thread that issued the call ("" for the main thread)
         self.algorithm = ""    # the algorithm it runs, once chosen
         self.nbytes = 0        # the bytes this rank brings (for the timeline)
-        seq = self.seq = group.seq = group.seq + 1
-        runtime.current = self
-        if runtime.failure is not None:   # stopped meanwhile (see progress.Engine.stop): fail at the first poll
-            deadline = float("-inf")
-        else:
-            deadline = monotonic() + (runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout)
-                                      else timeout)
-        transport = group.transport
-        transport.deadline, transport.seq = deadline, seq
-        if group.levels is not None:
-            for level in group.levels:
-                level.deadline = deadline
+        self.seq = group.seq = group.seq + 1
+        self.until = monotonic() + (runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout)
+                                    else timeout)
+        self.stop = runtime.stopped   # (set by runtime.stop: a wait in flight ends at its next look)
+        self.background = background
 
     def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,
                   memory: str = "") -> bytes:
@@ -92,7 +88,7 @@ class Call:
         check is off (COLLECTIVES_CHECK=0), unless ``always`` (the exchange is the call's own work,
         or what follows blocks inside MPI and needs every rank known to be there)."""
         if always or self.runtime.settings.check:
-            if not doubling.agree(self.group.transport, signature):
+            if not doubling.agree(self.group.transport, self, signature):
                 self.disagree(signature)
 
     def disagree(self, signature: bytes, problem: str = "") -> NoReturn:
@@ -100,7 +96,7 @@ class Call:
         packed = signature.ljust(doubling.SIGNATURE_BYTES, b"\0")
         text = problem.encode()[:_PROBLEM_BYTES].ljust(_PROBLEM_BYTES, b"\0")
         g = self.group
-        every = g.transport.allgather_bytes(packed + text)
+        every = g.transport.allgather_bytes(packed + text, self)
         signatures = [row[:doubling.SIGNATURE_BYTES] for row in every]
         problems = [row[doubling.SIGNATURE_BYTES:].rstrip(b"\0").decode(errors="replace") for row in every]
         for r, other in enumerate(problems):
@@ -120,15 +116,15 @@ class Call:
             signature = make_signature(self.name, self.seq, rejected=True, name=str(error))   # (two ranks' different
             # problems then disagree, and every rank raises the first one's)
             try:
-                if not doubling.agree(self.group.transport, signature):
+                if not doubling.agree(self.group.transport, self, signature):
                     self.disagree(signature, str(error))
             except CollectiveUsageError as shared:   # the first rank's problem, the one every rank raises:
                 if getattr(shared, "origin", None) != self.group.ranks[self.group.rank()]:
                     raise shared from error
                 # this rank's own: raised below as it is (the others add "(on rank r; ...)")
         else:
-            self.runtime.failure = (f"{self.name} #{self.seq} on {self.group.where()} was refused with "
-                                    f"COLLECTIVES_CHECK=0, so the other ranks were not told: {error}")
+            self.runtime.stop(f"{self.name} #{self.seq} on {self.group.where()} was refused with "
+                              f"COLLECTIVES_CHECK=0, so the other ranks were not told: {error}")
         raise error
 
     def check_options(self, timeout: object, call_name: object, algorithm: object) -> None:
@@ -162,17 +158,19 @@ def issue(g, name: str, body: Callable, args: tuple, async_op: object = False, t
         _check_thread(name, runtime.threads_checked)
     issuer = "" if get_ident() == _MAIN_THREAD else threading.current_thread().name
     if async_op is False:
-        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)
+        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)[0]
     if async_op is not True:
         body = refusal(CollectiveUsageError(f"{name}: async_op: expected True or False, got {async_op!r}"))
-        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)
-    job = functools.partial(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)
+        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)[0]
+    job = functools.partial(_frame, g, name, body, args, timeout, call_name, algorithm, issuer, True)
     return runtime.engine.submit(Work(name, job, runtime.engine), inline=_on_gpu(args))
 
 
 def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name: object, algorithm: object,
-           issuer: str) -> Any:
-    """Run one call (the engine's turn is held, in whichever thread).
+           issuer: str, detached: bool = False) -> tuple[Any, Call]:
+    """Run one call (the engine's turn is held, in whichever thread); return its result and the
+    call itself (its sequence number, the algorithm it ran). ``detached``: an async call, which
+    may run on the engine's thread (then its waits nap: see ``Bound.background``).
 
     A transport failure becomes a CollectiveError that names the collective, its sequence
     number, this rank and the ranks at fault; it, and any exception that is not a usage
@@ -180,7 +178,7 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
     runtime = g.runtime
     if runtime.failure is not None:
         raise stopped(name, runtime)
-    call = Call(g, name, timeout, call_name, algorithm, issuer)
+    call = Call(g, name, timeout, call_name, algorithm, issuer, detached and runtime.engine.in_background())
     quiet = arrays.ieee_floating_point() if name in _REDUCTIONS else None
     started = perf_counter() if timeline.current is not None else 0.0
     try:
@@ -189,20 +187,20 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
         result = body(call, *args)
     except CollectiveUsageError:
         if runtime.failure is None:
-            g.completed = g.seq   # raised alike on every rank: still in step
+            g.completed = call.seq   # raised alike on every rank: still in step
         raise
     except TransportError as e:
-        g.abandon()
-        raise _failure(g, name, e) from e
+        g.transports.abandon()
+        raise _failure(call, e) from e
     except CollectiveError:
         raise
     except BaseException as e:
-        g.abandon()
-        runtime.failure = runtime.failure or f"{name} #{g.seq} on {g.where()} was interrupted by {named(e)}"
+        g.transports.abandon()
+        runtime.stop(f"{name} #{call.seq} on {g.where()} was interrupted by {named(e)}")
         raise
     else:
-        g.completed = g.seq
-        return result
+        g.completed = call.seq
+        return result, call
     finally:
         if quiet is not None:
             arrays.restore_floating_point(quiet)
@@ -260,23 +258,24 @@ def named(error: BaseException) -> str:
     return type(error).__name__ + (f": {text}" if text else "")
 
 
-def _failure(g, name: str, error: TransportError) -> CollectiveError:
-    where = f"{name} #{g.seq} on {g.where()}"
+def _failure(call: Call, error: TransportError) -> CollectiveError:
+    g = call.group
+    where = f"{call.name} #{call.seq} on {g.where()}"
     runtime = g.runtime
-    if runtime.failure is not None:   # stopped from outside the call (see progress.Engine.stop)
+    if runtime.failure is not None:   # stopped from outside the call (runtime.stop: a wait ran out, Ctrl-C)
         return CollectiveError(f"{where} was stopped: {runtime.failure}")
-    detail = f"{error}; {_census(g)}" if isinstance(error, TransportTimeout) else str(error)
-    runtime.note_failure(f"{where}: {detail}", error, by_peer=True)
-    return CollectiveError(runtime.failure)
+    detail = f"{error}; {_census(g, call.seq)}" if isinstance(error, TransportTimeout) else str(error)
+    return CollectiveError(runtime.stop(f"{where}: {detail}", error, by_peer=True))
 
 
-def _census(g) -> str:
-    """After a timeout: which call of this group every other member is in, as far as they answer
-    (see roll_call): ranks are world ranks, call numbers count this group's calls."""
-    heard = g.transport.roll_call(_ROLL_CALL_GRACE)
-    unreachable = [r for r in g.transport.unreachable() if r not in heard]
-    here = [r for r, seq in sorted(heard.items()) if seq == g.seq]
-    elsewhere = [f"{r} (#{seq})" for r, seq in sorted(heard.items()) if seq != g.seq]
+def _census(g, seq: int) -> str:
+    """After a timeout in call ``seq``: which call of this group every other member is in, as far as
+    they answer (see ``Control.roll_call``): ranks are world ranks, call numbers count this group's calls."""
+    control = g.transport.control
+    heard = control.roll_call(_ROLL_CALL_GRACE, seq)
+    unreachable = [r for r in control.unreachable() if r not in heard]
+    here = [r for r, s in sorted(heard.items()) if s == seq]
+    elsewhere = [f"{r} (#{s})" for r, s in sorted(heard.items()) if s != seq]
     me = g.ranks[g.rank()]
     silent = [r for r in g.ranks if r != me and r not in heard and r not in unreachable]
     parts = []

@@ -21,6 +21,7 @@ from ring import algorithms
 from ring.arrays import is_array, transportable, xp_of
 from ring.partition import chunk_bounds
 from ring.transport import device as device_transports, nccl as nccl_transport
+from ring.transport.base import Transport
 
 
 def flat(x: Any) -> Any:
@@ -60,7 +61,7 @@ def choose(call: Call, collective: str, nbytes: int, host: bool) -> str:
     g, forced = call.group, call.forced
     if forced is None:
         key = (collective, g.transport.size, nbytes, host, host and g.levels is not None)
-        found = call.runtime.choices.get(key) or call.runtime.algorithm_for(*key)
+        found = call.runtime.algorithm_for(*key)
     else:
         found = forced
         why = _cannot_carry(call, forced, nbytes, host)
@@ -68,6 +69,11 @@ def choose(call: Call, collective: str, nbytes: int, host: bool) -> str:
             call.reject(CollectiveUsageError(f"{call.name}: algorithm: {forced!r} cannot run this call: {why}"))
     call.algorithm = found
     return found
+
+
+def transport_for(call: Call, x: Any) -> Transport:
+    """The transport of ``call``'s group that carries ``x`` (see ``Transports.for_array``)."""
+    return call.group.transports.for_array(x, call, call.runtime.settings.gpu_transport)
 
 
 def predicted(g, collective: str, x: Any) -> str:
@@ -132,7 +138,7 @@ def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, ho
     algorithm = choose(call, "allreduce", source.nbytes, host)
     g = call.group
     if algorithm == "doubling":
-        if not algorithms.allreduce_small(g.transport, source, target, op, sig):
+        if not algorithms.allreduce_small(g.transport, call, source, target, op, sig):
             call.disagree(sig)
         return
     if not checked:
@@ -140,13 +146,14 @@ def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, ho
     segment = call.runtime.segment_elems
     if algorithm == "hierarchical":
         local, across = g.levels
-        algorithms.allreduce_two_level(local, across, source, target, op, segment(source.dtype, local),
+        algorithms.allreduce_two_level(local, across, call, source, target, op, segment(source.dtype, local),
                                        segment(source.dtype, across))
     elif algorithm == "halving":
-        algorithms.allreduce_halving_doubling(g.transport, source, target, op, segment(source.dtype, g.transport))
+        algorithms.allreduce_halving_doubling(g.transport, call, source, target, op,
+                                              segment(source.dtype, g.transport))
     else:
-        transport = g.transport_for(source)
-        algorithms.allreduce(transport, source, target, op, segment(source.dtype, transport))
+        transport = transport_for(call, source)
+        algorithms.allreduce(transport, call, source, target, op, segment(source.dtype, transport))
 
 
 def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
@@ -197,13 +204,13 @@ def reduce_scatter(call: Call, x: Any, op: Any, out: Any) -> Any:
     source, wide = widened(flat(x))
     work = source if wide or not x.flags.c_contiguous else xp.empty(x.size, x.dtype)   # (a copy is ours to reuse)
     if choose(call, "reduce_scatter", source.nbytes, host) == "doubling":
-        if not algorithms.allreduce_small(g.transport, source, work, op, sig):
+        if not algorithms.allreduce_small(g.transport, call, source, work, op, sig):
             call.disagree(sig)
         owned = slice(start, stop)
     else:
         call.agree(sig)
-        transport = g.transport_for(x)
-        owned = algorithms.reduce_scatter(transport, source, work, op,
+        transport = transport_for(call, x)
+        owned = algorithms.reduce_scatter(transport, call, source, work, op,
                                           call.runtime.segment_elems(source.dtype, transport))
     result = out if out is not None else xp.empty(stop - start, x.dtype)
     result[...] = work[owned]
@@ -222,7 +229,7 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
     source = flat(x)
     mine = (x.shape[0], -1 if out is None else out.shape[0])
     small = choose(call, "allgather", _gathered_guess(n, x.nbytes), host) == "doubling"
-    found = algorithms.allgather_small(g.transport, mine, source if small else None, sig)   # (carries the check)
+    found = algorithms.allgather_small(g.transport, call, mine, source if small else None, sig)   # (carries the check)
     if found is None:
         call.disagree(sig)
     every, gathered = found
@@ -240,8 +247,8 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
         if small:
             call.algorithm = "ring"   # (the counts travelled by doubling, the data goes round the ring)
         row = math.prod(x.shape[1:])
-        transport = g.transport_for(x)
-        algorithms.allgather(transport, transportable(source), transportable(target), [r * row for r in rows],
+        transport = transport_for(call, x)
+        algorithms.allgather(transport, call, transportable(source), transportable(target), [r * row for r in rows],
                              call.runtime.segment_elems(x.dtype, transport))
     return result if target is result else write_back(result, target)
 
@@ -258,12 +265,13 @@ def broadcast(call: Call, x: Any, root: Any) -> Any:
     call.nbytes = x.nbytes
     buffer = flat(x) if me == root else flat_target(x)
     if choose(call, "broadcast", x.nbytes, host) == "doubling":
-        if not algorithms.broadcast_small(g.transport, buffer, root, sig):
+        if not algorithms.broadcast_small(g.transport, call, buffer, root, sig):
             call.disagree(sig)
     else:
         call.agree(sig)
-        transport = g.transport_for(x)
-        algorithms.broadcast(transport, transportable(buffer), root, call.runtime.segment_elems(x.dtype, transport))
+        transport = transport_for(call, x)
+        algorithms.broadcast(transport, call, transportable(buffer), root,
+                             call.runtime.segment_elems(x.dtype, transport))
     return x if me == root else write_back(x, buffer)
 
 
@@ -273,14 +281,14 @@ def barrier(call: Call) -> None:
 
 def use_local_gpu(call: Call) -> int:
     call.agree(call.signature())
-    return call.group.open_device_transport(None)
+    return call.group.transports.open_device(None, call, call.runtime.settings.gpu_transport)
 
 
 def nccl_communicator(call: Call) -> Any:
     call.agree(call.signature())
     host = call.group.transport
     try:
-        device_transports.agree(host, None, "nccl")   # (the same verdict on every rank)
+        device_transports.agree(host, None, "nccl", call)   # (the same verdict on every rank)
     except device_transports.Unavailable as e:
         raise CollectiveError(f"{call.name}: {e}") from e
-    return nccl_transport.connect(host).comm
+    return nccl_transport.connect(host, call).comm

@@ -33,19 +33,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives import dispatch, personalized
+from collectives import dispatch, making, personalized
 from collectives.call import issue, refusal
 from collectives.errors import CollectiveUsageError
-from collectives.making import GroupMaking
 from collectives.membership import NonMember, describe
-from collectives.transports import GroupTransports
+from collectives.transports import Transports
 from ring.transport.base import Transport
 
 
-class Group(GroupTransports, GroupMaking):
+class Group:
     """Ranks that make collectives together: ``rank()``, ``size()``, ``ranks`` (world ranks, in
     the group's order) and every collective as a method. ``root`` of a broadcast is a rank of
-    the group.
+    the group. It holds its ``transports`` (``collectives.transports``); ``transport`` is the
+    host one, which every call's cross-rank check runs on, and ``levels`` its two levels.
 
     >>> rows = col.split(col.rank() // 2)          # on 4 ranks: [0, 1] and [2, 3]  # doctest: +SKIP
     >>> rows.ranks, rows.rank(), rows.size()       # on world rank 3                # doctest: +SKIP
@@ -57,14 +57,14 @@ class Group(GroupTransports, GroupMaking):
     def __init__(self, runtime, transport: Transport, ranks: tuple[int, ...], world: bool = False,
                  levels: tuple | None = None):
         self.runtime = runtime
-        self.transport = transport
+        self.transports = Transports(transport, levels, self.where)
+        self.transport = transport   # (transports.host, and levels below: read on every call)
+        self.levels = levels         # (within a host, across hosts) for the hierarchical all-reduce, or None
         self.ranks = tuple(ranks)
         self.is_world = world
         self.label = "" if world else describe(self.ranks)   # "": the world (messages say nothing more)
         self.seq = 0                 # collectives called on this group so far, the same on every member in step
         self.completed = 0           # of those, the ones that returned (or raised in step on every member)
-        self.device_transport = None   # made by the first collective on a cupy array (see transport_for)
-        self.levels = levels         # (within a host, across hosts) for the hierarchical all-reduce, or None
         self.destroyed = False       # by destroy(): its communicators are freed
         runtime.groups.append(self)
 
@@ -84,6 +84,59 @@ class Group(GroupTransports, GroupMaking):
     def __repr__(self) -> str:
         name = "the world" if self.is_world else self.label
         return f"<Group {name}: rank {self.rank()} of {self.size()}>"
+
+    @property
+    def device_transport(self):
+        """The transport of this group's cupy arrays (None until the first call on one)."""
+        return self.transports.device
+
+    # Making groups from this one, and freeing it (``collectives.making``).
+
+    def split(self, color: int | None, key: int = 0, *, timeout: float | None = None,
+              name: str | None = None) -> Any:
+        """Split this group into groups by ``color``, as MPI's Comm_split: every member calls it, and
+        the ranks that pass the same color form one group, ordered by ``key``, then by rank.
+
+        ``color``: an int >= 0, or None for no group (the rank gets a falsy ``NonMember``).
+
+        >>> rows = col.split(col.rank() // 2)     # 4 ranks: [0, 1] and [2, 3]   # doctest: +SKIP
+        >>> cols = col.split(col.rank() % 2)      #          [0, 2] and [1, 3]   # doctest: +SKIP
+        """
+        return issue(self, "split", making.split, (color, key), False, timeout, name)
+
+    def new_group(self, ranks, *, members_only: bool = False, timeout: float | None = None,
+                  name: str | None = None) -> Any:
+        """Make a group of the world ranks ``ranks`` (members of this group), in that order (group
+        rank i is ``ranks[i]``).
+
+        Every member of this group calls it with the same list; members of the new group get the
+        :class:`Group`, the others a falsy ``NonMember``. With ``members_only=True`` only the
+        new group's members call it (MPI's Comm_create_group: the others go on with other
+        calls), and check on the new group that they agree; that making blocks inside MPI until
+        every member has called (as torch.distributed's backends do). Ranks that disagree about
+        the list, or a rank making another call, make every rank raise CollectiveUsageError (this
+        check is made even with COLLECTIVES_CHECK=0).
+
+        >>> evens = col.new_group(range(0, col.size(), 2))   # doctest: +SKIP
+        >>> if evens:                                        # doctest: +SKIP
+        ...     evens.allreduce(x)
+        """
+        if members_only is True:
+            made = self.runtime.engine.run_now(making.made_by_members, self, ranks, timeout)
+            return issue(made, "new_group", making.agreed, (made.ranks,), False, timeout, name)
+        return issue(self, "new_group", making.new_group, (ranks,), False, timeout, name)
+
+    def destroy(self, *, timeout: float | None = None, name: str | None = None) -> None:
+        """Free this group's communicators; every member calls it, as MPI_Comm_free and torch's
+        ``destroy_process_group``. Afterwards any call on the group raises CollectiveUsageError.
+        MPI has a few thousand communicators per process (MPICH: 2048): a program that makes groups
+        in a loop destroys the ones it no longer uses.
+
+        >>> pair = col.new_group([0, 1])                     # doctest: +SKIP
+        >>> if pair:                                         # doctest: +SKIP
+        ...     pair.allreduce(x); pair.destroy()
+        """
+        return issue(self, "destroy", making.destroy, (), False, timeout, name)
 
     # The collectives.
 

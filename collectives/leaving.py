@@ -54,38 +54,38 @@ def leave(finishing: bool = True) -> None:
         return
     runtime.engine.close(f"rank {w.rank()} is ending ({_why_leaving})" if _why_leaving else "")
     runtime.closed = True
-    failed = runtime.failure is not None
-    runtime.failure = runtime.failure or "this process has left the runtime (at exit or MPI.Finalize())"
-    root = runtime.root_cause
-    why = root or _why_leaving or (f"it stopped after a failure: {runtime.failure}" if failed else "")
-    gone = w.transport.gone_at_exit()
+    failure = runtime.stopped_by   # (what failed before leaving, if anything)
+    runtime.stop("this process has left the runtime (at exit or MPI.Finalize())")
+    root = failure.root_cause if failure is not None else None
+    why = root or _why_leaving or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
+    gone = w.transport.exits.gone_at_exit()
     if gone:   # said before the farewell: the launcher may end this process once the others have left
         _say_no_finalize(w, gone)
     try:
         for g in reversed(runtime.groups):   # each group's members count their calls on it; the world's
             # last: a rank that will not finalize ends once it has every world farewell, so none may follow
-            g.transport.farewell(g.completed, why, failed=runtime.failed_by_peer, root=root is not None,
-                                 finalizing=not gone, dead=runtime.dead_rank)
+            g.transport.exits.farewell(g.completed, why, failed=failure is not None and failure.by_peer,
+                                       root=root is not None, finalizing=not gone,
+                                       dead=failure.dead_rank if failure is not None else None)
         if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
             _write_timeline(w, healthy=not why)
         if finishing and not gone and worlds.mpi_running():
-            gone = w.transport.exit_barrier()
+            gone = w.transport.exits.exit_barrier()
             if gone:
                 _say_no_finalize(w, gone)
         if gone:
             _end_without_finalize(w)
     finally:
         for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
-            for transport in reversed(g.transports()):
-                transport.close(failed)
-        from ring.transport import departures   # (loaded by now; importing it at the top would start MPI)
-        departures.ignore_failure_notices()
+            g.transports.close(failure is not None)
+        from ring.transport import control   # (loaded by now; importing it at the top would start MPI)
+        control.ignore_failure_notices()
 
 
 
 
 def _say_no_finalize(w: Group, gone: list[int]) -> None:
-    dead = [r for r in w.transport.known_dead() if r in gone]
+    dead = [r for r in w.transport.control.known_dead() if r in gone]
     leaving = [r for r in gone if r not in dead]
     whom = " and ".join(([f"{', '.join(map(str, dead))} (gone)"] if dead else []) +
                         ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []))
@@ -97,7 +97,7 @@ def _end_without_finalize(w: Group) -> None:
     """A rank died (or will not finalize): MPI_Finalize would wait for it for ever, so end now, once
     the other ranks have said farewell too (at most _LEAVE_TOGETHER_SECONDS): MPICH's launcher kills
     every process as soon as one ends after a death, which would cut the others' reports short."""
-    w.transport.await_farewells(_LEAVE_TOGETHER_SECONDS)
+    w.transport.exits.await_farewells(_LEAVE_TOGETHER_SECONDS)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -148,12 +148,12 @@ def _write_timeline(w: Group, healthy: bool) -> None:
     recorder = timelines.current
     if recorder is None:
         return
-    transport, path = w.transport, w.runtime.settings.timeline
+    exits, path = w.transport.exits, w.runtime.settings.timeline
     deadline = time.monotonic() + w.runtime.settings.timeout
     mine = json.dumps(recorder.trace_events()).encode()
     try:
         if healthy and w.rank() == 0:
-            found = transport.collect_at_exit(deadline)
+            found = exits.collect_at_exit(deadline)
             events = [e for data in [mine, *found[1:]] if data for e in json.loads(data)]
             timelines.write(path, events)
             missing = [r for r in range(1, w.size()) if found[r] is None]
@@ -161,7 +161,7 @@ def _write_timeline(w: Group, healthy: bool) -> None:
                 print(f"[rank 0] collectives: {path} lacks rank(s) {', '.join(map(str, missing))}, which left after "
                       "a failure or did not come (each wrote its own file)", file=sys.stderr, flush=True)
             return
-        if healthy and transport.deliver_at_exit(mine, deadline):
+        if healthy and exits.deliver_at_exit(mine, deadline):
             return
     except Exception as e:   # noqa: BLE001 (at exit: an MPI error, or the file; say so, write our own)
         print(f"[rank {w.rank()}] collectives: the timeline could not be gathered ({e}); writing this rank's own",

@@ -1,67 +1,17 @@
-"""Making and freeing groups: ``split``, ``new_group`` and ``destroy``, the collectives whose
-work is a communicator (see ``collectives.group`` for what a group is)."""
+"""Making and freeing groups: the bodies of ``Group.split``, ``new_group`` and ``destroy``, the
+collectives whose work is a communicator (see ``collectives.group`` for what a group is)."""
 from __future__ import annotations
 
 from time import monotonic
 from typing import Any, Callable
 
 from collectives import validate
-from collectives.call import Call, issue, stopped
+from collectives.call import Call, stopped
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.membership import NonMember
 from collectives.signature import disagreement, signature
 from ring.doubling import SIGNATURE_BYTES
-from ring.transport.base import CommunicatorsExhausted, TransportError, TransportTimeout
-
-
-class GroupMaking:
-    """The methods of ``collectives.group.Group`` that make groups from it, or free it."""
-
-    def split(self, color: int | None, key: int = 0, *, timeout: float | None = None,
-              name: str | None = None) -> Any:
-        """Split this group into groups by ``color``, as MPI's Comm_split: every member calls it, and
-        the ranks that pass the same color form one group, ordered by ``key``, then by rank.
-
-        ``color``: an int >= 0, or None for no group (the rank gets a falsy ``NonMember``).
-
-        >>> rows = col.split(col.rank() // 2)     # 4 ranks: [0, 1] and [2, 3]   # doctest: +SKIP
-        >>> cols = col.split(col.rank() % 2)      #          [0, 2] and [1, 3]   # doctest: +SKIP
-        """
-        return issue(self, "split", _split, (color, key), False, timeout, name)
-
-    def new_group(self, ranks, *, members_only: bool = False, timeout: float | None = None,
-                  name: str | None = None) -> Any:
-        """Make a group of the world ranks ``ranks`` (members of this group), in that order (group
-        rank i is ``ranks[i]``).
-
-        Every member of this group calls it with the same list; members of the new group get the
-        :class:`Group`, the others a falsy ``NonMember``. With ``members_only=True`` only the
-        new group's members call it (MPI's Comm_create_group: the others go on with other
-        calls), and check on the new group that they agree; that making blocks inside MPI until
-        every member has called (as torch.distributed's backends do). Ranks that disagree about
-        the list, or a rank making another call, make every rank raise CollectiveUsageError (this
-        check is made even with COLLECTIVES_CHECK=0).
-
-        >>> evens = col.new_group(range(0, col.size(), 2))   # doctest: +SKIP
-        >>> if evens:                                        # doctest: +SKIP
-        ...     evens.allreduce(x)
-        """
-        if members_only is True:
-            made = self.runtime.engine.run_now(_made_by_members, self, ranks, timeout)
-            return issue(made, "new_group", _agreed, (made.ranks,), False, timeout, name)
-        return issue(self, "new_group", _new_group, (ranks,), False, timeout, name)
-
-    def destroy(self, *, timeout: float | None = None, name: str | None = None) -> None:
-        """Free this group's communicators; every member calls it, as MPI_Comm_free and torch's
-        ``destroy_process_group``. Afterwards any call on the group raises CollectiveUsageError.
-        MPI has a few thousand communicators per process (MPICH: 2048): a program that makes groups
-        in a loop destroys the ones it no longer uses.
-
-        >>> pair = col.new_group([0, 1])                     # doctest: +SKIP
-        >>> if pair:                                         # doctest: +SKIP
-        ...     pair.allreduce(x); pair.destroy()
-        """
-        return issue(self, "destroy", _destroy, (), False, timeout, name)
+from ring.transport.base import Bound, CommunicatorsExhausted, TransportError, TransportTimeout
 
 
 def make_group(kind: type, runtime, transport, ranks: tuple[int, ...], world: bool = False) -> Any:
@@ -79,7 +29,8 @@ def make_group(kind: type, runtime, transport, ranks: tuple[int, ...], world: bo
     return kind(runtime, transport, ranks, world, levels)
 
 
-def _new_group(call: Call, ranks: Any) -> Any:
+def new_group(call: Call, ranks: Any) -> Any:
+    """``Group.new_group``'s body: every member of the parent group calls."""
     parent = call.group
     try:
         members = validate.members(call.name, "ranks", ranks, parent.ranks)
@@ -92,7 +43,7 @@ def _new_group(call: Call, ranks: Any) -> Any:
                    members)
 
 
-def _made_by_members(parent, ranks: Any, timeout: Any) -> Any:
+def made_by_members(parent, ranks: Any, timeout: Any) -> Any:
     """The group of ``ranks`` (world ranks, members of ``parent``), made by them alone: a usage
     error on this rank if it is not one of them (nobody waits for it). The members first tell
     each other their lists, so that lists in different orders raise on every member instead of
@@ -109,16 +60,16 @@ def _made_by_members(parent, ranks: Any, timeout: Any) -> Any:
                                             f"not one of {list(members)}")
     indices = [parent.ranks.index(r) for r in members]
     places = sorted(indices)
-    deadline = monotonic() + (runtime.settings.timeout if timeout is None else timeout)
+    bound = Bound(None, monotonic() + (runtime.settings.timeout if timeout is None else timeout), runtime.stopped)
     try:
         mine = signature("new_group", 0, shape=members).ljust(SIGNATURE_BYTES, b"\0")
-        said = parent.transport.among(places, mine, deadline)
+        said = parent.transport.among(places, mine, bound)
     except TransportError as e:
         failure = f"new_group (members_only=True) on {parent.where()}: {e}"
         if isinstance(e, TransportTimeout):
             failure += " (every rank in ranks must call new_group with members_only=True)"
-        runtime.note_failure(failure, e, by_peer=True)   # (a late member's list may still come: out of step)
-        raise CollectiveError(failure) from e
+        # (a late member's list may still come: out of step)
+        raise CollectiveError(runtime.stop(failure, e, by_peer=True)) from e
     if len(set(said)) > 1:
         raise CollectiveUsageError(disagreement("new_group", said, tuple(parent.ranks[p] for p in places),
                                                 parent.label))
@@ -130,13 +81,14 @@ def _made_by_members(parent, ranks: Any, timeout: Any) -> Any:
     return make_group(type(parent), parent.runtime, made, members)
 
 
-def _agreed(call: Call, members: tuple[int, ...]) -> Any:
+def agreed(call: Call, members: tuple[int, ...]) -> Any:
     """The first call on a group made by its members alone: they check that they agree on it."""
     call.agree(call.signature(shape=members), always=True)
     return call.group
 
 
-def _split(call: Call, color: Any, key: Any) -> Any:
+def split(call: Call, color: Any, key: Any) -> Any:
+    """``Group.split``'s body."""
     try:
         validate.color(call.name, color)
         validate.integer(call.name, "key", key)
@@ -159,13 +111,14 @@ def _joined(call: Call, split: Callable, members: tuple[int, ...]) -> Any:
     except CommunicatorsExhausted as e:
         if made is not None:
             made.close()
-        parent.completed = parent.seq
+        parent.completed = call.seq
         alive = len(call.runtime.groups) - 1
         raise CollectiveError(f"{call.name}: MPI has no communicators left ({alive} groups alive); destroy groups "
                               f"you no longer use (Group.destroy()) [{e}]") from e
 
 
-def _destroy(call: Call) -> None:
+def destroy(call: Call) -> None:
+    """``Group.destroy``'s body."""
     try:
         if call.group.is_world:
             validate.fail(call.name, "group", "is the world, which lives as long as the runtime; give a group "
@@ -173,4 +126,7 @@ def _destroy(call: Call) -> None:
     except CollectiveUsageError as error:
         call.reject(error)
     call.agree(call.signature(), always=True)   # every member is here: none has a call in flight on it
-    call.group.release()
+    g = call.group
+    g.destroyed = True
+    g.runtime.groups.remove(g)
+    g.transports.close()

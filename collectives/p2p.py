@@ -32,7 +32,7 @@ from collectives import validate, world as worlds
 from collectives.call import named, stopped
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group, member
-from ring.transport.base import MAX_P2P_TAG, PeerLost, TransportError, TransportTimeout
+from ring.transport.base import MAX_P2P_TAG, Bound, PeerLost, TransportError, TransportTimeout
 
 
 class Request:
@@ -107,9 +107,10 @@ def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive:
 
 def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
     runtime = g.runtime
-    deadline = time.monotonic() + (runtime.settings.timeout if timeout is None else timeout)
+    bound = Bound(None, time.monotonic() + (runtime.settings.timeout if timeout is None else timeout),
+                  runtime.stopped)
     try:
-        return g.transport.p2p.wait([r._request for r in pending], deadline)
+        return g.transport.p2p.wait([r._request for r in pending], bound)
     except TransportError as e:
         what = ", ".join(r._what for r in pending[:3]) + (", ..." if len(pending) > 3 else "")
         raise _failed(g, what, e) from e
@@ -121,10 +122,9 @@ def _failed(g: Group, what: str, error: TransportError) -> CollectiveError:
     runtime = g.runtime
     if runtime.failure is not None:   # stopped meanwhile, by a collective's failure or a wait's timeout
         return CollectiveError(f"{what} on {g.where()} was stopped: {runtime.failure}")
-    g.abandon()
-    runtime.note_failure(f"{what} on {g.where()}: {error}", error,
-                         by_peer=isinstance(error, (TransportTimeout, PeerLost)))
-    return CollectiveError(runtime.failure)
+    g.transports.abandon()
+    return CollectiveError(runtime.stop(f"{what} on {g.where()}: {error}", error,
+                                        by_peer=isinstance(error, (TransportTimeout, PeerLost))))
 
 
 def _in_turn(g: Group, what: str, job):
@@ -142,7 +142,7 @@ def _in_turn(g: Group, what: str, job):
         except TransportError as e:   # (a send to a rank on another host known dead: see MPITransport.sending_to)
             raise _failed(g, what, e) from e
         except BaseException as e:   # Ctrl-C while waiting: nothing posted may land later
-            g.abandon()
-            runtime.failure = runtime.failure or f"{what} on {g.where()} was interrupted by {named(e)}"
+            g.transports.abandon()
+            runtime.stop(f"{what} on {g.where()} was interrupted by {named(e)}")
             raise
     return guarded() if runtime.engine.threaded else runtime.engine.run_now(guarded)

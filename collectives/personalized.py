@@ -15,7 +15,7 @@ import numpy as np
 
 from collectives import validate
 from collectives.call import Call
-from collectives.dispatch import choose, flat, flat_target, widened, write_back
+from collectives.dispatch import choose, flat, flat_target, transport_for, widened, write_back
 from collectives.errors import CollectiveUsageError
 from ring import algorithms
 from ring.arrays import to_host, transportable, xp_of
@@ -39,7 +39,7 @@ def alltoall(call: Call, x: Any, splits: Any, out: Any, out_splits: Any = None) 
     call.algorithm = "pairwise"
     call.agree(sig, always=True)   # (the counts' exchange below blocks inside MPI: every rank must be here)
     mine = np.array(rows + [-1 if out is None else out.shape[0]] + expected, np.int64)   # (for the checks)
-    every = np.frombuffer(b"".join(g.transport.allgather_bytes(mine.tobytes())), np.int64).reshape(n, 2 * n + 1)
+    every = np.frombuffer(b"".join(g.transport.allgather_bytes(mine.tobytes(), call)), np.int64).reshape(n, 2 * n + 1)
     _check_receiving(call, every[:, :n], every[:, n], every[:, n + 1:])
     incoming = every[:, g.transport.rank].tolist()   # the rows each rank sends this one
     total = sum(incoming)
@@ -47,8 +47,9 @@ def alltoall(call: Call, x: Any, splits: Any, out: Any, out_splits: Any = None) 
                                                                                        x.dtype)
     row = math.prod(x.shape[1:])
     target = flat_target(result)
-    transport = g.transport_for(x)
-    algorithms.alltoall(transport, transportable(flat(x)), transportable(target), bounds_from_counts([r * row for r in rows]),
+    transport = transport_for(call, x)
+    algorithms.alltoall(transport, call, transportable(flat(x)), transportable(target),
+                        bounds_from_counts([r * row for r in rows]),
                         bounds_from_counts([r * row for r in incoming]),
                         call.runtime.segment_elems(x.dtype, transport))
     return result if target is result else write_back(result, target)
@@ -85,7 +86,7 @@ def gather(call: Call, x: Any, root: Any, out: Any) -> Any:
     call.nbytes = x.nbytes
     call.algorithm = "linear"
     given = -1 if out is None else out.shape[0]   # (checked on every rank that passes one, as its dtype is)
-    found = algorithms.allgather_small(g.transport, (x.shape[0], given), None, sig)   # (carries the check)
+    found = algorithms.allgather_small(g.transport, call, (x.shape[0], given), None, sig)   # (carries the check)
     if found is None:
         call.disagree(sig)
     every = found[0]
@@ -102,8 +103,8 @@ def gather(call: Call, x: Any, root: Any, out: Any) -> Any:
             (total,) + x.shape[1:], x.dtype)
         target = flat_target(result)
     row = math.prod(x.shape[1:])
-    transport = g.transport_for(x)
-    algorithms.gather(transport, transportable(flat(x)), None if target is None else transportable(target), root,
+    transport = transport_for(call, x)
+    algorithms.gather(transport, call, transportable(flat(x)), None if target is None else transportable(target), root,
                       [r * row for r in rows], call.runtime.segment_elems(x.dtype, transport))
     return None if result is None else result if target is result else write_back(result, target)
 
@@ -134,7 +135,7 @@ def scatter(call: Call, x: Any, root: Any, splits: Any, out: Any = None) -> Any:
         header[2 + _MAX_DIMS:] = rows
     sig = call.signature(root=root) if out is None else call.signature(dtype=out.dtype, shape=out.shape[1:],
                                                                        root=root)
-    if not algorithms.broadcast_small(g.transport, header, root, sig):   # (carries the check)
+    if not algorithms.broadcast_small(g.transport, call, header, root, sig):   # (carries the check)
         call.disagree(sig)
     dtype, ndim = validate.header_dtype(int(header[0])), int(header[1])
     trailing = tuple(header[2:2 + ndim - 1].tolist())
@@ -145,7 +146,7 @@ def scatter(call: Call, x: Any, root: Any, splits: Any, out: Any = None) -> Any:
     result = out if fits else np.empty((rows[me],) + trailing, dtype)
     target = flat_target(result)
     row = math.prod(trailing)
-    algorithms.scatter(g.transport, transportable(flat(x)) if me == root else None, transportable(target),
+    algorithms.scatter(g.transport, call, transportable(flat(x)) if me == root else None, transportable(target),
                        root, [r * row for r in rows], call.runtime.segment_elems(dtype, g.transport))
     if out is not None and not fits:   # (the call is done on every rank; only this rank's out was wrong)
         raise CollectiveUsageError(f"{call.name}: out: expected {rows[me]} rows for rank {g.ranks[me]} (the root's "
@@ -183,13 +184,14 @@ def reduce(call: Call, x: Any, op: Any, root: Any, out: Any) -> Any:
     direct = me == root and not wide   # (the root reduces into the result itself)
     target = (source if in_place else flat_target(result)) if direct else xp.empty(source.size, source.dtype)
     if choose(call, "allreduce", source.nbytes, host) == "doubling":
-        if not algorithms.allreduce_small(g.transport, source, target, op, sig):
+        if not algorithms.allreduce_small(g.transport, call, source, target, op, sig):
             call.disagree(sig)
     else:
         call.algorithm = "ring"
         call.agree(sig)
-        transport = g.transport_for(x)
-        algorithms.reduce(transport, source, target, root, op, call.runtime.segment_elems(source.dtype, transport))
+        transport = transport_for(call, x)
+        algorithms.reduce(transport, call, source, target, root, op,
+                          call.runtime.segment_elems(source.dtype, transport))
     if result is None:
         return None
     if direct:

@@ -44,9 +44,10 @@ class Work:
     """A collective issued with ``async_op=True``.
 
     ``wait()`` returns what the blocking call returns, or raises what it would raise;
-    ``is_completed()`` never blocks. Once completed, ``seq`` is the call's sequence number on its
-    group and ``algorithm`` the algorithm it ran (see ``collectives.algorithm_for``). Until ``wait`` returns, the call may still be reading
-    and writing its arrays: do not touch them.
+    ``is_completed()`` never blocks. Once completed (without an error), ``seq`` is the call's
+    sequence number on its group and ``algorithm`` the algorithm it ran (see
+    ``collectives.algorithm_for``). Until ``wait`` returns, the call may still be reading and
+    writing its arrays: do not touch them.
 
     >>> work = col.allreduce(grads, out=grads, async_op=True)   # doctest: +SKIP
     >>> loss = model.backward_rest()                            # doctest: +SKIP
@@ -61,7 +62,9 @@ class Work:
     __slots__ = ("name", "seq", "algorithm", "issued_at", "started_at", "completed_at", "_job", "_engine", "_done",
                  "_result", "_error", "_waited", "_after", "_latch", "_callbacks", "__weakref__")
 
-    def __init__(self, name: str, job: Callable[[], Any], engine: "Engine"):
+    def __init__(self, name: str, job: Callable[[], tuple[Any, Any]], engine: "Engine"):
+        """``job()`` runs the call and returns its result and the call (its ``seq``, ``algorithm``:
+        ``collectives.call``)."""
         self.name = name
         self.seq: int | None = None           # its sequence number, once it has run
         self.algorithm = ""                   # the algorithm it ran ("" for calls that have none)
@@ -109,12 +112,12 @@ class Work:
             self._engine.help(self)   # thread, so it can stop at the bound) still queued: run it here
         try:
             if not self._done and not self._finished_within(bounded(timeout)):
-                self._engine.stop(f"rank {self._engine.world_rank()}: wait(timeout={timeout}) for an async "
-                                  f"{self.name} ran out before the call finished")
+                self._engine.runtime.stop(f"rank {self._engine.world_rank()}: wait(timeout={timeout}) for an async "
+                                          f"{self.name} ran out before the call finished")
                 self._finished_within(None)
         except KeyboardInterrupt:
-            self._engine.stop(f"rank {self._engine.world_rank()}: interrupted by KeyboardInterrupt while "
-                              f"waiting for an async {self.name}")
+            self._engine.runtime.stop(f"rank {self._engine.world_rank()}: interrupted by KeyboardInterrupt while "
+                                      f"waiting for an async {self.name}")
             raise
         self._waited = True
         if self._after is not None:
@@ -136,16 +139,14 @@ class Work:
         """Run the call (the engine's turn is held); keep its result or error; never raise."""
         self.started_at = perf_counter()
         try:
-            self._result = self._job()
+            self._result, call = self._job()
+            self.seq, self.algorithm = call.seq, call.algorithm
         except BaseException as error:
             self._error = error
-        current = self._engine.runtime.current
-        if current is not None:
-            self.seq, self.algorithm = current.seq, current.algorithm
         self.completed_at = perf_counter()
         self._job = None   # (let go of the arguments)
         if self.started_at - self.issued_at > 1e-6 and timeline.current is not None:
-            timeline.add(timeline.QUEUE, f"{self.name} #{self.seq} queued", self.issued_at, self.started_at)
+            timeline.add(timeline.QUEUE, f"{self.name}{_numbered(self.seq)} queued", self.issued_at, self.started_at)
         self._done = True
         self._latch.release()
         with _CALLBACKS:
@@ -155,13 +156,18 @@ class Work:
 
     def __repr__(self) -> str:
         if self.is_completed():
-            return f"<Work {self.name} #{self.seq}, completed>"
+            return f"<Work {self.name}{_numbered(self.seq)}, {'failed' if self._error else 'completed'}>"
         return f"<Work {self.name}, {'running' if self.started_at is not None else 'queued'}>"
 
     def __del__(self) -> None:
         if not self._waited and isinstance(self._error, CollectiveUsageError):
-            warnings.warn(f"the handle of {self.name} #{self.seq} was dropped without wait(), and its call raised: "
+            warnings.warn(f"the handle of {self.name} was dropped without wait(), and its call raised: "
                           f"{self._error}", RuntimeWarning, stacklevel=2)
+
+
+def _numbered(seq: int | None) -> str:
+    """`` #seq`` where the call has its number, else nothing (it failed before or while running)."""
+    return "" if seq is None else f" #{seq}"
 
 
 _CALLBACKS = threading.Lock()   # (add_done_callback against the call finishing: rare, so one lock for all)
@@ -171,7 +177,7 @@ def _call_back(callback: Callable[[Work], None], work: Work) -> None:
     try:
         callback(work)
     except Exception as error:   # noqa: BLE001 - a callback's failure must not become the call's
-        warnings.warn(f"a done-callback of {work.name} #{work.seq} raised {type(error).__name__}: {error}",
+        warnings.warn(f"a done-callback of {work.name}{_numbered(work.seq)} raised {type(error).__name__}: {error}",
                       RuntimeWarning, stacklevel=2)
 
 
@@ -238,7 +244,7 @@ class Engine:
         except BaseException:   # Ctrl-C while waiting: give the place up, and stop (out of step)
             self._queue.remove(place)
             self._turns.notify_all()
-            self._stop_locked(f"rank {self.world_rank()}: interrupted while waiting for the calls before "
+            self.runtime.stop(f"rank {self.world_rank()}: interrupted while waiting for the calls before "
                               "this one to finish")
             raise
         self._queue.popleft()
@@ -309,28 +315,15 @@ class Engine:
                         self._asleep = False
                 work = self._queue.popleft()
                 self._busy = True
-            self._poll_gently(True)   # the caller computes meanwhile (see ring.transport.mpi)
             try:
-                work._run()
+                work._run()   # (its waits nap: the caller computes meanwhile, see Bound.background)
             finally:
-                self._poll_gently(False)
                 del work   # (a dropped handle is collected here, not at the next call)
                 self._release()
 
-    def stop(self, reason: str) -> None:
-        """Stop the runtime: the running call fails at its next poll, queued ones fail at once."""
-        with self._turns:
-            self._stop_locked(reason)
-
-    def _stop_locked(self, reason: str) -> None:
-        if self.runtime.failure is None:
-            self.runtime.failure = reason
-        for transport in self.runtime.transports():
-            transport.deadline = float("-inf")
-
-    def _poll_gently(self, gently: bool) -> None:
-        for transport in self.runtime.transports():
-            transport.background = gently
+    def in_background(self) -> bool:
+        """Whether the calling thread is the engine's own (a call it runs has the caller computing beside it)."""
+        return self._thread is not None and threading.get_ident() == self._thread.ident
 
     def world_rank(self) -> int:
         return self.runtime.world.rank() if self.runtime.world is not None else -1
@@ -339,7 +332,7 @@ class Engine:
         """At exit: let the calls still queued run (or, with a ``reason``, stop them), then end the
         engine thread. Each call is bounded by its own timeout; a stopped one ends at its next poll."""
         if reason:
-            self.stop(reason)
+            self.runtime.stop(reason)
         with self._turns:
             self._closing = True
             self._turns.notify_all()

@@ -2,8 +2,15 @@
 calls one at a time, the choice of algorithm, and whether the runtime has stopped here.
 
 Below the groups (``collectives.group``), which hold a Runtime; it knows them only as a list.
+The runtime is the one owner of the failure state: :meth:`Runtime.stop` is the only way to set
+it (the first failure wins) and every module reads it (``runtime.failure``). Nothing clears it:
+the ranks are out of step, and only replacing the transports (a recovery among the survivors)
+could make a stopped runtime usable again.
 """
 from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,20 +24,33 @@ from ring.partition import chunk_bounds
 _TWO_LEVEL_REPLACES = ("halving", "ring")
 
 
+@dataclass(frozen=True)
+class Failure:
+    """Why the runtime stopped on this rank (see :meth:`Runtime.stop`).
+
+    ``text``: the failure as every later call names it; ``by_peer``: another rank caused it (a
+    timeout, a peer gone); ``root_cause``: where a rank died, how every rank should hear of it
+    (see ``ring.transport.base.PeerLost``), and ``dead_rank``, which (world rank).
+    """
+    text: str
+    by_peer: bool = False
+    root_cause: str | None = None
+    dead_rank: int | None = None
+
+
 class Runtime:
     """The settings in force (``settings``), the engine, the groups this rank belongs to (the world
-    first), and the failure state."""
+    first), and the failure state, which it alone writes (:meth:`stop`)."""
 
     def __init__(self, settings: Settings, threads_checked: str = "", threaded: bool = False):
         self.apply(settings)
         self.groups: list = []             # the groups this rank belongs to, the world first
         self.world = None                  # the world group, once made
-        self.failure: str | None = None    # set once a failure left this rank out of step
-        self.failed_by_peer = False        # the failure came from another rank (timeout, a peer gone)
-        self.root_cause: str | None = None   # a rank died: how every rank should hear it (see PeerLost)
-        self.dead_rank: int | None = None    # ... and which (world rank)
+        self._failure: Failure | None = None   # set once a failure left this rank out of step
+        #: Set with the failure: every wait in flight ends at its next look (it is each call's
+        #: ``Bound.stop``: see ``ring.transport.base``).
+        self.stopped = threading.Event()
         self.engine = progress.Engine(self, threaded)   # runs the calls one at a time, in issue order
-        self.current = None                # the call running (collectives.call.Call)
         self.threads_checked = threads_checked   # MPI's thread level, where only its main thread may call ("": any)
         self.closed = False                # the process has left (see collectives.leaving)
 
@@ -66,13 +86,32 @@ class Runtime:
             self.choices[key] = found
         return found
 
-    def note_failure(self, failure: str, error: BaseException, by_peer: bool) -> None:
-        """This rank is out of step because of ``failure``; ``by_peer``: another rank caused it.
-        Where ``error`` says a rank died, keep the root cause and that rank to pass on at exit."""
-        self.failure = failure
-        self.failed_by_peer = by_peer
-        self.root_cause = getattr(error, "root", None)
-        self.dead_rank = getattr(error, "dead", None)
+    @property
+    def failure(self) -> str | None:
+        """Why the runtime stopped on this rank (None: it has not): every later call raises with it."""
+        return None if self._failure is None else self._failure.text
+
+    @property
+    def stopped_by(self) -> Failure | None:
+        """The whole record of the failure (None: none), for the farewell that passes it on."""
+        return self._failure
+
+    def stop(self, failure: str, error: BaseException | None = None, by_peer: bool = False) -> str:
+        """Stop the runtime on this rank: it is out of step with some peers because of ``failure``
+        (``by_peer``: another rank caused it; an ``error`` that says a rank died gives the root
+        cause and that rank, passed on at exit). The first failure stands: a later one (the same
+        failure seen again on its way out) changes nothing. Every wait in flight ends at its next
+        look, every later call raises. Returns the failure in force.
+
+        >>> from collectives.config import defaults
+        >>> r = Runtime(defaults())
+        >>> r.stop("allreduce #3 on rank 1: timed out"), r.stop("later"), r.stopped.is_set()
+        ('allreduce #3 on rank 1: timed out', 'allreduce #3 on rank 1: timed out', True)
+        """
+        if self._failure is None:
+            self._failure = Failure(failure, by_peer, getattr(error, "root", None), getattr(error, "dead", None))
+            self.stopped.set()
+        return self._failure.text
 
     def segment_elems(self, dtype: np.dtype, transport=None) -> int:
         """The ring's segment in elements of ``dtype`` on ``transport``: the setting, else (0, the

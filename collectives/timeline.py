@@ -84,7 +84,7 @@ def start(path: str, rank: int) -> None:
     """Record from now on (``path``: where the trace goes; "" stops recording)."""
     global current
     current = Recorder(path, rank) if path else None
-    execute.observer = _phase if path else None
+    execute.observe(_phase if path else None)
 
 
 def _phase(name: str, started: float, ended: float, nbytes: int) -> None:

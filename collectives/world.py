@@ -17,7 +17,7 @@ from collectives.group import Group
 from collectives.making import make_group
 from collectives.runtime import Runtime, hosts_of, two_level_layout
 from collectives.config import Settings
-from ring.transport.base import TransportError
+from ring.transport.base import Bound, TransportError
 
 the_world: Group | None = None   # the world group, once set up (read it through world() to set it up)
 #: Called by MPI.Finalize() before it finalizes (the farewell: set by ``collectives.leaving``).
@@ -70,11 +70,11 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
 def _agree_again(proposed: dict, problem: str, timeout: float) -> None:
     """A later ``init`` that changes settings: every rank compares the ``proposed`` ones again."""
     runtime = the_world.runtime
-    the_world.transport.deadline = time.monotonic() + timeout
+    bound = Bound(None, time.monotonic() + timeout, runtime.stopped)
     try:
-        config.check_records(the_world.transport.allgather_bytes(config.record(proposed, problem)))
+        config.check_records(the_world.transport.allgather_bytes(config.record(proposed, problem), bound))
     except TransportError as e:
-        runtime.failure = f"init on rank {the_world.rank()}: {e}"
+        runtime.stop(f"init on rank {the_world.rank()}: {e}")
         raise CollectiveError(f"init: the ranks did not all change their settings together: {e}") from e
 
 
@@ -158,8 +158,8 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     global joined_setup
     joined_setup = True   # (a rank that took part in a setup never joins another at exit)
     MPI = mpi()
-    from ring.transport import departures, mpi_setup   # (imported here: importing them starts MPI)
-    departures.hear_failure_notices()   # (before the setup: a notice there would end this process unheard)
+    from ring.transport import control, mpi_setup   # (imported here: importing them starts MPI)
+    control.hear_failure_notices()   # (before the setup: a notice there would end this process unheard)
     try:
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
                                                    config.record(found, problem, left), comm)

@@ -1,7 +1,8 @@
 """The collectives, each composed from plans (``ring.schedule``, ``ring.personalized``) and the executor.
 
-All take flat, contiguous arrays of one dtype and a transport; validation and
-shapes are the caller's business (see ``collectives``).
+All take flat, contiguous arrays of one dtype, a transport and the call's ``bound``
+(which every wait honours: ``ring.transport.base.Bound``); validation and shapes
+are the caller's business (see ``collectives``).
 """
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from ring.execute import run
 from ring.partition import bounds_from_counts, chunk_bounds
 from ring.personalized import alltoall_plan, gather_plan, scatter_plan
 from ring.schedule import allgather_plan, broadcast_plan, doubling_gather_plan, halving_plans, reduce_scatter_plan
-from ring.transport.base import Transport
+from ring.transport.base import Bound, Transport
 
 
-def reduce_scatter(transport: Transport, input: Any, work: Any, op: str, segment_elems: int) -> slice:
+def reduce_scatter(transport: Transport, bound: Bound, input: Any, work: Any, op: str, segment_elems: int) -> slice:
     """Reduce ``input`` across ranks into ``work``; returns the slice of ``work`` this rank owns.
 
     After the call ``work[owned]`` holds the reduction of every rank's ``input[owned]``
@@ -30,10 +31,10 @@ def reduce_scatter(transport: Transport, input: Any, work: Any, op: str, segment
     """
     bounds = chunk_bounds(work.size, transport.size)
     plan = reduce_scatter_plan(transport.rank, bounds, segment_elems)
-    return _reduce_by(transport, (plan,), bounds[transport.rank], input, work, op)
+    return _reduce_by(transport, bound, (plan,), bounds[transport.rank], input, work, op)
 
 
-def _reduce_by(transport: Transport, plans: tuple, owned: tuple[int, int], input: Any, work: Any,
+def _reduce_by(transport: Transport, bound: Bound, plans: tuple, owned: tuple[int, int], input: Any, work: Any,
                op: str) -> slice:
     """What every reduce-scatter does around its plans (see reduce_scatter): the first plan reads
     ``input``, the others reduce in place what it left in ``work``; "avg" pre-scales (float16)
@@ -48,7 +49,7 @@ def _reduce_by(transport: Transport, plans: tuple, owned: tuple[int, int], input
         arrays.copy_(work, input)
     combine = arrays.combiner(xp, op)
     for k, plan in enumerate(plans):
-        run(plan, transport, work, input if k == 0 else None, combine, "reduce-scatter")
+        run(plan, transport, bound, work, input if k == 0 else None, combine, "reduce-scatter")
     if op == "avg" and not prescale and n > 1:
         arrays.divide_(work[slice(*owned)], n)
     return slice(*owned)
@@ -59,7 +60,7 @@ def _prescales(op: str, dtype) -> bool:
     return op == "avg" and dtype == np.float16
 
 
-def allreduce_small(transport: Transport, input: Any, output: Any, op: str, signature: bytes) -> bool:
+def allreduce_small(transport: Transport, bound: Bound, input: Any, output: Any, op: str, signature: bytes) -> bool:
     """All-reduce a small host array by recursive doubling (``ring.doubling``), checking ``signature``.
 
     About log2(n) messages instead of the ring's 2(n-1): the latency path. Returns
@@ -69,24 +70,25 @@ def allreduce_small(transport: Transport, input: Any, output: Any, op: str, sign
     n = transport.size
     prescale = op == "avg" and input.dtype == np.float16   # (as _prescales says: inline, it runs on every call)
     payload = np.true_divide(input, n, dtype=input.dtype) if prescale else input
-    agreed = doubling.agree(transport, signature, payload, arrays.ufunc(np, op), output)
+    agreed = doubling.agree(transport, bound, signature, payload, arrays.ufunc(np, op), output)
     if agreed and op == "avg" and not prescale and n > 1:
         arrays.divide_(output, n)
     return agreed
 
 
-def allreduce(transport: Transport, input: Any, output: Any, op: str, segment_elems: int) -> None:
+def allreduce(transport: Transport, bound: Bound, input: Any, output: Any, op: str, segment_elems: int) -> None:
     """``output`` = reduction of every rank's ``input``, identical bits on every rank.
 
     Reduce-scatter leaves each rank one finished chunk; all-gather copies the
     finished chunks around the ring, so every rank ends with the same bytes.
     """
-    reduce_scatter(transport, input, output, op, segment_elems)
+    reduce_scatter(transport, bound, input, output, op, segment_elems)
     bounds = chunk_bounds(output.size, transport.size)
-    run(allgather_plan(transport.rank, bounds, segment_elems), transport, output, phase="all-gather")
+    run(allgather_plan(transport.rank, bounds, segment_elems), transport, bound, output, phase="all-gather")
 
 
-def allreduce_halving_doubling(transport: Transport, input: Any, output: Any, op: str, segment_elems: int) -> None:
+def allreduce_halving_doubling(transport: Transport, bound: Bound,
+                               input: Any, output: Any, op: str, segment_elems: int) -> None:
     """``allreduce`` by Rabenseifner's algorithm: reduce-scatter by recursive halving, all-gather by
     recursive doubling (``ring.schedule.halving_plans``, ``doubling_gather_plan``). The ring's bytes
     per rank in 2 log2(n) messages instead of 2(n-1), for the sizes where latency still counts; a
@@ -95,11 +97,11 @@ def allreduce_halving_doubling(transport: Transport, input: Any, output: Any, op
     """
     n, rank = transport.size, transport.rank
     first, rest, owned = halving_plans(rank, n, output.size, segment_elems)
-    _reduce_by(transport, (first, rest), owned, input, output, op)
-    run(doubling_gather_plan(rank, n, output.size, segment_elems), transport, output, phase="all-gather")
+    _reduce_by(transport, bound, (first, rest), owned, input, output, op)
+    run(doubling_gather_plan(rank, n, output.size, segment_elems), transport, bound, output, phase="all-gather")
 
 
-def allreduce_two_level(local: Transport, across: Transport, input: Any, output: Any, op: str,
+def allreduce_two_level(local: Transport, across: Transport, bound: Bound, input: Any, output: Any, op: str,
                         segment_elems: int, across_segment_elems: int | None = None) -> None:
     """``allreduce`` over ranks on several hosts, in two levels (the hierarchical all-reduce of
     Horovod and NCCL): reduce-scatter within each host, all-reduce of each rank's chunk across
@@ -119,14 +121,14 @@ def allreduce_two_level(local: Transport, across: Transport, input: Any, output:
     Only the chunks (1/local size of the data) cross between hosts. "avg" averages within a
     host, then across hosts: the hosts being equal, that is the mean over every rank.
     """
-    owned = reduce_scatter(local, input, output, op, segment_elems)
+    owned = reduce_scatter(local, bound, input, output, op, segment_elems)
     chunk = output[owned]
-    allreduce(across, chunk, chunk, op, across_segment_elems or segment_elems)
+    allreduce(across, bound, chunk, chunk, op, across_segment_elems or segment_elems)
     bounds = chunk_bounds(output.size, local.size)
-    run(allgather_plan(local.rank, bounds, segment_elems), local, output, phase="all-gather")
+    run(allgather_plan(local.rank, bounds, segment_elems), local, bound, output, phase="all-gather")
 
 
-def allgather_small(transport: Transport, counts: tuple[int, ...], data: np.ndarray | None,
+def allgather_small(transport: Transport, bound: Bound, counts: tuple[int, ...], data: np.ndarray | None,
                  signature: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     """One recursive-doubling exchange that carries the check of ``signature``, every rank's
     ``counts`` (the same number of them on every rank) and, on the guess that every rank brings as
@@ -148,74 +150,78 @@ def allgather_small(transport: Transport, counts: tuple[int, ...], data: np.ndar
     if width:
         message[head + rank * width:head + (rank + 1) * width] = data.view(np.uint8)
     gathered = np.empty_like(message)
-    if not doubling.agree(transport, signature, message, np.bitwise_or, gathered):
+    if not doubling.agree(transport, bound, signature, message, np.bitwise_or, gathered):
         return None
     return gathered[:head].view(np.int64).reshape(n, len(counts)), gathered[head:]
 
 
-def allgather(transport: Transport, input: Any, output: Any, counts: list[int], segment_elems: int) -> None:
+def allgather(transport: Transport, bound: Bound,
+              input: Any, output: Any, counts: list[int], segment_elems: int) -> None:
     """``output`` = every rank's ``input`` laid end to end in rank order; rank r brings ``counts[r]`` elements."""
     bounds = bounds_from_counts(counts)
     start, stop = bounds[transport.rank]
     arrays.copy_(output[start:stop], input)
-    run(allgather_plan(transport.rank, bounds, segment_elems), transport, output, phase="all-gather")
+    run(allgather_plan(transport.rank, bounds, segment_elems), transport, bound, output, phase="all-gather")
 
 
-def broadcast_small(transport: Transport, buffer: np.ndarray, root: int, signature: bytes) -> bool:
+def broadcast_small(transport: Transport, bound: Bound, buffer: np.ndarray, root: int, signature: bytes) -> bool:
     """``broadcast`` of a small host buffer by recursive doubling, in the messages that check
     ``signature``: the root brings its bytes, every other rank zeros, and the messages are combined
     by bitwise or (exact for any dtype). About log2(n) messages instead of the chain's n-1 after
     the check's. Returns False (``buffer`` untouched) if any rank's signature differs."""
     mine = buffer.view(np.uint8)
     if transport.rank == root:   # (its buffer may be read-only: the result it already has goes nowhere)
-        return doubling.agree(transport, signature, mine, np.bitwise_or, None)
-    return doubling.agree(transport, signature, np.zeros_like(mine), np.bitwise_or, mine)
+        return doubling.agree(transport, bound, signature, mine, np.bitwise_or, None)
+    return doubling.agree(transport, bound, signature, np.zeros_like(mine), np.bitwise_or, mine)
 
 
-def broadcast(transport: Transport, buffer: Any, root: int, segment_elems: int) -> None:
+def broadcast(transport: Transport, bound: Bound, buffer: Any, root: int, segment_elems: int) -> None:
     """Every rank's ``buffer`` becomes ``root``'s, pipelined along the ring from the root."""
     plan = broadcast_plan(transport.rank, transport.size, root, buffer.size, segment_elems)
-    run(plan, transport, buffer, phase="broadcast")
+    run(plan, transport, bound, buffer, phase="broadcast")
 
 
-def reduce(transport: Transport, input: Any, work: Any, root: int, op: str, segment_elems: int) -> None:
+def reduce(transport: Transport, bound: Bound, input: Any, work: Any, root: int, op: str, segment_elems: int) -> None:
     """``work`` on ``root`` = the reduction of every rank's ``input`` (elsewhere ``work`` is scratch).
 
     A reduce-scatter leaves each rank one finished chunk (as in ``allreduce``), and a gather
     brings the chunks to the root instead of to every rank: each rank sends (n-1)/n of the
     buffer, as in the ring, and the root's link is the only one that carries the whole result.
     """
-    owned = reduce_scatter(transport, input, work, op, segment_elems)
+    owned = reduce_scatter(transport, bound, input, work, op, segment_elems)
     bounds = chunk_bounds(work.size, transport.size)
     mine = work if transport.rank == root else work[owned]   # (the root's own chunk is already in place)
-    run(gather_plan(transport.rank, root, bounds, segment_elems), transport, mine, phase="gather")
+    run(gather_plan(transport.rank, root, bounds, segment_elems), transport, bound, mine, phase="gather")
 
 
-def gather(transport: Transport, input: Any, output: Any, root: int, counts: list[int], segment_elems: int) -> None:
+def gather(transport: Transport, bound: Bound,
+           input: Any, output: Any, root: int, counts: list[int], segment_elems: int) -> None:
     """``output`` on ``root`` = every rank's ``input`` laid end to end in rank order (rank r brings
     ``counts[r]`` elements); ``output`` is not used elsewhere (None will do)."""
     me = transport.rank
     bounds = bounds_from_counts(counts)
     if me == root:
         arrays.copy_(output[slice(*bounds[me])], input)
-    run(gather_plan(me, root, bounds, segment_elems), transport, output if me == root else input, input,
+    run(gather_plan(me, root, bounds, segment_elems), transport, bound, output if me == root else input, input,
         phase="gather")
 
 
-def scatter(transport: Transport, input: Any, output: Any, root: int, counts: list[int], segment_elems: int) -> None:
+def scatter(transport: Transport, bound: Bound,
+            input: Any, output: Any, root: int, counts: list[int], segment_elems: int) -> None:
     """``output`` on rank r = elements ``counts[0] + ... + counts[r-1]`` on of ``root``'s ``input``
     (``counts[r]`` of them); ``input`` is not used but on the root."""
     me = transport.rank
     bounds = bounds_from_counts(counts)
     if me == root:
         arrays.copy_(output, input[slice(*bounds[me])])
-    run(scatter_plan(me, root, bounds, segment_elems), transport, output, input if me == root else output,
+    run(scatter_plan(me, root, bounds, segment_elems), transport, bound, output, input if me == root else output,
         phase="scatter")
 
 
-def alltoall(transport: Transport, input: Any, output: Any, sends: tuple, recvs: tuple, segment_elems: int) -> None:
+def alltoall(transport: Transport, bound: Bound,
+             input: Any, output: Any, sends: tuple, recvs: tuple, segment_elems: int) -> None:
     """Every rank's block for every rank: ``input[sends[j]]`` goes to rank j, and ``output[recvs[j]]``
     receives rank j's block for this one (pairwise exchange: ``ring.personalized``)."""
     me = transport.rank
     arrays.copy_(output[slice(*recvs[me])], input[slice(*sends[me])])
-    run(alltoall_plan(me, sends, recvs, segment_elems), transport, output, input, phase="all-to-all")
+    run(alltoall_plan(me, sends, recvs, segment_elems), transport, bound, output, input, phase="all-to-all")

@@ -36,7 +36,7 @@ import numpy as np
 
 from ring import execute
 from ring.schedule import core_size
-from ring.transport.base import Transport
+from ring.transport.base import Bound, Transport
 
 #: Largest signature, in bytes; signatures are padded to this length.
 SIGNATURE_BYTES = 256
@@ -80,8 +80,8 @@ def doubling_steps(rank: int, n: int) -> tuple[Step, ...]:
     return tuple(steps)
 
 
-def agree(transport: Transport, signature: bytes, payload: Any = None, combine: np.ufunc | None = None,
-          out: Any = None) -> bool:
+def agree(transport: Transport, bound: Bound, signature: bytes, payload: Any = None,
+          combine: np.ufunc | None = None, out: Any = None) -> bool:
     """True on every rank if every rank passed the same ``signature``, False on every rank otherwise.
 
     With a ``payload`` (a small flat numpy array, at most MAX_PAYLOAD_BYTES), it is
@@ -89,22 +89,23 @@ def agree(transport: Transport, signature: bytes, payload: Any = None, combine: 
     ``out`` (which may be ``payload``, or None where the result is not wanted); ``out`` is
     written only when the result is True.
 
-    >>> agree(transport, b"allreduce float32 x1024")        # doctest: +SKIP
+    >>> agree(transport, call, b"allreduce float32 x1024")   # (a call is its waits' bound)  # doctest: +SKIP
     True
 
     Reported to ``ring.execute.observer`` as phase "small" (with a payload) or "check".
     """
     if execute.observer is None:
-        return _agree(transport, signature, payload, combine, out)
+        return _agree(transport, bound, signature, payload, combine, out)
     started = perf_counter()
     try:
-        return _agree(transport, signature, payload, combine, out)
+        return _agree(transport, bound, signature, payload, combine, out)
     finally:
         execute.observer("check" if payload is None else "small", started, perf_counter(),
                          0 if payload is None else payload.nbytes)
 
 
-def _agree(transport: Transport, signature: bytes, payload: Any, combine: np.ufunc | None, out: Any) -> bool:
+def _agree(transport: Transport, bound: Bound, signature: bytes, payload: Any, combine: np.ufunc | None,
+           out: Any) -> bool:
     nbytes = 0 if payload is None else payload.nbytes
     if nbytes > MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload of {nbytes} bytes; at most {MAX_PAYLOAD_BYTES}")
@@ -127,7 +128,7 @@ def _agree(transport: Transport, signature: bytes, payload: Any, combine: np.ufu
     final = steps[-1]
     for step in steps:
         transport.exchange(m.send if step.send_to is not None else None,
-                           m.recv if step.recv_from is not None else None,
+                           m.recv if step.recv_from is not None else None, bound,
                            dest=step.send_to, source=step.recv_from, reuse=m)
         if step.recv_from is None:
             continue

@@ -6,16 +6,23 @@ from typing import Any, Callable
 
 from ring import arrays
 from ring.schedule import Plan, Transfer
-from ring.transport.base import Transport
+from ring.transport.base import Bound, Transport
 
 Combine = Callable[[Any, Any, Any], None]
+Observer = Callable[[str, float, float, int], None]
 
 #: Told of every plan carried out: ``observer(phase, started, ended, bytes)`` (perf_counter
-#: seconds). Set by ``collectives.timeline`` while a timeline is recorded; None costs nothing.
-observer: Callable[[str, float, float, int], None] | None = None
+#: seconds), while a timeline is recorded (see :func:`observe`); None costs nothing.
+observer: Observer | None = None
 
 
-def run(plan: Plan, transport: Transport, output: Any, input: Any = None,
+def observe(told: Observer | None) -> None:
+    """Tell ``told`` of every plan carried out from now on (None: nobody; ``collectives.timeline``)."""
+    global observer
+    observer = told
+
+
+def run(plan: Plan, transport: Transport, bound: Bound, output: Any, input: Any = None,
         combine: Combine | None = None, phase: str = "ring") -> None:
     """Carry out ``plan`` on flat contiguous arrays; ``input`` defaults to ``output`` (in place).
 
@@ -35,19 +42,21 @@ def run(plan: Plan, transport: Transport, output: Any, input: Any = None,
     blocking exchange, which costs fewer calls; plans that talk to other peers than the
     ring's neighbours (``Transfer.peer``) are lockstep.
 
+    Every wait is bounded by ``bound``, the call's (see ``ring.transport.base.Bound``).
     ``phase`` names the plan for the ``observer`` ("reduce-scatter", "all-gather", ...).
     """
     if not plan:
         return
     if observer is not None:
         started = perf_counter()
-        _walk(plan, transport, output, input, combine)
+        _walk(plan, transport, bound, output, input, combine)
         observer(phase, started, perf_counter(), output.nbytes)
     else:
-        _walk(plan, transport, output, input, combine)
+        _walk(plan, transport, bound, output, input, combine)
 
 
-def _walk(plan: Plan, transport: Transport, output: Any, input: Any, combine: Combine | None) -> None:
+def _walk(plan: Plan, transport: Transport, bound: Bound, output: Any, input: Any,
+          combine: Combine | None) -> None:
     if input is None:
         input = output
     in_place = input is output
@@ -55,23 +64,23 @@ def _walk(plan: Plan, transport: Transport, output: Any, input: Any, combine: Co
     if plan.lockstep:
         for k, t in enumerate(plan):
             received = _incoming(t, k, output, in_place)
-            transport.exchange(_outgoing(t, input, output), received, dest=t.peer,
+            transport.exchange(_outgoing(t, input, output), received, bound, dest=t.peer,
                                source=t.peer if t.source is None else t.source)
             _reduce(t, output, input, received, combine)
         return
 
     def post_recv(k: int):
         received = _incoming(plan[k], k, output, in_place)
-        return received, (transport.recv_from_left(received) if received is not None else None)
+        return received, (transport.recv_from_left(received, bound) if received is not None else None)
 
     def post_send(k: int):
         sending = _outgoing(plan[k], input, output)
-        return transport.send_to_right(sending) if sending is not None else None
+        return transport.send_to_right(sending, bound) if sending is not None else None
 
     received, recv = post_recv(0)
     send = post_send(0)
     for k, t in enumerate(plan):
-        transport.wait(recv)
+        transport.wait(recv, bound)
         has_next = k + 1 < len(plan)
         if has_next:
             next_received, next_recv = post_recv(k + 1)
@@ -79,7 +88,7 @@ def _walk(plan: Plan, transport: Transport, output: Any, input: Any, combine: Co
         _reduce(t, output, input, received, combine)
         if has_next and plan[k + 1].send_waits:
             next_send = post_send(k + 1)
-        transport.wait(send)
+        transport.wait(send, bound)
         if has_next:
             received, recv, send = next_received, next_recv, next_send
 

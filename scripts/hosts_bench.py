@@ -25,24 +25,23 @@ from bench.model import parse_hosts, parse_link
 from collectives.world import world
 from collectives.sizes import parse_size
 from ring import algorithms, cost
+from ring.transport.base import unbounded
 from ring_vs_mpi import median_time   # (scripts/, beside this one)
 
 
 def implementations(comm: MPI.Comm, x: np.ndarray, out: np.ndarray, segments: list[int]) -> dict:
     """name -> (a call that all-reduces x into out, the algorithm and segment the model prices it as)."""
-    g = world()
-    for transport in g.transports():   # (no call's deadline applies to the direct calls)
-        transport.deadline = float("inf")
+    g, bound = world(), unbounded()   # (no call's deadline applies to the direct calls)
     found = {"mpi": (lambda: comm.Allreduce(x, out), None)}
     for segment in segments:
         elems = segment // x.itemsize
-        found[f"ring {segment >> 10}K"] = (lambda e=elems: algorithms.allreduce(g.transport, x, out, "sum", e),
+        found[f"ring {segment >> 10}K"] = (lambda e=elems: algorithms.allreduce(g.transport, bound, x, out, "sum", e),
                                             ("ring", segment))
         found[f"halving {segment >> 10}K"] = (
-            lambda e=elems: algorithms.allreduce_halving_doubling(g.transport, x, out, "sum", e), ("halving", segment))
+            lambda e=elems: algorithms.allreduce_halving_doubling(g.transport, bound, x, out, "sum", e), ("halving", segment))
         if g.levels is not None:
             found[f"two-level {segment >> 10}K"] = (
-                lambda e=elems: algorithms.allreduce_two_level(*g.levels, x, out, "sum", e), ("two-level", segment))
+                lambda e=elems: algorithms.allreduce_two_level(*g.levels, bound, x, out, "sum", e), ("two-level", segment))
     found["col.allreduce"] = (lambda: col.allreduce(x, out=out), None)
     return found
 

@@ -10,7 +10,10 @@ import pytest
 
 from ring.transport import device, nccl
 from ring.transport.base import TransportError
+from ring.transport.base import unbounded
 from tests.test_simulated_ring import simulate
+
+BOUND = unbounded()   # (the simulated world has its own timeout)
 
 GPU_A, GPU_B = "host1/0000:1b:00.0", "host1/0000:3d:00.0"
 NCCL_2_23 = 22304
@@ -144,7 +147,7 @@ def test_every_rank_reaches_the_same_verdict(monkeypatch, n):
     def fake_probe(dev, local_rank):
         return on(GPU_A if local_rank in (0, 2) else f"host1/0000:{0x40 + local_rank:02x}:00.0")
     monkeypatch.setattr(device, "probe", fake_probe)
-    verdicts = simulate(n, lambda host: device.agree(host, None, "auto"))
+    verdicts = simulate(n, lambda host: device.agree(host, None, "auto", BOUND))
     assert verdicts == [("staged" if n >= 3 else "nccl", verdicts[0][1])] * n
 
     def without_gpu_on_the_last(dev, local_rank):
@@ -153,7 +156,7 @@ def test_every_rank_reaches_the_same_verdict(monkeypatch, n):
 
     def each(host):
         try:
-            device.agree(host, None, "auto")
+            device.agree(host, None, "auto", BOUND)
         except device.Unavailable as e:
             return str(e)
     assert simulate(n, each) == [f"the GPU path is not available on rank {n - 1}: no usable CUDA device"] * n
@@ -167,9 +170,10 @@ def test_a_rank_keeps_one_gpu_once_its_device_transport_exists():
     from ring.transport.inprocess import InProcessWorld
     runtime = Runtime(defaults(segment_bytes=1024, small_bytes=0, timeout=5.0))
     w = Group(runtime, InProcessWorld(1).transport(0), (0,), world=True)
-    w.device_transport = device.StagedTransport(w.transport)
-    w.device_transport.gpu = 0
+    made = w.transports.device = device.StagedTransport(w.transport)
+    made.gpu = 0
     on_gpu = lambda index: types.SimpleNamespace(device=types.SimpleNamespace(id=index))  # noqa: E731
-    assert w.transport_for(on_gpu(0)) is w.device_transport and w.open_device_transport(None) == 0
+    assert w.transports.for_array(on_gpu(0), BOUND, "auto") is made is w.device_transport
+    assert w.transports.open_device(None, BOUND, "auto") == 0
     with pytest.raises(CollectiveError, match="rank 0: an array on GPU 1, but this rank's collectives run on GPU 0"):
-        w.transport_for(on_gpu(1))
+        w.transports.for_array(on_gpu(1), BOUND, "auto")

@@ -8,6 +8,9 @@ from collectives.signature import disagreement, signature
 from ring import arrays
 from ring.doubling import agree, doubling_steps
 from ring.transport.inprocess import InProcessWorld
+from ring.transport.base import unbounded
+
+BOUND = unbounded()   # (the simulated world has its own timeout)
 
 
 @pytest.mark.parametrize("n", range(1, 10))
@@ -28,7 +31,7 @@ def _run(n, signatures, payloads=None, op="sum"):
     def rank(r):
         payload = None if payloads is None else payloads[r]
         out = None if payload is None else np.full_like(payload, -1)
-        results[r] = agree(world.transport(r), signatures[r], payload, arrays.ufunc(np, op), out)
+        results[r] = agree(world.transport(r), BOUND, signatures[r], payload, arrays.ufunc(np, op), out)
         outs[r] = out
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]

@@ -16,11 +16,16 @@ class _Runtime:
 
     def __init__(self):
         self.failure = None
-        self.current = None
         self.world = None
 
-    def transports(self):
-        return []
+    def stop(self, failure, error=None, by_peer=False):
+        self.failure = self.failure or failure
+        return self.failure
+
+
+class _Call:
+    """What a job returns with its result (collectives.call.Call): its number and algorithm."""
+    seq, algorithm = 1, ""
 
 
 def _engine():
@@ -38,7 +43,7 @@ def _job(log, name, gate=None):
         if gate is not None:
             assert gate.wait(10), "the gate never opened"
         log.append((name, threading.get_ident()))
-        return name
+        return name, _Call
     return run
 
 
@@ -51,7 +56,7 @@ def test_a_handle_waited_at_once_runs_in_the_waiting_thread(patient_engine_threa
 def test_a_blocking_call_behind_queued_async_calls_runs_them_first_in_order_in_its_thread(patient_engine_thread):
     engine, log = _engine(), []
     works = [engine.submit(progress.Work("allreduce", _job(log, name), engine)) for name in "abc"]
-    assert engine.run_now(_job(log, "blocking")) == "blocking"
+    assert engine.run_now(_job(log, "blocking"))[0] == "blocking"
     me = threading.get_ident()
     assert log == [("a", me), ("b", me), ("c", me), ("blocking", me)]
     assert [w.wait() for w in works] == ["a", "b", "c"]
@@ -89,7 +94,7 @@ def test_a_blocking_call_waits_while_the_engine_thread_runs_an_earlier_call():
     while first.started_at is None and time.monotonic() < give_up:   # the engine thread has taken it
         time.sleep(0.01)
     threading.Timer(0.05, gate.set).start()
-    assert engine.run_now(_job(log, "blocking")) == "blocking"
+    assert engine.run_now(_job(log, "blocking"))[0] == "blocking"
     assert [name for name, _ in log] == ["a", "blocking"] and first.wait() == "a"
 
 

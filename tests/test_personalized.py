@@ -7,7 +7,10 @@ from hypothesis import given, settings, strategies as st
 from ring import algorithms
 from ring.partition import bounds_from_counts
 from ring.personalized import alltoall_plan, alltoall_steps, gather_plan, scatter_plan
+from ring.transport.base import unbounded
 from tests.test_simulated_ring import rank_input, reference, simulate
+
+BOUND = unbounded()   # (the simulated world has its own timeout)
 
 
 @pytest.mark.parametrize("n", range(1, 9))
@@ -75,7 +78,7 @@ def test_alltoall_sends_each_block_to_its_rank(n, seed, segment):
         sends = bounds_from_counts(counts[me])
         recvs = bounds_from_counts([counts[i][me] for i in range(n)])
         out = np.full(recvs[-1][1], -1, np.int32)
-        algorithms.alltoall(t, inputs[me], out, sends, recvs, segment)
+        algorithms.alltoall(t, BOUND, inputs[me], out, sends, recvs, segment)
         return out
 
     for j, got in enumerate(simulate(n, body)):
@@ -94,9 +97,9 @@ def test_gather_and_scatter_move_uneven_blocks_to_and_from_the_root(counts, root
     def body(t):
         me = t.rank
         out = np.zeros(sum(counts)) if me == root else None
-        algorithms.gather(t, blocks[me], out, root, counts, segment)
+        algorithms.gather(t, BOUND, blocks[me], out, root, counts, segment)
         mine = np.zeros(counts[me])
-        algorithms.scatter(t, out if me == root else None, mine, root, counts, segment)
+        algorithms.scatter(t, BOUND, out if me == root else None, mine, root, counts, segment)
         return out, mine
 
     for r, (gathered, scattered) in enumerate(simulate(n, body)):
@@ -114,7 +117,7 @@ def test_reduce_leaves_the_reduction_on_the_root(n, count, root, segment, op):
 
     def body(t):
         work = np.empty(count)
-        algorithms.reduce(t, inputs[t.rank], work, root, op, segment)
+        algorithms.reduce(t, BOUND, inputs[t.rank], work, root, op, segment)
         return work
 
     results = simulate(n, body)

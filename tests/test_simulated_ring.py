@@ -8,6 +8,9 @@ from hypothesis import given, settings, strategies as st
 from ring import algorithms
 from ring.partition import chunk_bounds
 from ring.transport.inprocess import InProcessWorld
+from ring.transport.base import unbounded
+
+BOUND = unbounded()   # (the simulated world has its own timeout)
 
 REFERENCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
@@ -59,7 +62,7 @@ def allreduce_each(inputs, op, segment, in_place, reduce=algorithms.allreduce):
     def body(t):
         x = inputs[t.rank]
         out = x if in_place else np.empty_like(x)
-        reduce(t, x, out, op, segment)
+        reduce(t, BOUND, x, out, op, segment)
         return out
     return body
 
@@ -71,9 +74,9 @@ def check_allgather_then_broadcast(n, wrap, counts, dtype, root, segments):
 
     def body(t):
         gathered = np.empty(sum(counts), dtype)
-        algorithms.allgather(t, inputs[t.rank], gathered, counts, segments[0])
+        algorithms.allgather(t, BOUND, inputs[t.rank], gathered, counts, segments[0])
         buffer = inputs[root].copy() if t.rank == root else np.zeros(counts[root], dtype)
-        algorithms.broadcast(t, buffer, root, segments[1])
+        algorithms.broadcast(t, BOUND, buffer, root, segments[1])
         return gathered, buffer
 
     for gathered, buffer in simulate(n, wrap(body)):
@@ -109,7 +112,7 @@ def test_allreduce_every_size_class_and_dtype(n, dtype):
 
 def _allreduced(t, x, op, segment):
     out = np.empty_like(x)
-    algorithms.allreduce(t, x, out, op, segment)
+    algorithms.allreduce(t, BOUND, x, out, op, segment)
     return out
 
 
@@ -128,7 +131,7 @@ def test_reduce_scatter_leaves_each_rank_its_array_split_block(n, count, segment
 
     def body(t):
         work = np.empty(count, np.int32)
-        owned = algorithms.reduce_scatter(t, inputs[t.rank], work, "sum", segment)
+        owned = algorithms.reduce_scatter(t, BOUND, inputs[t.rank], work, "sum", segment)
         return work[owned]
 
     for rank, block in enumerate(simulate(n, body)):
@@ -143,7 +146,7 @@ def test_allgather_concatenates_uneven_contributions(counts, segment):
 
     def body(t):
         out = np.empty(sum(counts), np.int64)
-        algorithms.allgather(t, inputs[t.rank], out, counts, segment)
+        algorithms.allgather(t, BOUND, inputs[t.rank], out, counts, segment)
         return out
 
     for result in simulate(n, body):
@@ -157,7 +160,7 @@ def test_broadcast_copies_the_roots_buffer_everywhere(n, count, segment, root):
     buffers = [np.full(count, -1.0) if r != root else np.arange(count, dtype=float) for r in range(n)]
 
     def body(t):
-        algorithms.broadcast(t, buffers[t.rank], root, segment)
+        algorithms.broadcast(t, BOUND, buffers[t.rank], root, segment)
         return buffers[t.rank]
 
     for result in simulate(n, body):
@@ -183,22 +186,22 @@ def test_every_algorithm_of_every_collective_at_scale(n):
         results = {}
         for name, reduce in [("ring", algorithms.allreduce), ("halving", algorithms.allreduce_halving_doubling)]:
             results[name] = np.empty_like(x)
-            reduce(t, x, results[name], "sum", segment)
+            reduce(t, BOUND, x, results[name], "sum", segment)
         results["doubling"] = np.empty_like(x)
-        assert algorithms.allreduce_small(t, x, results["doubling"], "max", signature)
+        assert algorithms.allreduce_small(t, BOUND, x, results["doubling"], "max", signature)
         work = x.copy()
-        results["reduce_scatter"] = work[algorithms.reduce_scatter(t, x, work, "sum", segment)].copy()
+        results["reduce_scatter"] = work[algorithms.reduce_scatter(t, BOUND, x, work, "sum", segment)].copy()
         mine = np.full(rows[t.rank], t.rank, np.int16)
-        counts, _ = algorithms.allgather_small(t, (rows[t.rank],), None, signature)
+        counts, _ = algorithms.allgather_small(t, BOUND, (rows[t.rank],), None, signature)
         results["allgather ring"] = np.empty(int(counts.sum()), np.int16)
-        algorithms.allgather(t, mine, results["allgather ring"], counts[:, 0].tolist(), segment)
+        algorithms.allgather(t, BOUND, mine, results["allgather ring"], counts[:, 0].tolist(), segment)
         same = np.full(3, t.rank, np.int16)   # doubling: every rank brings as many
-        counts, results["allgather doubling"] = algorithms.allgather_small(t, (3, -t.rank), same, signature)
+        counts, results["allgather doubling"] = algorithms.allgather_small(t, BOUND, (3, -t.rank), same, signature)
         assert counts.tolist() == [[3, -r] for r in range(n)]
         results["broadcast"] = x.copy() if t.rank == n - 1 else np.zeros_like(x)
-        algorithms.broadcast(t, results["broadcast"], n - 1, segment)
+        algorithms.broadcast(t, BOUND, results["broadcast"], n - 1, segment)
         results["broadcast doubling"] = x.copy() if t.rank == 0 else np.full_like(x, -1)
-        assert algorithms.broadcast_small(t, results["broadcast doubling"], 0, signature)
+        assert algorithms.broadcast_small(t, BOUND, results["broadcast doubling"], 0, signature)
         return results
 
     outcomes = simulate(n, body)

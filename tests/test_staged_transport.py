@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from ring.transport.base import unbounded
 from ring.transport.staged import StagedTransport
 from tests.test_simulated_ring import allreduce_each, check_allgather_then_broadcast, rank_input, reference, simulate
 
@@ -36,17 +37,17 @@ def test_staging_sends_copies_so_later_writes_to_the_source_cannot_leak():
     sent = np.arange(6.0)
 
     class Recorder:
-        rank, size, local_rank, local_size, deadline = 0, 2, 0, 2, float("inf")
+        rank, size, local_rank, local_size = 0, 2, 0, 2
 
-        def send_to_right(self, buf):
+        def send_to_right(self, buf, bound):
             self.buffer = buf
             return "send"
 
-        def wait(self, request):
+        def wait(self, request, bound):
             pass
 
-    host = Recorder()
-    request = StagedTransport(host).send_to_right(sent)
+    host, bound = Recorder(), unbounded()
+    request = StagedTransport(host).send_to_right(sent, bound)
     sent[:] = -1                      # the caller reuses its buffer before the send completes
-    StagedTransport(host).wait(request)
+    StagedTransport(host).wait(request, bound)
     np.testing.assert_array_equal(host.buffer, np.arange(6.0))

@@ -5,8 +5,11 @@ import pytest
 
 from ring import algorithms
 from ring.transport.inprocess import InProcessWorld
+from ring.transport.base import unbounded
 from tests.test_simulated_ring import reference, run_ranks
 from tests.worlds import run_world
+
+BOUND = unbounded()   # (the simulated world has its own timeout)
 
 
 def simulate_hosts(hosts: int, per_host: int, body):
@@ -29,7 +32,7 @@ def test_two_levels_give_every_rank_the_reduction(hosts, per_host, op, count):
 
     def body(local, across, rank):
         out = np.empty(count, dtype)
-        algorithms.allreduce_two_level(local, across, inputs[rank].copy(), out, op, segment_elems=64)
+        algorithms.allreduce_two_level(local, across, BOUND, inputs[rank].copy(), out, op, segment_elems=64)
         return out
 
     results = simulate_hosts(hosts, per_host, body)
@@ -42,7 +45,7 @@ def test_two_levels_in_place_float16_avg_stays_in_range():
     """float16 "avg" pre-scales at both levels: 4 ranks of 30000 average to about 30000, not inf."""
     def body(local, across, rank):
         x = np.full(10, 30000, np.float16)
-        algorithms.allreduce_two_level(local, across, x, x, "avg", segment_elems=4)
+        algorithms.allreduce_two_level(local, across, BOUND, x, x, "avg", segment_elems=4)
         return x
 
     for result in simulate_hosts(2, 2, body):

@@ -2,12 +2,15 @@
 receive from the left one, exchange with any peer, wait. Transports move bytes and
 do no arithmetic.
 
-No wait is unbounded: every transport gives up at its ``deadline`` (a
-``time.monotonic()`` value the caller sets per collective) with TransportTimeout,
-and reports a peer that is known to have died with PeerLost.
+No wait is unbounded: every call that may wait takes the :class:`Bound` of the
+collective it serves (its deadline, and the runtime's stop) and gives up at it with
+TransportTimeout; a peer known to have died is reported with PeerLost. What a
+transport knows of its peers (who left, who died, the roll call, the farewells) is
+its control plane, apart from the data (``ring.transport.control``).
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Protocol
 
 
@@ -47,28 +50,59 @@ class PeerLost(TransportError):
         self.dead = dead   # the rank that died, where one did (no message may be sent to it any more)
 
 
+class Bound:
+    """What bounds the waits of one collective call, given to each: the call's number on its group
+    (``seq``, counted from 1: the roll call reports it, and a peer that left is judged against it),
+    its deadline (``until``, a ``time.monotonic()`` value), the runtime's ``stop`` (an Event: once
+    set, every wait ends at its next look, whatever its deadline) and whether the call runs in the
+    ``background`` (another thread of this process computes meanwhile: naps, never spins).
+
+    >>> bound = Bound(3, until=100.0, stop=threading.Event())
+    >>> bound.passed(99.0), bound.passed(100.0)
+    (False, True)
+    >>> bound.stop.set(); bound.passed(0.0)
+    True
+    """
+
+    __slots__ = ("seq", "until", "stop", "background")
+
+    def __init__(self, seq: int | None, until: float, stop: threading.Event, background: bool = False):
+        self.seq = seq   # (None: no collective, such as a point-to-point wait)
+        self.until = until
+        self.stop = stop
+        self.background = background
+
+    def passed(self, now: float) -> bool:
+        """Whether a wait looking at the clock at ``now`` must give up."""
+        return now >= self.until or self.stop.is_set()
+
+
+def unbounded() -> Bound:
+    """A bound that never passes: for the pure tests of the schedules (their world has its own timeout)."""
+    return Bound(0, float("inf"), threading.Event())
+
+
 class Transport(Protocol):
-    """A rank's view of a world of ``size`` ranks.
+    """A rank's view of a world of ``size`` ranks: the data plane, which moves bytes.
 
     Messages between two ranks arrive in the order they were posted (MPI's
     non-overtaking rule); the schedules rely on nothing more. A receive buffer may
-    be larger than the message that lands in it.
+    be larger than the message that lands in it. Every call that may wait takes the
+    ``bound`` of the collective it serves.
     """
 
     rank: int
     size: int
     local_rank: int   # this rank's place among the ranks on its host
     local_size: int   # how many ranks share its host
-    deadline: float   # time.monotonic() after which every wait raises TransportTimeout
-    seq: int          # the collective under way, counted from 1 (set by the caller with the deadline)
 
-    def send_to_right(self, buf: Any) -> Any:
+    def send_to_right(self, buf: Any, bound: Bound) -> Any:
         """Start sending ``buf`` (contiguous) to rank ``(rank + 1) % size``; return a request."""
 
-    def recv_from_left(self, buf: Any) -> Any:
+    def recv_from_left(self, buf: Any, bound: Bound) -> Any:
         """Start receiving into ``buf`` (contiguous) from rank ``(rank - 1) % size``; return a request."""
 
-    def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
+    def exchange(self, send: Any | None, recv: Any | None, bound: Bound, dest: int | None = None,
                  source: int | None = None, reuse: Any = None) -> None:
         """Send ``send`` to ``dest`` (default: the right neighbour) while receiving ``recv`` from
         ``source`` (default: the left one), blocking until both are done; ``None``: nothing that way.
@@ -76,28 +110,14 @@ class Transport(Protocol):
         which keep their memory) under which the transport may keep the setup of the exchange with
         these peers; None: a one-off exchange."""
 
-    def wait(self, request: Any) -> None:
+    def wait(self, request: Any, bound: Bound) -> None:
         """Block until ``request`` (or ``None``: nothing) is complete."""
 
-    def allgather_bytes(self, data: bytes) -> list[bytes]:
+    def allgather_bytes(self, data: bytes, bound: Bound) -> list[bytes]:
         """Every rank's ``data`` (the same length on every rank), in rank order: metadata only."""
-
-    def roll_call(self, grace: float) -> dict[int, int]:
-        """After a timeout: ``{rank: the call it is in}`` for the ranks heard within ``grace`` seconds."""
-
-    def unreachable(self) -> list[int]:
-        """After a roll call: the ranks whose host did not answer it at all (counted dead from then on)."""
 
     def abandon(self) -> None:
         """After a failed or interrupted call: cancel what is still posted (nothing lands later)."""
-
-    def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
-                 finalizing: bool = True, dead: int | None = None) -> None:
-        """Tell every other rank that this one leaves after ``completed`` collectives, because ``why``
-        ("": its program ended); ``failed``: the runtime had already failed here; ``root``: ``why``
-        is a root cause to pass on as it is (see PeerLost); ``finalizing``: this process will
-        call MPI_Finalize (not after a peer died: see collectives.leaving); ``dead``: the
-        rank that died, so that nobody sends it anything (over UCX that crashed the sender)."""
 
     def close(self, failed: bool = False) -> None:
         """Release the transport's resources (at exit; ``failed``: after a failure, abort instead)."""
@@ -105,7 +125,7 @@ class Transport(Protocol):
 
 class OverHost:
     """Shared by the device transports (NCCL, staged): the host transport they stand on keeps the
-    ranks, the deadline, the metadata exchange and the roll call; they only move device buffers."""
+    ranks, the metadata exchange and the control plane; they only move device buffers."""
 
     def __init__(self, host: Transport):
         self.host = host
@@ -114,16 +134,8 @@ class OverHost:
         self.gpu: int | None = None   # the GPU served (set by ring.transport.device.open_transport)
         self.why_staged = ""          # why this world is not on NCCL, when it is not
 
-    @property
-    def deadline(self) -> float:
-        return self.host.deadline
-
-    @deadline.setter
-    def deadline(self, value: float) -> None:
-        self.host.deadline = value
-
-    def allgather_bytes(self, data: bytes) -> list[bytes]:
-        return self.host.allgather_bytes(data)
+    def allgather_bytes(self, data: bytes, bound: Bound) -> list[bytes]:
+        return self.host.allgather_bytes(data, bound)
 
     def abandon(self) -> None:
         self.host.abandon()

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 from ring import arrays
 from ring.transport import nccl
-from ring.transport.base import Transport, TransportError
+from ring.transport.base import Bound, Transport, TransportError
 from ring.transport.staged import StagedTransport
 
 CHOICES = ("auto", "nccl", "staged")
@@ -117,18 +117,19 @@ def why_not_nccl(findings: list[Finding]) -> str:
     return ""
 
 
-def agree(host: Transport, device: int | None, wanted: str) -> tuple[str, str]:
+def agree(host: Transport, device: int | None, wanted: str, bound: Bound) -> tuple[str, str]:
     """Probe GPU ``device`` (see :func:`probe`) on every rank of ``host`` and return the same
     verdict everywhere (see :func:`choose`); every rank of ``host`` must call this together."""
-    rows = host.allgather_bytes(probe(device, host.local_rank).encode())
+    rows = host.allgather_bytes(probe(device, host.local_rank).encode(), bound)
     return choose([Finding.decode(row) for row in rows], wanted)
 
 
-def open_transport(host: Transport, device: int | None, wanted: str) -> Transport:
+def open_transport(host: Transport, device: int | None, wanted: str, bound: Bound) -> Transport:
     """The transport for cupy arrays on GPU ``device`` (None: this rank's local GPU, made
-    current): NCCL or staged, the same on every rank, with its ``gpu`` and ``why_staged`` set."""
-    kind, why = agree(host, device, wanted)
-    transport = nccl.connect(host) if kind == "nccl" else StagedTransport(host)
+    current): NCCL or staged, the same on every rank, with its ``gpu`` and ``why_staged`` set;
+    within the ``bound`` of the collective that opens it."""
+    kind, why = agree(host, device, wanted, bound)
+    transport = nccl.connect(host, bound) if kind == "nccl" else StagedTransport(host)
     transport.gpu, transport.why_staged = arrays.current_gpu(), why
     return transport
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ring.schedule import left, right
-from ring.transport.base import TransportError, TransportTimeout
+from ring.transport.base import Bound, TransportError, TransportTimeout
 
 
 class InProcessWorld:
@@ -21,7 +21,6 @@ class InProcessWorld:
         self._mailboxes = {(s, d): queue.Queue() for s in range(nranks) for d in range(nranks)}
         self._barrier = threading.Barrier(nranks)
         self._gathered: list[Any] = [None] * nranks
-        self._calls: dict[int, int] = {}   # rank -> the call it is in, for the roll call
 
     def transport(self, rank: int) -> "InProcessTransport":
         return InProcessTransport(self, rank)
@@ -34,34 +33,35 @@ class _PendingRecv:
 
 
 class InProcessTransport:
+    """The data plane of ``ring.transport.base.Transport``, between the threads of an InProcessWorld
+    (no control plane: no rank of it leaves or dies)."""
+
     def __init__(self, world: InProcessWorld, rank: int):
         self._world = world
         self.rank = rank
         self.size = world.size
-        self.deadline = float("inf")   # the world's own timeout applies as well
-        self.seq = 0
         self.local_rank, self.local_size = rank, world.size   # every rank on one host
 
     def _send(self, buf: Any, dest: int) -> None:
         self._world._mailboxes[(self.rank, dest)].put(_bytes_of(buf).copy())
 
-    def send_to_right(self, buf: Any) -> None:
+    def send_to_right(self, buf: Any, bound: Bound) -> None:
         self._send(buf, right(self.rank, self.size))
 
-    def recv_from_left(self, buf: Any) -> _PendingRecv:
+    def recv_from_left(self, buf: Any, bound: Bound) -> _PendingRecv:
         return _PendingRecv(buf, left(self.rank, self.size))
 
-    def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
+    def exchange(self, send: Any | None, recv: Any | None, bound: Bound, dest: int | None = None,
                  source: int | None = None, reuse: Any = None) -> None:
         if send is not None:
             self._send(send, right(self.rank, self.size) if dest is None else dest)
         if recv is not None:
-            self.wait(_PendingRecv(recv, left(self.rank, self.size) if source is None else source))
+            self.wait(_PendingRecv(recv, left(self.rank, self.size) if source is None else source), bound)
 
-    def wait(self, request: _PendingRecv | None) -> None:
+    def wait(self, request: _PendingRecv | None, bound: Bound) -> None:
         if request is None:
             return
-        patience = min(self._world.timeout, max(0.0, self.deadline - time.monotonic()))
+        patience = min(self._world.timeout, max(0.0, bound.until - time.monotonic()))
         try:
             data = self._world._mailboxes[(request.source, self.rank)].get(timeout=patience)
         except queue.Empty:
@@ -71,28 +71,15 @@ class InProcessTransport:
             raise TransportError(f"rank {self.rank}: a {target.size}-byte buffer got {data.size} bytes")
         target[:data.size] = data
 
-    def allgather_bytes(self, data: bytes) -> list[bytes]:
+    def allgather_bytes(self, data: bytes, bound: Bound) -> list[bytes]:
         self._world._gathered[self.rank] = bytes(data)
         self._barrier()
         result = list(self._world._gathered)
         self._barrier()   # nobody overwrites a slot before everyone has read it
         return result
 
-    def roll_call(self, grace: float) -> dict[int, int]:
-        calls = self._world._calls
-        calls[self.rank] = self.seq
-        time.sleep(grace)
-        return {r: seq for r, seq in calls.items() if r != self.rank}
-
-    def unreachable(self) -> list[int]:
-        return []   # (one process: every rank is reachable)
-
     def abandon(self) -> None:
         pass   # sends complete at once and receives are only posted while waited for
-
-    def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
-                 finalizing: bool = True, dead: int | None = None) -> None:
-        pass
 
     def close(self, failed: bool = False) -> None:
         pass

@@ -1,16 +1,15 @@
 """Point-to-point over MPI (mpi4py), on host memory, raw bytes, no pickling.
 
 Never blocks inside MPI: every wait polls its requests (as MPI's own Wait does)
-until they complete, the deadline passes (TransportTimeout), or a peer is known
-to be gone (PeerLost). So a rank stuck on a peer that never comes always gets
-control back. How a peer is known to be gone, checked every CHECK_INTERVAL
-seconds while a wait lasts:
-
-its farewell arrived, or it died (``ring.transport.departures``, the control
-channel; ``ring.transport.exits``, the farewell and the exit barrier). A long
-wait backs off from spinning to yielding to short sleeps (``ring.transport.polling``),
-so a rank stuck for minutes does not burn its core. ``ring.transport.mpi_setup``
-makes the first transport; ``split`` makes the others.
+until they complete, its call's bound passes (TransportTimeout: the deadline, or
+the runtime stopped), or a peer is known to be gone (PeerLost). So a rank stuck on
+a peer that never comes always gets control back. How a peer is known to be gone,
+asked of the transport's control plane every CHECK_INTERVAL seconds while a wait
+lasts: its farewell arrived, or it died (``ring.transport.control``; the farewell
+and the exit barrier are ``ring.transport.exits``). A long wait backs off from
+spinning to yielding to short sleeps (``ring.transport.polling``), so a rank stuck
+for minutes does not burn its core. ``ring.transport.mpi_setup`` makes the first
+transport; ``split`` makes the others.
 """
 from __future__ import annotations
 
@@ -22,9 +21,9 @@ from mpi4py import MPI
 
 from ring.schedule import left, right
 from ring.transport import liveness as liveness_watch
-from ring.transport.base import PeerLost, TransportError, TransportTimeout
-from ring.transport.departures import COLLECTIVE, Departures
-from ring.transport.exits import AtExit
+from ring.transport.base import Bound, TransportError, TransportTimeout
+from ring.transport.control import COLLECTIVE, Control
+from ring.transport.exits import Exits
 from ring.transport.mpi_p2p import PointToPoint
 from ring.transport.polling import SPIN_SECONDS, pause, usable_cores
 from ring.transport.subsets import Subsets
@@ -40,16 +39,18 @@ _testall = MPI.Request.Testall
 _startall = MPI.Prequest.Startall
 
 
-class MPITransport(Departures, AtExit, Subsets):
-    """The ring's neighbours on an MPI communicator (use a private duplicate, never the user's).
+class MPITransport(Subsets):
+    """The ring's neighbours on an MPI communicator (use a private duplicate, never the user's):
+    the data plane, with its ``control`` plane (``ring.transport.control``: departures, deaths,
+    the roll call) and its ``exits`` (the farewell and the exit barrier) beside it.
 
     Made by ``ring.transport.mpi_setup.connect``, which also learns where every rank runs, or by
-    ``split`` or ``subset`` (``ring.transport.subsets``) for some of the ranks. ``names``: how messages name each rank of ``comm`` (the
-    world's ranks, for a subset; default: its own ranks). ``watch``: another transport over
-    the same ranks or more, whose control channel tells this one of departures (a transport
-    used only inside the calls of another, such as the two levels of a hierarchical all-reduce).
-    ``liveness``: the watch over the ranks on other hosts (by ``names``), shared by every
-    transport made from the first by ``split``; the first closes it.
+    ``split`` or ``subset`` (``ring.transport.subsets``) for some of the ranks. ``names``: how
+    messages name each rank of ``comm`` (the world's ranks, for a subset; default: its own
+    ranks). ``watch``: another transport over the same ranks or more, whose control plane tells
+    this one of departures (a transport used only inside the calls of another, such as the two
+    levels of a hierarchical all-reduce). ``liveness``: the watch over the ranks on other hosts
+    (by ``names``), shared by every transport made from the first by ``split``; the first closes it.
     """
 
     def __init__(self, comm: MPI.Comm, hosts: Sequence[str], pids: Sequence[int],
@@ -60,61 +61,51 @@ class MPITransport(Departures, AtExit, Subsets):
         self.size = comm.Get_size()
         self.hosts, self.pids = list(hosts), list(pids)
         self.names = list(names) if names is not None else list(range(self.size))
-        self.watch = watch
         self.liveness, self._owns_liveness = liveness, owns_liveness
-        self.deadline = float("inf")
-        self.seq = 0   # the call under way (set by the caller with the deadline); peers are judged against it
+        self.control = Control(comm, self.names, self.hosts, self.pids, liveness,
+                               watch.control if watch is not None else None)
+        self.exits = Exits(self.control)
         self._right = right(self.rank, self.size)
         self._left = left(self.rank, self.size)
         local = [r for r in range(self.size) if hosts[r] == hosts[self.rank]]
         self.local_rank = local.index(self.rank)   # this rank's place among the ranks on its host
         self.local_size = len(local)
         self.spans_hosts = len(local) < self.size   # (the runtime's segments are smaller across hosts)
-        self._local_pids = {r: pids[r] for r in local if r != self.rank}
-        self._remote = frozenset(r for r in range(self.size) if hosts[r] != hosts[self.rank])
+        self._remote = self.control.remote   # (the ranks a send is guarded for: see sending_to)
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
-        oversubscribed = self.local_size > usable_cores(self._local_pids.values())
+        oversubscribed = self.local_size > usable_cores(self.control.local_pids.values())
         self._spin_seconds = 0.0 if oversubscribed else SPIN_SECONDS
-        # In the background (another thread of this process computes meanwhile): never spin or
-        # yield, nap from the first poll on, so the computing thread keeps its core.
-        self.background = False
         self._quick_polls = 1 if oversubscribed else _QUICK_POLLS
         self._persistent: dict = {}
         self._inflight: list = []      # (request, peer) posted and not yet waited for, with its buffer
         self._abandoned: list = []     # requests that could not be cancelled, kept with their buffers for good
-        self._init_departures()
         self.p2p = PointToPoint(self)
 
-    def send_to_right(self, buf: Any) -> tuple[MPI.Request, int]:
-        self.sending_to(self._right)
+    def send_to_right(self, buf: Any, bound: Bound) -> tuple[MPI.Request, int]:
+        if self._right in self._remote:
+            self.sending_to(self._right, bound.seq)
         try:
             request = self.comm.Isend([buf, MPI.BYTE], self._right, _TAG)
         except MPI.Exception as e:
             raise TransportError(f"send to rank {self.names[self._right]} failed: {_error_text(e)}") from e
         return self._posted(request, self._right, buf, receive=False)
 
-    def recv_from_left(self, buf: Any) -> tuple[MPI.Request, int]:
+    def recv_from_left(self, buf: Any, bound: Bound) -> tuple[MPI.Request, int]:
         try:
             request = self.comm.Irecv([buf, MPI.BYTE], self._left, _TAG)
         except MPI.Exception as e:
             raise TransportError(f"receive from rank {self.names[self._left]} failed: {_error_text(e)}") from e
         return self._posted(request, self._left, buf, receive=True)
 
-    def sending_to(self, peer: int) -> None:
-        """Raise PeerLost, before anything is posted, if ``peer`` is on another host and its process
-        has ended or is ending. Over UCX, MPICH crashes a rank that sends to such a peer once it
-        has seen the peer's connection close (see ``Liveness.gone``). A peer on this host is never
-        sent anything after its death is known, and MPI's shared memory does not crash meanwhile."""
-        if peer in self._remote and self.liveness is not None and self.liveness.gone(self.names[peer]):
-            self.dead.add(peer)
-            self.check_peers(COLLECTIVE)   # (names it as every rank should hear it, or a root cause)
-            name = self.names[peer]
-            if peer in self.departed:   # it said farewell, and its process has ended since
-                why = self.departed[peer][2] or "its program ended"
-                raise PeerLost(name, f"rank {name} has left the runtime ({why}) and its process has ended: it "
-                                     "can be sent nothing more")
-            raise PeerLost(name, self._death_text([peer]))
+    def sending_to(self, peer: int, seq: int | None) -> None:
+        """Raise PeerLost, before anything is posted in call ``seq``, if ``peer`` is on another host
+        and its process has ended or is ending. Over UCX, MPICH crashes a rank that sends to such a
+        peer once it has seen the peer's connection close (see ``Liveness.gone``). A peer on this
+        host is never sent anything after its death is known, and MPI's shared memory does not
+        crash meanwhile."""
+        if peer in self._remote:
+            self.control.guard(peer, seq)
 
     def _posted(self, request: MPI.Request, peer: int, buf: Any, receive: bool) -> tuple[MPI.Request, int]:
         """Remember a posted request until it is waited for (see ``abandon``)."""
@@ -122,21 +113,21 @@ class MPITransport(Departures, AtExit, Subsets):
         self._inflight.append((posted, buf, receive))
         return posted
 
-    def wait(self, request: tuple[MPI.Request, int] | None) -> None:
+    def wait(self, request: tuple[MPI.Request, int] | None, bound: Bound) -> None:
         if request is None:
             return
-        self._wait_all([request[0]], [request[1]])
+        self._wait_all([request[0]], [request[1]], bound)
         for i, (posted, _, _) in enumerate(self._inflight):   # at most a few entries
             if posted is request:
                 del self._inflight[i]
                 break
 
-    def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
+    def exchange(self, send: Any | None, recv: Any | None, bound: Bound, dest: int | None = None,
                  source: int | None = None, reuse: Any = None) -> None:
         source = self._left if source is None else source
         dest = self._right if dest is None else dest
         if reuse is not None and send is not None and recv is not None:
-            self._exchange_again(send, recv, dest, source, reuse)
+            self._exchange_again(send, recv, dest, source, reuse, bound)
             return
         requests, peers = [], []
         try:
@@ -144,10 +135,11 @@ class MPITransport(Departures, AtExit, Subsets):
                 requests.append(self.comm.Irecv([recv, MPI.BYTE], source, _TAG))
                 peers.append(source)
             if send is not None:
-                self.sending_to(dest)
+                if dest in self._remote:
+                    self.sending_to(dest, bound.seq)
                 requests.append(self.comm.Isend([send, MPI.BYTE], dest, _TAG))
                 peers.append(dest)
-            self._wait_all(requests, peers)
+            self._wait_all(requests, peers, bound)
         except MPI.Exception as e:
             raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
                                  f"{_error_text(e)}") from e
@@ -155,7 +147,7 @@ class MPITransport(Departures, AtExit, Subsets):
             self.give_up(requests, (send, recv), requests[:1] if recv is not None else [])
             raise
 
-    def _exchange_again(self, send: Any, recv: Any, dest: int, source: int, reuse: Any) -> None:
+    def _exchange_again(self, send: Any, recv: Any, dest: int, source: int, reuse: Any, bound: Bound) -> None:
         """exchange() over persistent requests, made once per (``reuse``, peers): for the latency path,
         whose buffers are the same on every call (about 1 us less per exchange here)."""
         key = (reuse, dest, source)
@@ -171,10 +163,11 @@ class MPITransport(Departures, AtExit, Subsets):
                                      f"{_error_text(e)}") from e
             entry = self._persistent[key] = (requests, (source, dest), send, recv)   # buffers kept alive: ids stay unique
         requests = entry[0]
-        self.sending_to(dest)
+        if dest in self._remote:
+            self.sending_to(dest, bound.seq)
         try:
             _startall(requests)
-            self._wait_all(requests, entry[1])
+            self._wait_all(requests, entry[1], bound)
         except BaseException:
             # Started and unfinished persistent requests must be cancelled or kept, never freed in
             # flight; forget this entry so that it is not started again (its buffers stay with it).
@@ -188,17 +181,17 @@ class MPITransport(Departures, AtExit, Subsets):
                 request.Free()
         self._persistent.clear()
 
-    def allgather_bytes(self, data: bytes) -> list[bytes]:
+    def allgather_bytes(self, data: bytes, bound: Bound) -> list[bytes]:
         mine = np.frombuffer(data, np.uint8)
         every = np.empty((self.size, mine.size), np.uint8)
         for peer in self._remote:
-            self.sending_to(peer)
+            self.sending_to(peer, bound.seq)
         try:
             request = self.comm.Iallgather(mine, every)
         except MPI.Exception as e:
             raise TransportError(f"metadata exchange failed: {_error_text(e)}") from e
         try:
-            self._wait_all([request], [r for r in range(self.size) if r != self.rank] or [self.rank])
+            self._wait_all([request], [r for r in range(self.size) if r != self.rank] or [self.rank], bound)
         except BaseException:
             self._abandoned.append(([request], (mine, every)))   # a collective cannot be cancelled: kept
             raise
@@ -240,11 +233,11 @@ class MPITransport(Departures, AtExit, Subsets):
         messages that arrived unread (the others' farewells) are read first: MPI (UCX) warns of
         messages still unmatched at MPI_Finalize."""
         try:
-            self._read_control()
+            self.control.read()
         except MPI.Exception:
             pass
         self.abandon()
-        if not self._abandoned:
+        if not self._abandoned and not self.exits.kept:
             self._free_persistent()
             try:
                 self.comm.Free()
@@ -254,34 +247,34 @@ class MPITransport(Departures, AtExit, Subsets):
             self.liveness.goodbye()
             self.liveness.close()
 
-    def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int], statuses: list | None = None,
-                  deadline: float | None = None) -> None:
-        """Poll until ``requests`` are done, or ``deadline`` (default: the call's, read at every look:
-        stopping the engine moves it, see ``collectives.progress``); the first peer still pending is
-        the one named on timeout (-1: any rank)."""
+    def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int], bound: Bound,
+                  statuses: list | None = None) -> None:
+        """Poll until ``requests`` are done, or ``bound`` passes (its deadline, or the runtime's stop);
+        the first peer still pending is the one named on timeout (-1: any rank)."""
         if statuses is None and _KEEP_STATUSES:
             statuses = [MPI.Status() for _ in requests]
         try:
             for _ in range(self._quick_polls):   # a few microseconds, without the clock: the latency path
                 if _testall(requests, statuses):
                     return
+            control, seq = self.control, bound.seq
             started = time.monotonic()
-            next_check, notices = started + CHECK_INTERVAL, self.notices()
+            next_check, notices = started + CHECK_INTERVAL, control.notices()
             while not _testall(requests, statuses):
                 now = time.monotonic()
-                pause(now - started, self._spin_seconds, self.background)
-                if now >= next_check or notices != self.notices():
-                    notices = self.notices()
-                    self.check_peers(COLLECTIVE)
+                pause(now - started, self._spin_seconds, bound.background)
+                if now >= next_check or notices != control.notices():
+                    notices = control.notices()
+                    control.check_peers(seq, COLLECTIVE)
                     next_check = now + CHECK_INTERVAL
-                if now >= (self.deadline if deadline is None else deadline):
+                if bound.passed(now):
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
                     peer = (pending or peers)[0]
                     if peer < 0:
                         raise TransportTimeout(-1, now - started, "a message from any rank")
                     raise TransportTimeout(self.names[peer], now - started)
         except MPI.Exception as e:
-            self.check_dead(peers)   # (MPI's own error about a dead peer says less than this)
+            self.control.check_dead(peers, bound.seq)   # (MPI's own error about a dead peer says less than this)
             raise TransportError(self._failure_text(e, requests, peers, statuses)) from e
 
     check_interval = CHECK_INTERVAL

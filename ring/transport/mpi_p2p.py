@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ring.transport.base import TransportError, TransportTimeout
+from ring.transport.base import Bound, TransportError, TransportTimeout
 
 HEADER_TAG = 64                 # headers use tags HEADER_TAG + tag: never the ring's nor the control channel's
 PAYLOAD_TAG = HEADER_TAG + (1 << 15)   # payloads use PAYLOAD_TAG + tag
@@ -47,7 +47,6 @@ _DTYPE_BYTES = 16
 _HEADER = struct.Struct(f"<qq{_DTYPE_BYTES}s")   # byte count, element count, dtype.str (zero-padded)
 INLINE_BYTES = 16 << 10         # messages up to this size travel inside their header's message
 _QUICK_POLLS = 32               # polls before the first look at the clock (as ring.transport.mpi)
-_STOPPED = float("-inf")        # a transport's deadline once the runtime has stopped (see progress.Engine.stop)
 
 
 def header(buf: np.ndarray) -> bytes:
@@ -115,7 +114,7 @@ class PointToPoint:
                     posted.requests.append(comm.Irecv([posted.header, MPI.BYTE], source, HEADER_TAG + tag))
                     self._unread.append(posted)
                 else:
-                    self.transport.sending_to(peer)
+                    self.transport.sending_to(peer, None)
                     posted.requests.append(comm.Isend([posted.header, MPI.BYTE], peer, HEADER_TAG + tag))
                     if buf.nbytes <= INLINE_BYTES:
                         pass   # (the bytes are in the header's message)
@@ -131,34 +130,34 @@ class PointToPoint:
                                  f"{self.transport.error_text(e)}") from e
         return posted
 
-    def wait(self, posted: list[Posted], deadline: float) -> list[int]:
-        """Wait for ``posted`` until ``deadline`` (time.monotonic()); return each one's peer (for a
-        receive from any rank: the rank it came from). Raises TransportError if a message does not
-        fit its buffer, PeerLost if a rank they expect leaves, TransportTimeout at the deadline."""
+    def wait(self, posted: list[Posted], bound: Bound) -> list[int]:
+        """Wait for ``posted`` until ``bound`` passes; return each one's peer (for a receive from
+        any rank: the rank it came from). Raises TransportError if a message does not fit its
+        buffer, PeerLost if a rank they expect leaves, TransportTimeout once the bound passes."""
         peers = [p.peer for p in posted]
-        transport = self.transport
+        transport, control = self.transport, self.transport.control
         try:
             for _ in range(_QUICK_POLLS):   # a few microseconds, without the clock: the latency path
                 if self._done(posted):
                     return self._finished(posted)
             expecting = None if None in peers else set(peers)
             started = time.monotonic()
-            next_check, notices = started + transport.check_interval, transport.notices()
+            next_check, notices = started + transport.check_interval, control.notices()
             while not self._done(posted):
                 now = time.monotonic()
                 transport.pause(now - started)
-                if now >= next_check or notices != transport.notices():
-                    notices = transport.notices()
-                    transport.check_peers(expecting)
+                if now >= next_check or notices != control.notices():
+                    notices = control.notices()
+                    control.check_peers(None, expecting)
                     next_check = now + transport.check_interval
-                if now >= deadline or transport.deadline == _STOPPED:
+                if bound.passed(now):
                     pending = [p for p in posted if not p.done()]
                     peer = pending[0].peer if pending else peers[0]
                     if peer is None:
                         raise TransportTimeout(-1, now - started, "a message from any rank")
                     raise TransportTimeout(transport.names[peer], now - started)
         except MPI.Exception as e:
-            transport.check_dead([-1 if p is None else p for p in peers])
+            control.check_dead([-1 if p is None else p for p in peers], None)
             raise TransportError(f"point-to-point with {_ranks(transport, peers)} failed: "
                                  f"{transport.error_text(_cause(e, posted))}") from e
         return self._finished(posted)

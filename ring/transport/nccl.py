@@ -10,9 +10,9 @@ Nothing here blocks the host. Completion is stream order: the CuPy kernel that
 reduces a received segment is queued after the receive on the same stream, so
 it runs once the bytes have landed; the result of a collective is ready on the
 current stream when the call returns. The MPI ("host") transport carries the
-little metadata (the NCCL unique id at start, the cross-rank check) and holds
-the deadline, which bounds every wait on the host. The queued work, which the
-host does not wait for, is bounded by the same deadline: a watchdog
+little metadata (the NCCL unique id at start, the cross-rank check); the call's
+bound limits every wait on the host. The queued work, which the host does not
+wait for, is bounded by the same call's deadline: a watchdog
 (``ring.transport.watchdog``) aborts the communicator if it is still unfinished
 after it, instead of leaving a later stream synchronization waiting forever.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 from ring import arrays
 from ring.schedule import left, right
-from ring.transport.base import OverHost, Transport, TransportError
+from ring.transport.base import Bound, OverHost, Transport, TransportError
 from ring.transport.watchdog import Watchdog
 
 _UNIQUE_ID_BYTES = 128
@@ -85,12 +85,12 @@ def version() -> int:
     return _nccl().get_version()
 
 
-def connect(host: Transport) -> "NCCLTransport":
+def connect(host: Transport, bound: Bound) -> "NCCLTransport":
     """Make the NCCL communicator of ``host``'s ranks: rank 0's unique id travels over ``host``."""
     nccl = _nccl()
     unique_id = nccl.get_unique_id() if host.rank == 0 else b""
     raw = unique_id if isinstance(unique_id, bytes) else bytes(v % 256 for v in unique_id)
-    raw = host.allgather_bytes(raw.ljust(_UNIQUE_ID_BYTES, b"\0"))[0]
+    raw = host.allgather_bytes(raw.ljust(_UNIQUE_ID_BYTES, b"\0"), bound)[0]
     try:
         try:
             comm = nccl.NcclCommunicator(host.size, raw, host.rank)
@@ -112,27 +112,27 @@ class NCCLTransport(OverHost):
         self._noted: list[tuple[bool, Any, int]] = []   # (is a send, buffer, peer), not yet posted
         self.watchdog = Watchdog(self._expire)
 
-    def send_to_right(self, buf: Any) -> bool:
+    def send_to_right(self, buf: Any, bound: Bound) -> bool:
         self._noted.append((True, buf, self._right))
         return True
 
-    def recv_from_left(self, buf: Any) -> bool:
+    def recv_from_left(self, buf: Any, bound: Bound) -> bool:
         self._noted.append((False, buf, self._left))
         return True
 
-    def wait(self, request: Any) -> None:
+    def wait(self, request: Any, bound: Bound) -> None:
         if self._noted:
-            self._post()
+            self._post(bound)
 
-    def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
+    def exchange(self, send: Any | None, recv: Any | None, bound: Bound, dest: int | None = None,
                  source: int | None = None, reuse: Any = None) -> None:
         if recv is not None:
             self._noted.append((False, recv, self._left if source is None else source))
         if send is not None:
             self._noted.append((True, send, self._right if dest is None else dest))
-        self._post()
+        self._post(bound)
 
-    def _post(self) -> None:
+    def _post(self, bound: Bound) -> None:
         if self.watchdog.expired:
             raise TransportError(f"the NCCL communicator was aborted: {self.watchdog.expired}")
         nccl, cupy = _nccl(), _cupy()
@@ -150,7 +150,7 @@ class NCCLTransport(OverHost):
             raise TransportError(f"NCCL point-to-point with ranks {sorted({p for _, _, p in noted})} failed: {e}") from e
         done = cupy.cuda.Event(block=False, disable_timing=True)
         done.record(stream)
-        self.watchdog.watch(done, self.deadline)
+        self.watchdog.watch(done, bound.until)
 
     def _expire(self, why: str) -> None:
         """The watchdog's verdict (on its thread): end the stuck kernels, so that nobody waits on them forever."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ring import arrays
-from ring.transport.base import OverHost
+from ring.transport.base import Bound, OverHost
 
 
 @dataclass
@@ -31,26 +31,26 @@ class _Staged:
 class StagedTransport(OverHost):
     """The ``Transport`` protocol for device buffers, carried by a host ``Transport``."""
 
-    def send_to_right(self, buf: Any) -> _Staged:
+    def send_to_right(self, buf: Any, bound: Bound) -> _Staged:
         staged = arrays.to_host(buf)
-        return _Staged(self.host.send_to_right(staged), staged)
+        return _Staged(self.host.send_to_right(staged, bound), staged)
 
-    def recv_from_left(self, buf: Any) -> _Staged:
+    def recv_from_left(self, buf: Any, bound: Bound) -> _Staged:
         staged = np.empty(buf.shape, buf.dtype)
-        return _Staged(self.host.recv_from_left(staged), staged, buf)
+        return _Staged(self.host.recv_from_left(staged, bound), staged, buf)
 
-    def wait(self, request: _Staged | None) -> None:
+    def wait(self, request: _Staged | None, bound: Bound) -> None:
         if request is None:
             return
-        self.host.wait(request.request)
+        self.host.wait(request.request, bound)
         if request.device is not None:
             arrays.copy_from_host(request.device, request.host)
 
-    def exchange(self, send: Any | None, recv: Any | None, dest: int | None = None,
+    def exchange(self, send: Any | None, recv: Any | None, bound: Bound, dest: int | None = None,
                  source: int | None = None, reuse: Any = None) -> None:
         staged_send = None if send is None else arrays.to_host(send)
         staged_recv = None if recv is None else np.empty(recv.shape, recv.dtype)
-        self.host.exchange(staged_send, staged_recv, dest, source)   # fresh host buffers: never reuse
+        self.host.exchange(staged_send, staged_recv, bound, dest, source)   # fresh host buffers: never reuse
         if recv is not None:
             arrays.copy_from_host(recv, staged_recv)
 

@@ -8,9 +8,9 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ring.transport.base import CommunicatorsExhausted, TransportError
+from ring.transport.base import Bound, CommunicatorsExhausted, TransportError
 
-_SUBSET_TAG = 10   # Comm_create_group's (the tags of departures.py are 8 and 9)
+_SUBSET_TAG = 10   # Comm_create_group's (the tags of control.py are 8 and 9)
 _MEMBERS_TAG = 11  # what the members of a group to be made by them alone say of it first (see ``among``)
 
 
@@ -24,7 +24,7 @@ class Subsets:
         are after a collective's cross-rank check. ``watched``: the new transport learns of
         departures through this one's control channel (see the class docstring)."""
         for peer in self._remote:
-            self.sending_to(peer)
+            self.sending_to(peer, None)
         try:
             comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
         except MPI.Exception as e:
@@ -40,12 +40,12 @@ class Subsets:
         return type(self)(comm, [self.hosts[r] for r in mine], [self.pids[r] for r in mine],
                             [self.names[r] for r in mine], self if watched else None, self.liveness)
 
-    def among(self, peers: Sequence[int], data: bytes, deadline: float) -> list[bytes]:
+    def among(self, peers: Sequence[int], data: bytes, bound: Bound) -> list[bytes]:
         """Send ``data`` to each of ``peers`` (ranks of this transport, this one included) and
         receive theirs, all of its size, in the order of ``peers``: an agreement among some ranks
         while the others go on with other calls (as before ``subset``, whose Comm_create_group
         makes two different communicators, without a word, of members that list each other in
-        different orders). Raises TransportTimeout at ``deadline``."""
+        different orders). Raises TransportTimeout once ``bound`` passes."""
         mine = np.frombuffer(data, np.uint8)
         theirs = {peer: np.empty_like(mine) for peer in peers if peer != self.rank}
         requests, waited = [], []
@@ -54,10 +54,10 @@ class Subsets:
                 requests.append(self.comm.Irecv([buffer, MPI.BYTE], peer, _MEMBERS_TAG))
                 waited.append(peer)
             for peer in theirs:
-                self.sending_to(peer)
+                self.sending_to(peer, bound.seq)
                 requests.append(self.comm.Isend([mine, MPI.BYTE], peer, _MEMBERS_TAG))
                 waited.append(peer)
-            self._wait_all(requests, waited, deadline=deadline)
+            self._wait_all(requests, waited, bound)
         except MPI.Exception as e:
             raise TransportError(f"exchange with ranks {[self.names[p] for p in theirs]} failed: "
                                  f"{self.error_text(e)}") from e
@@ -71,7 +71,7 @@ class Subsets:
         Comm_create_group): the others need not call, as in torch.distributed's ``new_group`` where
         only the members make the group. It blocks inside MPI until every one of ``ranks`` calls."""
         for peer in self._remote.intersection(ranks):
-            self.sending_to(peer)
+            self.sending_to(peer, None)
         outer = self.comm.Get_group()
         inner = outer.Incl(list(ranks))
         try:

@@ -1,5 +1,6 @@
-"""How a rank learns that others have left, and tells them that it leaves: the control channel
-of an MPI transport (a mixin of ``ring.transport.mpi.MPITransport``).
+"""The control plane of an MPI transport: how a rank learns that others have left or died, and
+how it tells them (``ring.transport.mpi.MPITransport`` holds one; the data plane never reads
+its state, it asks: ``check_peers``, ``guard``).
 
 Every rank that leaves (its program ended, raised, or was interrupted) tells every other rank
 how many collectives it completed and why it left (``farewell``). A waiting rank looks at the
@@ -39,11 +40,26 @@ _DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer
 COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-point call)
 
 
-class Departures:
-    """The control channel's state and methods, for a transport with ``comm``, ``rank``, ``size``,
-    ``names``, ``hosts``, ``pids``, ``liveness``, ``watch``, ``seq``, ``_local_pids`` and ``_remote``."""
+class Control:
+    """What one transport's ranks know of each other beside the data: who left (their farewells,
+    ``departed``), who died (``dead``), which call each is in (the roll call), over control
+    messages on ``comm``. ``names``: how messages name each rank (world ranks); ``hosts`` and
+    ``pids``: where each runs; ``liveness``: the watch over the ranks on other hosts;
+    ``watch``: the control plane of another transport over the same ranks or more, which hears
+    of departures for this one (the two levels of a hierarchical all-reduce).
 
-    def _init_departures(self) -> None:
+    Every method that reads the channel takes ``seq``, the collective the caller is in (None:
+    none), which is how it answers a roll call and judges a peer that left.
+    """
+
+    def __init__(self, comm: MPI.Comm, names: Sequence[int], hosts: Sequence[str], pids: Sequence[int],
+                 liveness: liveness_watch.Liveness | None = None, watch: "Control | None" = None):
+        self.comm, self.names, self.hosts, self.pids = comm, names, hosts, pids
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.liveness, self.watch = liveness, watch
+        here = hosts[self.rank]
+        self.local_pids = {r: pids[r] for r in range(self.size) if hosts[r] == here and r != self.rank}
+        self.remote = frozenset(r for r in range(self.size) if hosts[r] != here)   # ranks on other hosts
         self.departed: dict[int, tuple[bool, int, str]] = {}   # rank -> (after a failure?, completed, why)
         self.roots: set[int] = set()        # ranks whose farewell passes on a root cause (see PeerLost)
         self.dead: set[int] = set()         # ranks known dead: never sent anything again
@@ -55,25 +71,25 @@ class Departures:
         # message of every call: nothing on the hot path.
         self._control_in = np.zeros(_CONTROL_BYTES, np.uint8)
         self._control_status = MPI.Status()
-        self._control_out: list = []   # control messages sent and not yet known complete, with their buffers
+        self.outbox: list = []   # control messages sent and not yet known complete, with their buffers
         self._heard: dict[int, int] = {}   # roll call: rank -> the call it said it is in
         # A point-to-point wait in the program's thread may poll beside a collective in the
         # engine's: one of them at a time reads the control channel (a probe and its receive).
         self._control_lock = threading.Lock()
 
-    def roll_call(self, grace: float) -> dict[int, int]:
-        """After a timeout: ask every rank which call it is in; return ``{rank: call}`` for the ranks
-        that answered within ``grace`` seconds (a rank answers while it waits inside a collective
-        on this transport), ranks as ``names`` gives them."""
+    def roll_call(self, grace: float, seq: int) -> dict[int, int]:
+        """After a timeout in call ``seq``: ask every rank which call it is in; return ``{rank: call}``
+        for the ranks that answered within ``grace`` seconds (a rank answers while it waits inside
+        a collective on this transport), ranks as ``names`` gives them."""
         self._heard = {}
         if self.liveness is not None:
             self.liveness.ping()
         for peer in range(self.size):
             if peer != self.rank:
-                self._control(peer, _ASK, self.seq)
+                self.send(peer, _ASK, seq)
         give_up = time.monotonic() + grace
         while time.monotonic() < give_up and len(self._heard) + len(self.departed) < self.size - 1:
-            self._read_control()
+            self.read(seq)
             time.sleep(5e-3)
         return {self.names[r]: seq for r, seq in self._heard.items()}
 
@@ -88,9 +104,10 @@ class Departures:
         self.dead.update(found)
         return [self.names[p] for p in found]
 
-    def _control(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0,
-                 dead: int | None = None) -> None:
-        if peer in self.dead or (peer in self._remote and self.liveness is not None
+    def send(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0,
+             dead: int | None = None) -> None:
+        """Send control message ``kind`` to ``peer``, unless it is dead or will take no more."""
+        if peer in self.dead or (peer in self.remote and self.liveness is not None
                                  and self.liveness.gone(self.names[peer])):
             return   # (over UCX, a message to a dead process crashes the sender: see Liveness.gone)
         if kind != LEFT and peer in self.unfinalized:
@@ -103,21 +120,22 @@ class Departures:
         encoded = text.encode(errors="replace")[:_CONTROL_BYTES - 16]
         message[16:16 + len(encoded)] = np.frombuffer(encoded, np.uint8)
         try:
-            self._control_out.append((self.comm.Isend(message, peer, _CONTROL_TAG), message))
+            self.outbox.append((self.comm.Isend(message, peer, _CONTROL_TAG), message))
         except MPI.Exception:
             pass   # a peer we cannot reach cannot be told either
-        self._control_out = [(r, m) for r, m in self._control_out if not r.Test()]
+        self.outbox = [(r, m) for r, m in self.outbox if not r.Test()]
 
-    def _read_control(self) -> None:
-        """Take every control message that has arrived: note farewells, answer roll calls."""
+    def read(self, seq: int | None = None) -> None:
+        """Take every control message that has arrived: note farewells, and answer roll calls with
+        ``seq``, the collective this rank is in (None: in none, so it does not answer)."""
         if not self._control_lock.acquire(blocking=False):
             return   # another thread is reading them right now
         try:
-            self._read_control_locked()
+            self._read_locked(seq)
         finally:
             self._control_lock.release()
 
-    def _read_control_locked(self) -> None:
+    def _read_locked(self, seq: int | None) -> None:
         while self.comm.Iprobe(MPI.ANY_SOURCE, _CONTROL_TAG, self._control_status):
             peer = self._control_status.Get_source()
             self.comm.Recv(self._control_in, peer, _CONTROL_TAG)   # arrived already: returns at once
@@ -131,27 +149,27 @@ class Departures:
                 dead = int(np.frombuffer(self._control_in[4:8].tobytes(), np.int32)[0])
                 if dead >= 0:
                     self.dead_names[peer] = dead
-                    self._note_dead(dead)
+                    self.note_dead(dead)
                 if flag & NOT_FINALIZING:
                     self.unfinalized.add(peer)
-            elif kind == _ASK:
-                self._control(peer, _HERE, self.seq)
+            elif kind == _ASK and seq is not None:
+                self.send(peer, _HERE, seq)
             elif kind == _HERE:
                 self._heard[peer] = number
             elif kind == AT_EXIT:
                 self.at_exit.add(peer)
 
-    def check_peers(self, expecting: Any = COLLECTIVE) -> None:
-        """Raise PeerLost if a rank this call needs is gone: it left before completing this call,
-        or its process on this host ended without a word (and likewise for ``watch``). During a
-        point-to-point wait (``expecting`` a set of ranks, or None for any rank; a collective's
-        wait passes COLLECTIVE), a departure of a rank it expects ends it, whatever that rank
-        had completed."""
+    def check_peers(self, seq: int | None, expecting: Any = COLLECTIVE) -> None:
+        """Raise PeerLost if a rank that collective ``seq`` needs is gone: it left before completing
+        that call, or its process on this host ended without a word (and likewise for ``watch``).
+        During a point-to-point wait (``seq`` None, ``expecting`` a set of ranks, or None for any
+        rank), a departure of a rank it expects ends it, whatever that rank had completed."""
         if self.watch is not None:
-            self.watch.check_peers(COLLECTIVE)
-        self._read_control()
+            self.watch.check_peers(seq, COLLECTIVE)
+        self.read(seq)
         gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
-                if (completed < self.seq if expecting is COLLECTIVE else expecting is None or peer in expecting)]
+                if (seq is not None and completed < seq if expecting is COLLECTIVE
+                    else expecting is None or peer in expecting)]
         if gone:
             _, completed, peer, why = min(gone)
             name = self.names[peer]
@@ -162,7 +180,7 @@ class Departures:
         dead = self.dead_peers()
         if dead:
             time.sleep(_FAREWELL_GRACE)   # a rank that just left after seeing a death may have said so
-            self._read_control()
+            self.read(seq)
             for peer in dead:
                 if peer in self.roots:
                     why = self.departed[peer][2]
@@ -170,19 +188,33 @@ class Departures:
             dead = [p for p in dead if p not in self.departed]
             if dead:
                 self.dead.update(dead)
-                message = self._death_text(dead)
+                message = self.death_text(dead)
                 raise PeerLost(self.names[dead[0]], message, root=f"{message} (seen by rank {self.names[self.rank]})",
                                dead=self.names[dead[0]])
 
-    def _death_text(self, dead: Sequence[int]) -> str:
+    def guard(self, peer: int, seq: int | None) -> None:
+        """Before a message to ``peer``, a rank on another host (see ``MPITransport.sending_to``):
+        raise PeerLost if its process has ended or is ending, naming it as every rank should
+        hear it (or the root cause, when a farewell gave one)."""
+        if self.liveness is not None and self.liveness.gone(self.names[peer]):
+            self.dead.add(peer)
+            self.check_peers(seq)
+            name = self.names[peer]
+            if peer in self.departed:   # it said farewell, and its process has ended since
+                why = self.departed[peer][2] or "its program ended"
+                raise PeerLost(name, f"rank {name} has left the runtime ({why}) and its process has ended: it "
+                                     "can be sent nothing more")
+            raise PeerLost(name, self.death_text([peer]))
+
+    def death_text(self, dead: Sequence[int]) -> str:
         """What every rank should hear of the deaths of ``dead``, seen by this rank.
 
-        >>> t = Departures.__new__(Departures)
+        >>> t = Control.__new__(Control)
         >>> t.names, t.pids, t.hosts = [0, 1, 2, 3], [10, 11, 12, 13], ["a", "a", "b", "b"]
         >>> t.liveness = None
-        >>> t._death_text([3])
+        >>> t.death_text([3])
         "rank 3 is gone: its process (pid 13 on host b) ended without leaving the runtime (killed, or crashed outside Python's control)"
-        >>> t._death_text([2, 3])
+        >>> t.death_text([2, 3])
         "ranks 2, 3 are gone: their processes (pid 12 on host b, pid 13 on host b) ended without leaving the runtime (killed, or crashed outside Python's control)"
         """
         ended = self.liveness.ended if self.liveness is not None else {}
@@ -202,7 +234,7 @@ class Departures:
                          f"unreachable: host {hosts} does not answer (its link or the host is down)")
         return "; ".join(parts)
 
-    def _note_dead(self, name: int | None) -> None:
+    def note_dead(self, name: int | None) -> None:
         """Remember that the rank ``names`` calls ``name`` died (if it is one of this transport's)."""
         if name is not None and name in self.names:
             self.dead.add(self.names.index(name))
@@ -212,22 +244,22 @@ class Departures:
         on another, their connection closed without a goodbye, or their host went silent."""
         ended = self.liveness.check() if self.liveness is not None else {}
         return [peer for peer in range(self.size) if peer != self.rank and peer not in self.departed and
-                (process_state(self._local_pids[peer]) is not None if peer in self._local_pids
+                (process_state(self.local_pids[peer]) is not None if peer in self.local_pids
                  else self.names[peer] in ended)]
 
     def known_dead(self) -> list[int]:
         """The ranks known dead (ended without a farewell, here or as a farewell said), as ``names`` gives them."""
         return sorted(self.names[p] for p in set(self.dead_peers()) | self.dead)
 
-    def check_dead(self, peers: Sequence[int]) -> None:
-        """After MPI reported an error: raise PeerLost if one of ``peers`` (-1: any) is gone. A peer
-        killed a moment ago may have closed its connections before its process ended: look again
-        for up to _DEATH_GRACE seconds before leaving the error to MPI's words."""
+    def check_dead(self, peers: Sequence[int], seq: int | None) -> None:
+        """After MPI reported an error in call ``seq``: raise PeerLost if one of ``peers`` (-1: any)
+        is gone. A peer killed a moment ago may have closed its connections before its process
+        ended: look again for up to _DEATH_GRACE seconds before leaving the error to MPI's words."""
         expecting = {p for p in peers if p >= 0} if all(p >= 0 for p in peers) else None
         give_up = time.monotonic() + _DEATH_GRACE
         while True:
             try:
-                self.check_peers(expecting)
+                self.check_peers(seq, expecting)
             except MPI.Exception:
                 pass
             if time.monotonic() >= give_up:
