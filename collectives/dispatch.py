@@ -61,7 +61,7 @@ def choose(call: Call, collective: str, nbytes: int, host: bool) -> str:
     g, forced = call.group, call.forced
     if forced is None:
         key = (collective, g.transport.size, nbytes, host, host and g.levels is not None)
-        found = call.runtime.algorithm_for(*key)
+        found = call.runtime.chosen(key) or call.runtime.algorithm_for(*key)
     else:
         found = forced
         why = _cannot_carry(call, forced, nbytes, host)

@@ -46,10 +46,12 @@ class Runtime:
         self.apply(settings)
         self.groups: list = []             # the groups this rank belongs to, the world first
         self.world = None                  # the world group, once made
-        self._failure: Failure | None = None   # set once a failure left this rank out of step
+        self.failure: str | None = None       # why a failure left this rank out of step (read-only: see stop)
+        self.stopped_by: Failure | None = None   # ... and the whole record, for the farewell that passes it on
         #: Set with the failure: every wait in flight ends at its next look (it is each call's
         #: ``Bound.stop``: see ``ring.transport.base``).
         self.stopped = threading.Event()
+        self._stopping = threading.Lock()
         self.engine = progress.Engine(self, threaded)   # runs the calls one at a time, in issue order
         self.threads_checked = threads_checked   # MPI's thread level, where only its main thread may call ("": any)
         self.closed = False                # the process has left (see collectives.leaving)
@@ -57,7 +59,10 @@ class Runtime:
     def apply(self, settings: Settings) -> None:
         """Put ``settings`` in force (every rank together: see ``init``), and choose again."""
         self.settings = settings
-        self.choices: dict = {}   # (collective, ranks, bytes, host, two levels) -> algorithm
+        self._choices: dict = {}   # (collective, ranks, bytes, host, two levels) -> algorithm
+        #: The algorithm remembered for ``algorithm_for``'s arguments as a tuple, or None: the
+        #: lookup alone, which a small call makes before paying for a call of algorithm_for.
+        self.chosen = self._choices.get
 
     def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True, two_level: bool = False) -> str:
         """The algorithm that runs ``op`` on ``n`` ranks and ``nbytes`` when the call forces none:
@@ -67,10 +72,10 @@ class Runtime:
         GPU arrays take the ring. The same on every rank for the same call (remembered: choosing
         costs more than a small call)."""
         key = (op, n, nbytes, host, two_level)
-        found = self.choices.get(key)
+        found = self._choices.get(key)
         if found is None:
-            if len(self.choices) >= 4096:
-                self.choices.clear()
+            if len(self._choices) >= 4096:
+                self._choices.clear()
             s = self.settings
             if not host:
                 found = "ring"
@@ -83,18 +88,8 @@ class Runtime:
                                     doubling_bytes=s.small_bytes)
             if two_level and op == "allreduce" and found in _TWO_LEVEL_REPLACES:
                 found = "hierarchical"
-            self.choices[key] = found
+            self._choices[key] = found
         return found
-
-    @property
-    def failure(self) -> str | None:
-        """Why the runtime stopped on this rank (None: it has not): every later call raises with it."""
-        return None if self._failure is None else self._failure.text
-
-    @property
-    def stopped_by(self) -> Failure | None:
-        """The whole record of the failure (None: none), for the farewell that passes it on."""
-        return self._failure
 
     def stop(self, failure: str, error: BaseException | None = None, by_peer: bool = False) -> str:
         """Stop the runtime on this rank: it is out of step with some peers because of ``failure``
@@ -108,10 +103,12 @@ class Runtime:
         >>> r.stop("allreduce #3 on rank 1: timed out"), r.stop("later"), r.stopped.is_set()
         ('allreduce #3 on rank 1: timed out', 'allreduce #3 on rank 1: timed out', True)
         """
-        if self._failure is None:
-            self._failure = Failure(failure, by_peer, getattr(error, "root", None), getattr(error, "dead", None))
-            self.stopped.set()
-        return self._failure.text
+        with self._stopping:   # (the engine's thread and a program thread may fail at once)
+            if self.stopped_by is None:
+                self.stopped_by = Failure(failure, by_peer, getattr(error, "root", None), getattr(error, "dead", None))
+                self.failure = failure   # (a plain attribute, read by every call: tests/test_layout.py checks
+                self.stopped.set()       # that no other module writes it)
+            return self.failure
 
     def segment_elems(self, dtype: np.dtype, transport=None) -> int:
         """The ring's segment in elements of ``dtype`` on ``transport``: the setting, else (0, the

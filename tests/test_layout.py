@@ -91,3 +91,54 @@ def test_no_file_over_350_lines_and_no_function_over_50(path):
     long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(text))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 50]
     assert not long, f"{path.name}: functions over 50 lines: {long}"
+
+
+#: The runtime's failure state and who may write it (issue 37: one owner).
+FAILURE_STATE = {"failure", "stopped_by", "stopped"}
+FAILURE_OWNER = "collectives.runtime"
+
+
+def attribute_writes(tree: ast.AST) -> list[tuple[ast.Attribute, int]]:
+    """Every ``something.attr = ...`` (plain, augmented or annotated) in ``tree``, with its line."""
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for t in ast.walk(target):
+                if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store):
+                    found.append((t, node.lineno))
+    return found
+
+
+def test_only_the_runtime_writes_the_failure_state():
+    """``Runtime.stop`` is the one writer of ``failure`` (and its record and event); the rest read."""
+    wrong = [f"{module_name(path)}:{line} writes .{t.attr}"
+             for path in sources(*PACKAGES) if module_name(path) != FAILURE_OWNER
+             for t, line in attribute_writes(ast.parse(path.read_text())) if t.attr in FAILURE_STATE]
+    assert not wrong, "the failure state has one writer, collectives.runtime.Runtime.stop:\n" + "\n".join(wrong)
+
+
+def test_no_module_sets_another_modules_globals_or_a_transports_fields():
+    """A module's globals are set by that module (through a function of its own, like
+    ``ring.execute.observe``), and a transport's fields by the transport: callers pass values (a
+    wait takes its call's ``Bound``), they do not write ``transport.deadline`` before it."""
+    wrong = []
+    for path in sources(*PACKAGES):
+        tree = ast.parse(path.read_text())
+        modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for alias in node.names}
+        modules |= {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    for alias in node.names if node.module and f"{node.module}.{alias.name}" in _MODULES}
+        in_transport = module_name(path).startswith("ring.transport")
+        for t, line in attribute_writes(tree):
+            owner = t.value
+            if isinstance(owner, ast.Name) and owner.id in modules and ast.unparse(t) not in _HOOKS:
+                wrong.append(f"{module_name(path)}:{line} sets {owner.id}.{t.attr}")
+            elif not in_transport and ast.unparse(owner).split(".")[-1] in ("transport", "host", "level"):
+                wrong.append(f"{module_name(path)}:{line} sets {ast.unparse(t)}")
+    assert not wrong, "\n".join(wrong)
+
+
+_MODULES = {module_name(p) for p in sources(*PACKAGES)} | {"mpi4py.rc"}
+_HOOKS = {"sys.excepthook"}   # (Python's own way in: set, and put back, by the one that installs it)
