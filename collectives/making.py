@@ -60,7 +60,8 @@ def made_by_members(parent, ranks: Any, timeout: Any) -> Any:
                                             f"not one of {list(members)}")
     indices = [parent.ranks.index(r) for r in members]
     places = sorted(indices)
-    bound = Bound(None, monotonic() + (runtime.settings.timeout if timeout is None else timeout), runtime.stopped)
+    bound = Bound(parent.seq, monotonic() + (runtime.settings.timeout if timeout is None else timeout),
+                  runtime.stopped)   # (judged as its last call: a member that left before it is named)
     try:
         mine = signature("new_group", 0, shape=members).ljust(SIGNATURE_BYTES, b"\0")
         said = parent.transport.among(places, mine, bound)

@@ -70,7 +70,7 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
 def _agree_again(proposed: dict, problem: str, timeout: float) -> None:
     """A later ``init`` that changes settings: every rank compares the ``proposed`` ones again."""
     runtime = the_world.runtime
-    bound = Bound(None, time.monotonic() + timeout, runtime.stopped)
+    bound = Bound(the_world.seq, time.monotonic() + timeout, runtime.stopped)
     try:
         config.check_records(the_world.transport.allgather_bytes(config.record(proposed, problem), bound))
     except TransportError as e:
