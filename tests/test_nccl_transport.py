@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from ring.transport import nccl as nccl_transport
-from ring.transport.base import TransportError
+from ring.transport.base import Bound, TransportError, unbounded
 from tests.test_simulated_ring import allreduce_each, check_allgather_then_broadcast, rank_input, reference, simulate
 
 
@@ -162,16 +162,16 @@ def test_nothing_is_posted_until_a_wait(fake_nccl):
     fake = fake_nccl(2)
 
     class Host:
-        rank, size, local_rank, local_size, deadline = 0, 2, 0, 2, float("inf")
+        rank, size, local_rank, local_size = 0, 2, 0, 2
 
-    transport = nccl_transport.NCCLTransport(FakeComm(fake, 0), Host())
+    transport, bound = nccl_transport.NCCLTransport(FakeComm(fake, 0), Host()), unbounded()
     send, recv = np.arange(4.0), np.zeros(4)
-    transport.recv_from_left(recv)
-    transport.send_to_right(send)
+    transport.recv_from_left(recv, bound)
+    transport.send_to_right(send, bound)
     assert fake.groups == {} and fake.wires[(0, 1)].empty()
     fake.wires[(1, 0)].put((np.full(4, 7.0).tobytes(), threading.Event()))   # what rank 1 would send
     threading.Timer(0.2, lambda: fake.wires[(0, 1)].get()[1].set()).start()  # and rank 1 taking ours
-    transport.wait(None)
+    transport.wait(None, bound)
     assert fake.groups == {0: [[("recv", 1, 32), ("send", 1, 32)]]}
     np.testing.assert_array_equal(recv, np.full(4, 7.0))
 
@@ -180,13 +180,12 @@ def one_exchange_due_in(fake, seconds):
     """A one-rank NCCLTransport (watchdog looking every 50 ms) that has queued one exchange due in ``seconds``."""
     class Host:
         rank, size, local_rank, local_size = 0, 1, 0, 1
-        deadline = time.monotonic() + seconds
 
     comm = FakeComm(fake, 0)
     transport = nccl_transport.NCCLTransport(comm, Host())
     transport.watchdog._period = 0.05
     buf = np.zeros(4)
-    transport.exchange(buf, buf, dest=0, source=0)
+    transport.exchange(buf, buf, Bound(1, time.monotonic() + seconds, threading.Event()), dest=0, source=0)
     return comm, transport, buf
 
 
@@ -200,7 +199,7 @@ def test_work_unfinished_after_the_deadline_aborts_the_communicator(fake_nccl, c
     assert comm.ended == ["abort"]
     assert "rank 0: device work queued by a collective was still unfinished" in capsys.readouterr().err
     with pytest.raises(TransportError, match="NCCL communicator was aborted: device work queued"):
-        transport.exchange(buf, buf, dest=0, source=0)
+        transport.exchange(buf, buf, unbounded(), dest=0, source=0)
     transport.close()
     assert comm.ended == ["abort"]   # not destroyed after the abort
 
