@@ -48,14 +48,14 @@ class Work:
             self._looked.notify_all()
         return self.finished
 
-    def looked_at_twice_more(self, unless_fired: threading.Event):
+    def looked_at_twice_more(self, unless=lambda: False):
         """Wait until the watchdog has looked at this work twice more (the first look may have begun
         before the caller's change; the second began after it, when the first one's verdict was in),
-        or has fired (then it looks no more)."""
+        or until ``unless()`` (it fired: then it looks no more)."""
         with self._looked:
             target = self.looks + 2
             give_up = time.monotonic() + LOOK_BOUND_S
-            while self.looks < target and not unless_fired.is_set():
+            while self.looks < target and not unless():
                 assert time.monotonic() < give_up, f"the watchdog did not look at the work within {LOOK_BOUND_S} s"
                 self._looked.wait(0.05)
 
@@ -79,7 +79,7 @@ def test_work_done_in_time_never_fires(watchdog_clock):
     watchdog_clock.now += 5
     work.finished = True
     watchdog_clock.now += 100                       # past the deadline of `work`, which finished in time
-    later.looked_at_twice_more(fired)
+    later.looked_at_twice_more(unless=fired.is_set)
     dog.stop()
     assert calls == [] and not fired.is_set() and not dog.expired, calls
 
@@ -89,7 +89,7 @@ def test_unfinished_work_past_its_deadline_fires_once(watchdog_clock):
     dog.watch(Work(done=True), watchdog_clock.now - 5)        # finished long ago: never counts
     work = Work()
     dog.watch(work, watchdog_clock.now + 10)
-    work.looked_at_twice_more(fired)
+    work.looked_at_twice_more(unless=fired.is_set)
     assert not fired.is_set(), "fired before the deadline"
     watchdog_clock.now += 10.5
     assert fired.wait(LOOK_BOUND_S), "unfinished work past its deadline did not fire"
@@ -107,7 +107,7 @@ def test_the_latest_work_of_a_collective_stands_for_its_earlier_work(watchdog_cl
     dog.watch(late, deadline)       # the same collective (same deadline), queued after: covers `early`
     dog.watch(later, deadline + 10_000)
     watchdog_clock.now += 20
-    later.looked_at_twice_more(fired)
+    later.looked_at_twice_more(unless=fired.is_set)
     assert not fired.is_set(), "fired for work that the collective's later work covers"
     dog.stop()
 
@@ -119,7 +119,7 @@ def test_later_collectives_wait_their_own_deadline(watchdog_clock):
     dog.watch(second, watchdog_clock.now + 100)
     first.finished = True
     watchdog_clock.now += 50
-    second.looked_at_twice_more(fired)
+    second.looked_at_twice_more(unless=fired.is_set)
     assert not fired.is_set(), "the second is unfinished but not yet due"
     watchdog_clock.now += 60
     assert fired.wait(LOOK_BOUND_S), "the second collective's deadline passed and nothing fired"
