@@ -10,6 +10,8 @@ import pytest
 
 from collectives import progress
 
+pytestmark = pytest.mark.quick   # (the progress engine's queue, no MPI: fast)
+
 
 class _Runtime:
     """What the engine needs of collectives.runtime.Runtime."""

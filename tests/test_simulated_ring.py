@@ -10,6 +10,7 @@ from ring.partition import chunk_bounds
 from ring.transport.inprocess import InProcessWorld
 
 REFERENCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+pytestmark = pytest.mark.quick   # (every algorithm on 1 to 8 ranks as threads, in seconds)
 
 
 def simulate(n, body):

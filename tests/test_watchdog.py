@@ -13,6 +13,8 @@ import pytest
 from ring.transport import watchdog as watchdog_module
 from ring.transport.watchdog import Watchdog
 
+pytestmark = pytest.mark.quick   # (no device, no MPI: fast)
+
 LOOK_BOUND_S = 30   # how long a test waits for the watchdog's thread to look (it looks every 20 ms)
 
 
