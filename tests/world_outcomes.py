@@ -182,7 +182,8 @@ def report_each_test(item: pytest.Item, world: World) -> None:
     for outcome in world.outcomes:
         nodeid = f"{item.nodeid}::{outcome.nodeid}"
         path, line = outcome.location[:2] if outcome.location else (item.location[0], None)
-        location = (path, line, f"{item.name}::{outcome.nodeid}")   # (the FAILURES section's heading)
+        # (the FAILURES section's heading; not the id's tail, which pytest's verbose line would rewrite)
+        location = (path, line, f"{outcome.nodeid} (in {item.name})")
         item.ihook.pytest_runtest_logstart(nodeid=nodeid, location=location)
         for report in phase_reports(nodeid, location, keywords, outcome):
             item.ihook.pytest_runtest_logreport(report=report)
