@@ -7,7 +7,7 @@ import pytest
 from tests.world_outcomes import WORLD_TIMEOUT_S, report_each_test, run_tests_in_world
 
 MPI_TESTS = Path(__file__).parent / "mpi"
-WORLD = pytest.StashKey()   # the World a test ran, whose tests are reported after it
+WORLDS = pytest.StashKey()   # the worlds a test ran, whose tests are reported after it
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -20,9 +20,11 @@ def pytest_ignore_collect(collection_path, config):
 def world_tests(request, tmp_path):
     """``world_tests(n, paths)``: run those tests in a world of n ranks, bounded by ``timeout`` seconds;
     fail if the world did not end as a pytest run ends; each of its tests is then reported on its own."""
+    worlds = request.node.stash.setdefault(WORLDS, [])
+
     def run(n: int, paths: list[str], env: dict | None = None, timeout: float = WORLD_TIMEOUT_S):
-        world = run_tests_in_world(n, paths, tmp_path / f"world-of-{n}", timeout, env)
-        request.node.stash[WORLD] = world
+        world = run_tests_in_world(n, paths, tmp_path / f"world-{len(worlds)}-of-{n}", timeout, env)
+        worlds.append(world)
         # The world's tests join the count that pytest's progress ("[ 42%]") is a share of.
         request.session.testscollected += len(world.outcomes)
         if world.problem is not None:
@@ -33,10 +35,9 @@ def world_tests(request, tmp_path):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """After a test that ran a world (and its own report), report the world's tests, one by one."""
+    """After a test that ran worlds (and its own report), report the worlds' tests, one by one."""
     result = yield
-    world = item.stash.get(WORLD, None)
-    if world is not None:
+    for world in item.stash.get(WORLDS, []):
         report_each_test(item, world)
     return result
 
@@ -45,9 +46,10 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_collection_modifyitems(config, items):
     """A quick world runs a few files of tests/mpi (tests/test_worlds.py): where the full world of the
     same size is selected too, it would only repeat some of its tests, so it is left out."""
-    full = {item.callspec.params["n"] for item in items if item.originalname == "test_collectives_in_a_real_world"}
-    repeats = [item for item in items
-               if item.originalname == "test_a_few_collectives_in_a_small_world" and item.callspec.params["n"] in full]
+    def worlds_of(name):
+        return {item.callspec.params["n"]: item for item in items if getattr(item, "originalname", None) == name}
+    full = worlds_of("test_collectives_in_a_real_world")
+    repeats = [item for n, item in worlds_of("test_a_few_collectives_in_a_small_world").items() if n in full]
     if repeats:
         items[:] = [item for item in items if item not in repeats]
         config.hook.pytest_deselected(items=repeats)
