@@ -1,10 +1,55 @@
-"""tests/mpi runs only inside MPI worlds (launched by tests/test_worlds.py with --with-mpi)."""
+"""tests/mpi runs only inside MPI worlds (launched by tests/test_worlds.py with --with-mpi); each test of a
+world is reported as a test of the run that launched it (tests/world_outcomes.py)."""
 from pathlib import Path
 
+import pytest
+
+from tests.world_outcomes import WORLD_TIMEOUT_S, report_each_test, run_tests_in_world
+
 MPI_TESTS = Path(__file__).parent / "mpi"
+WORLDS = pytest.StashKey()   # the worlds a test ran, whose tests are reported after it
 
 
 def pytest_ignore_collect(collection_path, config):
     if not config.getoption("--with-mpi", default=False):
         return Path(collection_path).is_relative_to(MPI_TESTS) or None
     return None
+
+
+@pytest.fixture
+def world_tests(request, tmp_path):
+    """``world_tests(n, paths)``: run those tests in a world of n ranks, bounded by ``timeout`` seconds;
+    fail if the world did not end as a pytest run ends; each of its tests is then reported on its own."""
+    worlds = request.node.stash.setdefault(WORLDS, [])
+
+    def run(n: int, paths: list[str], env: dict | None = None, timeout: float = WORLD_TIMEOUT_S):
+        world = run_tests_in_world(n, paths, tmp_path / f"world-{len(worlds)}-of-{n}", timeout, env)
+        worlds.append(world)
+        # The world's tests join the count that pytest's progress ("[ 42%]") is a share of.
+        request.session.testscollected += len(world.outcomes)
+        if world.problem is not None:
+            pytest.fail(world.problem, pytrace=False)
+        return world
+    return run
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """After a test that ran worlds (and its own report), report the worlds' tests, one by one."""
+    result = yield
+    for world in item.stash.get(WORLDS, []):
+        report_each_test(item, world)
+    return result
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """A quick world runs a few files of tests/mpi (tests/test_worlds.py): where the full world of the
+    same size is selected too, it would only repeat some of its tests, so it is left out."""
+    def worlds_of(name):
+        return {item.callspec.params["n"]: item for item in items if getattr(item, "originalname", None) == name}
+    full = worlds_of("test_collectives_in_a_real_world")
+    repeats = [item for n, item in worlds_of("test_a_few_collectives_in_a_small_world").items() if n in full]
+    if repeats:
+        items[:] = [item for item in items if item not in repeats]
+        config.hook.pytest_deselected(items=repeats)

@@ -161,7 +161,7 @@ def _until_every_survivor_speaks(run, survivors, spoke):
     return found
 
 
-@pytest.mark.parametrize("when", ["waiting", "computing"])
+@pytest.mark.parametrize("when", [pytest.param("waiting", marks=pytest.mark.quick), "computing"])
 def test_after_a_rank_is_killed_every_survivor_says_so_and_exits_non_zero_within_2_s(tmp_path, when):
     def run(attempt):
         directory = tmp_path / f"attempt{attempt}"

@@ -10,6 +10,8 @@ import pytest
 
 from collectives import progress
 
+pytestmark = pytest.mark.quick   # (the progress engine's queue, no MPI: fast)
+
 
 class _Runtime:
     """What the engine needs of collectives.runtime.Runtime."""
@@ -99,11 +101,34 @@ def test_a_blocking_call_waits_while_the_engine_thread_runs_an_earlier_call():
 
 
 def test_two_threads_blocking_calls_never_run_each_others_turn():
-    engine, log = _engine(), []
-    threads = [threading.Thread(target=lambda k=k: [engine.run_now(_job(log, f"{k}{i}")) for i in range(200)])
-               for k in "xy"]
+    """Each call holds its turn across a pause (where the other thread gets the GIL), and checks that
+    no other call is running meanwhile: without the engine's turn, the two threads' calls overlap."""
+    engine, log, running, overlaps, errors = _engine(), [], [], [], []
+
+    def call(name):
+        def run():
+            running.append(name)
+            if len(running) > 1:
+                overlaps.append(tuple(running))
+            time.sleep(0.001)   # (not a timing: a pause that hands the GIL to the other thread)
+            running.remove(name)
+            log.append(name)
+        return run
+
+    def caller(k):
+        try:
+            for i in range(100):
+                engine.run_now(call(f"{k}{i}"))
+        except BaseException as error:   # noqa: BLE001 - reported by the test, not lost in a thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in "xy"]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
-    assert sorted(name for name, _ in log) == sorted(f"{k}{i}" for k in "xy" for i in range(200))
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a blocking call never got its turn"
+    assert not errors, errors
+    assert not overlaps, f"calls ran at once, in each other's turn: {overlaps[:5]}"
+    for k in "xy":   # each thread's calls ran, in the order it made them
+        assert [name for name in log if name[0] == k] == [f"{k}{i}" for i in range(100)]

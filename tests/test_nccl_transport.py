@@ -13,7 +13,6 @@ What it cannot check is NCCL and CUDA themselves (tests/test_gpu.py, on a GPU).
 import ctypes
 import queue
 import threading
-import time
 import types
 
 import numpy as np
@@ -22,6 +21,7 @@ import pytest
 from ring.transport import nccl as nccl_transport
 from ring.transport.base import Bound, TransportError, unbounded
 from tests.test_simulated_ring import allreduce_each, check_allgather_then_broadcast, rank_input, reference, simulate
+from tests.test_watchdog import Work, watchdog_clock  # noqa: F401 - (a fixture: the watchdog's clock, moved by the test)
 
 
 class FakeNccl:
@@ -42,6 +42,7 @@ class FakeNccl:
         self.groups = {}     # rank -> the groups it posted, each a list of (kind, peer, nbytes)
         self.open = {}
         self.work_finishes = True   # False: queued work never finishes (a peer that never does its part)
+        self.events = []            # every event the transport recorded, in order (the watchdog's looks counted)
 
     def groupStart(self):
         self.open[threading.get_ident()] = []
@@ -106,12 +107,13 @@ def fake_nccl(monkeypatch):
         fake = FakeNccl(n)
         stream = types.SimpleNamespace(ptr=0)
 
-        class Event:   # the groups above run to the end before returning: their work is done, unless told not
+        class Event(Work):   # the groups above run to the end before returning: their work is done, unless told not
             def __init__(self, block=False, disable_timing=False):
-                self.done = False
+                super().__init__()
+                fake.events.append(self)
 
             def record(self, stream):
-                self.done = fake.work_finishes
+                self.finished = fake.work_finishes
 
         cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: stream, Event=Event))
         monkeypatch.setattr(nccl_transport, "_cupy", lambda: cupy)
@@ -176,8 +178,9 @@ def test_nothing_is_posted_until_a_wait(fake_nccl):
     np.testing.assert_array_equal(recv, np.full(4, 7.0))
 
 
-def one_exchange_due_in(fake, seconds):
-    """A one-rank NCCLTransport (watchdog looking every 50 ms) that has queued one exchange due in ``seconds``."""
+def one_exchange_due_in(fake, clock, seconds):
+    """A one-rank NCCLTransport (watchdog looking every 50 ms) that has queued one exchange due in
+    ``seconds`` by ``clock`` (the watchdog's, which the test moves)."""
     class Host:
         rank, size, local_rank, local_size = 0, 1, 0, 1
 
@@ -185,18 +188,20 @@ def one_exchange_due_in(fake, seconds):
     transport = nccl_transport.NCCLTransport(comm, Host())
     transport.watchdog._period = 0.05
     buf = np.zeros(4)
-    transport.exchange(buf, buf, Bound(1, time.monotonic() + seconds, threading.Event()), dest=0, source=0)
+    transport.exchange(buf, buf, Bound(1, clock.now + seconds, threading.Event()), dest=0, source=0)
     return comm, transport, buf
 
 
-def test_work_unfinished_after_the_deadline_aborts_the_communicator(fake_nccl, capsys):
+def test_work_unfinished_after_the_deadline_aborts_the_communicator(fake_nccl, watchdog_clock, capsys):
     fake = fake_nccl(1)
     fake.work_finishes = False
-    comm, transport, buf = one_exchange_due_in(fake, 0.3)   # queued; "never finishes"
-    time.sleep(0.1)
-    assert comm.ended == [] and not transport.watchdog.expired
-    time.sleep(0.6)
-    assert comm.ended == ["abort"]
+    comm, transport, buf = one_exchange_due_in(fake, watchdog_clock, 10)   # queued; "never finishes"
+    fake.events[-1].looked_at_twice_more(unless=lambda: comm.ended)
+    assert comm.ended == [] and not transport.watchdog.expired, "aborted before the deadline"
+    watchdog_clock.now += 10.5
+    fake.events[-1].looked_at_twice_more(unless=lambda: comm.ended or transport.watchdog.expired)
+    transport.watchdog.stop()   # (joins its thread: an abort it was about to make is made)
+    assert comm.ended == ["abort"], "unfinished work past its deadline did not abort the communicator"
     assert "rank 0: device work queued by a collective was still unfinished" in capsys.readouterr().err
     with pytest.raises(TransportError, match="NCCL communicator was aborted: device work queued"):
         transport.exchange(buf, buf, unbounded(), dest=0, source=0)
@@ -204,9 +209,14 @@ def test_work_unfinished_after_the_deadline_aborts_the_communicator(fake_nccl, c
     assert comm.ended == ["abort"]   # not destroyed after the abort
 
 
-def test_finished_work_is_never_aborted_and_the_communicator_is_destroyed_at_close(fake_nccl):
-    comm, transport, _ = one_exchange_due_in(fake_nccl(1), 0.1)
-    time.sleep(0.4)
-    assert comm.ended == [] and not transport.watchdog.expired
+def test_finished_work_is_never_aborted_and_the_communicator_is_destroyed_at_close(fake_nccl, watchdog_clock):
+    fake = fake_nccl(1)
+    comm, transport, buf = one_exchange_due_in(fake, watchdog_clock, 10)   # finished at once
+    fake.work_finishes = False
+    later = Bound(2, watchdog_clock.now + 10_000, threading.Event())   # a later collective's work, unfinished
+    transport.exchange(buf, buf, later, dest=0, source=0)   # but not due: its looks are counted after the first's end
+    watchdog_clock.now += 100
+    fake.events[-1].looked_at_twice_more(unless=lambda: comm.ended)
+    assert comm.ended == [] and not transport.watchdog.expired, "aborted for work that had finished"
     transport.close()
     assert comm.ended == ["destroy"]

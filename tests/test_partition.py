@@ -1,8 +1,11 @@
 """Tier 1: how buffers are cut into chunks and segments (pure, no MPI)."""
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from ring.partition import bounds_from_counts, chunk_bounds, segment_bounds
+
+pytestmark = pytest.mark.quick   # (pure and fast: the ground every layer stands on)
 
 
 @given(count=st.integers(0, 10_000), nranks=st.integers(1, 64))

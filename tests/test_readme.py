@@ -39,6 +39,7 @@ def python_blocks(path) -> list[str]:
     return found
 
 
+@pytest.mark.quick
 def test_every_python_block_of_every_page_is_run_or_says_why_not():
     blocks = {(str(path.relative_to(ROOT)), heading) for path in PAGES for heading in python_blocks(path)}
     assert blocks - RUN - set(NOT_RUN) == set(), "Python blocks no test runs"
@@ -50,6 +51,7 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.lstrip("#").strip().lower()).replace(" ", "-")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_link_and_picture_leads_somewhere(page):
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
@@ -64,12 +66,14 @@ def test_every_link_and_picture_leads_somewhere(page):
             assert fragment in headings, f"{page.name}: {target}: no such heading in {resolved.name}"
 
 
+@pytest.mark.quick
 def test_the_front_page_links_every_page_of_the_manual():
     front = (ROOT / "README.md").read_text()
     missing = [p.name for p in (ROOT / "docs").glob("*.md") if f"(docs/{p.name})" not in front]
     assert not missing, f"pages the front page does not link: {missing}"
 
 
+@pytest.mark.quick
 def test_the_quick_start_runs_and_shows_its_results(tmp_path):
     result = run_example("README.md", "## Quick start", 3, tmp_path)
     # x = arange(4) * (rank + 1): the sum over 3 ranks is arange(4) * 6; 3 ranks x 4 gathered

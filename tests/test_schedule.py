@@ -8,6 +8,7 @@ from ring.schedule import (allgather_plan, allgather_steps, broadcast_plan, core
                            halving_plans, reduce_scatter_plan, reduce_scatter_steps)
 
 WORLD_SIZES = range(1, 9)
+pytestmark = pytest.mark.quick   # (pure and fast: every schedule's properties)
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)

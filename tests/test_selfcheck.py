@@ -12,7 +12,7 @@ MPI_NAME = mpi_name()   # the MPI whose launcher starts these worlds: each names
 LAUNCHED_BY = {"MPICH": "MPICH's or Intel MPI's mpiexec (PMI_SIZE", "Open MPI": "Open MPI's mpirun (OMPI_COMM_WORLD_SIZE"}
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.quick), 3])
 def test_it_describes_the_installation_and_checks_every_collective(n):
     result = run_world(n, ["-m", "collectives"], 120, env={"COLLECTIVES_TIMEOUT": "30"})
     out = result.stdout

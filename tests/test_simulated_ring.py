@@ -13,6 +13,7 @@ from ring.transport.base import unbounded
 BOUND = unbounded()   # (the simulated world has its own timeout)
 
 REFERENCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+pytestmark = pytest.mark.quick   # (every algorithm on 1 to 8 ranks as threads, in seconds)
 
 
 def simulate(n, body):

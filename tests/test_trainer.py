@@ -58,6 +58,7 @@ def test_corrupt_newest_checkpoint_is_reported_and_skipped(tmp_path):
     assert "skipping checkpoint" in result.stdout and "epoch 1 done" in result.stdout
 
 
+@pytest.mark.quick
 def test_default_run_reaches_95_percent_on_the_digits():
     result = run_world(2, ["-m", "trainer"], TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-4000:]
@@ -190,6 +191,7 @@ def test_flags_that_do_not_apply_are_refused_once(flags, message):
     assert "training [" not in result.stdout
 
 
+@pytest.mark.quick
 def test_version():
     result = subprocess.run([sys.executable, "-m", "trainer", "--version"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)

@@ -151,6 +151,7 @@ def test_exposed_communication_is_part_of_communication(tmp_path, overlap):
         assert 0 < r["exposed_comm_time"] <= r["comm_time"] < r["step_time"], r
 
 
+@pytest.mark.quick
 def test_help_states_each_default_once():
     result = subprocess.run([sys.executable, "-m", "trainer", "--help"], cwd=ROOT, capture_output=True, text=True,
                             timeout=60)

@@ -1,68 +1,144 @@
-"""Tier 1: the watchdog that bounds device work in time (events stand in for CUDA events)."""
+"""Tier 1: the watchdog that bounds device work in time (plain objects stand in for CUDA events).
+
+The watchdog reads its time from a clock the tests move (``watchdog_clock``), and each piece of work
+counts how often the watchdog looked at it: so a test knows that the watchdog has looked after a
+deadline passed, instead of sleeping and hoping that a busy machine let it look by then.
+"""
 import threading
 import time
+import types
 
+import pytest
+
+from ring.transport import watchdog as watchdog_module
 from ring.transport.watchdog import Watchdog
+
+pytestmark = pytest.mark.quick   # (no device, no MPI: fast)
+
+LOOK_BOUND_S = 30   # how long a test waits for the watchdog's thread to look (it looks every 20 ms)
+
+
+class Clock:
+    """time.monotonic for the watchdog, moved only by the test."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+
+@pytest.fixture
+def watchdog_clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(watchdog_module, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    return clock
 
 
 class Work:
+    """Device work as the watchdog sees it: ``done`` is read at each look, and each look is counted."""
+
     def __init__(self, done=False):
-        self.done = done
+        self.finished = done
+        self.looks = 0
+        self._looked = threading.Condition()
+
+    @property
+    def done(self):
+        with self._looked:
+            self.looks += 1
+            self._looked.notify_all()
+        return self.finished
+
+    def looked_at_twice_more(self, unless=lambda: False):
+        """Wait until the watchdog has looked at this work twice more (the first look may have begun
+        before the caller's change; the second began after it, when the first one's verdict was in),
+        or until ``unless()`` (it fired: then it looks no more)."""
+        with self._looked:
+            target = self.looks + 2
+            give_up = time.monotonic() + LOOK_BOUND_S
+            while self.looks < target and not unless():
+                assert time.monotonic() < give_up, f"the watchdog did not look at the work within {LOOK_BOUND_S} s"
+                self._looked.wait(0.05)
 
 
 def watching(period=0.02):
-    calls = []
+    calls, threads = [], []
     fired = threading.Event()
 
     def on_expiry(message):
         calls.append(message)
+        threads.append(threading.current_thread())
         fired.set()
-    return Watchdog(on_expiry, period), calls, fired
+    return Watchdog(on_expiry, period), calls, fired, threads
 
 
-def test_work_done_in_time_never_fires():
-    dog, calls, fired = watching()
+def test_work_done_in_time_never_fires(watchdog_clock):
+    dog, calls, fired, _ = watching()
+    work, later = Work(), Work()
+    dog.watch(work, watchdog_clock.now + 10)
+    dog.watch(later, watchdog_clock.now + 10_000)   # (still watched after `work` is done: its looks are counted)
+    watchdog_clock.now += 5
+    work.finished = True
+    watchdog_clock.now += 100                       # past the deadline of `work`, which finished in time
+    later.looked_at_twice_more(unless=fired.is_set)
+    dog.stop()
+    assert calls == [] and not fired.is_set() and not dog.expired, calls
+
+
+def test_unfinished_work_past_its_deadline_fires_once(watchdog_clock):
+    dog, calls, fired, threads = watching()
+    dog.watch(Work(done=True), watchdog_clock.now - 5)        # finished long ago: never counts
     work = Work()
-    dog.watch(work, time.monotonic() + 0.2)
-    time.sleep(0.1)
-    work.done = True
-    assert not fired.wait(0.4) and calls == [] and not dog.expired
+    dog.watch(work, watchdog_clock.now + 10)
+    work.looked_at_twice_more(unless=fired.is_set)
+    assert not fired.is_set(), "fired before the deadline"
+    watchdog_clock.now += 10.5
+    assert fired.wait(LOOK_BOUND_S), "unfinished work past its deadline did not fire"
+    threads[0].join(LOOK_BOUND_S)
+    assert not threads[0].is_alive(), "the watchdog kept watching after it fired (it could fire again)"
+    assert calls == [dog.expired] and "still unfinished 0.5 s after that collective's deadline" in dog.expired
     dog.stop()
 
 
-def test_unfinished_work_past_its_deadline_fires_once():
-    dog, calls, fired = watching()
-    dog.watch(Work(done=True), time.monotonic() - 5)        # finished long ago: never counts
-    start = time.monotonic()
-    dog.watch(Work(), start + 0.15)
-    assert fired.wait(5)
-    assert 0.15 <= time.monotonic() - start < 2
-    time.sleep(0.1)
-    assert len(calls) == 1 and calls[0] == dog.expired and "still unfinished" in dog.expired
-    dog.stop()
-
-
-def test_the_latest_work_of_a_collective_stands_for_its_earlier_work():
-    dog, calls, fired = watching()
-    deadline = time.monotonic() + 0.1
-    early, late = Work(), Work(done=True)
+def test_the_latest_work_of_a_collective_stands_for_its_earlier_work(watchdog_clock):
+    dog, _, fired, _ = watching()
+    deadline = watchdog_clock.now + 10
+    early, late, later = Work(), Work(done=True), Work()
     dog.watch(early, deadline)
     dog.watch(late, deadline)       # the same collective (same deadline), queued after: covers `early`
-    assert not fired.wait(0.4)
+    dog.watch(later, deadline + 10_000)
+    watchdog_clock.now += 20
+    later.looked_at_twice_more(unless=fired.is_set)
+    assert not fired.is_set(), "fired for work that the collective's later work covers"
     dog.stop()
 
 
-def test_later_collectives_wait_their_own_deadline():
-    dog, calls, fired = watching()
-    now = time.monotonic()
+def test_later_collectives_wait_their_own_deadline(watchdog_clock):
+    dog, _, fired, _ = watching()
     first, second = Work(), Work()
-    dog.watch(first, now + 0.1)
-    dog.watch(second, now + 10)
-    first.done = True
-    assert not fired.wait(0.4)      # the second is unfinished but not yet due
+    dog.watch(first, watchdog_clock.now + 10)
+    dog.watch(second, watchdog_clock.now + 100)
+    first.finished = True
+    watchdog_clock.now += 50
+    second.looked_at_twice_more(unless=fired.is_set)
+    assert not fired.is_set(), "the second is unfinished but not yet due"
+    watchdog_clock.now += 60
+    assert fired.wait(LOOK_BOUND_S), "the second collective's deadline passed and nothing fired"
     dog.stop()
 
 
-def test_stop_without_watching_anything():
-    dog, _, _ = watching()
+def watchdog_threads(before):
+    return [t for t in threading.enumerate() if t.name == "collectives-watchdog" and t not in before]
+
+
+def test_a_watchdog_starts_its_thread_with_the_first_work_and_stop_ends_it(watchdog_clock):
+    before = set(threading.enumerate())
+    idle, _, _, _ = watching()
+    assert watchdog_threads(before) == [], "a watchdog with nothing to watch started a thread"
+    idle.stop()   # (nothing to stop: must return at once)
+    dog, calls, _, _ = watching()
+    dog.watch(Work(), watchdog_clock.now + 10)
+    assert len(watchdog_threads(before)) == 1
     dog.stop()
+    assert watchdog_threads(before) == [] and calls == [] and not idle.expired and not dog.expired

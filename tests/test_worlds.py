@@ -1,14 +1,22 @@
-"""Tier 2 launcher: runs tests/mpi in real MPI worlds of 1 to 5 ranks, each bounded in time."""
+"""Tier 2 launcher: runs tests/mpi in real MPI worlds of 1 to 5 ranks, each world bounded in time.
+
+Each test of a world is reported as a test of its own, with the ranks it failed on
+(tests/world_outcomes.py), e.g. ``test_collectives_in_a_real_world[3]::tests/mpi/test_api.py::test_x``;
+the test that launched the world fails only if the world did not end as a pytest run ends (a rank
+died, or the world was killed at its bound), with the tail of the world's output.
+"""
 import pytest
 
-from tests.worlds import run_world
-
-WORLD_TIMEOUT_S = 480   # (5 ranks on 2 cores beside a CPU hog: the torch tests train DDP twice)
+#: The quick worlds' share of tests/mpi: every collective against mpi4py's own, and the API around them.
+QUICK_FILES = ["tests/mpi/test_collectives.py", "tests/mpi/test_api.py", "tests/mpi/test_usage_errors.py"]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
-def test_collectives_in_a_real_world(n):
-    result = run_world(n, ["-m", "pytest", "tests/mpi", "--with-mpi", "-q", "-x", "-p", "no:cacheprovider",
-                           "--timeout", "240"], timeout=WORLD_TIMEOUT_S)
-    assert result.returncode == 0, f"world of {n} failed (exit {result.returncode}):\n{result.stdout[-6000:]}"
-    assert " passed" in result.stdout and " failed" not in result.stdout, result.stdout[-3000:]
+def test_collectives_in_a_real_world(n, world_tests):
+    world_tests(n, ["tests/mpi"])
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("n", [2, 3])   # (an odd size finds what an even one hides)
+def test_a_few_collectives_in_a_small_world(n, world_tests):
+    world_tests(n, QUICK_FILES)

@@ -79,14 +79,47 @@ def absent_at_setup() -> None:
 
 
 def late() -> None:
-    """Rank 0 times out; rank 1 came late but is in the call; rank 2 never comes."""
+    """Rank 0 times out; rank 1 comes after rank 0 has set out (cued by it) and is in the call; rank 2
+    never comes: it stays away until rank 1's call has ended too (so rank 1 hears of rank 0 leaving,
+    not of rank 2). Cues, not sleeps: a busy machine could stall a sleeping rank past rank 0's
+    timeout, or wake the absent one too soon."""
     col.barrier()
     if col.rank() == 2:
-        time.sleep(5)
+        _await_cue(1)
         return
-    if col.rank() == 1:
-        time.sleep(0.5)
-    _report("call 1", col.allreduce, np.ones(1000, np.float32), timeout=2 if col.rank() == 0 else 30)
+    if col.rank() == 0:
+        _cue(1)
+    else:
+        _await_cue(0)
+    try:
+        _report("call 1", col.allreduce, np.ones(1000, np.float32), timeout=2 if col.rank() == 0 else 30)
+    finally:
+        if col.rank() == 1:
+            _cue(2)
+
+
+#: Cues between ranks, on MPI_COMM_WORLD (the runtime works on its own duplicate, so they never meet
+#: its messages), for scenarios where one rank must act only after another has.
+_CUE_TAG = 3701
+_CUE_BOUND_S = 30
+
+
+def _cue(rank: int) -> None:
+    from mpi4py import MPI
+    MPI.COMM_WORLD.send(None, dest=rank, tag=_CUE_TAG)   # (a few bytes: sent at once, whatever the receiver does)
+
+
+def _await_cue(source: int) -> None:
+    """Wait for ``source``'s cue, polling (a blocking receive could not be bounded); exit 4 after
+    _CUE_BOUND_S, saying so."""
+    from mpi4py import MPI
+    request = MPI.COMM_WORLD.irecv(source=source, tag=_CUE_TAG)
+    give_up = time.monotonic() + _CUE_BOUND_S
+    while not request.test()[0]:
+        if time.monotonic() > give_up:
+            _say(f"rank {col.rank()}: no cue from rank {source} within {_CUE_BOUND_S} s")
+            raise SystemExit(4)
+        time.sleep(0.01)
 
 
 def crash_first() -> None:
