@@ -11,7 +11,8 @@
 The layers, each importing only those below it: ``api`` (these functions: the world's
 methods) -> ``group`` (a Group runs collectives) -> ``dispatch`` (each collective's body) ->
 ``call`` (the frame: turn, check, errors) -> ``runtime``, ``progress``, ``settings`` -> ``ring``.
-``world`` sets the world up and ``leaving`` sees the process out.
+``world`` sets the world up and, once the program has used it, sees the process out (``hooks``,
+``leaving``); importing the package installs nothing.
 """
 from collectives import about, timeline
 from collectives.about import VERSION as __version__
@@ -20,13 +21,12 @@ from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many
                              synchronize, to_host, use_local_gpu)
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group
-from collectives.leaving import abort   # (and its exit handlers, registered at import)
 from collectives.membership import NonMember
 from collectives.p2p import Request, irecv, isend, recv, send, wait_all
 from collectives.progress import Work
 from collectives.sizes import format_size, parse_size
 from collectives.config import Settings
-from collectives.world import init, local_rank, local_size, rank, settings, size
+from collectives.world import abort, init, local_rank, local_size, rank, settings, size
 
 __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "settings", "Settings", "use_local_gpu", "gpu_transport", "nccl_communicator",
            "allreduce", "allreduce_many", "reduce_scatter", "allgather", "broadcast", "barrier",

@@ -1,27 +1,29 @@
 """The process's one world: MPI started lazily, a private communicator, the agreed settings.
 
 The world is the group of every rank (``collectives.group.Group``); the first ``init`` or
-collective sets it up, on every rank together. What happens when the process ends is
-``collectives.leaving``'s; the settings are described in ``collectives.config``.
+collective sets it up, on every rank together. The program's first use of the runtime (anything
+that asks :func:`mpi` for MPI) installs the hooks that see the process out (``collectives.hooks``):
+at exit, or inside the program's own ``MPI.Finalize()``, the farewell (``collectives.leaving``).
+The settings are described in ``collectives.config``.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from dataclasses import asdict, replace
 
-from collectives import config, timeline as timelines
+from collectives import config, hooks, leaving, timeline as timelines
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group
 from collectives.making import make_group
 from collectives.runtime import Runtime, hosts_of, two_level_layout
-from collectives.config import Settings
+from collectives.config import ENDED, Settings
+from ring.transport import notices
 from ring.transport.base import Bound, TransportError
 
 the_world: Group | None = None   # the world group, once set up (read it through world() to set it up)
-#: Called by MPI.Finalize() before it finalizes (the farewell: set by ``collectives.leaving``).
-at_finalize = None
 joined_setup = False   # this process took part in a setup (at most one: see set_up)
 
 
@@ -154,12 +156,12 @@ def _start(given: dict, setup_timeout: float | None = None, comm=None) -> None:
 def set_up(found: dict, problem: str, left: str = "", timeout: float | None = None, comm=None) -> Group:
     """Every rank: start MPI if needed, make the private communicator, agree on the settings.
     ``left``: this process is ending before it ever set up; it takes part only to tell the
-    others why (see ``collectives.leaving``)."""
+    others why (see :func:`_leave_unset`)."""
     global joined_setup
     joined_setup = True   # (a rank that took part in a setup never joins another at exit)
     MPI = mpi()
-    from ring.transport import control, mpi_setup   # (imported here: importing them starts MPI)
-    control.hear_failure_notices()   # (before the setup: a notice there would end this process unheard)
+    from ring.transport import mpi_setup   # (imported here: importing it starts MPI)
+    notices.hear_failure_notices()   # (before the setup: a notice there would end this process unheard)
     try:
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
                                                    config.record(found, problem, left), comm)
@@ -177,7 +179,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
                       else "", threaded=level == MPI.THREAD_MULTIPLE)
     w = runtime.world = make_group(Group, runtime, transport, tuple(range(transport.size)), world=True)
     timelines.start(runtime.settings.timeline, w.rank())
-    keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: (at_finalize and at_finalize()) or MPI.SUCCESS)
+    keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: _leave() or MPI.SUCCESS)
     MPI.COMM_SELF.Set_attr(keyval, True)   # MPI.Finalize() deletes COMM_SELF's attributes first thing
     return w
 
@@ -201,7 +203,9 @@ started_mpi = False   # this runtime started MPI (the program had told mpi4py no
 
 def mpi():
     """mpi4py's MPI module, with MPI started (if the program has not, as with
-    ``mpi4py.rc.initialize = False``; then this runtime also finalizes it at exit)."""
+    ``mpi4py.rc.initialize = False``; then this runtime also finalizes it at exit). Every use of the
+    runtime that needs MPI comes here first: the first installs the hooks that see the process
+    out (``collectives.hooks``); a program that only imports ``collectives`` never gets them."""
     from mpi4py import MPI   # (imported here: importing it starts MPI, unless the program told mpi4py not to)
     if MPI.Is_finalized():
         raise CollectiveError("MPI was already finalized in this process; the runtime cannot start")
@@ -209,6 +213,7 @@ def mpi():
         global started_mpi
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         started_mpi = True
+    hooks.install(_at_exit)
     return MPI
 
 
@@ -218,3 +223,71 @@ def mpi_running() -> bool:
         return False
     MPI = sys.modules["mpi4py.MPI"]
     return MPI.Is_initialized() and not MPI.Is_finalized()
+
+
+# The process's end, once the program has used the runtime (the hooks installed by mpi()).
+
+_FAREWELL_SETUP_SECONDS = 2.0   # how long a process ending before setup waits to tell the others
+
+
+def _at_exit() -> None:
+    """The exit handler: the farewell, then MPI's end where nobody else will see to it. (Python's
+    exit handlers all run before mpi4py's own finalize.)"""
+    try:
+        _leave()
+    finally:
+        _finalize_if_nobody_will()
+
+
+def _leave() -> None:
+    """At exit, or inside ``MPI.Finalize()`` (the program's own, or the one at exit), whichever comes
+    first: the farewell (``leaving.leave``, once), or, for a process that never set the runtime
+    up, the setup joined to say why it ends. Then the process has left: its hooks go."""
+    try:
+        if the_world is None:
+            _leave_unset()
+        else:
+            leaving.leave(the_world, finishing=mpi_running())
+    finally:
+        hooks.remove()
+
+
+def _leave_unset() -> None:
+    """At exit of a process that used the runtime but never set it up, in a job of several ranks:
+    join the setup for at most _FAREWELL_SETUP_SECONDS, saying why this process ends, so that
+    ranks waiting in their first collective raise at once instead of at the timeout. Where no
+    rank sets the runtime up, every rank does this together: one setup exchange at exit (a few
+    milliseconds), up to _FAREWELL_SETUP_SECONDS where the ranks end that far apart."""
+    if not mpi_running() or joined_setup or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() < 2:
+        return
+    why = hooks.why_leaving() or ENDED
+    try:
+        set_up({}, "", left=why, timeout=_FAREWELL_SETUP_SECONDS)
+    except (CollectiveError, CollectiveUsageError):
+        pass   # nobody was waiting in setup (or they were told)
+
+
+def _finalize_if_nobody_will() -> None:
+    """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told
+    mpi4py not to (``mpi4py.rc.finalize = False``) and did not itself. A process that ends without
+    MPI_Finalize makes MPICH's launcher kill the other ranks, which may still be finishing."""
+    if mpi_running() and (started_mpi or sys.modules["mpi4py"].rc.finalize is False):
+        sys.modules["mpi4py.MPI"].Finalize()
+
+
+def abort(code: int = 1, grace: float = 2.0) -> None:
+    """End the whole job after a failure: tell every other rank that this one leaves and why (its
+    farewell), give them ``grace`` seconds to report it, then abort every process of the job, so
+    that a rank stuck outside the runtime (a stalled loop) cannot keep it alive for ever.
+
+    >>> try:                                                   # doctest: +SKIP
+    ...     train()
+    ... except col.CollectiveError as e:
+    ...     print(f"[rank {col.rank()}] error: {e}", file=sys.stderr, flush=True)
+    ...     col.abort(1)
+    """
+    if the_world is not None:
+        leaving.leave(the_world, finishing=False)
+    time.sleep(grace)
+    mpi().COMM_WORLD.Abort(code)
+    os._exit(code)   # (MPICH's Abort has been seen to return when another process had already ended)

@@ -12,7 +12,6 @@ ranks hand rank 0 at exit (the timeline's events).
 """
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from typing import Any, Sequence
@@ -22,6 +21,7 @@ from mpi4py import MPI
 
 from ring.transport import liveness as liveness_watch
 from ring.transport.base import PeerLost
+from ring.transport.notices import failure_notices
 from ring.transport.polling import process_state
 
 _CONTROL_TAG = 8
@@ -268,36 +268,3 @@ class Control:
 
     def notices(self) -> int:
         return failure_notices()
-
-
-def failure_notices() -> int:
-    """How many failure notices the launcher has sent this process (see hear_failure_notices)."""
-    return _notices
-
-
-_notices = 0   # failure notices heard from the launcher (see hear_failure_notices)
-
-
-def hear_failure_notices() -> None:
-    """MPICH's launcher, told not to clean up after a failure (``-disable-auto-cleanup``), tells the
-    surviving processes that one died by SIGUSR1, whose default action ends them at once, silently,
-    before they can say who died. Where the program has no handler of its own (and this is its
-    main thread), count the notices instead: a wait looks at its peers at once after one."""
-    if (threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1")
-            and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL):
-        signal.signal(signal.SIGUSR1, _count_notice)
-
-
-def ignore_failure_notices() -> None:
-    """At exit, once this process has said farewell: a notice is a cue to nothing any more, and
-    Python's finalization puts SIGUSR1's default action (end at once) back in place of the counting
-    handler, so a late notice (a rank died while this one finalized) ended a process that had
-    reported everything with "signal 10". An ignored signal stays ignored through finalization."""
-    if (threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1")
-            and signal.getsignal(signal.SIGUSR1) is _count_notice):
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-
-def _count_notice(signum, frame) -> None:
-    global _notices
-    _notices += 1

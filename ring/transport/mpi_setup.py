@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from ring.transport import liveness as liveness_watch
 from ring.transport.base import TransportError, TransportTimeout
-from ring.transport.control import failure_notices
+from ring.transport.notices import failure_notices
 from ring.transport.mpi import MPITransport
 from ring.transport.polling import pause
 
@@ -74,7 +74,7 @@ _unfinished_setups: list = []   # requests of a setup that timed out, kept with 
 
 def _wait_setup(requests: list[MPI.Request], deadline: float, what: str, *buffers: Any) -> None:
     """Poll until ``requests`` are done, the deadline passes, or the launcher has told this process
-    that another of the job died (``ring.transport.control.hear_failure_notices``) and the setup still has not
+    that another of the job died (``ring.transport.notices.hear_failure_notices``) and the setup still has not
     ended _NOTICE_GRACE seconds later: before the exchange nobody knows the others' processes, so
     that notice is the only word of a death here (without it the survivors would wait for the
     whole timeout)."""
