@@ -37,9 +37,7 @@ def leave(w: Group, finishing: bool = True) -> None:
         return
     ending = hooks.why_leaving()
     runtime.engine.close(f"rank {w.rank()} is ending ({ending})" if ending else "")
-    runtime.closed = True
-    failure = runtime.stopped_by   # (what failed before leaving, if anything)
-    runtime.stop("this process has left the runtime (at exit or MPI.Finalize())")
+    failure = runtime.leave()   # (what failed before leaving, if anything)
     root = failure.root_cause if failure is not None else None
     why = root or ending or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
     gone = w.transport.exits.gone_at_exit()

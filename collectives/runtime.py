@@ -54,7 +54,7 @@ class Runtime:
         self._stopping = threading.Lock()
         self.engine = progress.Engine(self, threaded)   # runs the calls one at a time, in issue order
         self.threads_checked = threads_checked   # MPI's thread level, where only its main thread may call ("": any)
-        self.closed = False                # the process has left (see collectives.leaving)
+        self.closed = False                # the process has left (see leave)
 
     def apply(self, settings: Settings) -> None:
         """Put ``settings`` in force (every rank together: see ``init``), and choose again."""
@@ -110,6 +110,14 @@ class Runtime:
                 self.stopped.set()       # that no other module writes it)
             return self.failure
 
+    def leave(self) -> Failure | None:
+        """The process leaves the runtime (``collectives.leaving``): every later call is refused,
+        as after a failure; returns the failure that came before, if any, to pass on."""
+        before = self.stopped_by
+        self.closed = True
+        self.stop("this process has left the runtime (at exit or MPI.Finalize())")
+        return before
+
     def segment_elems(self, dtype: np.dtype, transport=None) -> int:
         """The ring's segment in elements of ``dtype`` on ``transport``: the setting, else (0, the
         default) 4 MiB, or 1 MiB on a transport whose ranks span hosts."""
@@ -122,10 +130,6 @@ class Runtime:
             return None
         hosts = hosts_of(ranks, transport.hosts, self.settings.hosts, len(ranks) if world else self.world.size())
         return None if two_level_layout(hosts) else hosts
-
-    def transports(self) -> list:
-        """Every transport of every group, for what concerns them all (stopping, polling gently)."""
-        return [t for g in self.groups for t in g.transports()]
 
 
 def hosts_of(ranks: tuple[int, ...], real_hosts: list[str], declared: int, world_size: int) -> list:

@@ -31,7 +31,7 @@ import torch.distributed.distributed_c10d as c10d
 import collectives as col
 from collectives.torch.group import BACKEND, RingProcessGroup
 from collectives.torch.tensors import as_array
-from collectives.torch.work import RingBackendError, RingUsageError, RingWork
+from collectives.torch.work import RingBackendError, RingUsageError, RingWork, for_torch
 
 __all__ = ["BACKEND", "RingProcessGroup", "RingWork", "RingUsageError", "RingBackendError", "as_array"]
 
@@ -50,7 +50,10 @@ def _create(options, backend_options=None) -> RingProcessGroup:
                                       "ring backend let MPI set them (leave rank and world_size out; the world "
                                       "comes from mpiexec, not torchrun or mp.spawn)")
         return RingProcessGroup(None, timeout)
-    return RingProcessGroup(col.new_group(ranks, members_only=True, timeout=timeout), timeout)
+    try:
+        return RingProcessGroup(col.new_group(ranks, members_only=True, timeout=timeout), timeout)
+    except (col.CollectiveUsageError, col.CollectiveError) as error:   # (as torch's types, as every call's)
+        raise for_torch(error) from error
 
 
 class RefusingStore(dist.Store):

@@ -34,6 +34,14 @@ class TransportTimeout(TransportError):
         self.waited = waited
 
 
+class Stopped(TransportError):
+    """The runtime stopped while this rank waited (another call failed, a ``Work.wait`` ran out,
+    Ctrl-C): the wait ended at its next look, before its own deadline (see ``Bound.stop``)."""
+
+    def __init__(self, waited: float):
+        super().__init__(f"the runtime stopped while this rank waited ({waited:.3g} s)")
+
+
 class PeerLost(TransportError):
     """Rank ``peer`` left (its farewell says why) or its process is gone, before this call was done.
 
@@ -75,6 +83,13 @@ class Bound:
     def passed(self, now: float) -> bool:
         """Whether a wait looking at the clock at ``now`` must give up."""
         return now >= self.until or self.stop.is_set()
+
+    def expired(self, waited: float, peer: int, waiting_for: str = "") -> TransportError:
+        """The error of a wait that gave up after ``waited`` seconds, waiting for ``peer``: the
+        runtime's stop if that is what ended it, else the deadline's timeout."""
+        if self.stop.is_set():
+            return Stopped(waited)
+        return TransportTimeout(peer, waited, waiting_for)
 
 
 def unbounded() -> Bound:

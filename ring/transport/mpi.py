@@ -1,7 +1,7 @@
 """Point-to-point over MPI (mpi4py), on host memory, raw bytes, no pickling.
 
 Never blocks inside MPI: every wait polls its requests (as MPI's own Wait does)
-until they complete, its call's bound passes (TransportTimeout: the deadline, or
+until they complete, its call's bound passes (TransportTimeout at the deadline, or Stopped:
 the runtime stopped), or a peer is known to be gone (PeerLost). So a rank stuck on
 a peer that never comes always gets control back. How a peer is known to be gone,
 asked of the transport's control plane every CHECK_INTERVAL seconds while a wait
@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from ring.schedule import left, right
 from ring.transport import liveness as liveness_watch
-from ring.transport.base import Bound, TransportError, TransportTimeout
+from ring.transport.base import Bound, TransportError
 from ring.transport.control import COLLECTIVE, Control
 from ring.transport.exits import Exits
 from ring.transport.mpi_p2p import PointToPoint
@@ -271,8 +271,8 @@ class MPITransport(Subsets):
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
                     peer = (pending or peers)[0]
                     if peer < 0:
-                        raise TransportTimeout(-1, now - started, "a message from any rank")
-                    raise TransportTimeout(self.names[peer], now - started)
+                        raise bound.expired(now - started, -1, "a message from any rank")
+                    raise bound.expired(now - started, self.names[peer])
         except MPI.Exception as e:
             self.control.check_dead(peers, bound.seq)   # (MPI's own error about a dead peer says less than this)
             raise TransportError(self._failure_text(e, requests, peers, statuses)) from e

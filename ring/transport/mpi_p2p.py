@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ring.transport.base import Bound, TransportError, TransportTimeout
+from ring.transport.base import Bound, TransportError
 
 HEADER_TAG = 64                 # headers use tags HEADER_TAG + tag: never the ring's nor the control channel's
 PAYLOAD_TAG = HEADER_TAG + (1 << 15)   # payloads use PAYLOAD_TAG + tag
@@ -133,7 +133,8 @@ class PointToPoint:
     def wait(self, posted: list[Posted], bound: Bound) -> list[int]:
         """Wait for ``posted`` until ``bound`` passes; return each one's peer (for a receive from
         any rank: the rank it came from). Raises TransportError if a message does not fit its
-        buffer, PeerLost if a rank they expect leaves, TransportTimeout once the bound passes."""
+        buffer, PeerLost if a rank they expect leaves, TransportTimeout once the bound passes (Stopped:
+        the runtime stopped meanwhile)."""
         peers = [p.peer for p in posted]
         transport, control = self.transport, self.transport.control
         try:
@@ -154,8 +155,8 @@ class PointToPoint:
                     pending = [p for p in posted if not p.done()]
                     peer = pending[0].peer if pending else peers[0]
                     if peer is None:
-                        raise TransportTimeout(-1, now - started, "a message from any rank")
-                    raise TransportTimeout(transport.names[peer], now - started)
+                        raise bound.expired(now - started, -1, "a message from any rank")
+                    raise bound.expired(now - started, transport.names[peer])
         except MPI.Exception as e:
             control.check_dead([-1 if p is None else p for p in peers], None)
             raise TransportError(f"point-to-point with {_ranks(transport, peers)} failed: "
