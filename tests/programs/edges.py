@@ -88,7 +88,8 @@ def ended_early() -> None:
 
 
 def never_used() -> None:
-    """No rank ever uses the runtime (it is only imported)."""
+    """No rank makes a collective: each asks only its rank (which counts as a use: the exit hooks are
+    installed, and every rank joins one setup exchange at exit, which must end cleanly)."""
     _say(f"rank {col.rank()}: done at {time.monotonic():.3f}")
 
 
