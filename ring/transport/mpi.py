@@ -84,7 +84,7 @@ class MPITransport(Subsets):
 
     def send_to_right(self, buf: Any, bound: Bound) -> tuple[MPI.Request, int]:
         if self._right in self._remote:
-            self.sending_to(self._right, bound.seq)
+            self.control.guard(self._right, bound.seq)
         try:
             request = self.comm.Isend([buf, MPI.BYTE], self._right, _TAG)
         except MPI.Exception as e:
@@ -136,7 +136,7 @@ class MPITransport(Subsets):
                 peers.append(source)
             if send is not None:
                 if dest in self._remote:
-                    self.sending_to(dest, bound.seq)
+                    self.control.guard(dest, bound.seq)
                 requests.append(self.comm.Isend([send, MPI.BYTE], dest, _TAG))
                 peers.append(dest)
             self._wait_all(requests, peers, bound)
@@ -164,7 +164,7 @@ class MPITransport(Subsets):
             entry = self._persistent[key] = (requests, (source, dest), send, recv)   # buffers kept alive: ids stay unique
         requests = entry[0]
         if dest in self._remote:
-            self.sending_to(dest, bound.seq)
+            self.control.guard(dest, bound.seq)
         try:
             _startall(requests)
             self._wait_all(requests, entry[1], bound)
@@ -185,7 +185,7 @@ class MPITransport(Subsets):
         mine = np.frombuffer(data, np.uint8)
         every = np.empty((self.size, mine.size), np.uint8)
         for peer in self._remote:
-            self.sending_to(peer, bound.seq)
+            self.control.guard(peer, bound.seq)
         try:
             request = self.comm.Iallgather(mine, every)
         except MPI.Exception as e:

@@ -24,7 +24,7 @@ class Subsets:
         are after a collective's cross-rank check. ``watched``: the new transport learns of
         departures through this one's control channel (see the class docstring)."""
         for peer in self._remote:
-            self.sending_to(peer, None)
+            self.control.guard(peer, None)
         try:
             comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
         except MPI.Exception as e:
@@ -71,7 +71,7 @@ class Subsets:
         Comm_create_group): the others need not call, as in torch.distributed's ``new_group`` where
         only the members make the group. It blocks inside MPI until every one of ``ranks`` calls."""
         for peer in self._remote.intersection(ranks):
-            self.sending_to(peer, None)
+            self.control.guard(peer, None)
         outer = self.comm.Get_group()
         inner = outer.Incl(list(ranks))
         try:
