@@ -14,12 +14,12 @@ methods) -> ``group`` (a Group runs collectives) -> ``dispatch`` (each collectiv
 ``world`` sets the world up and, once the program has used it, sees the process out (``hooks``,
 ``leaving``); importing the package installs nothing.
 """
-from collectives import about, timeline
+from collectives import about, elastic, timeline
 from collectives.about import VERSION as __version__
 from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many, alltoall, barrier, block_bounds,
                              broadcast, destroy, gather, refuse, gpu_transport, nccl_communicator, new_group, reduce, reduce_scatter, scatter, split,
                              synchronize, to_host, use_local_gpu)
-from collectives.errors import CollectiveError, CollectiveUsageError
+from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.group import Group
 from collectives.membership import NonMember
 from collectives.p2p import Request, irecv, isend, recv, send, wait_all
@@ -34,4 +34,4 @@ __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "setting
            "new_group", "split", "destroy", "Group", "NonMember", "algorithm_for", "block_bounds",
            "send", "recv", "isend", "irecv", "wait_all", "Request",
            "Work", "timeline", "about", "to_host", "synchronize", "parse_size", "format_size",
-           "CollectiveError", "CollectiveUsageError"]
+           "CollectiveError", "CollectiveUsageError", "MembershipChanged", "elastic"]

@@ -37,7 +37,7 @@ from typing import Any, Callable, NoReturn
 import numpy as np
 
 from collectives import timeline, validate
-from collectives.errors import CollectiveError, CollectiveUsageError
+from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.progress import Work
 from collectives.signature import disagreement, signature as make_signature, template
 from ring import arrays, cost, doubling
@@ -209,7 +209,11 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
 
 
 def stopped(name: str, runtime) -> CollectiveError:
-    """The error for call ``name`` once the runtime has stopped on this rank after a failure."""
+    """The error for call ``name`` once the runtime has stopped on this rank after a failure, or
+    was replaced by a new world's (MembershipChanged)."""
+    if runtime.retired is not None:
+        return MembershipChanged(f"{name}: this group belongs to the world before it changed ({runtime.retired}); "
+                                 "make groups again on the new world (collectives.elastic does it for the world)")
     return CollectiveError(f"{name}: the runtime stopped after an earlier failure ({runtime.failure}); "
                            "the ranks are no longer in step, so end the job and restart it")
 

@@ -51,12 +51,14 @@ def leave(w: Group, finishing: bool = True) -> None:
                                        dead=failure.dead_rank if failure is not None else None)
         if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
             _write_timeline(w, healthy=not why)
-        if finishing and not gone:
+        if finishing and not gone and not runtime.outlived:
             gone = w.transport.exits.exit_barrier()
             if gone:
                 _say_no_finalize(w, gone)
         if gone:
             _end_without_finalize(w)
+        elif finishing and runtime.outlived:   # MPI's world holds processes that died (see Runtime.outlived):
+            _end_without_finalize(w, status=1 if why else 0)   # no MPI_Finalize, so no exit barrier before it
     finally:
         for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
             g.transports.close(failure is not None)
@@ -74,7 +76,7 @@ def _say_no_finalize(w: Group, gone: list[int]) -> None:
           f"for rank(s) {whom}", file=sys.stderr, flush=True)
 
 
-def _end_without_finalize(w: Group) -> None:
+def _end_without_finalize(w: Group, status: int = 1) -> None:
     """A rank died (or will not finalize): MPI_Finalize would wait for it for ever, so end now, once
     the other ranks have said farewell too (at most _LEAVE_TOGETHER_SECONDS): MPICH's launcher kills
     every process as soon as one ends after a death, which would cut the others' reports short."""
@@ -84,7 +86,7 @@ def _end_without_finalize(w: Group) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(1)
+    os._exit(status)
 
 
 def _write_timeline(w: Group, healthy: bool) -> None:

@@ -34,7 +34,7 @@ from time import perf_counter
 from typing import Any, Callable
 
 from collectives import timeline
-from collectives.errors import CollectiveUsageError
+from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.validate import bounded, is_timeout
 
 _allocate_lock = threading.Lock
@@ -125,6 +125,11 @@ class Work:
         if timeline.current is not None:
             timeline.add(timeline.PROGRAM, f"wait {self.name} #{self.seq}", waiting, perf_counter())
         if self._error is not None:
+            retired = self._engine.runtime.retired
+            if retired is not None and isinstance(self._error, CollectiveError) \
+                    and not isinstance(self._error, MembershipChanged):
+                raise MembershipChanged(f"wait: this {self.name} was in flight when the world changed ({retired}); "
+                                        "it did not complete") from self._error
             raise self._error
         return self._result
 

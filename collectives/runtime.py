@@ -4,8 +4,8 @@ calls one at a time, the choice of algorithm, and whether the runtime has stoppe
 Below the groups (``collectives.group``), which hold a Runtime; it knows them only as a list.
 The runtime is the one owner of the failure state: :meth:`Runtime.stop` is the only way to set
 it (the first failure wins) and every module reads it (``runtime.failure``). Nothing clears it:
-the ranks are out of step, and only replacing the transports (a recovery among the survivors)
-could make a stopped runtime usable again.
+the ranks are out of step. A recovery among the survivors (``collectives.world.rebuild``)
+replaces the whole runtime instead, and retires this one (:meth:`Runtime.retire`).
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ class Runtime:
     """The settings in force (``settings``), the engine, the groups this rank belongs to (the world
     first), and the failure state, which it alone writes (:meth:`stop`)."""
 
-    def __init__(self, settings: Settings, threads_checked: str = "", threaded: bool = False):
+    def __init__(self, settings: Settings, threads_checked: str = "", threaded: bool = False,
+                 outlived: bool = False):
         self.apply(settings)
         self.groups: list = []             # the groups this rank belongs to, the world first
         self.world = None                  # the world group, once made
@@ -55,6 +56,10 @@ class Runtime:
         self.engine = progress.Engine(self, threaded)   # runs the calls one at a time, in issue order
         self.threads_checked = threads_checked   # MPI's thread level, where only its main thread may call ("": any)
         self.closed = False                # the process has left (see leave)
+        self.retired: str | None = None    # why a new world replaced this runtime's (see retire)
+        #: This world is not MPI's whole world (ranks died, or it joined processes spawned later):
+        #: MPI_Finalize would wait for ever for the dead, so the process ends without it.
+        self.outlived = outlived
 
     def apply(self, settings: Settings) -> None:
         """Put ``settings`` in force (every rank together: see ``init``), and choose again."""
@@ -117,6 +122,13 @@ class Runtime:
         self.closed = True
         self.stop("this process has left the runtime (at exit or MPI.Finalize())")
         return before
+
+    def retire(self, change: str) -> None:
+        """A new world replaced this runtime's (``collectives.world.rebuild``): ``change`` says how.
+        Its groups and calls still in flight raise MembershipChanged from now on; its engine ends."""
+        self.stop(change, by_peer=True)
+        self.retired = change
+        self.engine.close()
 
     def segment_elems(self, dtype: np.dtype, transport=None) -> int:
         """The ring's segment in elements of ``dtype`` on ``transport``: the setting, else (0, the

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import asdict, replace
 
-from collectives import config, hooks, leaving, timeline as timelines
+from collectives import changes, config, hooks, leaving, timeline as timelines
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.group import Group
 from collectives.making import make_group
@@ -24,7 +24,8 @@ from ring.transport import notices
 from ring.transport.base import Bound, TransportError
 
 the_world: Group | None = None   # the world group, once set up (read it through world() to set it up)
-joined_setup = False   # this process took part in a setup (at most one: see set_up)
+joined_setup = False   # this process took part in a setup (see set_up)
+_finalize_watched = False   # MPI.Finalize() tells the runtime first (once: see set_up)
 
 
 def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, check: bool | None = None,
@@ -145,19 +146,63 @@ _setting_up = threading.Lock()   # two threads' first calls set up one world, no
 
 
 def _start(given: dict, setup_timeout: float | None = None, comm=None) -> None:
-    """Set the world up once (``setup_timeout``: the first call's own ``timeout=`` bounds it)."""
+    """Set the world up once (``setup_timeout``: the first call's own ``timeout=`` bounds it). A
+    newcomer spawned into a running job (``collectives.changes``) joins its world instead."""
     global the_world
     with _setting_up:
         if the_world is None:
+            mpi()
+            joining = changes.join_spawners() if comm is None and os.environ.get(changes.JOINING) else None
+            comm = joining or comm
             found, problem = config.read(given, from_environment=True, rank=(comm or mpi().COMM_WORLD).Get_rank())
-            the_world = set_up(found, problem, timeout=setup_timeout, comm=comm)
+            the_world = set_up(found, problem, timeout=setup_timeout, comm=comm, outlived=joining is not None)
 
 
-def set_up(found: dict, problem: str, left: str = "", timeout: float | None = None, comm=None) -> Group:
+def rebuild(newcomers: int = 0, hosts: list[str] | None = None, timeout: float | None = None) -> changes.Change:
+    """Replace the world after a membership change, on every member of the new one together.
+
+    After a death (the runtime stopped because a rank died or its host vanished), every survivor
+    calls it: they agree on who is gone and make a world of themselves, numbered in their old
+    order (rank 0 is the lowest survivor). With ``newcomers``, every member then spawns that many
+    processes running this program (one on each of ``hosts`` in turn, if given), which join as
+    the last ranks. The old world and every group made on it raise MembershipChanged from then
+    on; so does ``wait()`` on a call that was in flight. Bounded by ``timeout`` (default: the
+    runtime's). ``collectives.elastic.run`` calls it; most programs never do.
+
+    >>> change = col.world.rebuild()      # on the survivors of rank 3, in a world of 4  # doctest: +SKIP
+    >>> change.gone, col.size(), change.text                                          # doctest: +SKIP
+    ((3,), 3, 'rank 3 gone: 4 -> 3 ranks')
+    """
+    global the_world
+    with _setting_up:
+        old = world()
+        settings = old.runtime.settings
+        timeout = settings.timeout if timeout is None else timeout
+        until = time.monotonic() + timeout
+        gone, comm = (), old.transport.comm
+        if old.runtime.failure is not None:   # (a change of a stopped world is a recovery)
+            old.runtime.engine.close()
+            gone, comm = changes.survivors_communicator(old, until)
+            gone = tuple(old.ranks[r] for r in gone)
+        if newcomers:
+            comm = changes.spawn_newcomers(comm, newcomers, hosts or [])
+        new = set_up(asdict(settings), "", timeout=max(until - time.monotonic(), 1.0), comm=comm,
+                     outlived=bool(gone or newcomers) or old.runtime.outlived)
+        change = changes.Change(gone, newcomers, old.size(), new.size())
+        old.runtime.retire(change.text)
+        for group in reversed(old.runtime.groups):
+            group.transports.close(failed=True)
+        the_world = new
+        return change
+
+
+def set_up(found: dict, problem: str, left: str = "", timeout: float | None = None, comm=None,
+           outlived: bool = False) -> Group:
     """Every rank: start MPI if needed, make the private communicator, agree on the settings.
     ``left``: this process is ending before it ever set up; it takes part only to tell the
-    others why (see :func:`_leave_unset`)."""
-    global joined_setup
+    others why (see :func:`_leave_unset`). ``outlived``: MPI's world has processes that are gone
+    or were not there at the start (see ``Runtime.outlived``)."""
+    global joined_setup, _finalize_watched
     joined_setup = True   # (a rank that took part in a setup never joins another at exit)
     MPI = mpi()
     from ring.transport import mpi_setup   # (imported here: importing it starts MPI)
@@ -176,11 +221,13 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     level = MPI.Query_thread()
     names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED"}
     runtime = Runtime(Settings(**found), threads_checked=names.get(level, "") if level < MPI.THREAD_SERIALIZED
-                      else "", threaded=level == MPI.THREAD_MULTIPLE)
+                      else "", threaded=level == MPI.THREAD_MULTIPLE, outlived=outlived)
     w = runtime.world = make_group(Group, runtime, transport, tuple(range(transport.size)), world=True)
     timelines.start(runtime.settings.timeline, w.rank())
-    keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: _leave() or MPI.SUCCESS)
-    MPI.COMM_SELF.Set_attr(keyval, True)   # MPI.Finalize() deletes COMM_SELF's attributes first thing
+    if not _finalize_watched:
+        _finalize_watched = True
+        keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: _leave() or MPI.SUCCESS)
+        MPI.COMM_SELF.Set_attr(keyval, True)   # MPI.Finalize() deletes COMM_SELF's attributes first thing
     return w
 
 
