@@ -23,13 +23,17 @@ share_cores_between_local_ranks()
 
 import os  # noqa: E402  (after the thread settings, which numpy reads on import)
 import sys  # noqa: E402
+
+import collectives as col  # noqa: E402
+
+if __name__ == "__main__" and "--elastic" in sys.argv[1:]:
+    col.elastic.supervise()   # (before MPI starts: see its docstring)
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-import collectives as col  # noqa: E402
 from cmdline.interrupt import stop_on_ctrl_c  # noqa: E402
 from cmdline.parser import FAULT, INTERRUPTED, launch_note  # noqa: E402
 from trainer import data  # noqa: E402
@@ -82,14 +86,14 @@ def train(args) -> tuple[list[dict], list[dict]]:
     model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype), xp, layout.tp)
     model.load_full(col.broadcast(model.to_full(model.flat_params), root=0))   # rank 0's initialisation is the model
     opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
-    start = resume(args, model, opt, config) if args.resume else 0
+    steps_per_epoch = -(-len(dataset.train_y) // args.batch_size)
+    start, step = resume(args, model, opt, config, steps_per_epoch) if args.resume else (0, 0)
     arrangement = ps.Roles(col.size(), args.servers, 1).describe() if args.strategy == "ps" else str(layout)
     pids = col.allgather(np.array([os.getpid()], np.int64))
     say("ranks (pid): " + ", ".join(f"{r} ({pid})" for r, pid in enumerate(pids)) +
         "  (a launcher that reports a dead pid names its rank here)")
     say(f"training {config['sizes']} on {args.dataset} ({len(dataset.train_y)} train, {len(dataset.test_y)} test) "
         f"with {col.size()} rank(s) as {arrangement}, global batch {args.batch_size}, {model.full_size()} parameters")
-    step = start * -(-len(dataset.train_y) // args.batch_size)
     earlier = earlier_records(args.metrics, start) if args.resume and col.rank() == 0 else []
     log = EpochLog(args, args.resume)
     try:

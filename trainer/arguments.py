@@ -52,6 +52,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"{', '.join(given)}: only for --strategy ps")
     args.servers = getattr(args, "servers", 1)
     args.max_staleness = getattr(args, "max_staleness", None)
+    if args.elastic and (args.strategy != "allreduce" or args.tensor_parallel != 1 or args.device != "cpu"):
+        p.error("--elastic: only with --strategy allreduce, --tensor-parallel 1 and --device cpu")
+    given = [flag for flag, value in (("--min-ranks", args.min_ranks != 1), ("--max-ranks", args.max_ranks),
+                                      ("--commit-every", args.commit_every != 1)) if value]
+    if given and not args.elastic:
+        p.error(f"{', '.join(given)}: only with --elastic")
+    if args.max_ranks is not None and args.max_ranks < args.min_ranks:
+        p.error(f"--max-ranks {args.max_ranks} is below --min-ranks {args.min_ranks}")
+    if args.max_steps is not None and args.strategy != "allreduce":
+        p.error("--max-steps: only with --strategy allreduce")
     if args.strategy == "ps" and args.device != "cpu":
         p.error("--strategy ps: runs on the CPU (--device cpu)")
     given = [f"--{name}" for name in SYNTHETIC_DEFAULTS if hasattr(args, name)]
@@ -132,7 +142,20 @@ def _run_flags(p: ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", type=Path, help="save checkpoints here (rank 0) (default: none)")
     p.add_argument("--checkpoint-every", type=_positive_int, default=1, help="epochs between checkpoints")
     p.add_argument("--keep", type=_positive_int, default=3, help="checkpoints to keep")
-    p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint (written by "
+                                                          "any number of ranks: the batches are split anew)")
+    p.add_argument("--max-steps", type=_positive_int, metavar="S",
+                   help="stop after global step S (counted over the whole run, with --resume too), writing a "
+                        "checkpoint of that step with --checkpoint-dir (default: train every epoch)")
+    p.add_argument("--elastic", action="store_true",
+                   help="go on when ranks die: the survivors continue from the last commit in a world of their "
+                        "own (launch with mpiexec -disable-auto-cleanup; see docs/elastic.md)")
+    p.add_argument("--min-ranks", type=_positive_int, default=1,
+                   help="--elastic: end the job when fewer ranks than this remain (default: 1)")
+    p.add_argument("--max-ranks", type=_positive_int, help="--elastic: never grow beyond this many ranks")
+    p.add_argument("--commit-every", type=_positive_int, default=1, metavar="K",
+                   help="--elastic: commit (keep in memory what a change rolls back to) every K steps, and at "
+                        "every epoch's end (default: 1)")
     p.add_argument("--resume-changed", action="store_true",
                    help="with --resume: continue even where --seed, --batch-size, --lr, --momentum or "
                         "--weight-decay differ from the checkpoint's")

@@ -50,9 +50,11 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
 
 
 def save(directory: Path, epochs_done: int, step: int, arrays: dict[str, np.ndarray], config: dict,
-         keep: int) -> Path:
+         keep: int, partial: bool = False) -> Path:
     """Write ``checkpoint-epochNNNNNN.npz`` (NNNNNN: the epochs done, as the log counts them, from 1)
-    via a temporary file and a rename; keep the newest ``keep``.
+    via a temporary file and a rename; keep the newest ``keep``. ``partial``: global ``step`` lies
+    inside the next epoch (``--max-steps``): ``checkpoint-epochNNNNNN_stepSSSSSSSSS.npz``, which
+    sorts between the epochs around it and is never removed by ``keep``.
 
     A crash at any moment leaves either the previous complete file or the new one, never half a file.
     There is no RNG state to store beyond ``config["seed"]``: each epoch's shuffle is drawn
@@ -62,7 +64,8 @@ def save(directory: Path, epochs_done: int, step: int, arrays: dict[str, np.ndar
     payload = {**arrays, "epochs_done": np.int64(epochs_done), "step": np.int64(step),
                "config": np.str_(json.dumps(config, sort_keys=True))}
     payload["digest"] = np.str_(_digest({k: np.asarray(v) for k, v in payload.items()}))
-    final = directory / f"checkpoint-epoch{epochs_done:06d}.npz"
+    final = directory / (f"checkpoint-epoch{epochs_done:06d}_step{step:09d}.npz" if partial
+                         else f"checkpoint-epoch{epochs_done:06d}.npz")
     descriptor, temporary = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=directory)
     try:
         with open(descriptor, "wb") as f:

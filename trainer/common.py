@@ -55,14 +55,15 @@ def accuracy(model: MLP, x: np.ndarray, y: np.ndarray, layout: Layout) -> float:
     return float(col.allreduce(correct, group=layout.dp)[0]) / len(y)
 
 
-def save_checkpoint(args, model: MLP, opt: SGD, epoch: int, step: int, config: dict) -> None:
-    """Every rank: the whole model is gathered (over the tensor-parallel group, if any); rank 0 writes it."""
+def save_checkpoint(args, model: MLP, opt: SGD, epoch: int, step: int, config: dict, partial: bool = False) -> None:
+    """Every rank: the whole model is gathered (over the tensor-parallel group, if any); rank 0 writes
+    it. ``partial``: at global ``step``, inside the epoch after ``epoch`` (``--max-steps``)."""
     host = {"params": model.to_full(model.flat_params), "velocity": model.to_full(opt.velocity)}
     if col.rank() != 0:
         return
     host = {name: col.to_host(a) for name, a in host.items()}
     try:
-        checkpoint.save(args.checkpoint_dir, epoch + 1, step, host, config, args.keep)
+        checkpoint.save(args.checkpoint_dir, epoch + 1, step, host, config, args.keep, partial)
     except OSError as e:   # a full disk, say: the run stops with the last good checkpoint in place
         raise UsageExit(f"--checkpoint-dir {args.checkpoint_dir}: cannot write the checkpoint of epoch "
                         f"{epoch + 1}: {e.strerror or e}", FAULT) from e
@@ -97,13 +98,22 @@ class EpochLog:
     step: the epoch), written by tensorboardX. Other ranks write nothing."""
 
     def __init__(self, args, resumed: bool):
-        self.epochs = args.epochs
+        self.args, self.epochs = args, args.epochs
         mine = col.rank() == 0
         self.metrics = open(args.metrics, "a" if resumed else "w") if args.metrics and mine else None
         self.board = None
         if args.tensorboard and mine:
             from tensorboardX import SummaryWriter   # (checked by parse_args)
             self.board = SummaryWriter(str(args.tensorboard))
+
+    def reopen(self) -> None:
+        """After a change of the world (``--elastic``): the files go on, appended to, by whichever
+        process is rank 0 now."""
+        if col.rank() == 0 and self.metrics is None and self.args.metrics:
+            self.metrics = open(self.args.metrics, "a")
+        if col.rank() == 0 and self.board is None and self.args.tensorboard:
+            from tensorboardX import SummaryWriter
+            self.board = SummaryWriter(str(self.args.tensorboard))
 
     def write(self, record: dict) -> None:
         say(epoch_line(record, self.epochs))

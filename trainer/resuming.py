@@ -34,10 +34,12 @@ def changed_settings(saved: dict, config: dict) -> list[str]:
             if key in saved and saved[key] != config[key]]
 
 
-def resume(args, model: MLP, opt: SGD, config: dict) -> int:
-    """Load the newest valid checkpoint on rank 0 and broadcast it; returns the epoch to start at (0-based).
-    A checkpoint holds the whole model, whatever --tensor-parallel wrote it: each rank takes its part."""
-    status, problem = np.zeros(2, np.int64), ""   # [found a usable one, epochs already done]
+def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int) -> tuple[int, int]:
+    """Load the newest valid checkpoint on rank 0 and broadcast it; returns the epoch to start at
+    (0-based) and the global step it was written at (inside that epoch for ``--max-steps``). A
+    checkpoint holds the whole model, whatever --tensor-parallel or number of ranks wrote it:
+    each rank takes its part, and the batches are split for this run's ranks."""
+    status, problem = np.zeros(3, np.int64), ""   # [found a usable one, epochs already done, step]
     full_params, full_velocity = (model.xp.empty(model.full_size(), model.flat_params.dtype) for _ in range(2))
     if col.rank() == 0:
         found = checkpoint.newest_valid(args.checkpoint_dir, report=lambda m: print(m, file=sys.stderr))
@@ -56,13 +58,16 @@ def resume(args, model: MLP, opt: SGD, config: dict) -> int:
             else:
                 full_params[...] = model.xp.asarray(saved["params"])
                 full_velocity[...] = model.xp.asarray(saved["velocity"])
-                status[:] = (1, checkpoint.epochs_done(saved))
-                print(f"resuming from {path} (epoch {checkpoint.epochs_done(saved)} done)", flush=True)
+                done = checkpoint.epochs_done(saved)
+                step = int(saved["step"]) if "step" in saved else done * steps_per_epoch
+                status[:] = (1, done, step)
+                inside = f", step {step}" if step != done * steps_per_epoch else ""
+                print(f"resuming from {path} (epoch {done} done{inside})", flush=True)
     agree_on(problem)
     col.broadcast(status, root=0)
     model.load_full(col.broadcast(full_params, root=0))
     model.load_full(col.broadcast(full_velocity, root=0), into=opt.velocity)
-    return int(status[1])
+    return int(status[1]), int(status[2])
 
 
 def earlier_records(path: Path | None, epochs_done: int) -> list[dict]:

@@ -13,44 +13,87 @@ import collectives as col
 from cmdline.parser import FAULT
 from trainer.buckets import GradientBuckets
 from trainer.common import EpochLog, Interrupted, UsageExit, epoch_record, save_checkpoint, say, stop_requested
-from trainer.layout import Layout
+from trainer.layout import Layout, make_layout
 from trainer.model import MLP
 from trainer.optim import SGD
 
 
 def train(args, dataset, config: dict, model: MLP, opt: SGD, start: int, step: int, log: EpochLog,
           layout: Layout) -> list[dict]:
-    """Epochs ``start``..``args.epochs`` of synchronous data-parallel training; returns their records
-    (as ``ps.train``). Ends by checking that every rank holds the very same parameters. Ctrl-C on any
-    rank stops every rank before the same step (``Interrupted``)."""
-    xp, n_train, history = model.xp, len(dataset.train_y), []
-    buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6, layout.dp)
-    saved = start if args.resume else None
-    for epoch in range(start, args.epochs):
-        order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
-        loss_sum, comm_s, exposed_s, steps, began = 0.0, 0.0, 0.0, 0, time.perf_counter()
-        for first in range(0, n_train, args.batch_size):
-            if stop_requested():
-                raise Interrupted(f"epoch {epoch + 1}, step {steps + 1} of {-(-n_train // args.batch_size)}",
-                                  saved, args.checkpoint_dir)
-            batch = order[first: first + args.batch_size]
-            shard = xp.asarray(np.array_split(batch, layout.dp_size)[layout.dp_rank])
-            loss, in_flight, exposed = train_step(model, opt, buckets, dataset.train_x[shard],
-                                                  dataset.train_y[shard], 1.0 / len(batch), layout.dp)
-            loss_sum, comm_s, exposed_s, steps, step = loss_sum + loss, comm_s + in_flight, exposed_s + exposed, \
-                steps + 1, step + 1
-        elapsed = time.perf_counter() - began
-        loss = float(col.allreduce(np.array([loss_sum]), group=layout.dp)[0]) / n_train
-        record = {**epoch_record(epoch, step, loss, model, dataset, layout, elapsed, steps, comm_s, exposed_s,
-                                 str(layout)), "dp": layout.dp_size, "tp": layout.tp_size}
-        history.append(record)
-        log.write(record)
-        last = epoch + 1 == args.epochs
-        if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or last):
-            save_checkpoint(args, model, opt, epoch, step, config)
-            saved = epoch + 1
-    check_replicas(model)
-    return history
+    """Epochs ``start``..``args.epochs`` of synchronous data-parallel training, from global step
+    ``step`` (a checkpoint written by ``--max-steps`` may leave off inside epoch ``start``);
+    returns their records (as ``ps.train``). Ends by checking that every rank holds the very same
+    parameters. Ctrl-C on any rank stops every rank before the same step (``Interrupted``).
+
+    What a step changes is a ``col.elastic.State``: with ``--elastic`` it is committed every
+    ``--commit-every`` steps and at each epoch's end, and when a rank dies the survivors go on
+    from the last commit in a world of their own (``col.elastic.run``)."""
+    steps_per_epoch = -(-len(dataset.train_y) // args.batch_size)
+    state = col.elastic.State(params=model.flat_params, velocity=opt.velocity, epoch=start, step=step,
+                              first=(step - start * steps_per_epoch) * args.batch_size, loss_sum=0.0,
+                              comm_s=0.0, exposed_s=0.0, steps=0, history=[])
+    progress = {"saved": start if args.resume else None}   # the epochs the newest checkpoint covers
+
+    def remake_layout(state, change) -> None:
+        nonlocal layout
+        layout = make_layout(args.tensor_parallel)   # (the groups of the world before raise MembershipChanged)
+        log.reopen()                                 # (rank 0 may be another process now)
+
+    def epochs(state: col.elastic.State) -> list[dict]:
+        buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6, layout.dp)
+        while state.epoch < args.epochs:
+            if run_epoch(args, dataset, config, model, opt, state, buckets, layout, log, progress):
+                break   # (--max-steps)
+        check_replicas(model)
+        return state.history
+
+    if not args.elastic:
+        return epochs(state)
+    state.on_change(remake_layout)
+    return col.elastic.run(epochs, state, min_ranks=args.min_ranks, max_ranks=args.max_ranks)
+
+
+def run_epoch(args, dataset, config: dict, model: MLP, opt: SGD, state, buckets, layout: Layout, log: EpochLog,
+              progress: dict) -> bool:
+    """The rest of epoch ``state.epoch`` from sample ``state.first`` of its order, then its record
+    and checkpoint (``progress["saved"]``: the epochs the newest one covers). Returns whether the
+    run stopped at ``--max-steps`` instead (with a checkpoint of that step)."""
+    xp, n_train, epoch = model.xp, len(dataset.train_y), state.epoch
+    order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
+    began = time.perf_counter()
+    while state.first < n_train:
+        if stop_requested():
+            raise Interrupted(f"epoch {epoch + 1}, step {state.first // args.batch_size + 1} of "
+                              f"{-(-n_train // args.batch_size)}", progress["saved"], args.checkpoint_dir)
+        if args.max_steps is not None and state.step >= args.max_steps:
+            if args.checkpoint_dir:
+                save_checkpoint(args, model, opt, epoch - 1, state.step, config, partial=True)
+            say(f"stopped at step {state.step} (--max-steps)")
+            return True
+        batch = order[state.first: state.first + args.batch_size]
+        shard = xp.asarray(np.array_split(batch, layout.dp_size)[layout.dp_rank])
+        loss, in_flight, exposed = train_step(model, opt, buckets, dataset.train_x[shard],
+                                              dataset.train_y[shard], 1.0 / len(batch), layout.dp)
+        state.loss_sum, state.comm_s, state.exposed_s = state.loss_sum + loss, state.comm_s + in_flight, \
+            state.exposed_s + exposed
+        state.steps, state.step, state.first = state.steps + 1, state.step + 1, state.first + len(batch)
+        if args.elastic and state.step % args.commit_every == 0:
+            state.commit()
+    elapsed = time.perf_counter() - began
+    steps = max(state.steps, 1)
+    loss = float(col.allreduce(np.array([state.loss_sum]), group=layout.dp)[0]) / n_train
+    record = {**epoch_record(epoch, state.step, loss, model, dataset, layout, elapsed, steps, state.comm_s,
+                             state.exposed_s, str(layout)), "dp": layout.dp_size, "tp": layout.tp_size}
+    state.history = state.history + [record]
+    log.write(record)
+    if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or epoch + 1 == args.epochs):
+        save_checkpoint(args, model, opt, epoch, state.step, config)
+        progress["saved"] = epoch + 1
+    state.epoch, state.first, state.loss_sum, state.comm_s, state.exposed_s, state.steps = epoch + 1, 0, 0.0, \
+        0.0, 0.0, 0
+    if args.elastic:
+        state.commit()
+    return False
 
 
 def train_step(model: MLP, opt: SGD, buckets: GradientBuckets | None, x, y, scale: float,
