@@ -1,0 +1,117 @@
+"""A small ``col.elastic`` job for the tests and the measurements of docs/elastic.md.
+
+    mpiexec -disable-auto-cleanup -n 4 python -m tests.programs.elastic_job --steps 120 --kill 3@50
+
+Each step every rank draws a gradient from (step, its rank, the world's size), the ranks average
+it, and the weights take a momentum step: floating-point rounding makes the result depend on
+every detail (who took part, in which order), so a bit-identical result means the same
+computation. ``--kill R@S``: the process the launcher started as rank R SIGKILLs itself before
+step S (the state then holds the commit of step S); it prints ``killed at <time>`` first.
+``--raise R@S``: that process raises ValueError instead (an error of the program, which ends the
+job). ``--save-at S PATH``: stop before step S and write the state (rank 0); ``--load PATH``:
+start from such a file (the reference: a restart from a checkpoint). ``--stale``: a group made
+at the start, and an async call issued in the step of a kill, both of the world before; after
+each change the job shows that they raise MembershipChanged.
+At the end rank 0 prints ``final <digest>`` after checking that every rank holds the same bits.
+"""
+import collectives as col
+
+col.elastic.supervise()
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+SIZE = 20000
+
+
+def cue(text: str) -> tuple[int, int]:
+    rank, step = text.split("@")
+    return int(rank), int(step)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--kill", type=cue, action="append", default=[])
+    p.add_argument("--raise", dest="raise_", type=cue, action="append", default=[])
+    p.add_argument("--save-at", nargs=2)
+    p.add_argument("--load")
+    p.add_argument("--min-ranks", type=int, default=1)
+    p.add_argument("--stale", action="store_true")
+    p.add_argument("--timeout", type=float, default=30.0)
+    args = p.parse_args()
+    launched_as = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    col.init(timeout=args.timeout)
+    state = col.elastic.State(weights=np.zeros(SIZE), velocity=np.zeros(SIZE), step=0)
+    if args.load:
+        saved = np.load(args.load)
+        state.weights[...], state.velocity[...], state.step = saved["weights"], saved["velocity"], int(saved["step"])
+    stop = int(args.save_at[0]) if args.save_at else args.steps
+    before = {}
+    if args.stale:
+        before["group"] = col.new_group(list(range(col.size())))
+        state.on_change(lambda state, change: show_stale(before))
+    changed = {"at": None}
+    state.on_change(lambda state, change: changed.update(at=time.time()))
+
+    def train(state):
+        while state.step < stop:
+            for rank, step in args.kill:
+                if rank == launched_as and step == state.step:
+                    print(f"killed at {time.time():.6f}", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+            for rank, step in args.raise_:
+                if rank == launched_as and step == state.step:
+                    raise ValueError(f"the program's own error at step {step}")
+            n, me = col.size(), col.rank()
+            grads = np.random.default_rng([state.step, me, n]).standard_normal(SIZE)
+            if args.stale and "work" not in before and state.step in {step for _, step in args.kill}:
+                before["work"] = col.allreduce(np.ones(4), async_op=True)
+            col.allreduce(grads, op="avg", out=grads)
+            state.velocity *= 0.9
+            state.velocity += grads
+            state.weights -= 0.01 * state.velocity
+            state.step += 1
+            state.commit()
+            if changed["at"] is not None and me == 0:
+                print(f"first step after the change done at {time.time():.6f} ({time.time() - changed['at']:.3f} s "
+                      "after the world was rebuilt)", flush=True)
+                changed["at"] = None
+
+    col.elastic.run(train, state, min_ranks=args.min_ranks)
+    digest = hashlib.blake2b(state.weights.tobytes() + state.velocity.tobytes(), digest_size=8).hexdigest()
+    every = col.allgather(np.frombuffer(bytes.fromhex(digest), np.uint8)[None, :])
+    assert all((row == every[0]).all() for row in every), f"the ranks differ: {every}"
+    if args.save_at and col.rank() == 0:
+        np.savez(args.save_at[1], weights=state.weights, velocity=state.velocity, step=np.int64(state.step))
+    if col.rank() == 0:
+        print(f"final {digest} at step {state.step} on {col.size()} ranks", flush=True)
+
+
+def show_stale(before: dict) -> None:
+    try:
+        before["group"].allreduce(np.ones(2))
+        print("stale group: no error", flush=True)
+    except col.MembershipChanged as e:
+        print(f"stale group: MembershipChanged: {e}", flush=True)
+    work = before.get("work")
+    if work is not None:
+        try:
+            work.wait()
+            print("stale work: completed before the change", flush=True)
+        except col.MembershipChanged as e:
+            print(f"stale work: MembershipChanged: {e}", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except col.CollectiveError as e:
+        print(f"[rank {col.rank()}] error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -1,0 +1,79 @@
+"""Issue 38: elastic jobs. A rank (or two, or the chief) SIGKILLed while the world trains; the
+survivors go on in-process from the last commit and end with exactly the bits of a restart:
+the same job run to that commit, saved, then resumed on the survivors' number of ranks.
+Every run is bounded (``run_world``), under ``mpiexec -disable-auto-cleanup``."""
+import re
+
+import pytest
+
+from tests.worlds import run_world
+
+JOB = ["-m", "tests.programs.elastic_job", "--steps", "80"]
+CLEANUP = ("-disable-auto-cleanup",)
+
+
+def _final(output: str) -> str:
+    found = re.search(r"final ([0-9a-f]{16}) at step (\d+) on (\d+) ranks", output)
+    assert found, output[-3000:]
+    return found.group(1)
+
+
+def _restart(tmp_path, n: int, survivors: int, step: int) -> str:
+    """The reference: ``n`` ranks to ``step``, saved; then ``survivors`` ranks from that file."""
+    saved = tmp_path / f"at{step}.npz"
+    first = run_world(n, [*JOB, "--save-at", str(step), str(saved)], 120)
+    assert first.returncode == 0, first.stdout[-3000:]
+    second = run_world(survivors, [*JOB, "--load", str(saved)], 120)
+    assert second.returncode == 0, second.stdout[-3000:]
+    return _final(second.stdout)
+
+
+@pytest.mark.parametrize("n, kills, gone, step", [
+    (4, ["3@30"], "rank 3 gone: 4 -> 3 ranks", 30),
+    (3, ["0@20"], "rank 0 gone: 3 -> 2 ranks", 20),            # the chief: the lowest survivor takes over
+    (4, ["1@25", "2@25"], "ranks 1, 2 gone: 4 -> 2 ranks", 25),   # two at once
+    (5, ["4@10"], "rank 4 gone: 5 -> 4 ranks", 10),
+], ids=["rank3-of-4", "chief-of-3", "two-of-4", "rank4-of-5"])
+def test_the_survivors_go_on_and_end_with_the_bits_of_a_restart(tmp_path, n, kills, gone, step):
+    args = [arg for kill in kills for arg in ("--kill", kill)]
+    result = run_world(n, [*JOB, *args, "--stale"], 120, launcher_args=CLEANUP)
+    out = result.stdout
+    assert result.returncode == 137, out[-3000:]   # (mpiexec reports the killed rank's status)
+    assert out.count("elastic: ") == 1 and f"elastic: {gone}; back to step {step}" in out, out[-3000:]
+    survivors = n - len(kills)
+    assert out.count("stale group: MembershipChanged: allreduce: this group belongs to the world before it "
+                     "changed") == survivors, out[-3000:]
+    assert out.count("stale work: MembershipChanged: wait: this allreduce was in flight when the world "
+                     "changed") == survivors, out[-3000:]
+    assert "Traceback" not in out and "error" not in out, out[-3000:]
+    assert _final(out) == _restart(tmp_path, n, survivors, step)
+
+
+def test_two_deaths_one_after_the_other(tmp_path):
+    result = run_world(4, [*JOB, "--kill", "3@20", "--kill", "1@50"], 120, launcher_args=CLEANUP)
+    out = result.stdout
+    assert "elastic: rank 3 gone: 4 -> 3 ranks; back to step 20" in out, out[-3000:]
+    assert "elastic: rank 1 gone: 3 -> 2 ranks; back to step 50" in out, out[-3000:]
+    # the reference: 4 ranks to 20, 3 from there to 50, 2 from there on
+    at20, at50 = tmp_path / "at20.npz", tmp_path / "at50.npz"
+    assert run_world(4, [*JOB, "--save-at", "20", str(at20)], 120).returncode == 0
+    assert run_world(3, [*JOB, "--load", str(at20), "--save-at", "50", str(at50)], 120).returncode == 0
+    last = run_world(2, [*JOB, "--load", str(at50)], 120)
+    assert _final(out) == _final(last.stdout)
+
+
+def test_fewer_ranks_than_min_ranks_end_the_job_with_a_clear_error():
+    result = run_world(3, [*JOB, "--kill", "2@10", "--min-ranks", "3"], 120, launcher_args=CLEANUP)
+    out = result.stdout
+    assert result.returncode != 0 and "final" not in out, out[-3000:]
+    assert out.count("elastic: 2 rank(s) left after rank 2 gone: 3 -> 2 ranks, fewer than min_ranks=3; the job "
+                     "ends") == 2, out[-3000:]
+
+
+def test_an_error_of_the_program_still_ends_the_job():
+    """Not a death: rank 1 raises. Its farewell names the error; nobody rebuilds anything."""
+    result = run_world(3, [*JOB, "--raise", "1@10"], 120, launcher_args=CLEANUP)
+    out = result.stdout
+    assert result.returncode != 0 and "elastic:" not in out and "final" not in out, out[-3000:]
+    assert "ValueError: the program's own error at step 10" in out, out[-3000:]
+    assert re.search(r"\[rank [02]\] error: .*rank 1 left: uncaught ValueError", out), out[-3000:]
