@@ -77,3 +77,42 @@ def test_an_error_of_the_program_still_ends_the_job():
     assert result.returncode != 0 and "elastic:" not in out and "final" not in out, out[-3000:]
     assert "ValueError: the program's own error at step 10" in out, out[-3000:]
     assert re.search(r"\[rank [02]\] error: .*rank 1 left: uncaught ValueError", out), out[-3000:]
+
+
+def test_the_trainer_loses_a_rank_and_ends_with_the_bits_of_a_restart(tmp_path):
+    """``python -m trainer --elastic`` at n = 4: the process of rank 2 (by the pid the trainer
+    prints) is SIGKILLed during epoch 3; the line of the change names it and the step the run went
+    back to, and the run ends with the parameters of 4 ranks to that step (--max-steps, a
+    checkpoint) then 3 ranks resumed from it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from tests.worlds import ROOT, mpiexec
+    train = ["-m", "trainer", "--epochs", "6", "--dtype", "float64"]
+    command = [*mpiexec(), *CLEANUP, "-n", "4", sys.executable, *train, "--elastic", "--min-ranks", "2"]
+    job = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    try:
+        give_up = time.monotonic() + 120
+        for line in job.stdout:
+            lines.append(line)
+            if line.startswith("epoch   2/"):
+                pids = re.search(r"ranks \(pid\): (.*?)  \(", "".join(lines)).group(1)
+                os.kill(int(re.search(r"2 \((\d+)\)", pids).group(1)), signal.SIGKILL)
+            assert time.monotonic() < give_up, "".join(lines)
+        job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    out = "".join(lines)
+    found = re.search(r"elastic: rank 2 gone: 4 -> 3 ranks; back to step (\d+)", out)
+    assert found and "done: " in out, out[-3000:]
+    digest = re.search(r"parameters identical on every rank \(blake2b (\w+)\)", out).group(1)
+    directory = str(tmp_path / "reference")
+    first = run_world(4, [*train, "--max-steps", found.group(1), "--checkpoint-dir", directory], 120)
+    assert first.returncode == 0, first.stdout[-3000:]
+    second = run_world(3, [*train, "--checkpoint-dir", directory, "--resume"], 120)
+    assert second.returncode == 0 and f"blake2b {digest}" in second.stdout, (out[-2000:], second.stdout[-2000:])

@@ -45,6 +45,7 @@ def main() -> None:
     p.add_argument("--min-ranks", type=int, default=1)
     p.add_argument("--stale", action="store_true")
     p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in each step (a slower job)")
     args = p.parse_args()
     launched_as = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     col.init(timeout=args.timeout)
@@ -79,6 +80,10 @@ def main() -> None:
             state.weights -= 0.01 * state.velocity
             state.step += 1
             state.commit()
+            if args.step_seconds:
+                time.sleep(args.step_seconds)
+                if me == 0 and state.step % 10 == 0:
+                    print(f"step {state.step} on {n} ranks", flush=True)
             if changed["at"] is not None and me == 0:
                 print(f"first step after the change done at {time.time():.6f} ({time.time() - changed['at']:.3f} s "
                       "after the world was rebuilt)", flush=True)
