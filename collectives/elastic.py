@@ -25,6 +25,7 @@ See docs/elastic.md.
 from __future__ import annotations
 
 import copy
+import ctypes
 import json
 import os
 import signal
@@ -240,7 +241,6 @@ def supervise() -> None:
 def _die_with_parent() -> None:
     """The supervised child ends with its supervisor (prctl PR_SET_PDEATHSIG: Linux only)."""
     try:
-        import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         pass

@@ -12,7 +12,7 @@ RUN = {("README.md", "## Quick start"), ("docs/api.md", "# The collective API"),
        ("docs/api.md", "## To one rank, from one rank, to each rank: reduce, gather, scatter, alltoall; bfloat16"),
        ("docs/overlap.md", "# Overlap: nonblocking calls, fused all-reduce, a timeline"),
        ("docs/groups.md", "# Groups: collectives on subsets of the ranks"),
-       ("docs/pytorch.md", "# PyTorch: the `ring` backend")}
+       ("docs/pytorch.md", "# PyTorch: the `ring` backend"), ("docs/elastic.md", "## In your own program")}
 #: Blocks that cannot run here, and why.
 NOT_RUN = {("docs/gpu.md", "# GPU arrays (CuPy over NCCL)"): "needs a GPU (tests/test_gpu.py runs its calls there)"}
 
@@ -131,3 +131,8 @@ def test_the_pytorch_example_trains_identical_replicas(tmp_path):
     result = run_example("docs/pytorch.md", "# PyTorch: the `ring` backend", 2, tmp_path)
     sums = re.findall(r"rank \d: parameters sum (-?[\d.]+)", result.stdout)
     assert len(sums) == 2 and sums[0] == sums[1], result.stdout
+
+
+def test_the_elastic_example_runs_as_the_page_shows(tmp_path):
+    result = run_example("docs/elastic.md", "## In your own program", 3, tmp_path)
+    assert "trained 200 steps on 3 ranks" in result.stdout, result.stdout
