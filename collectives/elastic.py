@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives import world as worlds
+from collectives import changes, world as worlds
 from collectives.api import broadcast
 from collectives.changes import Change
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
@@ -204,6 +204,9 @@ def supervise() -> None:
     Ctrl-C, its failure notices) reach the child directly; the supervisor ignores them. Only
     under MPICH's launcher (PMI_FD or PMI_PORT set, no Open MPI); elsewhere it does nothing.
 
+    In a job that spawned newcomers, the supervisor also outlives its child by a moment (see
+    ``_outlive``), so that MPICH's launcher does not die of its own notices at the job's end.
+
     >>> col.elastic.supervise()       # the first line of the program          # doctest: +SKIP
     """
     if "OMPI_COMM_WORLD_RANK" in os.environ or not ({"PMI_FD", "PMI_PORT"} & os.environ.keys()) \
@@ -211,10 +214,16 @@ def supervise() -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
+    told, tell = os.pipe()
     child = os.fork()
     if child == 0:
+        os.close(told)
+        os.environ[changes.OUTLIVE_FD] = f"{tell}:{os.getpid()}"   # (changes.spawned_here writes to it)
         _die_with_parent()
         return
+    os.close(tell)
+    if os.environ.get("PMI_FD", "").isdigit():
+        os.close(int(os.environ["PMI_FD"]))   # (the launcher sees the child's end when the child ends: see _outlive)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_IGN)
     while True:
@@ -223,7 +232,30 @@ def supervise() -> None:
             break
         except InterruptedError:
             continue
+    _outlive(told)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+_OUTLIVE_SECONDS = 0.5
+
+
+def _outlive(told: int) -> None:
+    """In a job with spawned processes, wait _OUTLIVE_SECONDS after the child ended (the child
+    said so through ``told``, see ``changes.spawned_here``).
+
+    MPICH's launcher (hydra 5, under -disable-auto-cleanup) answers every process's end, even a
+    normal one, with a notice to the proxy of each other process group on its host (the
+    newcomers of each spawn are one), and dies of SIGPIPE if that proxy has already ended: the
+    job's last processes end together, so the launcher exited with 141 about half the time. The
+    proxy lives as long as a process it started does: this supervisor (which closed its copy of
+    the launcher's connection, so that its child's end is the one reported) is that process."""
+    os.set_blocking(told, False)   # (a process the child forked may hold the pipe open still)
+    try:
+        said = os.read(told, 1)
+    except OSError:
+        said = b""
+    if said:
+        time.sleep(_OUTLIVE_SECONDS)
 
 
 def _die_with_parent() -> None:
