@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ring", "collectives", "trainer", "bench", "cmdline")
 #: Imports inside functions that are there on purpose: importing these starts MPI or CUDA, or pulls
 #: in an optional package, so they wait until they are needed.
-LAZY = {"mpi4py", "cupy", "ring.transport.control", "ring.transport.mpi_setup", "matplotlib", "tensorboardX", "ml_dtypes",
+LAZY = {"mpi4py", "cupy", "ring.transport.control", "ring.transport.mpi_setup", "ring.transport.survivors", "matplotlib", "tensorboardX", "ml_dtypes",
         "torch"}
 
 
