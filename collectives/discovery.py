@@ -39,6 +39,8 @@ class Discovery:
         self.left_out: set[str] = set()   # hosts (as the ranks name them) whose ranks died
         self._unlisted: set[str] = set()  # of those, the ones a listing since lacked: listed again, they are back
         self._problem = ""                # the last failure said (said once, until it changes)
+        self._resolved: set[str] = set()     # host names found to resolve (see _resolves)
+        self._unresolved: set[str] = set()   # ... and those said not to
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -69,6 +71,7 @@ class Discovery:
             self._say(f"{e}")
             return
         self._problem = ""
+        listed = {host: slots for host, slots in listed.items() if self._resolves(host)}
         with self._lock:
             self.listed = listed
             for host in list(self.left_out):
@@ -77,6 +80,22 @@ class Discovery:
                 elif host in self._unlisted:   # (unlisted, then listed again: back)
                     self._unlisted.discard(host)
                     self.left_out.discard(host)
+
+    def _resolves(self, host: str) -> bool:
+        """Whether ``host``'s name resolves (said once if not; asked again at each run until it
+        does): MPICH's launcher ends the whole job when it cannot start a process where asked."""
+        if host in self._resolved:
+            return True
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError as e:
+            if host not in self._unresolved:
+                self._unresolved.add(host)
+                print(f"[rank 0] elastic: host discovery lists {host!r}, whose name does not resolve ({e}); "
+                      "left out", file=sys.stderr, flush=True)
+            return False
+        self._resolved.add(host)
+        return True
 
     def _say(self, problem: str) -> None:
         if problem != self._problem:

@@ -84,6 +84,21 @@ def test_a_killed_ranks_host_comes_back_only_once_discovery_drops_it_and_lists_i
     np.testing.assert_array_equal(np.load(out), reference(40))
 
 
+@needs_mpich
+@pytest.mark.quick
+def test_a_newcomer_that_dies_is_left_behind_like_any_rank_and_its_host_left_out(tmp_path):
+    out = tmp_path / "w.npy"
+    args = [*PROGRAM, "--steps", "60", "--kill=-1:30", "--discovery", "echo localhost:3", "--out", str(out)]
+    result = run_world(2, args, BOUND_S, launcher_args=keep_survivors())
+    output = result.stdout
+    assert result.returncode == 0, output[-3000:]
+    assert output.index("elastic: 1 joined: 2 -> 3 ranks") < output.index("elastic: rank 2 gone: 3 -> 2 ranks; "
+                                                                            "back to step 30"), output[-3000:]
+    assert output.count("joined") == 1, "localhost is left out: nobody joins again"
+    assert sorted(_done(output)) == [(0, 0, 2, 60), (1, 1, 2, 60)], output[-3000:]
+    np.testing.assert_array_equal(np.load(out), reference(60))
+
+
 def _wait_for(condition, job: subprocess.Popen, seconds: float = 60) -> bool:
     give_up = time.monotonic() + seconds
     while not condition():
@@ -97,47 +112,51 @@ def _runs(log) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
-# The discovery logic, in-process (no MPI).
+# The discovery logic, in-process (no MPI). Hosts are named by addresses: a name must resolve.
+
+A, B = "10.0.0.1", "10.0.0.2"
+
 
 @pytest.mark.quick
 def test_discovery_keeps_the_last_good_list_and_says_once_why_not(tmp_path, capsys):
     listing = tmp_path / "hosts.txt"
     d = Discovery(f"cat {listing}", 1.0)
-    listing.write_text("node1:4\nnode2\n")
+    listing.write_text(f"{A}:4\n{B}\n")
     d.poll()
-    assert d.listed == {"node1": 4, "node2": 1}
-    listing.write_text("node1:four\n")
+    assert d.listed == {A: 4, B: 1}
+    listing.write_text(f"{A}:four\n")
     d.poll()
     d.poll()
     listing.unlink()   # (cat fails)
     d.poll()
     said = capsys.readouterr().err.splitlines()
-    assert d.listed == {"node1": 4, "node2": 1}, "the last good list is kept"
-    assert len(said) == 2 and "line 1: 'node1:four'" in said[0] and "exit status 1" in said[1], said
-    assert all("keeping the last good list (node1:4 node2:1)" in line for line in said), said
+    assert d.listed == {A: 4, B: 1}, "the last good list is kept"
+    assert len(said) == 2 and f"line 1: '{A}:four'" in said[0] and "exit status 1" in said[1], said
+    assert all(f"keeping the last good list ({A}:4 {B}:1)" in line for line in said), said
 
 
 @pytest.mark.quick
-def test_discovery_offers_the_free_slots_of_each_host_up_to_the_room_left():
-    d = Discovery("printf 'a:2\\nb:3\\n'", 1.0)
+def test_discovery_offers_the_free_slots_of_each_host_up_to_the_room_left(capsys):
+    d = Discovery(f"printf '{A}:2\\n{B}:3\\nno-such-host.invalid:8\\n'", 1.0)
     assert d.newcomers(Counter(), room=10) == [], "nothing before the first listing"
     d.poll()
-    assert d.newcomers(Counter({"a": 2, "b": 1}), room=10) == ["b", "b"]
-    assert d.newcomers(Counter({"a.cluster": 1}), room=2) == ["a", "b"], "a host named with its domain is the same"
-    assert d.newcomers(Counter({"a": 2, "b": 3}), room=10) == []
+    assert "'no-such-host.invalid', whose name does not resolve" in capsys.readouterr().err
+    assert d.newcomers(Counter({A: 2, B: 1}), room=10) == [B, B]
+    assert d.newcomers(Counter({A: 1}), room=2) == [A, B]
+    assert d.newcomers(Counter({A: 2, B: 3}), room=10) == []
 
 
 @pytest.mark.quick
 def test_a_host_left_out_is_back_only_after_the_script_drops_it_and_lists_it_again(tmp_path):
     listing = tmp_path / "hosts.txt"
-    listing.write_text("a:2\nb:2\n")
+    listing.write_text(f"{A}:2\n{B}:2\n")
     d = Discovery(f"cat {listing}", 1.0)
     d.poll()
-    d.leave_out(["a"])   # (a rank on a died)
+    d.leave_out([A])   # (a rank there died)
     d.poll()
-    assert d.newcomers(Counter({"b": 2}), room=10) == [], "still listed: still left out"
-    listing.write_text("b:2\n")
+    assert d.newcomers(Counter({B: 2}), room=10) == [], "still listed: still left out"
+    listing.write_text(f"{B}:2\n")
     d.poll()
-    listing.write_text("a:2\nb:2\n")
+    listing.write_text(f"{A}:2\n{B}:2\n")
     d.poll()
-    assert d.newcomers(Counter({"b": 2}), room=10) == ["a", "a"]
+    assert d.newcomers(Counter({B: 2}), room=10) == [A, A]
