@@ -18,8 +18,14 @@ from dataclasses import dataclass, field
 from collectives.errors import CollectiveError
 from ring.transport.base import TransportError
 
-#: Set in a newcomer's environment by its spawners: it joins a world instead of starting one.
-JOINING = "COLLECTIVES_JOINING"
+#: The interpreter option (``python -X collectives_joining ...``) that its spawners give a newcomer:
+#: it joins a world instead of starting one. (Not an environment variable: MPICH's launcher starts
+#: spawned processes with its own environment, not the spawner's. An -X option leaves the
+#: program's sys.argv as it was.)
+JOINING = "collectives_joining"
+#: Set by ``collectives.elastic.supervise`` in the supervised process: the pipe on which it tells
+#: its supervisor that the job has spawned processes (see ``spawned_here``).
+OUTLIVE_FD = "COLLECTIVES_SUPERVISOR_FD"
 
 
 @dataclass(frozen=True)
@@ -62,22 +68,32 @@ def survivors_communicator(world, until: float):
 
 def spawn_newcomers(comm, count: int, hosts: list[str], argv: list[str] | None = None):
     """Every member of ``comm`` together: start ``count`` newcomers running this program (``argv``:
-    default ``sys.argv``), one on each of ``hosts`` in turn where given ("": wherever the launcher
-    puts them), and return the communicator of members and newcomers, members first."""
+    default this interpreter's own arguments, ``-u``, ``-m module`` and all), one on each of
+    ``hosts`` in turn where given (else wherever the launcher puts them), and return the
+    communicator of members and newcomers, members first. Only rank 0's arguments count (MPI's
+    spawn reads the root's); it blocks inside MPI until every newcomer has joined
+    (``join_spawners``).
+
+    One spawn of ``count`` processes with the hosts as one comma-separated list (MPI's "host"
+    info key), not one per host: MPICH's launcher keeps only the last host of a Spawn_multiple."""
     from mpi4py import MPI
-    argv = list(sys.argv if argv is None else argv)
-    command, args = sys.executable, _python_args(argv)
-    requests = [(command, args, 1, _info_for(host)) for host in (hosts or [""] * count)[:count]]
-    requests += [(command, args, 1, MPI.INFO_NULL)] * (count - len(requests))
-    commands, argvs, counts, infos = (list(x) for x in zip(*requests))
-    os.environ[JOINING] = "1"   # (the spawned processes inherit the environment of the launcher's spawner)
+    args = ["-X", JOINING, *(_without_mark(sys.orig_argv[1:]) if argv is None else _python_args(list(argv)))]
+    info = MPI.Info.Create()
+    if hosts:
+        info.Set("host", ",".join(hosts[:count]))
     try:
-        inter = comm.Spawn_multiple(commands, argvs, counts, infos, root=0)
+        inter = comm.Spawn(sys.executable, args, count, info, root=0)
     finally:
-        del os.environ[JOINING]
+        info.Free()
     merged = inter.Merge(high=False)
     inter.Disconnect()
+    spawned_here()
     return merged
+
+
+def joining() -> bool:
+    """Whether this process was spawned to join a running job (``spawn_newcomers`` marks it)."""
+    return JOINING in sys._xoptions
 
 
 def join_spawners():
@@ -89,7 +105,37 @@ def join_spawners():
         return None
     merged = parent.Merge(high=True)
     parent.Disconnect()
+    spawned_here()
     return merged
+
+
+def spawned_here() -> None:
+    """Tell this process's supervisor, if it has one, that the job now has spawned processes:
+    it outlives this process by a moment (``collectives.elastic._outlive`` says why). Once."""
+    fd, _, pid = os.environ.pop(OUTLIVE_FD, "").partition(":")
+    if fd.isdigit() and pid == str(os.getpid()):   # (not a variable that a process of ours inherited)
+        try:
+            os.write(int(fd), b"1")
+            os.close(int(fd))
+        except OSError:
+            pass
+
+
+def _without_mark(args: list[str]) -> list[str]:
+    """An interpreter's arguments (its options and the program's) less the joining mark: a
+    newcomer that spawns newcomers in turn gives them the mark once.
+
+    >>> _without_mark(["-X", JOINING, "-u", "train.py", "--lr", "0.1"])
+    ['-u', 'train.py', '--lr', '0.1']
+    """
+    args, own = list(args), []
+    while args:
+        arg = args.pop(0)
+        if arg == "-X" and args and args[0] == JOINING:
+            args.pop(0)
+        elif arg != f"-X{JOINING}":
+            own.append(arg)
+    return own
 
 
 def _python_args(argv: list[str]) -> list[str]:
@@ -101,12 +147,3 @@ def _python_args(argv: list[str]) -> list[str]:
         name = spec.name[:-len(".__main__")] if spec.name.endswith(".__main__") else spec.name
         return ["-m", name, *argv[1:]]
     return list(argv)
-
-
-def _info_for(host: str):
-    from mpi4py import MPI
-    if not host:
-        return MPI.INFO_NULL
-    info = MPI.Info.Create()
-    info.Set("host", host)
-    return info

@@ -20,28 +20,36 @@ dies). A change rolls every rank back to the last commit that rank 0 of the new 
 (``State.sync``), so a step during which a rank died is done again by the survivors: the
 result is the one a restart from that commit would give, bit for bit. An exception in the
 program (not a death) still ends the job; so does a world smaller than ``min_ranks``.
+
+Growth: with ``run(..., host_discovery="./hosts.sh", max_ranks=8)`` rank 0 runs the script in
+the background (``collectives.discovery``); at a commit where it lists free slots, every member
+spawns newcomers running this program (MPI's Comm_spawn: same interpreter, same arguments),
+which join as the last ranks when they reach ``run`` and take rank 0's state. A newcomer runs
+the program from the top: it must call ``supervise`` and build its ``State`` as the others did,
+and make no collective call before ``run`` (``joining()`` says whether it is one).
 See docs/elastic.md.
 """
 from __future__ import annotations
 
 import copy
-import ctypes
 import json
-import os
-import signal
 import sys
 import time
+from collections import Counter
+from dataclasses import asdict
 from typing import Any, Callable
 
 import numpy as np
 
-from collectives import world as worlds
+from collectives import changes, world as worlds
 from collectives.api import broadcast
 from collectives.changes import Change
+from collectives.discovery import Discovery
+from collectives.supervisor import supervise
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.world import rank, size
 
-__all__ = ["State", "run", "supervise", "Change", "MembershipChanged"]
+__all__ = ["State", "run", "supervise", "joining", "Change", "MembershipChanged"]
 
 _ARRAY_TYPES = (np.ndarray,)
 
@@ -67,7 +75,8 @@ class State:
         object.__setattr__(self, "commits", 0)
         object.__setattr__(self, "_kept", None)
         object.__setattr__(self, "_callbacks", [])
-        self.commit()
+        object.__setattr__(self, "_at_commit", None)   # run's growth check, with host discovery
+        self._keep()
         object.__setattr__(self, "commits", 0)
 
     def __getattr__(self, name: str) -> Any:
@@ -83,7 +92,14 @@ class State:
         self._items[name] = _check(name, value)
 
     def commit(self) -> None:
-        """Keep a copy of every item on this rank: what a change of the world rolls back to."""
+        """Keep a copy of every item on this rank: what a change of the world rolls back to. Under
+        ``run(..., host_discovery=...)`` also a collective call, the moment newcomers may join: every
+        rank must commit together (rank 0 tells the others whether the job grows now)."""
+        self._keep()
+        if self._at_commit is not None:
+            self._at_commit()
+
+    def _keep(self) -> None:
         before = self._kept or {}
         kept = {name: _copy_into(before.get(name), value) for name, value in self._items.items()}
         object.__setattr__(self, "_kept", kept)
@@ -103,20 +119,18 @@ class State:
         """Every rank: take rank ``root``'s items (arrays broadcast in place, values as JSON), and
         commit them. Every rank must hold the same item names, arrays of the same shapes."""
         values = {name: v for name, v in self._items.items() if not isinstance(v, _ARRAY_TYPES)}
-        text = json.dumps({"values": values, "commits": self.commits}).encode() if rank() == root else b""
-        length = broadcast(np.array([len(text)], np.int64), root=root, name="elastic state")
-        encoded = np.frombuffer(text, np.uint8).copy() if rank() == root else np.empty(int(length[0]), np.uint8)
-        received = json.loads(broadcast(encoded, root=root).tobytes())
+        received = _broadcast_json({"values": values, "commits": self.commits}, root, "elastic state")
         for name, value in self._items.items():
             if isinstance(value, _ARRAY_TYPES):
                 broadcast(value, root=root)
         self._items.update(received["values"])
-        self.commit()
+        self._keep()
         object.__setattr__(self, "commits", received["commits"])
 
     def on_change(self, callback: Callable[["State", Change], None]) -> None:
         """Call ``callback(state, change)`` on every rank after each change of the world, once the
-        state is rolled back and synced (to rebuild what depends on the world: groups, shards)."""
+        state is rolled back and synced (to rebuild what depends on the world: groups, shards);
+        a newcomer calls it too, on entering ``run``, with the change that it joined by."""
         self._callbacks.append(callback)
 
     def where(self) -> str:
@@ -126,40 +140,125 @@ class State:
 
 
 def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ranks: int | None = None,
-        announce: bool = True) -> Any:
+        announce: bool = True, host_discovery: str | None = None, discovery_interval: float = 1.0) -> Any:
     """Run ``fn(state)`` until it returns, through every change of the world: when a rank dies (or
     its host vanishes), the survivors make a world of their own (``collectives.world.rebuild``),
-    roll back to the last commit that the new rank 0 holds, and call ``fn`` again; a newcomer
-    (spawned into the job) takes the state from rank 0 first. Rank 0 prints one line per change.
+    roll back to the last commit that the new rank 0 holds, and call ``fn`` again. Rank 0 prints
+    one line per change.
+
+    ``host_discovery``: a command that lists the hosts the job may use (``host:slots`` lines,
+    see ``collectives.discovery``), run by rank 0 every ``discovery_interval`` seconds. At a
+    commit where it lists more slots than the ranks in use (and the world is smaller than
+    ``max_ranks``), every rank leaves ``fn`` from that commit, newcomers running this very
+    program join as the last ranks, everyone takes rank 0's state and ``fn`` starts again. A
+    newcomer calls ``run`` like the others (which takes the state from rank 0 first); until then
+    it makes no collective call (setting up, rank and size are fine: ``joining()`` tells it).
 
     Raises what ``fn`` raises otherwise (an exception of the program ends the job, as without
     elastic), and CollectiveError when fewer than ``min_ranks`` remain.
 
     >>> result = col.elastic.run(train, state, min_ranks=2)         # doctest: +SKIP
+    >>> result = col.elastic.run(train, state, max_ranks=8, host_discovery="./hosts.sh")  # doctest: +SKIP
     """
+    _check_arguments(min_ranks, max_ranks, host_discovery, discovery_interval)
+    worlds.world()   # (a newcomer joins the running job here: its MPI world is itself alone)
+    _check_size(min_ranks, "at the start")
+    discovery = Discovery(host_discovery, discovery_interval) if host_discovery else None
+    if changes.joining():
+        _after_change(state, None, time.monotonic(), announce)
+    else:
+        state.sync()
+    try:
+        while True:
+            if discovery is not None:
+                _watch(discovery, state, max_ranks)
+            try:
+                return fn(state)
+            except (CollectiveError, _Growing) as interruption:
+                began = time.monotonic()
+                change = _change_world(interruption, discovery)
+            _check_size(min_ranks, f"after {change.text}")
+            state.restore()
+            _after_change(state, change, began, announce)
+    finally:
+        object.__setattr__(state, "_at_commit", None)
+        if discovery is not None:
+            discovery.stop()
+
+
+def joining() -> bool:
+    """Whether this process was spawned into a running job, to join it at ``run``.
+
+    >>> if not col.elastic.joining():                                  # doctest: +SKIP
+    ...     col.broadcast(params)      # a collective before run: not in a newcomer
+    """
+    return changes.joining()
+
+
+class _Growing(Exception):
+    """Raised out of ``fn`` by a commit at which newcomers join, on every rank alike: ``count``
+    of them, on ``hosts`` (rank 0's list; only its own counts for MPI's spawn)."""
+
+    def __init__(self, count: int, hosts: list[str]):
+        super().__init__(f"{count} newcomer(s) join")
+        self.count, self.hosts = count, hosts
+
+
+def _watch(discovery: Discovery, state: State, max_ranks: int | None) -> None:
+    """Rank 0 runs the discovery script (from now: rank 0 is the lowest survivor, so it stays
+    rank 0 until it dies); every commit asks whether to grow (``_grow_at_commit``)."""
+    if rank() == 0:
+        discovery.start()
+    object.__setattr__(state, "_at_commit", lambda: _grow_at_commit(discovery, max_ranks))
+
+
+def _grow_at_commit(discovery: Discovery, max_ranks: int | None) -> None:
+    """At a commit: rank 0 decides where newcomers start (none, mostly), and tells every rank how
+    many in one broadcast of one integer; if any, every rank raises _Growing."""
+    hosts = []
+    if rank() == 0:
+        room = (max_ranks if max_ranks is not None else sys.maxsize) - size()
+        hosts = discovery.newcomers(Counter(worlds.the_world.transport.hosts), room)
+    count = int(broadcast(np.array([len(hosts)], np.int64), name="elastic growth")[0])
+    if count:
+        raise _Growing(count, hosts)
+
+
+def _after_change(state: State, change: Change | None, began: float, announce: bool) -> None:
+    """Every rank of the new world, its newcomers too (``change`` None: they know none): take rank
+    0's state and change, rank 0 says what changed, then the program's callbacks."""
+    state.sync()
+    fields = _broadcast_json(asdict(change) if rank() == 0 else None, 0, "elastic change")
+    change = Change(tuple(fields["gone"]), fields["joined"], fields["before"], fields["after"], fields["text"])
+    if announce and rank() == 0:
+        print(f"elastic: {change.text}; back to {state.where()} (the world rebuilt in "
+              f"{time.monotonic() - began:.2f} s)", flush=True)
+    for callback in state._callbacks:
+        callback(state, change)
+
+
+def _broadcast_json(value: Any, root: int, name: str) -> Any:
+    """Rank ``root``'s ``value`` (JSON), on every rank: its length, then its text."""
+    text = json.dumps(value).encode() if rank() == root else b""
+    length = broadcast(np.array([len(text)], np.int64), root=root, name=name)
+    encoded = np.frombuffer(text, np.uint8).copy() if rank() == root else np.empty(int(length[0]), np.uint8)
+    return json.loads(broadcast(encoded, root=root).tobytes())
+
+
+def _check_arguments(min_ranks: Any, max_ranks: Any, host_discovery: Any, discovery_interval: Any) -> None:
     if not isinstance(min_ranks, int) or isinstance(min_ranks, bool) or min_ranks < 1:
         raise CollectiveUsageError(f"elastic.run: min_ranks: expected an int >= 1, got {min_ranks!r}")
-    if max_ranks is not None and (not isinstance(max_ranks, int) or max_ranks < min_ranks):
+    if max_ranks is not None and (not isinstance(max_ranks, int) or isinstance(max_ranks, bool)
+                                  or max_ranks < min_ranks):
         raise CollectiveUsageError(f"elastic.run: max_ranks: expected None or an int >= min_ranks "
                                    f"({min_ranks}), got {max_ranks!r}")
-    _check_size(min_ranks, "at the start")
-    state.sync()
-    while True:
-        try:
-            return fn(state)
-        except CollectiveError as error:
-            began = time.monotonic()
-            if not _a_rank_is_gone():
-                raise
-            change = _recover(error)
-        _check_size(min_ranks, f"after {change.text}")
-        state.restore()
-        state.sync()
-        if announce and rank() == 0:
-            print(f"elastic: {change.text}; back to {state.where()} (the world rebuilt in "
-                  f"{time.monotonic() - began:.2f} s)", flush=True)
-        for callback in state._callbacks:
-            callback(state, change)
+    if host_discovery is not None and (not isinstance(host_discovery, str) or not host_discovery.strip()):
+        raise CollectiveUsageError(f"elastic.run: host_discovery: expected None or a command (a string), "
+                                   f"got {host_discovery!r}")
+    if not isinstance(discovery_interval, (int, float)) or isinstance(discovery_interval, bool) \
+            or not discovery_interval > 0:
+        raise CollectiveUsageError(f"elastic.run: discovery_interval: expected seconds > 0, "
+                                   f"got {discovery_interval!r}")
 
 
 def _a_rank_is_gone() -> bool:
@@ -169,6 +268,20 @@ def _a_rank_is_gone() -> bool:
     if world is None or world.runtime.failure is None:
         return False
     return bool(world.transport.control.known_dead())
+
+
+def _change_world(interruption: Exception, discovery: Discovery | None) -> Change:
+    """After ``fn`` left: newcomers join (at a commit), or the survivors of a death make a world
+    of their own (the dead ranks' hosts left out of discovery); else the program's error goes on."""
+    if isinstance(interruption, _Growing):
+        return worlds.rebuild(newcomers=interruption.count, hosts=interruption.hosts)
+    if not _a_rank_is_gone():
+        raise interruption
+    hosts = worlds.the_world.transport.hosts
+    change = _recover(interruption)
+    if discovery is not None:
+        discovery.leave_out(hosts[r] for r in change.gone)
+    return change
 
 
 def _recover(error: CollectiveError) -> Change:
@@ -203,45 +316,3 @@ def _check(name: str, value: Any) -> Any:
         raise CollectiveUsageError(f"elastic.State: {name}: expected a numpy array or a plain value (numbers, "
                                    f"strings, lists and dicts of them), got {type(value).__name__}: {e}") from None
     return value
-
-
-def supervise() -> None:
-    """Run the rest of this program in a child process, this one waiting for it and exiting with
-    its status (128 + the signal, if a signal ended it). Call it first thing, before MPI starts.
-
-    MPICH's launcher (hydra's proxy) SIGKILLs every rank on a host once one of the processes it
-    started is found ended by a signal, even under ``-disable-auto-cleanup``: the survivors of a
-    kill would die at the proxy's next event (their next line of output). Under a supervisor the
-    proxy sees a plain exit instead. Signals sent to the rank's process group (the launcher's
-    Ctrl-C, its failure notices) reach the child directly; the supervisor ignores them. Only
-    under MPICH's launcher (PMI_FD or PMI_PORT set, no Open MPI); elsewhere it does nothing.
-
-    >>> col.elastic.supervise()       # the first line of the program          # doctest: +SKIP
-    """
-    if "OMPI_COMM_WORLD_RANK" in os.environ or not ({"PMI_FD", "PMI_PORT"} & os.environ.keys()) \
-            or "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized():
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    child = os.fork()
-    if child == 0:
-        _die_with_parent()
-        return
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(signum, signal.SIG_IGN)
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
-
-
-def _die_with_parent() -> None:
-    """The supervised child ends with its supervisor (prctl PR_SET_PDEATHSIG: Linux only)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-

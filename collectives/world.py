@@ -115,12 +115,18 @@ def local_size() -> int:
 
 
 def rank() -> int:
-    """This process's rank in the world, 0..size()-1. Local: never waits for other ranks."""
+    """This process's rank in the world, 0..size()-1. Local: never waits for other ranks (but a
+    newcomer to a running job joins it first: its MPI world is itself alone)."""
+    if the_world is None and changes.joining():
+        world()
     return the_world.rank() if the_world is not None else mpi().COMM_WORLD.Get_rank()
 
 
 def size() -> int:
-    """The number of ranks in the world. Local: never waits for other ranks."""
+    """The number of ranks in the world. Local: never waits for other ranks (but a newcomer joins
+    first, as for ``rank``)."""
+    if the_world is None and changes.joining():
+        world()
     return the_world.size() if the_world is not None else mpi().COMM_WORLD.Get_size()
 
 
@@ -152,7 +158,7 @@ def _start(given: dict, setup_timeout: float | None = None, comm=None) -> None:
     with _setting_up:
         if the_world is None:
             mpi()
-            joining = changes.join_spawners() if comm is None and os.environ.get(changes.JOINING) else None
+            joining = changes.join_spawners() if comm is None and changes.joining() else None
             comm = joining or comm
             found, problem = config.read(given, from_environment=True, rank=(comm or mpi().COMM_WORLD).Get_rank())
             the_world = set_up(found, problem, timeout=setup_timeout, comm=comm, outlived=joining is not None)

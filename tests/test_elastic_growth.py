@@ -1,0 +1,162 @@
+"""Issue 38, item 2: an elastic job grows in-process. A host discovery script lists more slots than
+the ranks in use; at a commit every rank spawns newcomers that run the same program, they take
+the state from rank 0 and the whole world goes on, to the weights of a run alone, bit for bit
+(tests/programs/elastic_grow.py: its sums are exact for any number of ranks). A host whose rank
+died is left out until the script stops listing it and lists it again. Every world is bounded
+in time; the discovery logic itself is tested without MPI, in-process."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from collectives.discovery import Discovery
+from tests.programs.elastic_grow import reference
+from tests.worlds import ROOT, keep_survivors, mpi_name, mpiexec, run_world
+
+BOUND_S = 120
+PROGRAM = ["tests/programs/elastic_grow.py"]
+needs_mpich = pytest.mark.skipif(mpi_name() != "MPICH", reason="growth is tested under MPICH's launcher (hydra)")
+
+
+def _done(output: str) -> list[tuple[int, int, int, int]]:
+    """Each rank's report, (launched as, rank, size, steps): -1 for a newcomer (hydra may glue
+    the lines of several ranks, hence a search rather than lines)."""
+    return [tuple(map(int, found)) for found in re.findall(r"\[(-?\d+)->(\d+)/(\d+)\] done step (\d+)", output)]
+
+
+@needs_mpich
+@pytest.mark.quick
+@pytest.mark.parametrize("how, listed, max_ranks, grown", [
+    (PROGRAM, "localhost:3", None, 3),
+    (["-m", "tests.programs.elastic_grow"], "localhost:8", 4, 4),   # a `python -m` program, capped by max_ranks
+], ids=["script-2-to-3", "module-2-to-4-of-8-slots"])
+def test_a_job_of_two_grows_by_discovery_to_the_weights_of_a_run_alone(tmp_path, how, listed, max_ranks, grown):
+    out = tmp_path / "w.npy"
+    args = [*how, "--steps", "40", "--discovery", f"echo {listed}", "--grow-to", str(grown), "--out", str(out)]
+    result = run_world(2, args + (["--max-ranks", str(max_ranks)] if max_ranks else []), BOUND_S,
+                       launcher_args=keep_survivors())
+    output = result.stdout
+    assert result.returncode == 0, output[-3000:]
+    assert f"elastic: {grown - 2} joined: 2 -> {grown} ranks; back to step" in output, output[-3000:]
+    launched = [0, 1] + [-1] * (grown - 2)   # (-1: a newcomer)
+    assert sorted(_done(output)) == sorted((a, r, grown, 40) for a, r in zip(launched, range(grown))), output[-3000:]
+    np.testing.assert_array_equal(np.load(out), reference(40))
+
+
+@needs_mpich
+@pytest.mark.quick
+def test_a_killed_ranks_host_comes_back_only_once_discovery_drops_it_and_lists_it_again(tmp_path):
+    hosts, runs, out = tmp_path / "hosts.txt", tmp_path / "runs.log", tmp_path / "w.npy"
+    hosts.write_text("localhost:3\n")
+    discovery = f"cat {hosts}; echo run >> {runs}"
+    command = [*mpiexec(), *keep_survivors(), "-n", "3", sys.executable, *PROGRAM, "--steps", "40", "--kill", "2:10",
+               "--discovery", discovery, "--grow-to", "3", "--out", str(out)]
+    job = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(job.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        assert _wait_for(lambda: "rank 2 gone: 3 -> 2 ranks" in "".join(seen), job), "".join(seen)
+        time.sleep(1.0)   # still listed: localhost is left out, so nobody joins
+        assert "joined" not in "".join(seen), "".join(seen)
+        hosts.write_text("")
+        ran = _runs(runs)
+        assert _wait_for(lambda: _runs(runs) >= ran + 2, job), "the discovery script stopped running"
+        hosts.write_text("localhost:3\n")   # listed again: back
+        job.wait(timeout=BOUND_S)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+        reader.join(timeout=10)
+    output = "".join(seen)
+    assert job.returncode == 128 + signal.SIGKILL, output[-3000:]   # (mpiexec reports the killed rank's status)
+    assert output.index("rank 2 gone: 3 -> 2 ranks") < output.index("elastic: 1 joined: 2 -> 3 ranks"), output
+    assert sorted(_done(output)) == [(-1, 2, 3, 40), (0, 0, 3, 40), (1, 1, 3, 40)], output[-3000:]
+    np.testing.assert_array_equal(np.load(out), reference(40))
+
+
+@needs_mpich
+@pytest.mark.quick
+def test_a_newcomer_that_dies_is_left_behind_like_any_rank_and_its_host_left_out(tmp_path):
+    out = tmp_path / "w.npy"
+    args = [*PROGRAM, "--steps", "60", "--kill=-1:30", "--discovery", "echo localhost:3", "--out", str(out)]
+    result = run_world(2, args, BOUND_S, launcher_args=keep_survivors())
+    output = result.stdout
+    assert result.returncode == 0, output[-3000:]
+    assert output.index("elastic: 1 joined: 2 -> 3 ranks") < output.index("elastic: rank 2 gone: 3 -> 2 ranks; "
+                                                                            "back to step 30"), output[-3000:]
+    assert output.count("joined") == 1, "localhost is left out: nobody joins again"
+    assert sorted(_done(output)) == [(0, 0, 2, 60), (1, 1, 2, 60)], output[-3000:]
+    np.testing.assert_array_equal(np.load(out), reference(60))
+
+
+def _wait_for(condition, job: subprocess.Popen, seconds: float = 60) -> bool:
+    give_up = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > give_up or job.poll() is not None:
+            return condition()
+        time.sleep(0.05)
+    return True
+
+
+def _runs(log) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+# The discovery logic, in-process (no MPI). Hosts are named by addresses: a name must resolve.
+
+A, B = "10.0.0.1", "10.0.0.2"
+
+
+@pytest.mark.quick
+def test_discovery_keeps_the_last_good_list_and_says_once_why_not(tmp_path, capsys):
+    listing = tmp_path / "hosts.txt"
+    d = Discovery(f"cat {listing}", 1.0)
+    listing.write_text(f"{A}:4\n{B}\n")
+    d.poll()
+    assert d.listed == {A: 4, B: 1}
+    listing.write_text(f"{A}:four\n")
+    d.poll()
+    d.poll()
+    listing.unlink()   # (cat fails)
+    d.poll()
+    said = capsys.readouterr().err.splitlines()
+    assert d.listed == {A: 4, B: 1}, "the last good list is kept"
+    assert len(said) == 2 and f"line 1: '{A}:four'" in said[0] and "exit status 1" in said[1], said
+    assert all(f"keeping the last good list ({A}:4 {B}:1)" in line for line in said), said
+
+
+@pytest.mark.quick
+def test_discovery_offers_the_free_slots_of_each_host_up_to_the_room_left(capsys):
+    d = Discovery(f"printf '{A}:2\\n{B}:3\\nno-such-host.invalid:8\\n'", 1.0)
+    assert d.newcomers(Counter(), room=10) == [], "nothing before the first listing"
+    d.poll()
+    assert "'no-such-host.invalid', whose name does not resolve" in capsys.readouterr().err
+    assert d.newcomers(Counter({A: 2, B: 1}), room=10) == [B, B]
+    assert d.newcomers(Counter({A: 1}), room=2) == [A, B]
+    assert d.newcomers(Counter({A: 2, B: 3}), room=10) == []
+
+
+@pytest.mark.quick
+def test_a_host_left_out_is_back_only_after_the_script_drops_it_and_lists_it_again(tmp_path):
+    listing = tmp_path / "hosts.txt"
+    listing.write_text(f"{A}:2\n{B}:2\n")
+    d = Discovery(f"cat {listing}", 1.0)
+    d.poll()
+    d.leave_out([A])   # (a rank there died)
+    d.poll()
+    assert d.newcomers(Counter({B: 2}), room=10) == [], "still listed: still left out"
+    listing.write_text(f"{B}:2\n")
+    d.poll()
+    listing.write_text(f"{A}:2\n{B}:2\n")
+    d.poll()
+    assert d.newcomers(Counter({B: 2}), room=10) == [A, A]
