@@ -42,14 +42,12 @@ from collectives.world import rank, size
 
 __all__ = ["State", "run", "supervise", "Change", "MembershipChanged"]
 
-_ARRAY_TYPES = (np.ndarray,)
-
-
 class State:
-    """Arrays (numpy, updated in place or replaced) and plain values (numbers, strings, lists and
-    dicts of them: what JSON holds) that roll back together. ``commit()`` keeps a copy on this
-    rank (no disk, no communication); ``restore()`` puts the last one back, arrays in place (so
-    views of them held elsewhere stay valid); ``sync()`` gives every rank rank 0's.
+    """Arrays (numpy, or torch CPU tensors such as a model's parameters; updated in place or
+    replaced) and plain values (numbers, strings, lists and dicts of them: what JSON holds) that
+    roll back together. ``commit()`` keeps a copy on this rank (no disk, no communication);
+    ``restore()`` puts the last one back, arrays in place (so views of them held elsewhere, and
+    a model's parameters, stay valid); ``sync()`` gives every rank rank 0's.
 
     >>> state = State(weights=np.zeros(3), step=0)
     >>> state.weights += 1; state.step = 1; state.commit()
@@ -83,32 +81,31 @@ class State:
 
     def commit(self) -> None:
         """Keep a copy of every item on this rank: what a change of the world rolls back to."""
-        kept = {name: value.copy() if isinstance(value, _ARRAY_TYPES) else copy.deepcopy(value)
-                for name, value in self._items.items()}
+        kept = {name: _copy(value) for name, value in self._items.items()}
         object.__setattr__(self, "_kept", kept)
         object.__setattr__(self, "commits", self.commits + 1)
 
     def restore(self) -> None:
         """Put the last commit back: arrays of the same shape and dtype in place, the rest by value."""
         for name, saved in self._kept.items():
-            current = self._items.get(name)
-            if isinstance(saved, _ARRAY_TYPES) and isinstance(current, _ARRAY_TYPES) \
-                    and current.shape == saved.shape and current.dtype == saved.dtype:
-                np.copyto(current, saved)
+            current, kept = _array(self._items.get(name)), _array(saved)
+            if kept is not None and current is not None and current.shape == kept.shape \
+                    and current.dtype == kept.dtype:
+                np.copyto(current, kept)
             else:
-                self._items[name] = saved.copy() if isinstance(saved, _ARRAY_TYPES) else copy.deepcopy(saved)
+                self._items[name] = _copy(saved)
 
     def sync(self, root: int = 0) -> None:
         """Every rank: take rank ``root``'s items (arrays broadcast in place, values as JSON), and
         commit them. Every rank must hold the same item names, arrays of the same shapes."""
-        values = {name: v for name, v in self._items.items() if not isinstance(v, _ARRAY_TYPES)}
+        values = {name: v for name, v in self._items.items() if _array(v) is None}
         text = json.dumps({"values": values, "commits": self.commits}).encode() if rank() == root else b""
         length = broadcast(np.array([len(text)], np.int64), root=root, name="elastic state")
         encoded = np.frombuffer(text, np.uint8).copy() if rank() == root else np.empty(int(length[0]), np.uint8)
         received = json.loads(broadcast(encoded, root=root).tobytes())
-        for name, value in self._items.items():
-            if isinstance(value, _ARRAY_TYPES):
-                broadcast(value, root=root)
+        for value in self._items.values():
+            if _array(value) is not None:
+                broadcast(_array(value), root=root)
         self._items.update(received["values"])
         self.commit()
         object.__setattr__(self, "commits", received["commits"])
@@ -182,14 +179,36 @@ def _check_size(min_ranks: int, when: str) -> None:
         raise CollectiveError(f"elastic: {size()} rank(s) left {when}, fewer than min_ranks={min_ranks}; the job ends")
 
 
-def _check(name: str, value: Any) -> Any:
-    if isinstance(value, _ARRAY_TYPES):
+def _array(value: Any) -> np.ndarray | None:
+    """The numpy array that holds an item's data: a numpy array itself, a torch tensor's memory
+    (``.numpy()``, shared), None for a plain value. torch is never imported here: a program that
+    holds a tensor has imported it."""
+    if isinstance(value, np.ndarray):
         return value
+    torch = sys.modules.get("torch")
+    return value.detach().numpy() if torch is not None and isinstance(value, torch.Tensor) else None
+
+
+def _copy(value: Any) -> Any:
+    """A copy of an item, of its own type (a tensor's copy is a tensor, without autograd's history)."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    return value.detach().clone() if _array(value) is not None else copy.deepcopy(value)
+
+
+def _check(name: str, value: Any) -> Any:
+    try:
+        if _array(value) is not None:
+            return value
+    except (TypeError, RuntimeError) as e:   # (a GPU tensor, a dtype numpy lacks: bfloat16)
+        raise CollectiveUsageError(f"elastic.State: {name}: a torch tensor must be on the CPU, of a dtype that "
+                                   f"numpy has: {e}") from None
     try:
         json.dumps(value)
     except (TypeError, ValueError) as e:
-        raise CollectiveUsageError(f"elastic.State: {name}: expected a numpy array or a plain value (numbers, "
-                                   f"strings, lists and dicts of them), got {type(value).__name__}: {e}") from None
+        raise CollectiveUsageError(f"elastic.State: {name}: expected a numpy array, a torch CPU tensor or a plain "
+                                   f"value (numbers, strings, lists and dicts of them), got {type(value).__name__}: "
+                                   f"{e}") from None
     return value
 
 
