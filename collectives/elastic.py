@@ -143,8 +143,8 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
     while True:
         try:
             return fn(state)
-        except CollectiveError as error:
-            began = time.monotonic()
+        except Exception as error:   # (not only CollectiveError: one that crossed torch's C++, as DDP's
+            began = time.monotonic()   # backward raises it, arrives as a RuntimeError; the world decides)
             if not _a_rank_is_gone():
                 raise
             change = _recover(error)
@@ -167,7 +167,7 @@ def _a_rank_is_gone() -> bool:
     return bool(world.transport.control.known_dead())
 
 
-def _recover(error: CollectiveError) -> Change:
+def _recover(error: Exception) -> Change:
     try:
         return worlds.rebuild()
     except CollectiveError as e:

@@ -291,7 +291,10 @@ class RingProcessGroup(dist.ProcessGroup):
         except col.CollectiveUsageError as refused:
             method, args, tensors, after = col.refuse, (collective, str(refused)), [], None
         if getattr(opts, "asyncOp", True):
-            return RingWork(method(*args, group=self.group, async_op=True, timeout=self.timeout), tensors, after)
+            try:
+                return RingWork(method(*args, group=self.group, async_op=True, timeout=self.timeout), tensors, after)
+            except col.CollectiveError as error:   # (a stopped runtime, a world that changed: raised at once)
+                raise for_torch(error) from error
         try:
             result = method(*args, group=self.group, timeout=self.timeout)
             if after is not None:
