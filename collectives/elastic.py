@@ -51,7 +51,6 @@ from collectives.world import rank, size
 
 __all__ = ["State", "run", "supervise", "joining", "Change", "MembershipChanged"]
 
-_ARRAY_TYPES = (np.ndarray,)
 
 
 class State:
@@ -106,23 +105,22 @@ class State:
         object.__setattr__(self, "commits", self.commits + 1)
 
     def restore(self) -> None:
-        """Put the last commit back: arrays of the same shape and dtype in place, the rest by value."""
+        """Put the last commit back: arrays (and tensors) of the same shape and dtype in place, the rest by value."""
         for name, saved in self._kept.items():
-            current = self._items.get(name)
-            if isinstance(saved, _ARRAY_TYPES) and isinstance(current, _ARRAY_TYPES) \
-                    and current.shape == saved.shape and current.dtype == saved.dtype:
-                np.copyto(current, saved)
+            current, kept = _array(self._items.get(name)), _array(saved)
+            if current is not None and kept is not None and current.shape == kept.shape and current.dtype == kept.dtype:
+                np.copyto(current, kept)
             else:
-                self._items[name] = saved.copy() if isinstance(saved, _ARRAY_TYPES) else copy.deepcopy(saved)
+                self._items[name] = _copy_into(None, saved)
 
     def sync(self, root: int = 0) -> None:
         """Every rank: take rank ``root``'s items (arrays broadcast in place, values as JSON), and
         commit them. Every rank must hold the same item names, arrays of the same shapes."""
-        values = {name: v for name, v in self._items.items() if not isinstance(v, _ARRAY_TYPES)}
+        values = {name: v for name, v in self._items.items() if _array(v) is None}
         received = _broadcast_json({"values": values, "commits": self.commits}, root, "elastic state")
-        for name, value in self._items.items():
-            if isinstance(value, _ARRAY_TYPES):
-                broadcast(value, root=root)
+        for value in self._items.values():
+            if _array(value) is not None:
+                broadcast(_array(value), root=root)
         self._items.update(received["values"])
         self._keep()
         object.__setattr__(self, "commits", received["commits"])
@@ -296,19 +294,33 @@ def _check_size(min_ranks: int, when: str) -> None:
         raise CollectiveError(f"elastic: {size()} rank(s) left {when}, fewer than min_ranks={min_ranks}; the job ends")
 
 
+def _array(value: Any) -> np.ndarray | None:
+    """The numpy array that holds an item's data: a numpy array itself, a torch tensor's memory
+    (``.numpy()``, shared), None for a plain value. torch is never imported here: a program that
+    holds a tensor has imported it."""
+    if isinstance(value, np.ndarray):
+        return value
+    torch = sys.modules.get("torch")
+    return value.detach().numpy() if torch is not None and isinstance(value, torch.Tensor) else None
+
+
 def _copy_into(kept: Any, value: Any) -> Any:
-    """A copy of ``value``, into the array ``kept`` where it fits (a commit every step then costs a
-    memcpy, not a fresh allocation whose pages fault in: 0.4 ms instead of 2.4 ms for 2 x 1.3 M floats)."""
-    if not isinstance(value, _ARRAY_TYPES):
+    """A copy of ``value`` of its own type, into ``kept`` where it fits (a commit every step then
+    costs a memcpy, not a fresh allocation whose pages fault in: 0.4 ms instead of 2.4 ms for
+    2 x 1.3 M floats)."""
+    source = _array(value)
+    if source is None:
         return copy.deepcopy(value)
-    if isinstance(kept, _ARRAY_TYPES) and kept.shape == value.shape and kept.dtype == value.dtype:
-        np.copyto(kept, value)
+    target = _array(kept)
+    if target is not None and type(kept) is type(value) and target.shape == source.shape \
+            and target.dtype == source.dtype:
+        np.copyto(target, source)
         return kept
-    return value.copy()
+    return value.copy() if isinstance(value, np.ndarray) else value.detach().clone()
 
 
 def _check(name: str, value: Any) -> Any:
-    if isinstance(value, _ARRAY_TYPES):
+    if _array(value) is not None:
         return value
     try:
         json.dumps(value)

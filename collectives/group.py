@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from collectives import dispatch, making, personalized
-from collectives.call import issue, refusal
+from collectives.call import issue, refusal, stopped
 from collectives.errors import CollectiveUsageError
 from collectives.membership import NonMember, describe
 from collectives.transports import Transports
@@ -294,6 +294,8 @@ def member(group: object, collective: str, runtime) -> Group:
     if not isinstance(group, Group):
         raise CollectiveUsageError(f"{collective}: group: expected a collectives.Group (from new_group or split) "
                                    f"or None for the world, got {type(group).__name__}")
+    if group.runtime is not runtime and group.runtime.retired is not None:
+        raise stopped(collective, group.runtime)   # (a group of the world before a change: MembershipChanged)
     if group.runtime is not runtime:
         raise CollectiveUsageError(f"{collective}: group: {group.label} belongs to another runtime")
     if group.destroyed:

@@ -14,7 +14,9 @@ RUN = {("README.md", "## Quick start"), ("docs/api.md", "# The collective API"),
        ("docs/groups.md", "# Groups: collectives on subsets of the ranks"),
        ("docs/pytorch.md", "# PyTorch: the `ring` backend"), ("docs/elastic.md", "## In your own program")}
 #: Blocks that cannot run here, and why.
-NOT_RUN = {("docs/gpu.md", "# GPU arrays (CuPy over NCCL)"): "needs a GPU (tests/test_gpu.py runs its calls there)"}
+NOT_RUN = {("docs/gpu.md", "# GPU arrays (CuPy over NCCL)"): "needs a GPU (tests/test_gpu.py runs its calls there)",
+           ("docs/pytorch.md", "## Elastic DDP: the survivors of a death go on"):
+               "an excerpt of tests/programs/torch_elastic.py, which tests/test_torch_elastic.py runs with a SIGKILL"}
 
 
 def run_example(page: str, heading: str, n: int, directory):

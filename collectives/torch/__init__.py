@@ -31,9 +31,10 @@ import torch.distributed.distributed_c10d as c10d
 import collectives as col
 from collectives.torch.group import BACKEND, RingProcessGroup
 from collectives.torch.tensors import as_array
-from collectives.torch.work import RingBackendError, RingUsageError, RingWork, for_torch
+from collectives.torch.work import RingBackendError, RingMembershipChanged, RingUsageError, RingWork, for_torch
 
-__all__ = ["BACKEND", "RingProcessGroup", "RingWork", "RingUsageError", "RingBackendError", "as_array"]
+__all__ = ["BACKEND", "RingProcessGroup", "RingWork", "RingUsageError", "RingBackendError", "RingMembershipChanged",
+           "as_array"]
 
 
 def _create(options, backend_options=None) -> RingProcessGroup:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 import collectives as col
+from collectives import world as worlds
 from collectives.torch.tensors import (OPS, as_array, dense, flat, host_array, into, joined, reduction, same_sizes,
                                        sparse_rows, sparse_sum, staged)
 from collectives.torch.work import RingBackendError, RingWork, for_torch
@@ -31,8 +32,10 @@ Prepared = tuple[Callable, tuple, list, Callable[[Any], None] | None]   # (colle
 
 class RingProcessGroup(dist.ProcessGroup):
     """A torch ``ProcessGroup`` whose collectives are the runtime's, on ``group`` (a
-    ``collectives.Group``; None: the world). Made by ``init_process_group("ring")`` and
+    ``collectives.Group``; None: the world as it is now). Made by ``init_process_group("ring")`` and
     ``new_group``; ``timeout`` (seconds; None: the runtime's ``COLLECTIVES_TIMEOUT``) bounds each call.
+    After a change of the world (``collectives.elastic``) its calls raise, as its group's do
+    (``MembershipChanged``): destroy it and make the process group again on the new world.
 
     >>> pg = dist.new_group(backend="ring")                       # doctest: +SKIP
     >>> pg.allreduce([torch.ones(3)]).wait()                      # doctest: +SKIP
@@ -40,7 +43,8 @@ class RingProcessGroup(dist.ProcessGroup):
     """
 
     def __init__(self, group: col.Group | None, timeout: float | None):
-        super().__init__(col.rank() if group is None else group.rank(), col.size() if group is None else group.size())
+        group = worlds.world() if group is None else group   # (held, not None: the world changes, this one not)
+        super().__init__(group.rank(), group.size())
         self.group = group
         self.timeout = timeout
         self._name = self._description = ""   # (set by torch; its own ProcessGroup keeps them on backends)
@@ -61,7 +65,7 @@ class RingProcessGroup(dist.ProcessGroup):
         self._description = description
 
     def __repr__(self) -> str:
-        return f"<RingProcessGroup {'the world' if self.group is None else self.group!r}>"
+        return f"<RingProcessGroup {self.group!r}>"
 
     # Reductions.
 
@@ -287,7 +291,10 @@ class RingProcessGroup(dist.ProcessGroup):
         except col.CollectiveUsageError as refused:
             method, args, tensors, after = col.refuse, (collective, str(refused)), [], None
         if getattr(opts, "asyncOp", True):
-            return RingWork(method(*args, group=self.group, async_op=True, timeout=self.timeout), tensors, after)
+            try:
+                return RingWork(method(*args, group=self.group, async_op=True, timeout=self.timeout), tensors, after)
+            except col.CollectiveError as error:   # (a stopped runtime, a world that changed: raised at once)
+                raise for_torch(error) from error
         try:
             result = method(*args, group=self.group, timeout=self.timeout)
             if after is not None:

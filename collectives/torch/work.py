@@ -40,11 +40,19 @@ class RingBackendError(col.CollectiveError, dist.DistBackendError):
     ``CollectiveError``, and torch's ``DistBackendError`` as gloo's are."""
 
 
+class RingMembershipChanged(RingBackendError, col.MembershipChanged):
+    """A call on a process group of the world before a change (``collectives.elastic``), issued
+    after it or in flight across it: the runtime's ``MembershipChanged`` raised through torch.
+    Destroy the process group and make it again (``init_process_group``) on the new world."""
+
+
 def for_torch(error: BaseException) -> BaseException:
     """``error`` as torch callers expect it (the runtime's text, and the runtime's error kept as the
     cause); a timeout says so in the words torch's tests look for (`` timeout ``)."""
     if isinstance(error, col.CollectiveUsageError) and not isinstance(error, RuntimeError):
         return _chained(RingUsageError(str(error)), error)
+    if isinstance(error, col.MembershipChanged) and not isinstance(error, dist.DistBackendError):
+        return _chained(RingMembershipChanged(str(error), error.before, error.after), error)
     if isinstance(error, col.CollectiveError) and not isinstance(error, dist.DistBackendError):
         text = str(error)
         if isinstance(error.__cause__, TransportTimeout):
