@@ -172,8 +172,8 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
                 _watch(discovery, state, max_ranks)
             try:
                 return fn(state)
-            except (CollectiveError, _Growing) as interruption:
-                began = time.monotonic()
+            except Exception as interruption:   # (not only CollectiveError: one that crossed torch's C++,
+                began = time.monotonic()          # as DDP's backward raises it, is a RuntimeError; the world decides)
                 change = _change_world(interruption, discovery)
             _check_size(min_ranks, f"after {change.text}")
             state.restore()
