@@ -162,7 +162,9 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
     worlds.world()   # (a newcomer joins the running job here: its MPI world is itself alone)
     _check_size(min_ranks, "at the start")
     discovery = Discovery(host_discovery, discovery_interval) if host_discovery else None
-    if changes.joining():
+    if joining():
+        global _arrived
+        _arrived = True
         _after_change(state, None, time.monotonic(), announce)
     else:
         state.sync()
@@ -184,13 +186,16 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
             discovery.stop()
 
 
+_arrived = False   # this newcomer has entered run once (the job's next runs are the same for all)
+
+
 def joining() -> bool:
-    """Whether this process was spawned into a running job, to join it at ``run``.
+    """Whether this process was spawned into a running job and has not entered ``run`` yet.
 
     >>> if not col.elastic.joining():                                  # doctest: +SKIP
     ...     col.broadcast(params)      # a collective before run: not in a newcomer
     """
-    return changes.joining()
+    return changes.joining() and not _arrived
 
 
 class _Growing(Exception):

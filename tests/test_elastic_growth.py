@@ -2,8 +2,9 @@
 the ranks in use; at a commit every rank spawns newcomers that run the same program, they take
 the state from rank 0 and the whole world goes on, to the weights of a run alone, bit for bit
 (tests/programs/elastic_grow.py: its sums are exact for any number of ranks). A host whose rank
-died is left out until the script stops listing it and lists it again. Every world is bounded
-in time; the discovery logic itself is tested without MPI, in-process."""
+died is left out until the script stops listing it and lists it again. Growth onto another
+host runs on two emulated hosts (scripts/emulate_hosts.sh: root only, else skipped). Every world
+is bounded in time; the discovery logic itself is tested without MPI, in-process."""
 import os
 import re
 import signal
@@ -96,6 +97,55 @@ def test_a_newcomer_that_dies_is_left_behind_like_any_rank_and_its_host_left_out
                                                                             "back to step 30"), output[-3000:]
     assert output.count("joined") == 1, "localhost is left out: nobody joins again"
     assert sorted(_done(output)) == [(0, 0, 2, 60), (1, 1, 2, 60)], output[-3000:]
+    np.testing.assert_array_equal(np.load(out), reference(60))
+
+
+GROWTH_HOSTS = "ringg"   # (a prefix of its own: tests/test_hosts.py's hosts, "ringh", are left alone)
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    """Two emulated hosts, ringg1 and ringg2 (scripts/emulate_hosts.sh), removed whatever happens."""
+    from tests.test_hosts import SCRIPT, _why_not
+    why = _why_not("MPICH")
+    if why:
+        pytest.skip(why)
+    env = {**os.environ, "EMULATED_HOSTS_PREFIX": GROWTH_HOSTS}
+    subprocess.run([str(SCRIPT), "up", "2"], check=True, timeout=60, capture_output=True, env=env)
+    try:
+        yield env
+    finally:
+        subprocess.run([str(SCRIPT), "down"], timeout=60, capture_output=True, env=env)
+
+
+@needs_mpich
+@pytest.mark.parametrize("kill", [False, True], ids=["grows-onto-another-host", "and-loses-it"])
+def test_a_job_on_one_host_grows_onto_another_that_discovery_lists(two_hosts, tmp_path, kill):
+    from tests.test_hosts import SCRIPT, _kill_host
+    out = tmp_path / "w.npy"
+    listed = f"printf '{GROWTH_HOSTS}1:2\\n{GROWTH_HOSTS}2:2\\n'"
+    args = [*PROGRAM, "--steps", "60", "--discovery", listed, "--out", str(out),
+            *(["--kill=-1:30"] if kill else ["--grow-to", "4"])]
+    command = [str(SCRIPT), "run", "2", "--", "-disable-auto-cleanup", sys.executable, *args]
+    job = subprocess.Popen(command, cwd=ROOT, env={**two_hosts, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = job.communicate(timeout=BOUND_S)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            for host in (f"{GROWTH_HOSTS}1", f"{GROWTH_HOSTS}2"):   # (the proxies lead sessions of their own)
+                _kill_host(host)
+            job.communicate()
+    assert job.returncode == 0, output[-3000:]
+    assert "elastic: 2 joined: 2 -> 4 ranks" in output, output[-3000:]
+    hosts = dict(re.findall(r"\[(-?\d+->\d+)/\d+\] done step 60 sum [\d.]+ on (\S+)", output))
+    if kill:   # (the newcomers' deaths seen across hosts, through their connections)
+        assert "elastic: ranks 2, 3 gone: 4 -> 2 ranks; back to step 30" in output, output[-3000:]
+        assert hosts == {"0->0": f"{GROWTH_HOSTS}1", "1->1": f"{GROWTH_HOSTS}1"}, output[-3000:]
+    else:
+        assert hosts == {"0->0": f"{GROWTH_HOSTS}1", "1->1": f"{GROWTH_HOSTS}1", "-1->2": f"{GROWTH_HOSTS}2",
+                         "-1->3": f"{GROWTH_HOSTS}2"}, output[-3000:]
     np.testing.assert_array_equal(np.load(out), reference(60))
 
 

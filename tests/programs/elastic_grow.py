@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -79,7 +80,8 @@ def main() -> int:
     timed: list = []
     w = col.elastic.run(train, state, min_ranks=1, max_ranks=args.max_ranks, host_discovery=args.discovery,
                         discovery_interval=args.interval)
-    print(f"[{launched_as}->{col.rank()}/{col.size()}] done step {state.step} sum {w.sum():.1f}", flush=True)
+    print(f"[{launched_as}->{col.rank()}/{col.size()}] done step {state.step} sum {w.sum():.1f} on "
+          f"{socket.gethostname()}", flush=True)
     if args.out and col.rank() == 0:
         np.save(args.out, w, allow_pickle=False)
     return 0
