@@ -287,7 +287,7 @@ def _change_world(interruption: Exception, discovery: Discovery | None) -> Chang
     return change
 
 
-def _recover(error: CollectiveError) -> Change:
+def _recover(error: Exception) -> Change:
     try:
         return worlds.rebuild()
     except CollectiveError as e:

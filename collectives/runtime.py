@@ -125,10 +125,10 @@ class Runtime:
 
     def retire(self, change: str) -> None:
         """A new world replaced this runtime's (``collectives.world.rebuild``): ``change`` says how.
-        Its groups and calls still in flight raise MembershipChanged from now on; its engine ends."""
+        Its groups and calls still in flight raise MembershipChanged from now on (its engine was
+        closed before the change began)."""
         self.stop(change, by_peer=True)
         self.retired = change
-        self.engine.close()
 
     def segment_elems(self, dtype: np.dtype, transport=None) -> int:
         """The ring's segment in elements of ``dtype`` on ``transport``: the setting, else (0, the

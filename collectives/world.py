@@ -186,8 +186,8 @@ def rebuild(newcomers: int = 0, hosts: list[str] | None = None, timeout: float |
         timeout = settings.timeout if timeout is None else timeout
         until = time.monotonic() + timeout
         gone, comm = (), old.transport.comm
+        old.runtime.engine.close()   # (its thread must not poll the old transports while the ranks agree)
         if old.runtime.failure is not None:   # (a change of a stopped world is a recovery)
-            old.runtime.engine.close()
             gone, comm = changes.survivors_communicator(old, until)
             gone = tuple(old.ranks[r] for r in gone)
         if newcomers:
