@@ -38,7 +38,7 @@ from cmdline.interrupt import stop_on_ctrl_c  # noqa: E402
 from cmdline.parser import FAULT, INTERRUPTED, launch_note  # noqa: E402
 from trainer import data  # noqa: E402
 from trainer.arguments import agree_on, check_outputs, parse_args  # noqa: E402
-from trainer.common import EpochLog, Interrupted, UsageExit, say  # noqa: E402
+from trainer.common import EpochLog, Interrupted, UsageExit, say, steps_per_epoch  # noqa: E402
 from trainer.layout import make_layout  # noqa: E402
 from trainer.model import MLP, split_widths  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
@@ -86,8 +86,8 @@ def train(args) -> tuple[list[dict], list[dict]]:
     model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype), xp, layout.tp)
     model.load_full(col.broadcast(model.to_full(model.flat_params), root=0))   # rank 0's initialisation is the model
     opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
-    steps_per_epoch = -(-len(dataset.train_y) // args.batch_size)
-    start, step = resume(args, model, opt, config, steps_per_epoch) if args.resume else (0, 0)
+    start, step = resume(args, model, opt, config, steps_per_epoch(dataset, args.batch_size)) if args.resume \
+        else (0, 0)
     arrangement = ps.Roles(col.size(), args.servers, 1).describe() if args.strategy == "ps" else str(layout)
     pids = col.allgather(np.array([os.getpid()], np.int64))
     say("ranks (pid): " + ", ".join(f"{r} ({pid})" for r, pid in enumerate(pids)) +

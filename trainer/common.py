@@ -42,6 +42,16 @@ class Interrupted(Exception):
         super().__init__(f"interrupted at {where}; {after}")
 
 
+def steps_per_epoch(dataset, batch_size: int) -> int:
+    """Global batches in one epoch of ``dataset`` (the last one may be short).
+
+    >>> from types import SimpleNamespace
+    >>> steps_per_epoch(SimpleNamespace(train_y=range(1438)), 64)
+    23
+    """
+    return -(-len(dataset.train_y) // batch_size)
+
+
 def stop_requested(group: col.Group | None = None) -> bool:
     """Whether Ctrl-C was pressed on any rank of ``group`` (None: the world): one small all-reduce."""
     return bool(col.allreduce(np.array([interrupt.requested()], np.int8), op="max", group=group,

@@ -12,7 +12,8 @@ import numpy as np
 import collectives as col
 from cmdline.parser import FAULT
 from trainer.buckets import GradientBuckets
-from trainer.common import EpochLog, Interrupted, UsageExit, epoch_record, save_checkpoint, say, stop_requested
+from trainer.common import EpochLog, Interrupted, UsageExit, epoch_record, save_checkpoint, say, \
+    steps_per_epoch, stop_requested
 from trainer.layout import Layout, make_layout
 from trainer.model import MLP
 from trainer.optim import SGD
@@ -28,10 +29,9 @@ def train(args, dataset, config: dict, model: MLP, opt: SGD, start: int, step: i
     What a step changes is a ``col.elastic.State``: with ``--elastic`` it is committed every
     ``--commit-every`` steps and at each epoch's end, and when a rank dies the survivors go on
     from the last commit in a world of their own (``col.elastic.run``)."""
-    steps_per_epoch = -(-len(dataset.train_y) // args.batch_size)
-    state = col.elastic.State(params=model.flat_params, velocity=opt.velocity, epoch=start, step=step,
-                              first=(step - start * steps_per_epoch) * args.batch_size, loss_sum=0.0,
-                              comm_s=0.0, exposed_s=0.0, steps=0, history=[])
+    first = (step - start * steps_per_epoch(dataset, args.batch_size)) * args.batch_size
+    state = col.elastic.State(params=model.flat_params, velocity=opt.velocity, epoch=start, step=step, first=first,
+                              loss_sum=0.0, comm_s=0.0, exposed_s=0.0, steps=0, history=[])
     progress = {"saved": start if args.resume else None}   # the epochs the newest checkpoint covers
 
     def remake_layout(state, change) -> None:
@@ -64,7 +64,7 @@ def run_epoch(args, dataset, config: dict, model: MLP, opt: SGD, state, buckets,
     while state.first < n_train:
         if stop_requested():
             raise Interrupted(f"epoch {epoch + 1}, step {state.first // args.batch_size + 1} of "
-                              f"{-(-n_train // args.batch_size)}", progress["saved"], args.checkpoint_dir)
+                              f"{steps_per_epoch(dataset, args.batch_size)}", progress["saved"], args.checkpoint_dir)
         if args.max_steps is not None and state.step >= args.max_steps:
             if args.checkpoint_dir:
                 save_checkpoint(args, model, opt, epoch - 1, state.step, config, partial=True)

@@ -33,7 +33,7 @@ import numpy as np
 
 import collectives as col
 from cmdline import interrupt
-from trainer.common import EpochLog, Interrupted, UsageExit, epoch_record, save_checkpoint
+from trainer.common import EpochLog, Interrupted, UsageExit, epoch_record, save_checkpoint, steps_per_epoch
 from trainer.layout import Layout
 from trainer.optim import SGD
 
@@ -79,11 +79,11 @@ def train(args, dataset, config: dict, model, opt: SGD, start: int, step: int, l
     chief = col.new_group([0])   # (the chief scores the model alone)
     if start >= args.epochs:
         return []
-    steps_per_epoch = -(-len(dataset.train_y) // args.batch_size)
+    per_epoch = steps_per_epoch(dataset, args.batch_size)
     history, stopped_at = [], 0
     if col.rank() in roles.servers:
         index = roles.servers.index(col.rank())
-        Server(args, roles, index, model, opt, start * steps_per_epoch).serve()
+        Server(args, roles, index, model, opt, start * per_epoch).serve()
     else:
         worker = Worker(args, roles, workers, chief, model, opt)
         history, stopped_at = worker.run(dataset, config, start, step, log), worker.stopped_at
