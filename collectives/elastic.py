@@ -162,24 +162,22 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
     worlds.world()   # (a newcomer joins the running job here: its MPI world is itself alone)
     _check_size(min_ranks, "at the start")
     discovery = Discovery(host_discovery, discovery_interval) if host_discovery else None
-    if joining():
-        global _arrived
-        _arrived = True
-        _after_change(state, None, time.monotonic(), announce)
-    else:
-        state.sync()
+    global _arrived
+    settle = _Settle(state, None, time.monotonic(), announce) if joining() else state.sync
+    _arrived = True
     try:
         while True:
             if discovery is not None:
                 _watch(discovery, state, max_ranks)
             try:
+                settle()   # (inside the try: a death while the ranks take rank 0's state is a change too)
                 return fn(state)
             except Exception as interruption:   # (not only CollectiveError: one that crossed torch's C++,
                 began = time.monotonic()          # as DDP's backward raises it, is a RuntimeError; the world decides)
-                change = _change_world(interruption, discovery)
+                change = _change_world(interruption, discovery, settle)
             _check_size(min_ranks, f"after {change.text}")
             state.restore()
-            _after_change(state, change, began, announce)
+            settle = _Settle(state, change, began, announce)
     finally:
         object.__setattr__(state, "_at_commit", None)
         if discovery is not None:
@@ -227,17 +225,38 @@ def _grow_at_commit(discovery: Discovery, max_ranks: int | None) -> None:
         raise _Growing(count, hosts)
 
 
-def _after_change(state: State, change: Change | None, began: float, announce: bool) -> None:
-    """Every rank of the new world, its newcomers too (``change`` None: they know none): take rank
-    0's state and change, rank 0 says what changed, then the program's callbacks."""
-    state.sync()
-    fields = _broadcast_json(asdict(change) if rank() == 0 else None, 0, "elastic change")
-    change = Change(tuple(fields["gone"]), fields["joined"], fields["before"], fields["after"], fields["text"])
-    if announce and rank() == 0:
-        print(f"elastic: {change.text}; back to {state.where()} (the world rebuilt in "
-              f"{time.monotonic() - began:.2f} s)", flush=True)
-    for callback in state._callbacks:
-        callback(state, change)
+class _Settle:
+    """What every rank of a new world does before ``fn`` runs again, its newcomers too (``change``
+    None: they know none): take rank 0's state and change, rank 0 says what changed, then the
+    program's callbacks. Called inside ``run``'s try: if a rank dies meanwhile, the next change
+    takes this one's place (``merged``), and its line names both."""
+
+    def __init__(self, state: State, change: Change | None, began: float, announce: bool):
+        self.state, self.change, self.began, self.announce = state, change, began, announce
+        self.done = False
+
+    def __call__(self) -> None:
+        state = self.state
+        state.sync()
+        fields = _broadcast_json(asdict(self.change) if rank() == 0 else None, 0, "elastic change")
+        change = Change(tuple(fields["gone"]), fields["joined"], fields["before"], fields["after"], fields["text"])
+        self.done = True
+        if self.announce and rank() == 0:
+            print(f"elastic: {change.text}; back to {state.where()} (the world rebuilt in "
+                  f"{time.monotonic() - self.began:.2f} s)", flush=True)
+        for callback in state._callbacks:
+            callback(state, change)
+
+    def merged(self, later: Change) -> Change:
+        """``later``, which came before this change was settled, and this one as one change: from
+        the world before this one to the one after ``later``, the gone numbered in the first
+        (a newcomer of this change that died in ``later`` was never in it)."""
+        first = self.change
+        if self.done or first is None:
+            return later
+        kept = [r for r in range(first.before) if r not in first.gone]
+        gone = first.gone + tuple(kept[r] for r in later.gone if r < len(kept))
+        return Change(gone, first.joined + later.joined, first.before, later.after, f"{first.text}, then {later.text}")
 
 
 def _broadcast_json(value: Any, root: int, name: str) -> Any:
@@ -273,9 +292,10 @@ def _a_rank_is_gone() -> bool:
     return bool(world.transport.control.known_dead())
 
 
-def _change_world(interruption: Exception, discovery: Discovery | None) -> Change:
-    """After ``fn`` left: newcomers join (at a commit), or the survivors of a death make a world
-    of their own (the dead ranks' hosts left out of discovery); else the program's error goes on."""
+def _change_world(interruption: Exception, discovery: Discovery | None, settling: Any) -> Change:
+    """After ``fn`` (or the settling of the change before, ``settling``) left: newcomers join (at
+    a commit), or the survivors of a death make a world of their own (the dead ranks' hosts left
+    out of discovery); else the program's error goes on."""
     if isinstance(interruption, _Growing):
         return worlds.rebuild(newcomers=interruption.count, hosts=interruption.hosts)
     if not _a_rank_is_gone():
@@ -284,7 +304,7 @@ def _change_world(interruption: Exception, discovery: Discovery | None) -> Chang
     change = _recover(interruption)
     if discovery is not None:
         discovery.leave_out(hosts[r] for r in change.gone)
-    return change
+    return settling.merged(change) if isinstance(settling, _Settle) else change
 
 
 def _recover(error: Exception) -> Change:

@@ -213,9 +213,12 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     MPI = mpi()
     from ring.transport import mpi_setup   # (imported here: importing it starts MPI)
     notices.hear_failure_notices()   # (before the setup: a notice there would end this process unheard)
+    # The first setup heeds every notice since MPI started (a rank killed a moment before it must not
+    # leave the others waiting for it); a later one (a rebuild) those from now on.
+    heeded = 0 if comm is None else notices.failure_notices()
     try:
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
-                                                   config.record(found, problem, left), comm)
+                                                   config.record(found, problem, left), comm, heeded)
     except TransportError as e:
         raise CollectiveError(f"init: {e}") from e
     try:
@@ -266,6 +269,10 @@ def mpi():
         global started_mpi
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         started_mpi = True
+    # From now on (not only from the setup): a rank killed before the setup must be heard of there.
+    # Not before MPI starts: MPICH's own SIGUSR1 handler, installed then, would pass notices on to
+    # this one but also act on them itself (and end this process).
+    notices.hear_failure_notices()
     hooks.install(_at_exit)
     return MPI
 
@@ -323,7 +330,16 @@ def _leave_unset() -> None:
 def _finalize_if_nobody_will() -> None:
     """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told
     mpi4py not to (``mpi4py.rc.finalize = False``) and did not itself. A process that ends without
-    MPI_Finalize makes MPICH's launcher kill the other ranks, which may still be finishing."""
+    MPI_Finalize makes MPICH's launcher kill the other ranks, which may still be finishing.
+
+    But where a process of the job died before the world was set up (the launcher's failure
+    notice came), anyone's MPI_Finalize would wait for it for ever: end now, with status 1."""
+    if mpi_running() and the_world is None and notices.failure_notices():
+        print(f"[rank {sys.modules['mpi4py.MPI'].COMM_WORLD.Get_rank()}] collectives: exiting with status 1 "
+              "without MPI_Finalize: a process of this job died before the runtime was set up, and MPI_Finalize "
+              "would wait for it for ever", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     if mpi_running() and (started_mpi or sys.modules["mpi4py"].rc.finalize is False):
         sys.modules["mpi4py.MPI"].Finalize()
 

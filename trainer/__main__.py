@@ -75,7 +75,9 @@ def load_dataset(args, xp) -> data.Dataset:
 def train(args) -> tuple[list[dict], list[dict]]:
     """Train; return the metrics records of the epochs before this run (from --metrics, on
     resume) and those of this run's epochs."""
-    agree_on(check_outputs(args) if col.rank() == 0 else "")
+    newcomer = args.elastic and col.elastic.joining()   # (spawned into a running job: rank 0's state is its start)
+    if not newcomer:
+        agree_on(check_outputs(args) if col.rank() == 0 else "")
     xp = array_module(args.device)
     dataset = load_dataset(args, xp)
     config = config_of(args, dataset)
@@ -84,23 +86,35 @@ def train(args) -> tuple[list[dict], list[dict]]:
     check_split(args.tensor_parallel, config["sizes"])
     layout = make_layout(args.tensor_parallel)
     model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype), xp, layout.tp)
-    model.load_full(col.broadcast(model.to_full(model.flat_params), root=0))   # rank 0's initialisation is the model
     opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
-    start, step = resume(args, model, opt, config, steps_per_epoch(dataset, args.batch_size)) if args.resume \
-        else (0, 0)
-    arrangement = ps.Roles(col.size(), args.servers, 1).describe() if args.strategy == "ps" else str(layout)
-    pids = col.allgather(np.array([os.getpid()], np.int64))
-    say("ranks (pid): " + ", ".join(f"{r} ({pid})" for r, pid in enumerate(pids)) +
-        "  (a launcher that reports a dead pid names its rank here)")
-    say(f"training {config['sizes']} on {args.dataset} ({len(dataset.train_y)} train, {len(dataset.test_y)} test) "
-        f"with {col.size()} rank(s) as {arrangement}, global batch {args.batch_size}, {model.full_size()} parameters")
-    earlier = earlier_records(args.metrics, start) if args.resume and col.rank() == 0 else []
+    earlier = []
+
+    def begin() -> tuple[int, int]:
+        """The start's collective part: rank 0's model (or the checkpoint) on every rank. Returns
+        the epoch and global step to start at. With --elastic, inside the elastic run: a rank that
+        dies here is a change of the world like any other."""
+        model.load_full(col.broadcast(model.to_full(model.flat_params), root=0))   # rank 0's initialisation
+        start, step = resume(args, model, opt, config, steps_per_epoch(dataset, args.batch_size)) if args.resume \
+            else (0, 0)
+        if args.resume and col.rank() == 0:
+            earlier[:] = earlier_records(args.metrics, start)
+        arrangement = ps.Roles(col.size(), args.servers, 1).describe() if args.strategy == "ps" else str(layout)
+        pids = col.allgather(np.array([os.getpid()], np.int64))
+        say("ranks (pid): " + ", ".join(f"{r} ({pid})" for r, pid in enumerate(pids)) +
+            "  (a launcher that reports a dead pid names its rank here)")
+        say(f"training {config['sizes']} on {args.dataset} ({len(dataset.train_y)} train, {len(dataset.test_y)} "
+            f"test) with {col.size()} rank(s) as {arrangement}, global batch {args.batch_size}, "
+            f"{model.full_size()} parameters")
+        return start, step
+
     log = EpochLog(args, args.resume)
     try:
-        if args.strategy == "ps":
-            history = ps.train(args, dataset, config, model, opt, start, step, log)
+        if args.elastic:
+            history = allreduce.train_elastic(args, dataset, config, model, opt, begin, log, layout)
+        elif args.strategy == "ps":
+            history = ps.train(args, dataset, config, model, opt, *begin(), log)
         else:
-            history = allreduce.train(args, dataset, config, model, opt, start, step, log, layout)
+            history = allreduce.train(args, dataset, config, model, opt, *begin(), log, layout)
     finally:
         log.close()
     return earlier, history

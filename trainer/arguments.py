@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.elastic and (args.strategy != "allreduce" or args.tensor_parallel != 1 or args.device != "cpu"):
         p.error("--elastic: only with --strategy allreduce, --tensor-parallel 1 and --device cpu")
     given = [flag for flag, value in (("--min-ranks", args.min_ranks != 1), ("--max-ranks", args.max_ranks),
-                                      ("--commit-every", args.commit_every != 1)) if value]
+                                      ("--commit-every", args.commit_every != 1),
+                                      ("--host-discovery", args.host_discovery is not None)) if value]
     if given and not args.elastic:
         p.error(f"{', '.join(given)}: only with --elastic")
     if args.max_ranks is not None and args.max_ranks < args.min_ranks:
@@ -153,6 +154,10 @@ def _run_flags(p: ArgumentParser) -> None:
     p.add_argument("--min-ranks", type=_positive_int, default=1,
                    help="--elastic: end the job when fewer ranks than this remain (default: 1)")
     p.add_argument("--max-ranks", type=_positive_int, help="--elastic: never grow beyond this many ranks")
+    p.add_argument("--host-discovery", metavar="SCRIPT",
+                   help="--elastic: a command that prints the hosts the job may use, one 'host:slots' line each; "
+                        "run by rank 0 every second, and at a commit where it lists free slots new ranks start "
+                        "there and join (up to --max-ranks)")
     p.add_argument("--commit-every", type=_positive_int, default=1, metavar="K",
                    help="--elastic: commit (keep in memory what a change rolls back to) every K steps, and at "
                         "every epoch's end (default: 1)")

@@ -22,10 +22,12 @@ _NOTICE_GRACE = 0.5   # seconds a setup goes on after a failure notice, in case 
 _testall = MPI.Request.Testall
 
 
-def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None) -> tuple[MPITransport, list[bytes]]:
+def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
+            notices_before: int | None = None) -> tuple[MPITransport, list[bytes]]:
     """Set up the runtime's private communicator, a duplicate of ``comm`` (default: every rank,
     MPI.COMM_WORLD), bounded by ``timeout`` seconds, and exchange ``record`` (at most 1 KiB: the
-    settings, or a problem found on this rank).
+    settings, or a problem found on this rank). A launcher's failure notice beyond the first
+    ``notices_before`` (default: those heard so far) ends it (see ``_wait_setup``).
 
     Returns the transport and every rank's record. Nothing here blocks inside MPI, so a rank
     that never comes makes the others raise TransportTimeout instead of waiting for ever.
@@ -33,8 +35,9 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None) -> tupl
     if len(record) > _SETUP_RECORD_BYTES:
         raise ValueError(f"setup record of {len(record)} bytes; at most {_SETUP_RECORD_BYTES}")
     deadline = time.monotonic() + timeout
+    heeded = failure_notices() if notices_before is None else notices_before
     comm, request = (comm or MPI.COMM_WORLD).Idup()   # a private duplicate: our messages never match the user's
-    _wait_setup([request], deadline, "make the runtime's communicator", comm)
+    _wait_setup([request], deadline, heeded, "make the runtime's communicator", comm)
     liveness = liveness_watch.Liveness()
     host = socket.gethostname().encode()[:200]
     mine = np.zeros(16 + 256 + _SETUP_RECORD_BYTES, np.uint8)
@@ -43,7 +46,7 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None) -> tupl
     mine[272:272 + len(record)] = np.frombuffer(record, np.uint8)
     every = np.empty((comm.Get_size(), mine.size), np.uint8)
     try:
-        _wait_setup([comm.Iallgather(mine, every)], deadline, "exchange the settings", comm, mine, every)
+        _wait_setup([comm.Iallgather(mine, every)], deadline, heeded, "exchange the settings", comm, mine, every)
     except TransportError:
         liveness.close()
         raise
@@ -52,11 +55,11 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None) -> tupl
     records = [row[272:].tobytes().rstrip(b"\0") for row in every]
     rank = comm.Get_rank()
     liveness.join(rank, hosts, ports)
-    _connect_across_hosts(comm, rank, hosts, deadline)
+    _connect_across_hosts(comm, rank, hosts, deadline, heeded)
     return MPITransport(comm, hosts, pids, liveness=liveness, owns_liveness=True), records
 
 
-def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadline: float) -> None:
+def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadline: float, heeded: int) -> None:
     """Exchange an empty message with every rank on another host, so that MPI connects to each now,
     while all are alive: a first message to a rank whose host had since gone was seen to block
     inside MPI (libfabric's tcp connecting) for minutes, out of reach of every deadline."""
@@ -66,22 +69,23 @@ def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadl
     empty = np.zeros(0, np.uint8)
     requests = [comm.Irecv([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
     requests += [comm.Isend([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
-    _wait_setup(requests, deadline, "connect to the ranks on other hosts", empty)
+    _wait_setup(requests, deadline, heeded, "connect to the ranks on other hosts", empty)
 
 
 _unfinished_setups: list = []   # requests of a setup that timed out, kept with their buffers for good
 
 
-def _wait_setup(requests: list[MPI.Request], deadline: float, what: str, *buffers: Any) -> None:
+def _wait_setup(requests: list[MPI.Request], deadline: float, heeded: int, what: str, *buffers: Any) -> None:
     """Poll until ``requests`` are done, the deadline passes, or the launcher has told this process
-    that another of the job died (``ring.transport.notices.hear_failure_notices``) and the setup still has not
-    ended _NOTICE_GRACE seconds later: before the exchange nobody knows the others' processes, so
-    that notice is the only word of a death here (without it the survivors would wait for the
-    whole timeout)."""
-    started, notices, noticed = time.monotonic(), failure_notices(), float("inf")
+    that another of the job died (more than ``heeded`` notices, see
+    ``ring.transport.notices.hear_failure_notices``) and the setup still has not ended
+    _NOTICE_GRACE seconds later: before the exchange nobody knows the others' processes, so that
+    notice is the only word of a death here (without it the survivors would wait for the whole
+    timeout)."""
+    started, noticed = time.monotonic(), float("inf")
     while not _testall(requests):
         now = time.monotonic()
-        if noticed == float("inf") and failure_notices() != notices:
+        if noticed == float("inf") and failure_notices() > heeded:
             noticed = now
         if now >= deadline or now - noticed >= _NOTICE_GRACE:
             # A nonblocking collective cannot be cancelled: keep it, and what it writes into, alive.

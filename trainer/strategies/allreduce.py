@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -24,33 +25,60 @@ def train(args, dataset, config: dict, model: MLP, opt: SGD, start: int, step: i
     """Epochs ``start``..``args.epochs`` of synchronous data-parallel training, from global step
     ``step`` (a checkpoint written by ``--max-steps`` may leave off inside epoch ``start``);
     returns their records (as ``ps.train``). Ends by checking that every rank holds the very same
-    parameters. Ctrl-C on any rank stops every rank before the same step (``Interrupted``).
+    parameters. Ctrl-C on any rank stops every rank before the same step (``Interrupted``)."""
+    state = training_state(args, dataset, model, opt, start, step)
+    return run_epochs(args, dataset, config, model, opt, state, log, layout, {"saved": start if args.resume else None})
 
-    What a step changes is a ``col.elastic.State``: with ``--elastic`` it is committed every
-    ``--commit-every`` steps and at each epoch's end, and when a rank dies the survivors go on
-    from the last commit in a world of their own (``col.elastic.run``)."""
-    first = (step - start * steps_per_epoch(dataset, args.batch_size)) * args.batch_size
-    state = col.elastic.State(params=model.flat_params, velocity=opt.velocity, epoch=start, step=step, first=first,
-                              loss_sum=0.0, comm_s=0.0, exposed_s=0.0, steps=0, history=[])
-    progress = {"saved": start if args.resume else None}   # the epochs the newest checkpoint covers
 
-    def remake_layout(state, change) -> None:
-        nonlocal layout
-        layout = make_layout(args.tensor_parallel)   # (the groups of the world before raise MembershipChanged)
-        log.reopen()                                 # (rank 0 may be another process now)
+def train_elastic(args, dataset, config: dict, model: MLP, opt: SGD, begin: Callable[[], tuple[int, int]],
+                  log: EpochLog, layout: Layout) -> list[dict]:
+    """``train`` under ``--elastic``: what a step changes is a ``col.elastic.State``, committed
+    every ``--commit-every`` steps and at each epoch's end; when a rank dies the survivors go on
+    from the last commit in a world of their own, and ranks that ``--host-discovery`` finds join
+    at a commit (``col.elastic.run``). ``begin()`` (the start's collectives: rank 0's model or
+    checkpoint, returning the epoch and step to start at) runs inside, once: a death there is a
+    change like any other, and a newcomer, which takes the state from rank 0, never runs it."""
+    state = training_state(args, dataset, model, opt, 0, 0, begun=False)
+    progress, current = {"saved": None}, {"layout": layout}   # (the newest checkpoint's epochs; this world's layout)
+
+    def remake_layout(state: col.elastic.State, change: col.elastic.Change) -> None:
+        current["layout"] = make_layout(args.tensor_parallel)   # (the groups of the world before raise
+        log.reopen()                                             # MembershipChanged; rank 0 may be another process)
 
     def epochs(state: col.elastic.State) -> list[dict]:
-        buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6, layout.dp)
-        while state.epoch < args.epochs:
-            if run_epoch(args, dataset, config, model, opt, state, buckets, layout, log, progress):
-                break   # (--max-steps)
-        check_replicas(model)
-        return state.history
+        if not state.begun:
+            start, step = begin()
+            state.epoch, state.step, state.first = start, step, first_sample(args, dataset, start, step)
+            progress["saved"], state.begun = start if args.resume else None, True
+            state.commit()
+        return run_epochs(args, dataset, config, model, opt, state, log, current["layout"], progress)
 
-    if not args.elastic:
-        return epochs(state)
     state.on_change(remake_layout)
-    return col.elastic.run(epochs, state, min_ranks=args.min_ranks, max_ranks=args.max_ranks)
+    return col.elastic.run(epochs, state, min_ranks=args.min_ranks, max_ranks=args.max_ranks,
+                           host_discovery=args.host_discovery)
+
+
+def training_state(args, dataset, model: MLP, opt: SGD, start: int, step: int, begun: bool = True) -> col.elastic.State:
+    """What a step changes: the parameters and momentum (in place), where the run stands (epoch,
+    global step, first sample of the epoch's order) and the epoch's running sums."""
+    return col.elastic.State(params=model.flat_params, velocity=opt.velocity, epoch=start, step=step,
+                             first=first_sample(args, dataset, start, step), loss_sum=0.0, comm_s=0.0,
+                             exposed_s=0.0, steps=0, history=[], begun=begun)
+
+
+def first_sample(args, dataset, epoch: int, step: int) -> int:
+    """Where global step ``step`` starts in epoch ``epoch``'s order of samples."""
+    return (step - epoch * steps_per_epoch(dataset, args.batch_size)) * args.batch_size
+
+
+def run_epochs(args, dataset, config: dict, model: MLP, opt: SGD, state, log: EpochLog, layout: Layout,
+               progress: dict) -> list[dict]:
+    buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6, layout.dp)
+    while state.epoch < args.epochs:
+        if run_epoch(args, dataset, config, model, opt, state, buckets, layout, log, progress):
+            break   # (--max-steps)
+    check_replicas(model)
+    return state.history
 
 
 def run_epoch(args, dataset, config: dict, model: MLP, opt: SGD, state, buckets, layout: Layout, log: EpochLog,
