@@ -63,7 +63,9 @@ class Discovery:
         """Run the script once: keep what it lists, or say once why not and keep the last good list."""
         try:
             done = subprocess.run(self.script, shell=True, capture_output=True, text=True,
-                                  timeout=min(_SCRIPT_SECONDS, 10 * self.interval))
+                                  timeout=min(_SCRIPT_SECONDS, 10 * self.interval),
+                                  start_new_session=True)   # (the launcher's failure notices, SIGUSR1 to the
+            # rank's process group, killed a script running at a death: "exit status -10")
             if done.returncode != 0:
                 raise ValueError(f"exit status {done.returncode}: {done.stderr.strip()[-200:]}")
             listed = parse(done.stdout)
