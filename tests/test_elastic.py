@@ -116,3 +116,27 @@ def test_the_trainer_loses_a_rank_and_ends_with_the_bits_of_a_restart(tmp_path):
     assert first.returncode == 0, first.stdout[-3000:]
     second = run_world(3, [*train, "--checkpoint-dir", directory, "--resume"], 120)
     assert second.returncode == 0 and f"blake2b {digest}" in second.stdout, (out[-2000:], second.stdout[-2000:])
+
+
+def test_the_trainer_grows_by_host_discovery_and_ends_with_the_bits_of_a_restart(tmp_path):
+    """``python -m trainer --elastic --host-discovery`` started on 2 ranks of a host whose third
+    slot the script lists from its second run on (a second or so into training): a newcomer
+    starts and joins at a commit (the line names it and the step), and the run ends with the
+    parameters of 2 ranks to that step (--max-steps, a checkpoint) then 3 ranks resumed from it.
+    The newcomer runs the trainer's start-up without its collectives (rank 0's state is its
+    start)."""
+    train = ["-m", "trainer", "--epochs", "100", "--dtype", "float64"]
+    runs = tmp_path / "runs"
+    script = f"echo run >> {runs}; [ $(wc -l < {runs}) -ge 2 ] && echo localhost:3 || echo localhost:2"
+    elastic = ["--elastic", "--max-ranks", "3", "--host-discovery", script]
+    grown = run_world(2, [*train, *elastic], 120, launcher_args=CLEANUP)
+    out = grown.stdout
+    found = re.search(r"elastic: 1 joined: 2 -> 3 ranks; back to step (\d+)", out)
+    assert grown.returncode == 0 and found and "done: 100 epoch(s)" in out and "on 3 rank(s)" in out, out[-3000:]
+    assert 0 < int(found.group(1)) < 100 * 23, out[-3000:]   # (23 steps an epoch: 1438 digits, batches of 64)
+    digest = re.search(r"parameters identical on every rank \(blake2b (\w+)\)", out).group(1)
+    directory = str(tmp_path / "reference")
+    first = run_world(2, [*train, "--max-steps", found.group(1), "--checkpoint-dir", directory], 120)
+    assert first.returncode == 0, first.stdout[-3000:]
+    second = run_world(3, [*train, "--checkpoint-dir", directory, "--resume"], 120)
+    assert second.returncode == 0 and f"blake2b {digest}" in second.stdout, (out[-2000:], second.stdout[-2000:])
