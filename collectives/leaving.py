@@ -67,6 +67,16 @@ def leave(w: Group, finishing: bool = True) -> None:
 
 
 
+def end_unset(rank: int) -> None:
+    """At exit of a process whose runtime was never set up, after the launcher's failure notice
+    (a process of the job died before the setup): MPI_Finalize would wait for it for ever, so
+    end now, with status 1."""
+    print(f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize: a process of this job died "
+          "before the runtime was set up, and MPI_Finalize would wait for it for ever", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
 def _say_no_finalize(w: Group, gone: list[int]) -> None:
     dead = [r for r in w.transport.control.known_dead() if r in gone]
     leaving = [r for r in gone if r not in dead]

@@ -170,10 +170,9 @@ def rebuild(newcomers: int = 0, hosts: list[str] | None = None, timeout: float |
     After a death (the runtime stopped because a rank died or its host vanished), every survivor
     calls it: they agree on who is gone and make a world of themselves, numbered in their old
     order (rank 0 is the lowest survivor). With ``newcomers``, every member then spawns that many
-    processes running this program (one on each of ``hosts`` in turn, if given), which join as
-    the last ranks. The old world and every group made on it raise MembershipChanged from then
-    on; so does ``wait()`` on a call that was in flight. Bounded by ``timeout`` (default: the
-    runtime's). ``collectives.elastic.run`` calls it; most programs never do.
+    processes running this program (on ``hosts`` in turn, if given), which join as the last ranks.
+    The old world, its groups and a ``wait()`` on a call in flight raise MembershipChanged from
+    then on. Bounded by ``timeout`` (default: the runtime's). ``col.elastic.run`` calls it.
 
     >>> change = col.world.rebuild()      # on the survivors of rank 3, in a world of 4  # doctest: +SKIP
     >>> change.gone, col.size(), change.text                                          # doctest: +SKIP
@@ -213,9 +212,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     MPI = mpi()
     from ring.transport import mpi_setup   # (imported here: importing it starts MPI)
     notices.hear_failure_notices()   # (before the setup: a notice there would end this process unheard)
-    # The first setup heeds every notice since MPI started (a rank killed a moment before it must not
-    # leave the others waiting for it); a later one (a rebuild) those from now on.
-    heeded = 0 if comm is None else notices.failure_notices()
+    heeded = 0 if comm is None else notices.failure_notices()   # (the first setup: every notice since MPI started)
     try:
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
                                                    config.record(found, problem, left), comm, heeded)
@@ -269,10 +266,8 @@ def mpi():
         global started_mpi
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         started_mpi = True
-    # From now on (not only from the setup): a rank killed before the setup must be heard of there.
-    # Not before MPI starts: MPICH's own SIGUSR1 handler, installed then, would pass notices on to
-    # this one but also act on them itself (and end this process).
-    notices.hear_failure_notices()
+    notices.hear_failure_notices()   # (from now: a death before the setup is heard of there. Not before MPI
+    # starts: MPICH's own SIGUSR1 handler, installed then, would pass a notice on, but also end this process)
     hooks.install(_at_exit)
     return MPI
 
@@ -329,17 +324,10 @@ def _leave_unset() -> None:
 
 def _finalize_if_nobody_will() -> None:
     """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told
-    mpi4py not to (``mpi4py.rc.finalize = False``) and did not itself. A process that ends without
-    MPI_Finalize makes MPICH's launcher kill the other ranks, which may still be finishing.
-
-    But where a process of the job died before the world was set up (the launcher's failure
-    notice came), anyone's MPI_Finalize would wait for it for ever: end now, with status 1."""
+    mpi4py not to (``mpi4py.rc.finalize = False``) and did not itself (a process that ends without
+    it makes MPICH's launcher kill the others), but not after a death before the setup."""
     if mpi_running() and the_world is None and notices.failure_notices():
-        print(f"[rank {sys.modules['mpi4py.MPI'].COMM_WORLD.Get_rank()}] collectives: exiting with status 1 "
-              "without MPI_Finalize: a process of this job died before the runtime was set up, and MPI_Finalize "
-              "would wait for it for ever", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(1)
+        leaving.end_unset(sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank())
     if mpi_running() and (started_mpi or sys.modules["mpi4py"].rc.finalize is False):
         sys.modules["mpi4py.MPI"].Finalize()
 

@@ -1,0 +1,166 @@
+"""The state of an elastic job (``col.elastic.State``): what a change of the world rolls back to,
+kept on every rank by ``commit()`` and handed to the ranks of a new world by ``sync()``. Part of
+``collectives.elastic``, which re-exports it; ``collectives.elastic.run`` drives it."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+from collectives.api import broadcast
+from collectives.changes import Change
+from collectives.errors import CollectiveUsageError
+from collectives.world import rank
+
+
+class State:
+    """Arrays (numpy, updated in place or replaced) and plain values (numbers, strings, lists and
+    dicts of them: what JSON holds) that roll back together. ``commit()`` keeps a copy on this
+    rank (no disk, no communication); ``restore()`` puts the last one back, arrays in place (so
+    views of them held elsewhere stay valid); ``sync()`` gives every rank rank 0's.
+
+    >>> state = State(weights=np.zeros(3), step=0)
+    >>> state.weights += 1; state.step = 1; state.commit()
+    >>> state.weights += 1; state.step = 2
+    >>> state.restore(); state.weights, state.step, state.commits
+    (array([1., 1., 1.]), 1, 1)
+    """
+
+    def __init__(self, **items: Any):
+        names = {}
+        for name, value in items.items():
+            names[name] = _check(name, value)
+        object.__setattr__(self, "_items", names)
+        object.__setattr__(self, "commits", 0)
+        object.__setattr__(self, "_kept", None)
+        object.__setattr__(self, "_callbacks", [])
+        object.__setattr__(self, "_at_commit", None)   # run's growth check, with host discovery
+        self._keep()
+        object.__setattr__(self, "commits", 0)
+
+    def __getattr__(self, name: str) -> Any:
+        items = object.__getattribute__(self, "_items")
+        if name in items:
+            return items[name]
+        raise AttributeError(f"State has no {name!r} (it holds {', '.join(items) or 'nothing'})")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._items:
+            raise AttributeError(f"State: {name!r} is not one of its items ({', '.join(self._items)}); give every "
+                                 "item to State(...) at the start")
+        self._items[name] = _check(name, value)
+
+    def commit(self) -> None:
+        """Keep a copy of every item on this rank: what a change of the world rolls back to. Under
+        ``run(..., host_discovery=...)`` also a collective call, the moment newcomers may join: every
+        rank must commit together (rank 0 tells the others whether the job grows now)."""
+        self._keep()
+        if self._at_commit is not None:
+            self._at_commit()
+
+    def _keep(self) -> None:
+        before = self._kept or {}
+        kept = {name: _copy_into(before.get(name), value) for name, value in self._items.items()}
+        object.__setattr__(self, "_kept", kept)
+        object.__setattr__(self, "commits", self.commits + 1)
+
+    def restore(self) -> None:
+        """Put the last commit back: arrays (and tensors) of the same shape and dtype in place, the rest by value."""
+        for name, saved in self._kept.items():
+            current, kept = _array(self._items.get(name)), _array(saved)
+            if current is not None and kept is not None and current.shape == kept.shape and current.dtype == kept.dtype:
+                np.copyto(current, kept)
+            else:
+                self._items[name] = _copy_into(None, saved)
+
+    def sync(self, root: int = 0) -> None:
+        """Every rank: take rank ``root``'s items (arrays broadcast in place, values as JSON), and
+        commit them. Every rank must hold the same item names, arrays of the same shapes."""
+        values = {name: v for name, v in self._items.items() if _array(v) is None}
+        received = _broadcast_json({"values": values, "commits": self.commits}, root, "elastic state")
+        for value in self._items.values():
+            if _array(value) is not None:
+                broadcast(_array(value), root=root)
+        self._items.update(received["values"])
+        self._keep()
+        object.__setattr__(self, "commits", received["commits"])
+
+    def on_change(self, callback: Callable[["State", Change], None]) -> None:
+        """Call ``callback(state, change)`` on every rank after each change of the world, once the
+        state is rolled back and synced (to rebuild what depends on the world: groups, shards);
+        a newcomer calls it too, on entering ``run``, with the change that it joined by."""
+        self._callbacks.append(callback)
+
+    def where(self) -> str:
+        """Where the state stands, as the line of a change says: its ``step`` if it has one, else
+        how many commits it holds."""
+        return f"step {self._items['step']}" if "step" in self._items else f"commit {self.commits}"
+
+
+def _broadcast_json(value: Any, root: int, name: str) -> Any:
+    """Rank ``root``'s ``value`` (JSON), on every rank: its length, then its text."""
+    text = json.dumps(value).encode() if rank() == root else b""
+    length = broadcast(np.array([len(text)], np.int64), root=root, name=name)
+    encoded = np.frombuffer(text, np.uint8).copy() if rank() == root else np.empty(int(length[0]), np.uint8)
+    return json.loads(broadcast(encoded, root=root).tobytes())
+
+
+def _array(value: Any) -> np.ndarray | None:
+    """The numpy array that holds an item's data: a numpy array itself, a torch tensor's memory
+    (``.numpy()``, shared), None for a plain value. torch is never imported here: a program that
+    holds a tensor has imported it."""
+    if isinstance(value, np.ndarray):
+        return value
+    torch = sys.modules.get("torch")
+    return value.detach().numpy() if torch is not None and isinstance(value, torch.Tensor) else None
+
+
+def _copy_into(kept: Any, value: Any) -> Any:
+    """A copy of ``value`` of its own type, into ``kept`` where it fits (a commit every step then
+    costs a memcpy, not a fresh allocation whose pages fault in: 0.4 ms instead of 2.4 ms for
+    2 x 1.3 M floats)."""
+    source = _array(value)
+    if source is None:
+        return copy.deepcopy(value)
+    target = _array(kept)
+    if target is not None and type(kept) is type(value) and target.shape == source.shape \
+            and target.dtype == source.dtype:
+        np.copyto(target, source)
+        return kept
+    return value.copy() if isinstance(value, np.ndarray) else value.detach().clone()
+
+
+def _check(name: str, value: Any) -> Any:
+    """``value`` if a State can hold it: an array of numbers (a numpy array, a torch tensor) or a
+    value that JSON gives back as it was (what ``sync`` sends); else CollectiveUsageError naming it."""
+    array = _array(value)
+    if array is not None:
+        if array.dtype.hasobject:
+            raise CollectiveUsageError(f"elastic.State: {name}: an array of Python objects (dtype object) cannot be "
+                                       "sent to other ranks; hold numbers, or a list of plain values")
+        return value
+    problem = _not_plain(value)
+    if problem:
+        raise CollectiveUsageError(f"elastic.State: {name}: expected a numpy array or a plain value (None, bools, "
+                                   f"numbers, strings, and lists and str-keyed dicts of them), got {problem}")
+    return value
+
+
+def _not_plain(value: Any) -> str:
+    """What in ``value`` JSON would not give back as it is ("" if nothing): a tuple comes back a
+    list, a dict's int key a string, a numpy integer not at all (numpy's float64, a float, comes
+    back as the same number)."""
+    if value is None or isinstance(value, (int, float, str)):
+        return ""
+    if type(value) is list:
+        return next((problem for problem in map(_not_plain, value) if problem), "")
+    if type(value) is dict:
+        keys = [key for key in value if type(key) is not str]
+        if keys:
+            return f"a dict with a key that is not a string ({keys[0]!r}: it would come back as {str(keys[0])!r})"
+        return next((problem for problem in map(_not_plain, value.values()) if problem), "")
+    hint = " (it would come back as a list: use a list)" if isinstance(value, tuple) else ""
+    return f"{type(value).__name__} {value!r:.60}{hint}"
