@@ -110,11 +110,17 @@ def test_the_trainer_loses_a_rank_and_ends_with_the_bits_of_a_restart(tmp_path):
     out = "".join(lines)
     found = re.search(r"elastic: rank 2 gone: 4 -> 3 ranks; back to step (\d+)", out)
     assert found and "done: " in out, out[-3000:]
+    _ends_as_a_restart(out, train, 4, int(found.group(1)), 3, tmp_path)
+
+
+def _ends_as_a_restart(out: str, train: list[str], before: int, step: int, after: int, tmp_path) -> None:
+    """The elastic run's final parameters (its output ``out``) are those of ``before`` ranks to
+    ``step`` (--max-steps, a checkpoint), then ``after`` ranks resumed from it, bit for bit."""
     digest = re.search(r"parameters identical on every rank \(blake2b (\w+)\)", out).group(1)
     directory = str(tmp_path / "reference")
-    first = run_world(4, [*train, "--max-steps", found.group(1), "--checkpoint-dir", directory], 120)
+    first = run_world(before, [*train, "--max-steps", str(step), "--checkpoint-dir", directory], 120)
     assert first.returncode == 0, first.stdout[-3000:]
-    second = run_world(3, [*train, "--checkpoint-dir", directory, "--resume"], 120)
+    second = run_world(after, [*train, "--checkpoint-dir", directory, "--resume"], 120)
     assert second.returncode == 0 and f"blake2b {digest}" in second.stdout, (out[-2000:], second.stdout[-2000:])
 
 
@@ -134,9 +140,4 @@ def test_the_trainer_grows_by_host_discovery_and_ends_with_the_bits_of_a_restart
     found = re.search(r"elastic: 1 joined: 2 -> 3 ranks; back to step (\d+)", out)
     assert grown.returncode == 0 and found and "done: 100 epoch(s)" in out and "on 3 rank(s)" in out, out[-3000:]
     assert 0 < int(found.group(1)) < 100 * 23, out[-3000:]   # (23 steps an epoch: 1438 digits, batches of 64)
-    digest = re.search(r"parameters identical on every rank \(blake2b (\w+)\)", out).group(1)
-    directory = str(tmp_path / "reference")
-    first = run_world(2, [*train, "--max-steps", found.group(1), "--checkpoint-dir", directory], 120)
-    assert first.returncode == 0, first.stdout[-3000:]
-    second = run_world(3, [*train, "--checkpoint-dir", directory, "--resume"], 120)
-    assert second.returncode == 0 and f"blake2b {digest}" in second.stdout, (out[-2000:], second.stdout[-2000:])
+    _ends_as_a_restart(out, train, 2, int(found.group(1)), 3, tmp_path)
