@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from collectives.errors import CollectiveError
 from ring.transport.base import TransportError
+from ring.transport.notices import failure_notices
 
 #: The interpreter option (``python -X collectives_joining ...``) that its spawners give a newcomer:
 #: it joins a world instead of starting one. (Not an environment variable: MPICH's launcher starts
@@ -66,29 +70,105 @@ def survivors_communicator(world, until: float):
                               f"a new world: {e}") from e
 
 
-def spawn_newcomers(comm, count: int, hosts: list[str], argv: list[str] | None = None):
+#: How long a newcomer may take to join (its supervisor ends it then, see ``collectives.supervisor``);
+#: the members give up on a spawn a little later (``spawn_newcomers``).
+JOIN_SECONDS = 20.0
+_NOTICE_GRACE = 0.5   # seconds a spawn goes on after a failure notice, in case it was not one of its processes
+
+
+class SpawnFailed(CollectiveError):
+    """The members gave up on a spawn: a member or a newcomer died meanwhile, or the newcomers did
+    not join in time. The spawn is left behind, inside MPI for good (MPI cannot cancel one)."""
+
+
+def grow(world, comm, count: int, hosts: list[str], until: float) -> tuple[tuple[int, ...], object, str]:
+    """Every member of the world group ``world`` (``comm``: its communicator): spawn ``count``
+    newcomers and return (nobody gone, the communicator of members and newcomers, ""); if the
+    spawn is given up, the members that live (and whose MPI still answers: ``leave_if_held``)
+    make a communicator of their own: (the gone, that communicator, " (why)")."""
+    try:
+        return (), spawn_newcomers(comm, count, hosts, until, world.transport.control.known_dead), ""
+    except SpawnFailed as e:
+        leave_if_held(comm, world.rank(), e)
+        gone, comm = survivors_communicator(world, until)
+        return gone, comm, f" ({e})"
+
+
+def spawn_newcomers(comm, count: int, hosts: list[str], until: float, dead: Callable[[], list[int]],
+                    argv: list[str] | None = None):
     """Every member of ``comm`` together: start ``count`` newcomers running this program (``argv``:
     default this interpreter's own arguments, ``-u``, ``-m module`` and all), one on each of
     ``hosts`` in turn where given (else wherever the launcher puts them), and return the
     communicator of members and newcomers, members first. Only rank 0's arguments count (MPI's
-    spawn reads the root's); it blocks inside MPI until every newcomer has joined
-    (``join_spawners``).
+    spawn reads the root's).
+
+    MPI's spawn blocks until every newcomer has joined (``join_spawners``), and for ever if a
+    member or a newcomer dies meanwhile: it runs in a thread of its own, while this one watches
+    ``dead()`` (the members known dead), the launcher's failure notices (a newcomer's death) and
+    the time (``until``, at most JOIN_SECONDS and a little more), and raises SpawnFailed on the first.
 
     One spawn of ``count`` processes with the hosts as one comma-separated list (MPI's "host"
     info key), not one per host: MPICH's launcher keeps only the last host of a Spawn_multiple."""
     from mpi4py import MPI
     args = ["-X", JOINING, *(_without_mark(sys.orig_argv[1:]) if argv is None else _python_args(list(argv)))]
-    info = MPI.Info.Create()
-    if hosts:
-        info.Set("host", ",".join(hosts[:count]))
-    try:
-        inter = comm.Spawn(sys.executable, args, count, info, root=0)
-    finally:
-        info.Free()
-    merged = inter.Merge(high=False)
-    inter.Disconnect()
+    result: dict = {}
+
+    def spawn() -> None:
+        info = MPI.Info.Create()
+        if hosts:
+            info.Set("host", ",".join(hosts[:count]))
+        try:
+            inter = comm.Spawn(sys.executable, args, count, info, root=0)
+            result["comm"] = inter.Merge(high=False)
+            inter.Disconnect()
+        except Exception as e:   # (an MPI error: the launcher could not start them)
+            result["error"] = e
+        finally:
+            info.Free()
+
+    spawning = threading.Thread(target=spawn, name="collectives spawn", daemon=True)
+    notices_before, noticed = failure_notices(), float("inf")
+    until = min(until, time.monotonic() + JOIN_SECONDS + 5.0)
+    spawning.start()
+    while spawning.is_alive():
+        spawning.join(0.01)
+        now = time.monotonic()
+        if noticed == float("inf") and failure_notices() > notices_before:
+            noticed = now
+        why = (f"rank(s) {dead()} died" if dead() else "a process died (the launcher's notice)"
+               if now - noticed > _NOTICE_GRACE else "the newcomers did not join in time" if now > until else "")
+        if why and spawning.is_alive():
+            _abandoned.append(spawning)
+            raise SpawnFailed(f"the spawn of {count} newcomer(s) was given up: {why}")
+    if "error" in result:
+        raise SpawnFailed(f"the spawn of {count} newcomer(s) failed: {result['error']}")
     spawned_here()
-    return merged
+    return result["comm"]
+
+
+_abandoned: list[threading.Thread] = []   # spawns given up, inside MPI for good (see spawn_newcomers)
+
+
+def leave_if_held(comm, rank: int, failure: SpawnFailed, seconds: float = 1.0) -> None:
+    """After a spawn was given up: end this process (status 1) if MPI no longer answers here.
+    The spawn's root was seen to keep MPI's lock inside the spawn left behind after another
+    member died (its next MPI call waited for ever): it cannot take part in a new world, so it
+    leaves, and the others count it among the gone."""
+    answered = threading.Event()
+
+    def probe() -> None:
+        comm.Iprobe(tag=_PROBE_TAG)
+        answered.set()
+
+    threading.Thread(target=probe, name="collectives probe", daemon=True).start()
+    if not answered.wait(seconds):
+        print(f"[rank {rank}] collectives: MPI stays held by a spawn that was given up ({failure}); this process "
+              "cannot go on and ends, the others go on without it", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+
+
+_PROBE_TAG = 13   # (never sent: leave_if_held only asks MPI whether it answers)
 
 
 def joining() -> bool:
@@ -111,7 +191,7 @@ def join_spawners():
 
 def spawned_here() -> None:
     """Tell this process's supervisor, if it has one, that the job now has spawned processes:
-    it outlives this process by a moment (``collectives.elastic._outlive`` says why). Once."""
+    it outlives this process by a moment (``collectives.supervisor._told`` says why). Once."""
     fd, _, pid = os.environ.pop(OUTLIVE_FD, "").partition(":")
     if fd.isdigit() and pid == str(os.getpid()):   # (not a variable that a process of ours inherited)
         try:

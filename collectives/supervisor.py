@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
 import time
@@ -26,7 +27,8 @@ def supervise() -> None:
     under MPICH's launcher (PMI_FD or PMI_PORT set, no Open MPI); elsewhere it does nothing.
 
     In a job that spawned newcomers, the supervisor also outlives its child by a moment (see
-    ``_outlive``), so that MPICH's launcher does not die of its own notices at the job's end.
+    ``_told``), so that MPICH's launcher does not die of its own notices at the job's end. A
+    newcomer's supervisor ends it if it has not joined the job within ``changes.JOIN_SECONDS``.
 
     >>> col.elastic.supervise()       # the first line of the program          # doctest: +SKIP
     """
@@ -44,25 +46,40 @@ def supervise() -> None:
         return
     os.close(tell)
     if os.environ.get("PMI_FD", "").isdigit():
-        os.close(int(os.environ["PMI_FD"]))   # (the launcher sees the child's end when the child ends: see _outlive)
+        os.close(int(os.environ["PMI_FD"]))   # (the launcher sees the child's end when the child ends: see _told)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_IGN)
+    joined = _await_joining(child, told) if changes.joining() else b""
     while True:
         try:
             _, status = os.waitpid(child, 0)
             break
         except InterruptedError:
             continue
-    _outlive(told)
+    if joined or _told(told):
+        time.sleep(_OUTLIVE_SECONDS)   # (see _told)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def _await_joining(child: int, told: int) -> bytes:
+    """A newcomer's supervisor: wait until the child says it joined the job (``changes.spawned_here``
+    writes to ``told``), or ends; after ``changes.JOIN_SECONDS`` end it. A member that died while
+    the members spawned it leaves it waiting inside MPI (its MPI_Init, or the merge), for ever."""
+    ready, _, _ = select.select([told], [], [], changes.JOIN_SECONDS)
+    if ready:
+        return os.read(told, 1)   # (b"": it ended first)
+    print(f"collectives: a newcomer (pid {child}) could not join the running job within {changes.JOIN_SECONDS:.0f} s "
+          "(the members gave up its spawn); it ends", file=sys.stderr, flush=True)
+    os.kill(child, signal.SIGKILL)
+    return b""
 
 
 _OUTLIVE_SECONDS = 0.5
 
 
-def _outlive(told: int) -> None:
-    """In a job with spawned processes, wait _OUTLIVE_SECONDS after the child ended (the child
-    said so through ``told``, see ``changes.spawned_here``).
+def _told(told: int) -> bool:
+    """Whether the child said (through ``told``, see ``changes.spawned_here``) that the job has
+    spawned processes: then the supervisor outlives it by _OUTLIVE_SECONDS.
 
     MPICH's launcher (hydra 5, under -disable-auto-cleanup) answers every process's end, even a
     normal one, with a notice to the proxy of each other process group on its host (the
@@ -72,11 +89,9 @@ def _outlive(told: int) -> None:
     the launcher's connection, so that its child's end is the one reported) is that process."""
     os.set_blocking(told, False)   # (a process the child forked may hold the pipe open still)
     try:
-        said = os.read(told, 1)
+        return bool(os.read(told, 1))
     except OSError:
-        said = b""
-    if said:
-        time.sleep(_OUTLIVE_SECONDS)
+        return False
 
 
 def _die_with_parent() -> None:

@@ -132,8 +132,7 @@ def size() -> int:
 
 def _same_ranks(comm, ours) -> bool:
     """Whether ``comm`` has the runtime's ranks in the runtime's order (``ours`` is its duplicate)."""
-    MPI = mpi()
-    return MPI.Comm.Compare(comm, ours) in (MPI.IDENT, MPI.CONGRUENT)
+    return mpi().Comm.Compare(comm, ours) in (mpi().IDENT, mpi().CONGRUENT)
 
 
 def _communicator(comm):
@@ -184,16 +183,17 @@ def rebuild(newcomers: int = 0, hosts: list[str] | None = None, timeout: float |
         settings = old.runtime.settings
         timeout = settings.timeout if timeout is None else timeout
         until = time.monotonic() + timeout
-        gone, comm = (), old.transport.comm
+        gone, comm, given_up = (), old.transport.comm, ""
         old.runtime.engine.close()   # (its thread must not poll the old transports while the ranks agree)
         if old.runtime.failure is not None:   # (a change of a stopped world is a recovery)
             gone, comm = changes.survivors_communicator(old, until)
-            gone = tuple(old.ranks[r] for r in gone)
-        if newcomers:
-            comm = changes.spawn_newcomers(comm, newcomers, hosts or [])
+        if newcomers:   # (a spawn given up leaves the members that live in a world of their own)
+            gone, comm, given_up = changes.grow(old, comm, newcomers, hosts or [], until)
+        gone = tuple(old.ranks[r] for r in gone)
         new = set_up(asdict(settings), "", timeout=max(until - time.monotonic(), 1.0), comm=comm,
                      outlived=bool(gone or newcomers) or old.runtime.outlived)
-        change = changes.Change(gone, newcomers, old.size(), new.size())
+        change = changes.Change(gone, new.size() - old.size() + len(gone), old.size(), new.size())
+        change = replace(change, text=change.text + given_up)
         old.runtime.retire(change.text)
         for group in reversed(old.runtime.groups):
             group.transports.close(failed=True)
