@@ -12,7 +12,8 @@ gradient depends on the weights, so a step applied twice or lost would show.
 ``--grow-to K``: after the last step, keep committing (one commit a ``--sleep``, at most
 ``--wait-commits``) until the world has K ranks, so that a slow machine cannot end the job
 before the newcomers came. ``--kill R:S``: the process that the launcher made rank R dies by
-SIGKILL at step S. Every rank prints one line at the end (``done``), rank 0 writes the weights.
+SIGKILL at step S; ``--die-spawning R``: during the first spawn. Every rank prints one line at
+the end (``done``), rank 0 writes the weights.
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def main() -> int:
     col.elastic.supervise()   # (first: before MPI starts)
     args = _arguments()
     launched_as = -1 if col.elastic.joining() else int(os.environ.get("PMI_RANK", "0"))
+    if launched_as == args.die_spawning:
+        _die_while_spawning()
     state = col.elastic.State(w=np.zeros(SIZE), step=0)
 
     def train(state):
@@ -87,6 +90,20 @@ def main() -> int:
     return 0
 
 
+def _die_while_spawning() -> None:
+    """This process dies (SIGKILL) 0.1 s into the first spawn of newcomers (a newcomer takes longer
+    than that to start and join, so the other members are inside MPI's spawn then)."""
+    import threading
+    from collectives import changes
+    spawn = changes.spawn_newcomers
+
+    def dying(*args, **kwargs):
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        return spawn(*args, **kwargs)
+
+    changes.spawn_newcomers = dying
+
+
 def _arguments():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
@@ -98,6 +115,7 @@ def _arguments():
     p.add_argument("--wait-commits", type=int, default=1500, help="... for at most this many commits")
     p.add_argument("--kill", action="append", default=[], type=lambda s: tuple(map(int, s.split(":"))),
                    help="R:S: the rank launched as R dies at step S")
+    p.add_argument("--die-spawning", type=int, help="the rank launched as this dies during the first spawn")
     p.add_argument("--timing", action="store_true", help="print when growth starts and a newcomer's first step ends")
     p.add_argument("--out", help="rank 0 writes the final weights here (.npy)")
     return p.parse_args()
