@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives import changes, world as worlds
+from collectives import changes, supervisor, world as worlds
 from collectives.api import broadcast
 from collectives.changes import Change
 from collectives.discovery import Discovery
@@ -75,6 +75,10 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
     _check_arguments(min_ranks, max_ranks, host_discovery, discovery_interval)
     worlds.world()   # (a newcomer joins the running job here: its MPI world is itself alone)
     _check_size(min_ranks, "at the start")
+    if rank() == 0 and announce and supervisor.under_hydra() and not supervisor.supervised:
+        print("elastic: warning: this program did not call col.elastic.supervise() first: MPICH's launcher will "
+              "kill every rank on the host of a rank killed by a signal (see docs/elastic.md)", file=sys.stderr,
+              flush=True)
     discovery = Discovery(host_discovery, discovery_interval) if host_discovery else None
     global _arrived
     settle = _Settle(state, None, time.monotonic(), announce) if joining() else state.sync

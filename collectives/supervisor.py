@@ -32,14 +32,15 @@ def supervise() -> None:
 
     >>> col.elastic.supervise()       # the first line of the program          # doctest: +SKIP
     """
-    if "OMPI_COMM_WORLD_RANK" in os.environ or not ({"PMI_FD", "PMI_PORT"} & os.environ.keys()) \
-            or "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized():
+    global supervised
+    if not under_hydra() or "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized():
         return
     sys.stdout.flush()
     sys.stderr.flush()
     told, tell = os.pipe()
     child = os.fork()
     if child == 0:
+        supervised = True
         os.close(told)
         os.environ[changes.OUTLIVE_FD] = f"{tell}:{os.getpid()}"   # (changes.spawned_here writes to it)
         _die_with_parent()
@@ -59,6 +60,14 @@ def supervise() -> None:
     if joined or _told(told):
         time.sleep(_OUTLIVE_SECONDS)   # (see _told)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+supervised = False   # this process runs under a supervisor (see supervise)
+
+
+def under_hydra() -> bool:
+    """Whether MPICH's launcher (hydra) started this process (Open MPI's sets PMI_* too at times)."""
+    return "OMPI_COMM_WORLD_RANK" not in os.environ and bool({"PMI_FD", "PMI_PORT"} & os.environ.keys())
 
 
 def _await_joining(child: int, told: int) -> bytes:

@@ -63,7 +63,7 @@ def training_state(args, dataset, model: MLP, opt: SGD, start: int, step: int, b
     global step, first sample of the epoch's order) and the epoch's running sums."""
     return col.elastic.State(params=model.flat_params, velocity=opt.velocity, epoch=start, step=step,
                              first=first_sample(args, dataset, start, step), loss_sum=0.0, comm_s=0.0,
-                             exposed_s=0.0, steps=0, history=[], begun=begun)
+                             exposed_s=0.0, elapsed_s=0.0, steps=0, history=[], begun=begun)
 
 
 def first_sample(args, dataset, epoch: int, step: int) -> int:
@@ -88,7 +88,6 @@ def run_epoch(args, dataset, config: dict, model: MLP, opt: SGD, state, buckets,
     run stopped at ``--max-steps`` instead (with a checkpoint of that step)."""
     xp, n_train, epoch = model.xp, len(dataset.train_y), state.epoch
     order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
-    began = time.perf_counter()
     while state.first < n_train:
         if stop_requested():
             raise Interrupted(f"epoch {epoch + 1}, step {state.first // args.batch_size + 1} of "
@@ -98,6 +97,7 @@ def run_epoch(args, dataset, config: dict, model: MLP, opt: SGD, state, buckets,
                 save_checkpoint(args, model, opt, epoch - 1, state.step, config, partial=True)
             say(f"stopped at step {state.step} (--max-steps)")
             return True
+        began = time.perf_counter()
         batch = order[state.first: state.first + args.batch_size]
         shard = xp.asarray(np.array_split(batch, layout.dp_size)[layout.dp_rank])
         loss, in_flight, exposed = train_step(model, opt, buckets, dataset.train_x[shard],
@@ -107,8 +107,8 @@ def run_epoch(args, dataset, config: dict, model: MLP, opt: SGD, state, buckets,
         state.steps, state.step, state.first = state.steps + 1, state.step + 1, state.first + len(batch)
         if args.elastic and state.step % args.commit_every == 0:
             state.commit()
-    elapsed = time.perf_counter() - began
-    steps = max(state.steps, 1)
+        state.elapsed_s += time.perf_counter() - began   # (in the state: a change keeps the epoch's time so far)
+    elapsed, steps = state.elapsed_s, max(state.steps, 1)
     loss = float(col.allreduce(np.array([state.loss_sum]), group=layout.dp)[0]) / n_train
     record = {**epoch_record(epoch, state.step, loss, model, dataset, layout, elapsed, steps, state.comm_s,
                              state.exposed_s, str(layout)), "dp": layout.dp_size, "tp": layout.tp_size}
@@ -117,8 +117,8 @@ def run_epoch(args, dataset, config: dict, model: MLP, opt: SGD, state, buckets,
     if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or epoch + 1 == args.epochs):
         save_checkpoint(args, model, opt, epoch, state.step, config)
         progress["saved"] = epoch + 1
-    state.epoch, state.first, state.loss_sum, state.comm_s, state.exposed_s, state.steps = epoch + 1, 0, 0.0, \
-        0.0, 0.0, 0
+    state.epoch, state.first, state.loss_sum, state.comm_s, state.exposed_s, state.elapsed_s, state.steps = \
+        epoch + 1, 0, 0.0, 0.0, 0.0, 0.0, 0
     if args.elastic:
         state.commit()
     return False
