@@ -11,7 +11,7 @@ for MPI: ``init``, ``rank``, ``size``, any collective) installs, once per proces
 Both are removed once the process has left the runtime (the farewell, at exit or inside the
 program's own ``MPI.Finalize()``): the excepthook is put back if it is still this one (torch's
 ``init_process_group`` wraps whatever hook it finds), and the exit handler is unregistered.
-SIGUSR1 (the launcher's failure notices) is the runtime's from its setup to its farewell:
+SIGUSR1 (the launcher's failure notices) is the runtime's from MPI's start to its farewell:
 ``ring.transport.notices``.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The launcher's failure notices: MPICH's ``mpiexec``, told not to clean up after a failure
 (``-disable-auto-cleanup``), tells the surviving processes that one died by SIGUSR1.
 
-Counted from the runtime's setup (``collectives.world.set_up``) until the process has said its
-farewell (``collectives.leaving``), then ignored. Apart from ``ring.transport.control`` (whose
+Counted from MPI's start by the runtime (``collectives.world.mpi``: a death before the setup
+must be heard there) until the process has said its farewell (``collectives.leaving``), then ignored. Apart from ``ring.transport.control`` (whose
 waits read the count) because that module starts MPI when imported, and the code that installs
 and removes this handler must not.
 """
