@@ -119,7 +119,7 @@ def spawn_newcomers(comm, count: int, hosts: list[str], until: float, dead: Call
             info.Set("host", ",".join(hosts[:count]))
         try:
             inter = comm.Spawn(sys.executable, args, count, info, root=0)
-            result["comm"] = inter.Merge(high=False)
+            result["comm"] = _errors_returned(inter.Merge(high=False))
             inter.Disconnect()
         except Exception as e:   # (an MPI error: the launcher could not start them)
             result["error"] = e
@@ -183,10 +183,20 @@ def join_spawners():
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:
         return None
-    merged = parent.Merge(high=True)
+    merged = _errors_returned(_errors_returned(parent).Merge(high=True))
     parent.Disconnect()
     spawned_here()
     return merged
+
+
+def _errors_returned(comm):
+    """``comm``, its MPI errors returned (raised by mpi4py) rather than fatal. mpi4py sets that on
+    MPI.COMM_WORLD, whence the communicators made from it inherit it; a newcomer's parent
+    communicator had MPI's default, so an error there (a member that died: "process_vm_readv ...
+    No such process") ended the newcomer instead of reaching the runtime."""
+    from mpi4py import MPI
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    return comm
 
 
 def spawned_here() -> None:

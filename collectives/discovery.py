@@ -13,6 +13,8 @@ out ("blacklisted") until the script stops listing it and then lists it again.
 from __future__ import annotations
 
 import ipaddress
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -44,6 +46,7 @@ class Discovery:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._running: subprocess.Popen | None = None   # the run under way
 
     def start(self) -> None:
         """Run the script now and every ``interval`` seconds after, in a thread (once)."""
@@ -52,7 +55,31 @@ class Discovery:
             self._thread.start()
 
     def stop(self) -> None:
+        """No more runs; a run under way ends now, with what it started (the job is ending)."""
         self._stop.set()
+        with self._lock:
+            running = self._running
+        if running is not None:
+            _kill_session(running)
+
+    def _run(self) -> tuple[str, str, int]:
+        """One run of the script: its output, errors and exit status. It runs in a session of its
+        own (the launcher's failure notices, SIGUSR1 to the rank's process group, killed a script
+        running at a death: "exit status -10"); what it started ends with it if it takes too long."""
+        with self._lock:
+            if self._stop.is_set():
+                return "", "", 0
+            self._running = subprocess.Popen(self.script, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True, start_new_session=True)
+        running = self._running
+        try:
+            out, err = running.communicate(timeout=min(_SCRIPT_SECONDS, 10 * self.interval))
+            return out, err, running.returncode
+        finally:
+            _kill_session(running)   # (what the script left running: it ended, or took too long)
+            running.communicate()
+            with self._lock:
+                self._running = None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -62,15 +89,13 @@ class Discovery:
     def poll(self) -> None:
         """Run the script once: keep what it lists, or say once why not and keep the last good list."""
         try:
-            done = subprocess.run(self.script, shell=True, capture_output=True, text=True,
-                                  timeout=min(_SCRIPT_SECONDS, 10 * self.interval),
-                                  start_new_session=True)   # (the launcher's failure notices, SIGUSR1 to the
-            # rank's process group, killed a script running at a death: "exit status -10")
-            if done.returncode != 0:
-                raise ValueError(f"exit status {done.returncode}: {done.stderr.strip()[-200:]}")
-            listed = parse(done.stdout)
+            out, err, status = self._run()
+            if status != 0:
+                raise ValueError(f"exit status {status}: {err.strip()[-200:]}")
+            listed = parse(out)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
-            self._say(f"{e}")
+            if not self._stop.is_set():   # (a run ended by stop is no failure of the script)
+                self._say(f"{e}")
             return
         self._problem = ""
         listed = {host: slots for host, slots in listed.items() if self._resolves(host)}
@@ -125,6 +150,14 @@ class Discovery:
             used = sum(n for h, n in in_use.items() if same_host(name, h))
             hosts += [name] * max(slots - used, 0)
         return hosts[:max(room, 0)]
+
+
+def _kill_session(process: subprocess.Popen) -> None:
+    """End ``process`` (a script started in a session of its own) and whatever it started there."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def parse(text: str) -> dict[str, int]:

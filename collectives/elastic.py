@@ -75,6 +75,9 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
     _check_arguments(min_ranks, max_ranks, host_discovery, discovery_interval)
     worlds.world()   # (a newcomer joins the running job here: its MPI world is itself alone)
     _check_size(min_ranks, "at the start")
+    if max_ranks is not None and size() > max_ranks and not joining():
+        raise CollectiveUsageError(f"elastic.run: max_ranks={max_ranks} is below the {size()} ranks of the world "
+                                   "at the start")
     if rank() == 0 and announce and supervisor.under_hydra() and not supervisor.supervised:
         print("elastic: warning: this program did not call col.elastic.supervise() first: MPICH's launcher will "
               "kill every rank on the host of a rank killed by a signal (see docs/elastic.md)", file=sys.stderr,

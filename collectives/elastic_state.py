@@ -78,12 +78,23 @@ class State:
 
     def sync(self, root: int = 0) -> None:
         """Every rank: take rank ``root``'s items (arrays broadcast in place, values as JSON), and
-        commit them. Every rank must hold the same item names, arrays of the same shapes."""
+        commit them. Every rank must hold the same item names; an array whose shape or dtype
+        differs from rank ``root``'s (one replaced since the start, on a newcomer that holds the
+        start's) is replaced by one of rank ``root``'s first."""
         values = {name: v for name, v in self._items.items() if _array(v) is None}
-        received = _broadcast_json({"values": values, "commits": self.commits}, root, "elastic state")
-        for value in self._items.values():
-            if _array(value) is not None:
-                broadcast(_array(value), root=root)
+        arrays = {name: [list(_array(v).shape), _array(v).dtype.str] for name, v in self._items.items()
+                  if _array(v) is not None}
+        received = _broadcast_json({"values": values, "arrays": arrays, "commits": self.commits}, root,
+                                   "elastic state")
+        if set(received["values"]) | set(received["arrays"]) != set(self._items):
+            raise CollectiveUsageError(f"elastic.State.sync: rank {root} holds items {sorted(received['values'])}"
+                                       f" + {sorted(received['arrays'])}, this rank {sorted(self._items)}: every "
+                                       "rank must make the same State")
+        for name, (shape, dtype) in received["arrays"].items():
+            array = _array(self._items[name])
+            if array.shape != tuple(shape) or array.dtype != np.dtype(dtype):
+                self._items[name] = _like(self._items[name], np.empty(shape, dtype))
+            broadcast(_array(self._items[name]), root=root, name=f"elastic state {name}")
         self._items.update(received["values"])
         self._keep()
         object.__setattr__(self, "commits", received["commits"])
@@ -116,6 +127,11 @@ def _array(value: Any) -> np.ndarray | None:
         return value
     torch = sys.modules.get("torch")
     return value.detach().numpy() if torch is not None and isinstance(value, torch.Tensor) else None
+
+
+def _like(item: Any, array: np.ndarray) -> Any:
+    """``array`` as the kind of ``item`` holds it: a numpy array, or a torch tensor on its memory."""
+    return array if isinstance(item, np.ndarray) else sys.modules["torch"].from_numpy(array)
 
 
 def _copy_into(kept: Any, value: Any) -> Any:

@@ -78,6 +78,9 @@ def train(args) -> tuple[list[dict], list[dict]]:
     newcomer = args.elastic and col.elastic.joining()   # (spawned into a running job: rank 0's state is its start)
     if not newcomer:
         agree_on(check_outputs(args) if col.rank() == 0 else "")
+    if args.elastic and not newcomer and not args.min_ranks <= col.size() <= (args.max_ranks or col.size()):
+        flag, bound = ("--min-ranks", args.min_ranks) if col.size() < args.min_ranks else ("--max-ranks", args.max_ranks)
+        raise UsageExit(f"{flag} {bound}: the job started {col.size()} rank(s)")
     xp = array_module(args.device)
     dataset = load_dataset(args, xp)
     config = config_of(args, dataset)

@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                       ("--host-discovery", args.host_discovery is not None)) if value]
     if given and not args.elastic:
         p.error(f"{', '.join(given)}: only with --elastic")
+    if args.host_discovery is not None and not args.host_discovery.strip():
+        p.error("--host-discovery: expected a command that prints host:slots lines, got an empty one")
     if args.max_ranks is not None and args.max_ranks < args.min_ranks:
         p.error(f"--max-ranks {args.max_ranks} is below --min-ranks {args.min_ranks}")
     if args.max_steps is not None and args.strategy != "allreduce":
