@@ -74,14 +74,7 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
     """
     _check_arguments(min_ranks, max_ranks, host_discovery, discovery_interval)
     worlds.world()   # (a newcomer joins the running job here: its MPI world is itself alone)
-    _check_size(min_ranks, "at the start")
-    if max_ranks is not None and size() > max_ranks and not joining():
-        raise CollectiveUsageError(f"elastic.run: max_ranks={max_ranks} is below the {size()} ranks of the world "
-                                   "at the start")
-    if rank() == 0 and announce and supervisor.under_hydra() and not supervisor.supervised:
-        print("elastic: warning: this program did not call col.elastic.supervise() first: MPICH's launcher will "
-              "kill every rank on the host of a rank killed by a signal (see docs/elastic.md)", file=sys.stderr,
-              flush=True)
+    _check_start(min_ranks, max_ranks, announce)
     discovery = Discovery(host_discovery, discovery_interval) if host_discovery else None
     global _arrived
     settle = _Settle(state, None, time.monotonic(), announce) if joining() else state.sync
@@ -227,6 +220,18 @@ def _recover(error: Exception) -> Change:
         return worlds.rebuild()
     except CollectiveError as e:
         raise CollectiveError(f"elastic: the survivors could not make a new world after {error}: {e}") from e
+
+
+def _check_start(min_ranks: int, max_ranks: int | None, announce: bool) -> None:
+    """The world at the start is within the bounds; rank 0 warns of a program not supervised."""
+    _check_size(min_ranks, "at the start")
+    if max_ranks is not None and size() > max_ranks and not joining():
+        raise CollectiveUsageError(f"elastic.run: max_ranks={max_ranks} is below the {size()} ranks of the world "
+                                   "at the start")
+    if rank() == 0 and announce and supervisor.under_hydra() and not supervisor.supervised:
+        print("elastic: warning: this program did not call col.elastic.supervise() first: MPICH's launcher will "
+              "kill every rank on the host of a rank killed by a signal (see docs/elastic.md)", file=sys.stderr,
+              flush=True)
 
 
 def _check_size(min_ranks: int, when: str) -> None:

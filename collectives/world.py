@@ -217,7 +217,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
                                                    config.record(found, problem, left), comm, heeded)
     except TransportError as e:
-        raise CollectiveError(f"init: {e}") from e
+        raise CollectiveError(f"init: {e}") from None   # (its words are all in the message: no chained traceback)
     try:
         config.check_records(records)
         _check_layout(found, transport)
