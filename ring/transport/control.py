@@ -35,6 +35,7 @@ _testall = MPI.Request.Testall
 _CONTROL_BYTES = 512
 LEFT, _ASK, _HERE, AT_EXIT = 1, 2, 3, 4
 FAILED, ROOT, NOT_FINALIZING = 1, 2, 4   # a farewell's flags
+_AFTER_NOTICE_SECONDS, _AFTER_NOTICE_LOOKS = 1.0, 0.02   # see look_again_in
 _FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
 _DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer that died
 COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-point call)
@@ -57,6 +58,8 @@ class Control:
         self.comm, self.names, self.hosts, self.pids = comm, names, hosts, pids
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.liveness, self.watch = liveness, watch
+        self.checked_notices = failure_notices()   # the launcher's notices counted at the last check_peers
+        self.noticed_at = -float("inf")            # when check_peers last found a new one
         here = hosts[self.rank]
         self.local_pids = {r: pids[r] for r in range(self.size) if hosts[r] == here and r != self.rank}
         self.remote = frozenset(r for r in range(self.size) if hosts[r] != here)   # ranks on other hosts
@@ -164,6 +167,8 @@ class Control:
         that call, or its process on this host ended without a word (and likewise for ``watch``).
         During a point-to-point wait (``seq`` None, ``expecting`` a set of ranks, or None for any
         rank), a departure of a rank it expects ends it, whatever that rank had completed."""
+        if failure_notices() != self.checked_notices:
+            self.noticed_at, self.checked_notices = time.monotonic(), failure_notices()
         if self.watch is not None:
             self.watch.check_peers(seq, COLLECTIVE)
         self.read(seq)
@@ -191,6 +196,14 @@ class Control:
                 message = self.death_text(dead)
                 raise PeerLost(self.names[dead[0]], message, root=f"{message} (seen by rank {self.names[self.rank]})",
                                dead=self.names[dead[0]])
+
+    def look_again_in(self) -> float:
+        """Seconds until a wait should look at the peers again (at most; its own interval otherwise):
+        soon, for a moment after a notice. The launcher's notice comes when the dead process has
+        closed its connection to it, a few milliseconds before the process has ended where
+        ``dead_peers`` sees it: the look at the notice finds nobody dead yet (measured: every
+        time, then 0.5 s until the next look)."""
+        return _AFTER_NOTICE_LOOKS if time.monotonic() - self.noticed_at < _AFTER_NOTICE_SECONDS else float("inf")
 
     def guard(self, peer: int, seq: int | None) -> None:
         """Before a message to ``peer``, a rank on another host (see ``MPITransport.sending_to``):

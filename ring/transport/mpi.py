@@ -259,14 +259,15 @@ class MPITransport(Subsets):
                     return
             control, seq = self.control, bound.seq
             started = time.monotonic()
-            next_check, notices = started + CHECK_INTERVAL, control.notices()
+            next_check, notices = started + CHECK_INTERVAL, control.checked_notices   # (a notice that came while
+            # this rank computed, before the wait, is looked into at once: else it waited CHECK_INTERVAL)
             while not _testall(requests, statuses):
                 now = time.monotonic()
                 pause(now - started, self._spin_seconds, bound.background)
                 if now >= next_check or notices != control.notices():
                     notices = control.notices()
                     control.check_peers(seq, COLLECTIVE)
-                    next_check = now + CHECK_INTERVAL
+                    next_check = now + min(CHECK_INTERVAL, control.look_again_in())
                 if bound.passed(now):
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
                     peer = (pending or peers)[0]

@@ -143,14 +143,14 @@ class PointToPoint:
                     return self._finished(posted)
             expecting = None if None in peers else set(peers)
             started = time.monotonic()
-            next_check, notices = started + transport.check_interval, control.notices()
+            next_check, notices = started + transport.check_interval, control.checked_notices   # (as in mpi.py)
             while not self._done(posted):
                 now = time.monotonic()
                 transport.pause(now - started)
                 if now >= next_check or notices != control.notices():
                     notices = control.notices()
                     control.check_peers(None, expecting)
-                    next_check = now + transport.check_interval
+                    next_check = now + min(transport.check_interval, control.look_again_in())
                 if bound.passed(now):
                     pending = [p for p in posted if not p.done()]
                     peer = pending[0].peer if pending else peers[0]
