@@ -200,15 +200,35 @@ def _errors_returned(comm):
 
 
 def spawned_here() -> None:
-    """Tell this process's supervisor, if it has one, that the job now has spawned processes:
-    it outlives this process by a moment (``collectives.supervisor._told`` says why). Once."""
-    fd, _, pid = os.environ.pop(OUTLIVE_FD, "").partition(":")
-    if fd.isdigit() and pid == str(os.getpid()):   # (not a variable that a process of ours inherited)
-        try:
-            os.write(int(fd), b"1")
+    """Tell this process's supervisor, if it has one, that the job now has spawned processes (or
+    that this newcomer joined): it outlives this process by a moment (``collectives.supervisor``
+    says why). Once: the pipe closes."""
+    _tell_supervisor(b"1", last=True)
+
+
+def mpi_started() -> None:
+    """Tell this process's supervisor, if it has one, that MPI has started here: a failure notice
+    before that finds this process inside MPI_Init, waiting for ever (the supervisor ends it)."""
+    global _said_started
+    if not _said_started:
+        _said_started = True
+        _tell_supervisor(b"m")
+
+
+_said_started = False
+
+
+def _tell_supervisor(what: bytes, last: bool = False) -> None:
+    fd, _, pid = os.environ.get(OUTLIVE_FD, "").partition(":")
+    if not (fd.isdigit() and pid == str(os.getpid())):   # (not a variable that a process of ours inherited)
+        return
+    try:
+        os.write(int(fd), what)
+        if last:
+            os.environ.pop(OUTLIVE_FD)
             os.close(int(fd))
-        except OSError:
-            pass
+    except OSError:
+        pass
 
 
 def _without_mark(args: list[str]) -> list[str]:

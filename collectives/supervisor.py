@@ -27,7 +27,7 @@ def supervise() -> None:
     under MPICH's launcher (PMI_FD or PMI_PORT set, no Open MPI); elsewhere it does nothing.
 
     In a job that spawned newcomers, the supervisor also outlives its child by a moment (see
-    ``_told``), so that MPICH's launcher does not die of its own notices at the job's end. A
+    ``_OUTLIVE_SECONDS``), so that MPICH's launcher does not die of its own notices at the job's end. A
     newcomer's supervisor ends it if it has not joined the job within ``changes.JOIN_SECONDS``.
 
     >>> col.elastic.supervise()       # the first line of the program          # doctest: +SKIP
@@ -47,19 +47,15 @@ def supervise() -> None:
         return
     os.close(tell)
     if os.environ.get("PMI_FD", "").isdigit():
-        os.close(int(os.environ["PMI_FD"]))   # (the launcher sees the child's end when the child ends: see _told)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT):
+        os.close(int(os.environ["PMI_FD"]))   # (the launcher sees the child's end when the child ends: see _OUTLIVE_SECONDS)
+    noticed: list[float] = []   # when the launcher's failure notices came
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_IGN)
-    joined = _await_joining(child, told) if changes.joining() else b""
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
-    if joined or _told(told):
-        time.sleep(_OUTLIVE_SECONDS)   # (see _told)
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+    signal.signal(signal.SIGUSR1, lambda signum, frame: noticed.append(time.monotonic()))
+    code, said = _watch(child, told, noticed)
+    if b"1" in said:
+        time.sleep(_OUTLIVE_SECONDS)
+    os._exit(code)
 
 
 supervised = False   # this process runs under a supervisor (see supervise)
@@ -70,37 +66,56 @@ def under_hydra() -> bool:
     return "OMPI_COMM_WORLD_RANK" not in os.environ and bool({"PMI_FD", "PMI_PORT"} & os.environ.keys())
 
 
-def _await_joining(child: int, told: int) -> bytes:
-    """A newcomer's supervisor: wait until the child says it joined the job (``changes.spawned_here``
-    writes to ``told``), or ends; after ``changes.JOIN_SECONDS`` end it. A member that died while
-    the members spawned it leaves it waiting inside MPI (its MPI_Init, or the merge), for ever."""
-    ready, _, _ = select.select([told], [], [], changes.JOIN_SECONDS)
-    if ready:
-        return os.read(told, 1)   # (b"": it ended first)
-    print(f"collectives: a newcomer (pid {child}) could not join the running job within {changes.JOIN_SECONDS:.0f} s "
-          "(the members gave up its spawn); it ends", file=sys.stderr, flush=True)
-    os.kill(child, signal.SIGKILL)
-    return b""
+def _watch(child: int, told: int, noticed: list[float]) -> tuple[int, bytes]:
+    """Wait for the child; return its exit status (128 + the signal that ended it) and what it said
+    on ``told`` (``changes.mpi_started``: b"m"; ``changes.spawned_here``: b"1"). End it, saying why,
+    where it would wait for ever inside MPI, out of the runtime's reach:
+
+    - a failure notice came and MPI has not started in it _START_GRACE seconds later: MPI_Init
+      waits for ever for a process of the job that died (every survivor of a kill in the first
+      0.15 s of a job spun there, in 5 runs of 6);
+    - a newcomer that has not joined the job within ``changes.JOIN_SECONDS``: a member that died
+      while the members spawned it leaves it waiting in its MPI_Init or the merge."""
+    said, began, reading = b"", time.monotonic(), True
+    while True:
+        ended, status = os.waitpid(child, os.WNOHANG)
+        if ended:
+            if reading:
+                os.set_blocking(told, False)   # (a process the child forked may hold the pipe open still)
+                try:
+                    said += os.read(told, 16)
+                except OSError:
+                    pass
+            return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)), said
+        if reading and select.select([told], [], [], _LOOK_SECONDS)[0]:
+            got = os.read(told, 16)
+            said, reading = said + got, bool(got)
+        elif not reading:
+            time.sleep(_LOOK_SECONDS)
+        now, why = time.monotonic(), ""
+        if noticed and b"m" not in said and now - noticed[0] > _START_GRACE:
+            why = "a process of this job died while MPI was starting here, and MPI_Init would wait for it for ever"
+        elif changes.joining() and b"1" not in said and now - began > changes.JOIN_SECONDS:
+            why = (f"this newcomer could not join the running job within {changes.JOIN_SECONDS:.0f} s (the members "
+                   "gave up its spawn)")
+        if why:
+            print(f"[rank {os.environ.get('PMI_RANK', '?')}] collectives: {why}; it ends", file=sys.stderr,
+                  flush=True)
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            return 1, said
 
 
+_LOOK_SECONDS = 0.05   # between the supervisor's looks at its child
+_START_GRACE = 0.5     # seconds MPI may still take to start in the child after a failure notice
+#: In a job that spawned processes (the child said b"1"), the supervisor outlives its child by this
+#: much. MPICH's launcher (hydra 5, under -disable-auto-cleanup) answers every process's end, even a
+#: normal one, with a notice to the proxy of each other process group on its host (the newcomers of
+#: each spawn are one), and dies of SIGPIPE if that proxy has already ended: the job's last
+#: processes end together, so the launcher exited with 141 about half the time. The proxy lives as
+#: long as a process it started does: this supervisor (which closed its copy of the launcher's
+#: connection, so that its child's end is the one reported) is that process.
 _OUTLIVE_SECONDS = 0.5
-
-
-def _told(told: int) -> bool:
-    """Whether the child said (through ``told``, see ``changes.spawned_here``) that the job has
-    spawned processes: then the supervisor outlives it by _OUTLIVE_SECONDS.
-
-    MPICH's launcher (hydra 5, under -disable-auto-cleanup) answers every process's end, even a
-    normal one, with a notice to the proxy of each other process group on its host (the
-    newcomers of each spawn are one), and dies of SIGPIPE if that proxy has already ended: the
-    job's last processes end together, so the launcher exited with 141 about half the time. The
-    proxy lives as long as a process it started does: this supervisor (which closed its copy of
-    the launcher's connection, so that its child's end is the one reported) is that process."""
-    os.set_blocking(told, False)   # (a process the child forked may hold the pipe open still)
-    try:
-        return bool(os.read(told, 1))
-    except OSError:
-        return False
 
 
 def _die_with_parent() -> None:

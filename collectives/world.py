@@ -266,8 +266,8 @@ def mpi():
         global started_mpi
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         started_mpi = True
-    notices.hear_failure_notices()   # (from now: a death before the setup is heard of there. Not before MPI
-    # starts: MPICH's own SIGUSR1 handler, installed then, would pass a notice on, but also end this process)
+    changes.mpi_started()
+    notices.hear_failure_notices()   # (from now, not from the setup; not before MPI starts: MPICH's handler ends us)
     hooks.install(_at_exit)
     return MPI
 
