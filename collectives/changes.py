@@ -135,7 +135,8 @@ def spawn_newcomers(comm, count: int, hosts: list[str], until: float, dead: Call
         now = time.monotonic()
         if noticed == float("inf") and failure_notices() > notices_before:
             noticed = now
-        why = (f"rank(s) {dead()} died" if dead() else "a process died (the launcher's notice)"
+        died = dead()   # (once a poll: it looks at every local peer's process and the liveness connections)
+        why = (f"rank(s) {died} died" if died else "a process died (the launcher's notice)"
                if now - noticed > _NOTICE_GRACE else "the newcomers did not join in time" if now > until else "")
         if why and spawning.is_alive():
             _abandoned.append(spawning)
