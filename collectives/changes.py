@@ -20,7 +20,7 @@ from typing import Callable
 
 from collectives.errors import CollectiveError
 from ring.transport.base import TransportError
-from ring.transport.notices import failure_notices
+from ring.transport.notices import NoticeWatch, failure_notices
 
 #: The interpreter option (``python -X collectives_joining ...``) that its spawners give a newcomer:
 #: it joins a world instead of starting one. (Not an environment variable: MPICH's launcher starts
@@ -73,7 +73,6 @@ def survivors_communicator(world, until: float):
 #: How long a newcomer may take to join (its supervisor ends it then, see ``collectives.supervisor``);
 #: the members give up on a spawn a little later (``spawn_newcomers``).
 JOIN_SECONDS = 20.0
-_NOTICE_GRACE = 0.5   # seconds a spawn goes on after a failure notice, in case it was not one of its processes
 
 
 class SpawnFailed(CollectiveError):
@@ -127,17 +126,15 @@ def spawn_newcomers(comm, count: int, hosts: list[str], until: float, dead: Call
             info.Free()
 
     spawning = threading.Thread(target=spawn, name="collectives spawn", daemon=True)
-    notices_before, noticed = failure_notices(), float("inf")
+    notices = NoticeWatch(heeded=failure_notices())
     until = min(until, time.monotonic() + JOIN_SECONDS + 5.0)
     spawning.start()
     while spawning.is_alive():
         spawning.join(0.01)
         now = time.monotonic()
-        if noticed == float("inf") and failure_notices() > notices_before:
-            noticed = now
         died = dead()   # (once a poll: it looks at every local peer's process and the liveness connections)
         why = (f"rank(s) {died} died" if died else "a process died (the launcher's notice)"
-               if now - noticed > _NOTICE_GRACE else "the newcomers did not join in time" if now > until else "")
+               if notices.grace_over(now) else "the newcomers did not join in time" if now > until else "")
         if why and spawning.is_alive():
             _abandoned.append(spawning)
             raise SpawnFailed(f"the spawn of {count} newcomer(s) was given up: {why}")

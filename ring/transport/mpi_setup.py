@@ -12,13 +12,12 @@ from mpi4py import MPI
 
 from ring.transport import liveness as liveness_watch
 from ring.transport.base import TransportError, TransportTimeout
-from ring.transport.notices import failure_notices
+from ring.transport.notices import NoticeWatch, failure_notices
 from ring.transport.mpi import MPITransport
 from ring.transport.polling import pause
 
 _HELLO_TAG = 10  # the setup's empty messages across hosts (see _connect_across_hosts)
 _SETUP_RECORD_BYTES = 1024
-_NOTICE_GRACE = 0.5   # seconds a setup goes on after a failure notice, in case the dead rank had done its part
 _testall = MPI.Request.Testall
 
 
@@ -78,16 +77,13 @@ _unfinished_setups: list = []   # requests of a setup that timed out, kept with 
 def _wait_setup(requests: list[MPI.Request], deadline: float, heeded: int, what: str, *buffers: Any) -> None:
     """Poll until ``requests`` are done, the deadline passes, or the launcher has told this process
     that another of the job died (more than ``heeded`` notices, see
-    ``ring.transport.notices.hear_failure_notices``) and the setup still has not ended
-    _NOTICE_GRACE seconds later: before the exchange nobody knows the others' processes, so that
-    notice is the only word of a death here (without it the survivors would wait for the whole
-    timeout)."""
-    started, noticed = time.monotonic(), float("inf")
+    ``ring.transport.notices.NoticeWatch``) and the setup still has not ended soon after: before
+    the exchange nobody knows the others' processes, so that notice is the only word of a death
+    here (without it the survivors would wait for the whole timeout)."""
+    started, notices = time.monotonic(), NoticeWatch(heeded)
     while not _testall(requests):
         now = time.monotonic()
-        if noticed == float("inf") and failure_notices() > heeded:
-            noticed = now
-        if now >= deadline or now - noticed >= _NOTICE_GRACE:
+        if notices.grace_over(now) or now >= deadline:
             # A nonblocking collective cannot be cancelled: keep it, and what it writes into, alive.
             _unfinished_setups.append((requests, buffers))
             if now < deadline:

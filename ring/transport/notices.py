@@ -12,11 +12,31 @@ import signal
 import threading
 
 _notices = 0   # failure notices heard from the launcher (see hear_failure_notices)
+NOTICE_GRACE = 0.5   # seconds a wait goes on after a failure notice, in case the dead process was not one it waits for
 
 
 def failure_notices() -> int:
     """How many failure notices the launcher has sent this process (see hear_failure_notices)."""
     return _notices
+
+
+class NoticeWatch:
+    """For a wait that cannot tell who died (a world's first setup, a spawn): the launcher's
+    notice is its only word of a death, and the death may not concern it, so it gives up only
+    once a notice (beyond the ``heeded`` first ones) has gone unanswered for NOTICE_GRACE seconds.
+
+    >>> watch = NoticeWatch(heeded=failure_notices())
+    >>> watch.grace_over(now=100.0)   # no notice since
+    False
+    """
+
+    def __init__(self, heeded: int) -> None:
+        self.heeded, self.noticed = heeded, float("inf")
+
+    def grace_over(self, now: float) -> bool:
+        if self.noticed == float("inf") and failure_notices() > self.heeded:
+            self.noticed = now
+        return now - self.noticed >= NOTICE_GRACE
 
 
 def hear_failure_notices() -> None:
