@@ -63,8 +63,8 @@ def survivors_communicator(world, until: float):
     transport = world.transport
     try:
         from ring.transport import survivors   # (imported here: importing it starts MPI)
-        gone = survivors.agree_on_the_gone(transport, until)
-        return tuple(gone), survivors.survivors(transport, gone)
+        gone, comm = survivors.survivors(transport, until)
+        return tuple(gone), comm
     except TransportError as e:
         raise CollectiveError(f"the survivors of rank(s) {transport.control.known_dead()} could not agree on "
                               f"a new world: {e}") from e

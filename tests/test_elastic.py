@@ -64,6 +64,20 @@ def test_two_deaths_one_after_the_other(tmp_path):
     assert _final(out) == _final(last.stdout)
 
 
+def test_a_rank_that_dies_during_the_survivors_agreement(tmp_path):
+    """After rank 3's death, rank 2 dies in the survivors' agreement, its message of the first round
+    heard by rank 0 alone: rank 0 ends that round and starts making a world with rank 2 in it, for
+    which MPI's Comm_create_group would wait for ever (before: it did, and rank 1 timed out waiting
+    for rank 0 in the next round). Rank 0 gives that up and agrees again with rank 1."""
+    result = run_world(4, [*JOB, "--kill", "3@30", "--die-agreeing", "2", "--timeout", "20"], 120,
+                       launcher_args=CLEANUP)
+    out = result.stdout
+    assert "killed at" in out and "in the agreement" in out, out[-3000:]
+    assert out.count("elastic: ") == 1 and "elastic: ranks 2, 3 gone: 4 -> 2 ranks; back to step 30" in out, out[-3000:]
+    assert "Traceback" not in out and "error" not in out, out[-3000:]
+    assert _final(out) == _restart(tmp_path, 4, 2, 30)
+
+
 def test_fewer_ranks_than_min_ranks_end_the_job_with_a_clear_error():
     result = run_world(3, [*JOB, "--kill", "2@10", "--min-ranks", "3"], 120, launcher_args=CLEANUP)
     out = result.stdout

@@ -12,12 +12,17 @@ only grow, so the rounds end. For 4 ranks where rank 3 died and rank 1 has not n
     round 0   rank 0 says {3}   rank 1 says {}    rank 2 says {3}    -> not all equal: union {3}
     round 1   rank 0 says {3}   rank 1 says {3}   rank 2 says {3}    -> agreed: survivors 0, 1, 2
 
-(A rank that dies after another has heard its message of a round but before a third has is
-the one gap: the first may end that round while the third goes on, and the first's
-Comm_create_group then waits for the third inside MPI. Each round is a few milliseconds.)
+A rank may die after another has heard its message of a round but before a third has: the first
+ends that round and calls Comm_create_group with the dead rank among the members, which would
+wait for it inside MPI for ever, while the third goes on to the next round. So the call runs in
+a thread while this one watches for deaths among the members; on one, it is given up (MPI cannot
+cancel it: it stays inside MPI, polling, for the rest of the process) and the agreement goes on
+at the next round, where the third waits. The communicator then has the tag of the round that
+agreed on it, so a call given up never meets the next.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -27,41 +32,79 @@ from ring.transport.base import TransportTimeout
 from ring.transport.polling import pause
 
 _FIRST_ROUND_TAG = 1000   # round k's messages carry tag 1000 + k (the runtime's own tags are below 20)
-_SURVIVORS_TAG = 12       # Comm_create_group's
+_FIRST_GROUP_TAG = 2000   # the Comm_create_group after round k carries tag 2000 + k
 _LOOK_SECONDS = 0.02      # between looks for deaths while a round waits
 _kept: list = []          # sends to ranks that died before taking them, kept with their buffers for good
+_given_up: list = []      # Comm_create_group calls a member died during, inside MPI for good
 
 
-def agree_on_the_gone(transport, until: float) -> list[int]:
-    """The ranks of ``transport`` (an ``MPITransport``) that every survivor agrees are gone (dead,
-    or left with a farewell), sorted; every survivor calls it. Raises TransportTimeout at
-    ``until`` (a ``time.monotonic()`` value)."""
+def survivors(transport, until: float) -> tuple[list[int], MPI.Intracomm]:
+    """Every survivor of ``transport`` (an ``MPITransport``) together: the ranks they agree are
+    gone (dead, or left with a farewell), sorted, and the communicator of the others in their old
+    order. Raises TransportTimeout at ``until`` (a ``time.monotonic()`` value)."""
+    gone, first_round = _seen_gone(transport.control), 0
+    while True:
+        gone, round_ = _agree(transport, gone, first_round, until)
+        comm = _create_group(transport, gone, _FIRST_GROUP_TAG + round_, until)
+        if comm is not None:
+            return sorted(gone), comm
+        gone |= _seen_gone(transport.control)
+        first_round = round_ + 1
+
+
+def _agree(transport, gone: set[int], first_round: int, until: float) -> tuple[set[int], int]:
+    """The rounds from ``first_round`` on (see the module's docstring): the agreed set of the gone
+    and the round that agreed on it."""
     control, me, n = transport.control, transport.rank, transport.size
-    gone = _seen_gone(control)
-    for round_ in range(n + 1):
+    for round_ in range(first_round, first_round + n + 1):
         alive = [p for p in range(n) if p != me and p not in gone]
         mine = np.zeros(n, np.uint8)
         mine[sorted(gone)] = 1
         heard, newly_gone = _exchange(transport, alive, mine, _FIRST_ROUND_TAG + round_, until)
         newly_gone |= _seen_gone(control) - gone
         if not newly_gone and all(np.array_equal(theirs, mine) for theirs in heard.values()):
-            return sorted(gone)
+            return gone, round_
         for theirs in heard.values():
             gone |= set(np.flatnonzero(theirs).tolist())
         gone |= newly_gone
-    return sorted(gone)   # (unreachable: each round but the last adds a rank)
+    return gone, round_   # (unreachable: each round but the last adds a rank)
 
 
-def survivors(transport, gone: list[int]) -> MPI.Intracomm:
-    """The communicator of every rank of ``transport`` but ``gone``, in their order; only they call
-    it (it blocks inside MPI until each has)."""
-    outer = transport.comm.Get_group()
-    inner = outer.Excl(gone) if gone else outer.Dup()
-    try:
-        return transport.comm.Create_group(inner, _SURVIVORS_TAG)
-    finally:
-        inner.Free()
-        outer.Free()
+def _create_group(transport, gone: set[int], tag: int, until: float) -> MPI.Intracomm | None:
+    """MPI's Comm_create_group of every rank of ``transport`` but ``gone`` (only they call it), or
+    None if one of them is found gone meanwhile (see the module's docstring)."""
+    comm, control = transport.comm, transport.control
+    outer = comm.Get_group()
+    inner = outer.Excl(sorted(gone)) if gone else outer.Dup()
+    outer.Free()
+    made: dict = {}
+
+    def create() -> None:
+        try:
+            made["comm"] = comm.Create_group(inner, tag)
+        except MPI.Exception as e:
+            made["error"] = e
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        create()   # (no other thread may call MPI meanwhile: the gap above stays open)
+    else:
+        creating = threading.Thread(target=create, name="collectives survivors", daemon=True)
+        started = time.monotonic()
+        creating.start()
+        while True:
+            creating.join(_LOOK_SECONDS)
+            if not creating.is_alive():
+                break
+            late = time.monotonic() >= until
+            if late or _seen_gone(control) - gone:
+                _given_up.append((creating, inner))
+                if late:
+                    raise TransportTimeout(-1, time.monotonic() - started, "every survivor to make their communicator")
+                return None
+    inner.Free()
+    if "error" in made:
+        raise made["error"]
+    return made["comm"]
 
 
 def _seen_gone(control) -> set[int]:

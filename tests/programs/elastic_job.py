@@ -7,6 +7,8 @@ it, and the weights take a momentum step: floating-point rounding makes the resu
 every detail (who took part, in which order), so a bit-identical result means the same
 computation. ``--kill R@S``: the process the launcher started as rank R SIGKILLs itself before
 step S (the state then holds the commit of step S); it prints ``killed at <time>`` first.
+``--die-agreeing R``: that process dies in the survivors' agreement after the first death (its
+message of the first round sent to the lowest survivor alone: the gap of ``ring.transport.survivors``).
 ``--raise R@S``: that process raises ValueError instead (an error of the program, which ends the
 job). ``--save-at S PATH``: stop before step S and write the state (rank 0); ``--load PATH``:
 start from such a file (the reference: a restart from a checkpoint). ``--stale``: a group made
@@ -39,6 +41,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--kill", type=cue, action="append", default=[])
+    p.add_argument("--die-agreeing", type=int, default=-1)
     p.add_argument("--raise", dest="raise_", type=cue, action="append", default=[])
     p.add_argument("--save-at", nargs=2)
     p.add_argument("--load")
@@ -49,6 +52,8 @@ def main() -> None:
     args = p.parse_args()
     launched_as = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     col.init(timeout=args.timeout)
+    if args.die_agreeing == launched_as:
+        die_in_the_agreement()
     state = col.elastic.State(weights=np.zeros(SIZE), velocity=np.zeros(SIZE), step=0)
     if args.load:
         saved = np.load(args.load)
@@ -97,6 +102,20 @@ def main() -> None:
         np.savez(args.save_at[1], weights=state.weights, velocity=state.velocity, step=np.int64(state.step))
     if col.rank() == 0:
         print(f"final {digest} at step {state.step} on {col.size()} ranks", flush=True)
+
+
+def die_in_the_agreement() -> None:
+    """Send this rank's first message of the agreement to the lowest survivor alone, then die: that
+    survivor hears every set of the round equal and ends it, the others go on to the next."""
+    from mpi4py import MPI
+    from ring.transport import survivors   # (imported once MPI runs)
+
+    def exchange_then_die(transport, alive, mine, tag, until):
+        transport.comm.Send([mine, MPI.BYTE], min(alive), tag)
+        print(f"killed at {time.time():.6f} in the agreement", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    survivors._exchange = exchange_then_die
 
 
 def show_stale(before: dict) -> None:
