@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,6 +20,7 @@ from typing import Callable
 from collectives.errors import CollectiveError
 from ring.transport.base import TransportError
 from ring.transport.notices import NoticeWatch, failure_notices
+from ring.transport.polling import GivenUp, watched
 
 #: The interpreter option (``python -X collectives_joining ...``) that its spawners give a newcomer:
 #: it joins a world instead of starting one. (Not an environment variable: MPICH's launcher starts
@@ -110,41 +110,35 @@ def spawn_newcomers(comm, count: int, hosts: list[str], until: float, dead: Call
     info key), not one per host: MPICH's launcher keeps only the last host of a Spawn_multiple."""
     from mpi4py import MPI
     args = ["-X", JOINING, *(_without_mark(sys.orig_argv[1:]) if argv is None else _python_args(list(argv)))]
-    result: dict = {}
 
-    def spawn() -> None:
+    def spawn():
         info = MPI.Info.Create()
         if hosts:
             info.Set("host", ",".join(hosts[:count]))
         try:
             inter = comm.Spawn(sys.executable, args, count, info, root=0)
-            result["comm"] = _errors_returned(inter.Merge(high=False))
+            merged = _errors_returned(inter.Merge(high=False))
             inter.Disconnect()
-        except Exception as e:   # (an MPI error: the launcher could not start them)
-            result["error"] = e
+            return merged
         finally:
             info.Free()
 
-    spawning = threading.Thread(target=spawn, name="collectives spawn", daemon=True)
     notices = NoticeWatch(heeded=failure_notices())
     until = min(until, time.monotonic() + JOIN_SECONDS + 5.0)
-    spawning.start()
-    while spawning.is_alive():
-        spawning.join(0.01)
-        now = time.monotonic()
-        died = dead()   # (once a poll: it looks at every local peer's process and the liveness connections)
-        why = (f"rank(s) {died} died" if died else "a process died (the launcher's notice)"
-               if notices.grace_over(now) else "the newcomers did not join in time" if now > until else "")
-        if why and spawning.is_alive():
-            _abandoned.append(spawning)
-            raise SpawnFailed(f"the spawn of {count} newcomer(s) was given up: {why}")
-    if "error" in result:
-        raise SpawnFailed(f"the spawn of {count} newcomer(s) failed: {result['error']}")
+
+    def give_up() -> str:
+        now, died = time.monotonic(), dead()   # (once a look: it reads every local peer's process and liveness)
+        return (f"rank(s) {died} died" if died else "a process died (the launcher's notice)"
+                if notices.grace_over(now) else "the newcomers did not join in time" if now > until else "")
+
+    try:
+        merged = watched(spawn, 0.01, give_up, "collectives spawn")
+    except GivenUp as e:
+        raise SpawnFailed(f"the spawn of {count} newcomer(s) was given up: {e}") from None
+    except Exception as e:   # (an MPI error: the launcher could not start them)
+        raise SpawnFailed(f"the spawn of {count} newcomer(s) failed: {e}") from None
     spawned_here()
-    return result["comm"]
-
-
-_abandoned: list[threading.Thread] = []   # spawns given up, inside MPI for good (see spawn_newcomers)
+    return merged
 
 
 def leave_if_held(comm, rank: int, failure: SpawnFailed, seconds: float = 1.0) -> None:
@@ -152,14 +146,9 @@ def leave_if_held(comm, rank: int, failure: SpawnFailed, seconds: float = 1.0) -
     The spawn's root was seen to keep MPI's lock inside the spawn left behind after another
     member died (its next MPI call waited for ever): it cannot take part in a new world, so it
     leaves, and the others count it among the gone."""
-    answered = threading.Event()
-
-    def probe() -> None:
-        comm.Iprobe(tag=_PROBE_TAG)
-        answered.set()
-
-    threading.Thread(target=probe, name="collectives probe", daemon=True).start()
-    if not answered.wait(seconds):
+    try:
+        watched(lambda: comm.Iprobe(tag=_PROBE_TAG), seconds, lambda: "MPI does not answer", "collectives probe")
+    except GivenUp:
         print(f"[rank {rank}] collectives: MPI stays held by a spawn that was given up ({failure}); this process "
               "cannot go on and ends, the others go on without it", file=sys.stderr, flush=True)
         sys.stdout.flush()

@@ -1,10 +1,14 @@
 """How a rank waits without blocking inside MPI: between two polls of a request, spin, then give
-up the core, then nap (``pause``); and what it asks the host about its peers (``process_state``,
-``usable_cores``)."""
+up the core, then nap (``pause``); how it makes a call that blocks inside MPI all the same
+(``watched``); and what it asks the host about its peers (``process_state``, ``usable_cores``)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 SPIN_SECONDS = 50e-6       # poll flat out this long (latency), then yield the core between polls
 _YIELD_SECONDS = 20e-3     # then yield between polls until the wait is this old, then nap
@@ -26,6 +30,46 @@ def pause(waited: float, spin_seconds: float, background: bool = False) -> None:
         os.sched_yield()
     else:
         time.sleep(min(waited * _NAP_SHARE, _MAX_NAP))
+
+
+class GivenUp(Exception):
+    """A call made through ``watched`` was given up; the message is the reason."""
+
+
+_given_up: list = []   # calls given up, with what they use: inside MPI for good (see watched)
+
+
+def watched(call: Callable[[], T], every: float, give_up: Callable[[], str], name: str, keep: object = None) -> T:
+    """Make ``call``, which blocks inside MPI where no deadline reaches (a spawn, Comm_create_group,
+    a probe of a held MPI), in a thread named ``name``, asking ``give_up`` every ``every`` seconds
+    while it runs; a reason (a non-empty string) gives the call up: GivenUp(reason). MPI cannot
+    cancel a call, so its thread is kept, with ``keep`` (what it uses), for good. Returns what
+    ``call`` returns, or raises what it raised.
+
+    >>> watched(lambda: 6 * 7, every=0.01, give_up=lambda: "", name="example")
+    42
+    """
+    outcome: dict = {}
+
+    def make() -> None:
+        try:
+            outcome["result"] = call()
+        except Exception as e:
+            outcome["error"] = e
+
+    calling = threading.Thread(target=make, name=name, daemon=True)
+    calling.start()
+    while True:
+        calling.join(every)
+        if not calling.is_alive():
+            break
+        why = give_up()
+        if why and calling.is_alive():
+            _given_up.append((calling, keep))
+            raise GivenUp(why)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def usable_cores(pids=()) -> int:

@@ -22,20 +22,18 @@ agreed on it, so a call given up never meets the next.
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 from ring.transport.base import TransportTimeout
-from ring.transport.polling import pause
+from ring.transport.polling import GivenUp, pause, watched
 
 _FIRST_ROUND_TAG = 1000   # round k's messages carry tag 1000 + k (the runtime's own tags are below 20)
 _FIRST_GROUP_TAG = 2000   # the Comm_create_group after round k carries tag 2000 + k
 _LOOK_SECONDS = 0.02      # between looks for deaths while a round waits
 _kept: list = []          # sends to ranks that died before taking them, kept with their buffers for good
-_given_up: list = []      # Comm_create_group calls a member died during, inside MPI for good
 
 
 def survivors(transport, until: float) -> tuple[list[int], MPI.Intracomm]:
@@ -77,34 +75,29 @@ def _create_group(transport, gone: set[int], tag: int, until: float) -> MPI.Intr
     outer = comm.Get_group()
     inner = outer.Excl(sorted(gone)) if gone else outer.Dup()
     outer.Free()
-    made: dict = {}
+    started = time.monotonic()
 
-    def create() -> None:
-        try:
-            made["comm"] = comm.Create_group(inner, tag)
-        except MPI.Exception as e:
-            made["error"] = e
+    def give_up() -> str:
+        return _LATE if time.monotonic() >= until else "a member is gone" if _seen_gone(control) - gone else ""
 
-    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        create()   # (no other thread may call MPI meanwhile: the gap above stays open)
-    else:
-        creating = threading.Thread(target=create, name="collectives survivors", daemon=True)
-        started = time.monotonic()
-        creating.start()
-        while True:
-            creating.join(_LOOK_SECONDS)
-            if not creating.is_alive():
-                break
-            late = time.monotonic() >= until
-            if late or _seen_gone(control) - gone:
-                _given_up.append((creating, inner))
-                if late:
-                    raise TransportTimeout(-1, time.monotonic() - started, "every survivor to make their communicator")
-                return None
+    try:
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            made = comm.Create_group(inner, tag)   # (no other thread may call MPI meanwhile: the gap above stays open)
+        else:
+            made = watched(lambda: comm.Create_group(inner, tag), _LOOK_SECONDS, give_up, "collectives survivors",
+                           keep=inner)
+    except GivenUp as e:
+        if str(e) == _LATE:
+            raise TransportTimeout(-1, time.monotonic() - started, "every survivor to make their communicator") from None
+        return None
+    except MPI.Exception:
+        inner.Free()
+        raise
     inner.Free()
-    if "error" in made:
-        raise made["error"]
-    return made["comm"]
+    return made
+
+
+_LATE = "the deadline passed"
 
 
 def _seen_gone(control) -> set[int]:
