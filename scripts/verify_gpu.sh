@@ -4,11 +4,14 @@
 #   scripts/verify_gpu.sh [RESULTS_DIR]        # default: ./gpu-results
 #
 # It needs CuPy with NCCL, mpi4py and an mpiexec of the same MPI (pip install -e ".[mpich,test,cuda13]").
-# Steps: versions; the GPU tests (tier 3) and the tier-1 tests of the GPU transports; every collective
-# over NCCL at 2 ranks on one GPU where NCCL >= 2.30 allows it (NCCL_MULTI_RANK_GPU_ENABLE=1); the
-# bench at 1 rank (our per-call overhead against NCCL's own allreduce) and at 2; the reduction kernel
-# against a device-to-device copy. Each step's output lands in RESULTS_DIR; the exit status is the
-# number of steps that failed.
+# Steps: versions; the GPU tests (tier 3: every collective against the host path over NCCL and
+# staged, the all-reduce against NCCL's own, a shape that differs across ranks, CUDA tensors through
+# the torch backend, the trainer against the CPU) with the tier-1 tests of the GPU transports, at 2
+# ranks on one GPU over NCCL where NCCL >= 2.30 allows it (NCCL_MULTI_RANK_GPU_ENABLE=1, set here
+# for every step); the bench to 256 MiB at 1 rank (our per-call overhead against NCCL's own
+# allreduce) and at 2 (against NCCL where it can carry 2 ranks, else the staged ring alone); the
+# reduction kernel against a device-to-device copy. Each step's output lands in RESULTS_DIR; the
+# exit status is the number of steps that failed.
 set -u
 results=${1:-gpu-results}
 mkdir -p "$results"
@@ -27,21 +30,24 @@ step() {   # step NAME SECONDS COMMAND...: run COMMAND under a time limit, outpu
 }
 
 step versions 60 bash -ec 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
-    python -c "import cupy, mpi4py; from cupy.cuda import nccl; from mpi4py import MPI;
+    python -c "import cupy, mpi4py, numpy; from cupy.cuda import nccl; from mpi4py import MPI;
 print(\"cupy\", cupy.__version__, \"cuda runtime\", cupy.cuda.runtime.runtimeGetVersion(), \"nccl\", nccl.get_version());
-print(\"mpi4py\", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])"; command -v mpiexec'
-step tests 900 python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_device_choice.py \
-    tests/test_nccl_transport.py tests/test_staged_transport.py tests/test_watchdog.py
+print(\"numpy\", numpy.__version__, \"mpi4py\", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])";
+    python -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.is_available())" || true;
+    command -v mpiexec'
 nccl_version=$(python -c "from cupy.cuda import nccl; print(nccl.get_version())" 2>/dev/null || echo 0)
 if [ "$nccl_version" -ge 23000 ]; then
-    step nccl-two-ranks-one-gpu 600 env NCCL_MULTI_RANK_GPU_ENABLE=1 COLLECTIVES_GPU_TRANSPORT=nccl \
-        mpiexec -n 2 python -m tests.programs.gpu_collectives
-    step bench-n2 600 env NCCL_MULTI_RANK_GPU_ENABLE=1 mpiexec -n 2 python -m bench --device cuda \
-        --json "$results/bench-cuda-n2.json"
+    export NCCL_MULTI_RANK_GPU_ENABLE=1
+    two_rank_impls="ring nccl"
 else
-    echo "== NCCL $nccl_version < 2.30: two ranks on one GPU only staged (covered by tests/test_gpu.py)"
+    echo "== NCCL $nccl_version < 2.30: two ranks on one GPU only staged"
+    two_rank_impls="ring"
 fi
-step bench-n1 600 mpiexec -n 1 python -m bench --device cuda --json "$results/bench-cuda-n1.json"
-step reduce-vs-copy 300 python scripts/reduce_vs_copy.py --device cuda
+step tests 420 python -m pytest -q -rA --timeout 150 -p no:cacheprovider tests/test_gpu.py \
+    tests/test_device_choice.py tests/test_nccl_transport.py tests/test_staged_transport.py tests/test_watchdog.py
+step bench-n1 120 mpiexec -n 1 python -m bench --device cuda --max-bytes 256M --json "$results/bench-cuda-n1.json"
+step bench-n2 180 mpiexec -n 2 python -m bench --device cuda --impl $two_rank_impls --max-bytes 256M \
+    --json "$results/bench-cuda-n2.json"
+step reduce-vs-copy 120 python scripts/reduce_vs_copy.py --device cuda
 echo "== $failed step(s) failed; results in $results"
 exit "$failed"

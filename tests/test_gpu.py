@@ -1,8 +1,10 @@
 """Tier 3: the GPU path, on a machine with CuPy and a GPU; skipped (with the reason) elsewhere.
 
 Collectives on cupy arrays against the MPI path on the same values, over NCCL at
-one rank (NCCL refuses several ranks on one GPU before 2.30) and over the
-host-staged transport at two; the bench and the trainer with --device cuda.
+one rank (and at two on one GPU where NCCL >= 2.30 is allowed to: NCCL_MULTI_RANK_GPU_ENABLE=1)
+and over the host-staged transport at two and three; the all-reduce against NCCL's own; a shape
+that differs across ranks; CUDA tensors through the torch backend; the bench and the trainer with
+--device cuda. Each program's per-rank lines are printed (``pytest -rA`` shows them).
 """
 import json
 import os
@@ -28,13 +30,22 @@ def nccl_version() -> int:
     return nccl.get_version()
 
 
-@pytest.mark.parametrize("n,transport", [(1, "nccl"), (2, "staged"), (3, "staged")])
+def nccl_fits(n: int) -> bool:
+    """Whether NCCL can make a communicator of n ranks on this machine's GPUs."""
+    return n <= GPUS or (nccl_version() >= 23000 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1")
+
+
+def run_program(n: int, module: str, env: dict | None = None):
+    result = run_world(n, ["-m", module], TIMEOUT_S, env=env)
+    print(result.stdout[-3000:])
+    return result
+
+
+@pytest.mark.parametrize("n,transport", [(1, "nccl"), (2, "nccl"), (2, "staged"), (3, "staged")])
 def test_every_collective_on_cupy_matches_the_host_path(n, transport):
-    if transport == "nccl" and n > GPUS and not (nccl_version() >= 23000 and
-                                                  os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"):
+    if transport == "nccl" and not nccl_fits(n):
         pytest.skip(f"NCCL {nccl_version()} cannot put {n} ranks on {GPUS} GPU(s)")
-    result = run_world(n, ["-m", "tests.programs.gpu_collectives"], TIMEOUT_S,
-                       env={"COLLECTIVES_GPU_TRANSPORT": transport})
+    result = run_program(n, "tests.programs.gpu_collectives", env={"COLLECTIVES_GPU_TRANSPORT": transport})
     assert result.returncode == 0, result.stdout[-4000:]
     expected_name = "NCCLTransport" if transport == "nccl" else "StagedTransport"
     assert result.stdout.count(f"over {expected_name}, 0 wrong") == n, result.stdout[-4000:]
@@ -47,6 +58,36 @@ def test_asking_for_nccl_where_ranks_share_a_gpu_fails_alike_on_every_rank():
                        env={"COLLECTIVES_GPU_TRANSPORT": "nccl"})
     assert result.returncode != 0
     assert result.stdout.count("NCCL cannot carry these ranks: ranks 0, 1 share GPU") == 2, result.stdout[-4000:]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_the_ring_allreduce_on_cupy_matches_nccls_own(n):
+    """Bit-identical to NCCL's allReduce where the order of additions is the same (1 and 2 ranks);
+    where NCCL cannot make the communicator, against the host's reduction in rank order."""
+    result = run_program(n, "tests.programs.gpu_against_nccl")
+    assert result.returncode == 0, result.stdout[-4000:]
+    reference = "NCCL's allReduce" if nccl_fits(n) else "the host"
+    assert result.stdout.count(f"against {reference}") == n, result.stdout[-4000:]
+    assert result.stdout.count(" 0 wrong") == n, result.stdout[-4000:]
+
+
+def test_a_shape_that_differs_on_the_gpu_is_named_on_every_rank_and_the_ranks_go_on():
+    result = run_program(2, "tests.programs.gpu_mismatch")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.stdout.count("the next all-reduce is right") == 2, result.stdout[-4000:]
+    errors = [line for line in result.stdout.splitlines() if "Error: " in line]
+    assert len(errors) == 2 and all("1001" in line and "1000" in line for line in errors), result.stdout[-4000:]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_cuda_tensors_through_the_torch_backend(n):
+    pytest.importorskip("torch", reason="the torch backend's GPU test needs torch with CUDA")
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("torch here has no CUDA")
+    result = run_program(n, "tests.programs.torch_cuda")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.stdout.count(" 0 wrong") == n, result.stdout[-4000:]
 
 
 def test_bench_on_the_gpu_is_exact_against_nccl(tmp_path):
@@ -67,3 +108,16 @@ def test_trainer_on_the_gpu_trains_the_model_the_cpu_trains(tmp_path):
         saved = sorted((tmp_path / device).glob("*.npz"))[-1]
         finals[device] = np.load(saved)["params"]
     np.testing.assert_allclose(finals["cuda"], finals["cpu"], rtol=1e-6, atol=1e-9)
+
+
+def test_the_default_training_run_reaches_the_cpus_accuracy_on_the_gpu(tmp_path):
+    """The README's run (digits, 20 epochs, float32) at 2 ranks: within 0.5 points of the CPU's."""
+    accuracy = {}
+    for device in ("cpu", "cuda"):
+        result = run_world(2, ["-m", "trainer", "--device", device, "--checkpoint-dir", str(tmp_path / device)],
+                           TIMEOUT_S)
+        assert result.returncode == 0, result.stdout[-4000:]
+        done = [line for line in result.stdout.splitlines() if line.startswith("done:")]
+        print(device, done)
+        accuracy[device] = float(done[-1].rpartition("test accuracy ")[2].rstrip("%"))
+    assert abs(accuracy["cuda"] - accuracy["cpu"]) <= 0.5, accuracy
