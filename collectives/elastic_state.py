@@ -14,10 +14,11 @@ from collectives.api import broadcast
 from collectives.changes import Change
 from collectives.errors import CollectiveUsageError
 from collectives.world import rank
+from ring import arrays
 
 
 class State:
-    """Arrays (numpy, updated in place or replaced) and plain values (numbers, strings, lists and
+    """Arrays (numpy or cupy arrays, torch CPU tensors; updated in place or replaced) and plain values (numbers, strings, lists and
     dicts of them: what JSON holds) that roll back together. ``commit()`` keeps a copy on this
     rank (no disk, no communication); ``restore()`` puts the last one back, arrays in place (so
     views of them held elsewhere stay valid); ``sync()`` gives every rank rank 0's.
@@ -71,8 +72,9 @@ class State:
         """Put the last commit back: arrays (and tensors) of the same shape and dtype in place, the rest by value."""
         for name, saved in self._kept.items():
             current, kept = _array(self._items.get(name)), _array(saved)
-            if current is not None and kept is not None and current.shape == kept.shape and current.dtype == kept.dtype:
-                np.copyto(current, kept)
+            if current is not None and kept is not None and type(current) is type(kept) \
+                    and current.shape == kept.shape and current.dtype == kept.dtype:
+                arrays.copy_(current, kept)
             else:
                 self._items[name] = _copy_into(None, saved)
 
@@ -93,7 +95,7 @@ class State:
         for name, (shape, dtype) in received["arrays"].items():
             array = _array(self._items[name])
             if array.shape != tuple(shape) or array.dtype != np.dtype(dtype):
-                self._items[name] = _like(self._items[name], np.empty(shape, dtype))
+                self._items[name] = _empty_like_kind(self._items[name], tuple(shape), np.dtype(dtype))
             broadcast(_array(self._items[name]), root=root, name=f"elastic state {name}")
         self._items.update(received["values"])
         self._keep()
@@ -119,19 +121,21 @@ def _broadcast_json(value: Any, root: int, name: str) -> Any:
     return json.loads(broadcast(encoded, root=root).tobytes())
 
 
-def _array(value: Any) -> np.ndarray | None:
-    """The numpy array that holds an item's data: a numpy array itself, a torch tensor's memory
+def _array(value: Any) -> Any:
+    """The array that holds an item's data: a numpy or cupy array itself, a torch tensor's memory
     (``.numpy()``, shared), None for a plain value. torch is never imported here: a program that
     holds a tensor has imported it."""
-    if isinstance(value, np.ndarray):
+    if arrays.is_array(value):
         return value
     torch = sys.modules.get("torch")
     return value.detach().numpy() if torch is not None and isinstance(value, torch.Tensor) else None
 
 
-def _like(item: Any, array: np.ndarray) -> Any:
-    """``array`` as the kind of ``item`` holds it: a numpy array, or a torch tensor on its memory."""
-    return array if isinstance(item, np.ndarray) else sys.modules["torch"].from_numpy(array)
+def _empty_like_kind(item: Any, shape: tuple, dtype: np.dtype) -> Any:
+    """A new array of ``shape`` and ``dtype`` of ``item``'s kind: numpy, cupy (on the current GPU), or a torch tensor."""
+    if arrays.is_array(item):
+        return arrays.xp_of(item).empty(shape, dtype)
+    return sys.modules["torch"].from_numpy(np.empty(shape, dtype))
 
 
 def _copy_into(kept: Any, value: Any) -> Any:
@@ -144,14 +148,18 @@ def _copy_into(kept: Any, value: Any) -> Any:
     target = _array(kept)
     if target is not None and type(kept) is type(value) and target.shape == source.shape \
             and target.dtype == source.dtype:
-        np.copyto(target, source)
+        arrays.copy_(target, source)
         return kept
-    return value.copy() if isinstance(value, np.ndarray) else value.detach().clone()
+    return value.copy() if arrays.is_array(value) else value.detach().clone()
 
 
 def _check(name: str, value: Any) -> Any:
     """``value`` if a State can hold it: an array of numbers (a numpy array, a torch tensor) or a
     value that JSON gives back as it was (what ``sync`` sends); else CollectiveUsageError naming it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor) and value.device.type != "cpu":
+        raise CollectiveUsageError(f"elastic.State: {name}: a tensor on {value.device} (State holds CPU tensors; "
+                                   "hold a GPU's arrays as cupy arrays, or commit a CPU copy)")
     array = _array(value)
     if array is not None:
         if array.dtype.hasobject:
@@ -160,7 +168,7 @@ def _check(name: str, value: Any) -> Any:
         return value
     problem = _not_plain(value)
     if problem:
-        raise CollectiveUsageError(f"elastic.State: {name}: expected a numpy array or a plain value (None, bools, "
+        raise CollectiveUsageError(f"elastic.State: {name}: expected a numpy or cupy array or a plain value (None, bools, "
                                    f"numbers, strings, and lists and str-keyed dicts of them), got {problem}")
     return value
 

@@ -58,7 +58,7 @@ class Transports:
                 self.device = device_transports.open_transport(self.host, device, wanted, bound)
             except device_transports.Unavailable as e:   # the same on every member: still in step
                 setting = " (COLLECTIVES_GPU_TRANSPORT=nccl)" if wanted == "nccl" else ""
-                raise CollectiveError(f"{e}{setting}") from e
+                raise CollectiveError(f"{e}{setting}") from None   # (the message is the whole story)
         elif device is not None and device != self.device.gpu:
             raise CollectiveError(f"{self._where()}: an array on GPU {device}, but this rank's collectives "
                                   f"run on GPU {self.device.gpu} (one GPU per rank)")

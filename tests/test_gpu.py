@@ -57,7 +57,8 @@ def test_asking_for_nccl_where_ranks_share_a_gpu_fails_alike_on_every_rank():
     result = run_world(2, ["-m", "tests.programs.gpu_collectives"], TIMEOUT_S,
                        env={"COLLECTIVES_GPU_TRANSPORT": "nccl"})
     assert result.returncode != 0
-    assert result.stdout.count("NCCL cannot carry these ranks: ranks 0, 1 share GPU") == 2, result.stdout[-4000:]
+    assert result.stdout.count("CollectiveError: NCCL cannot carry these ranks: ranks 0, 1 share GPU") == 2, \
+        result.stdout[-4000:]
 
 
 @pytest.mark.parametrize("n", [1, 2])
