@@ -103,21 +103,8 @@ def transportable(x):
 
 
 def divide_(x, divisor: int) -> None:
-    """``x /= divisor`` in place, in x's own dtype (floating types only), with the same bits on the
-    GPU as on the host: float16 is divided in float32 and rounded once, as numpy does (CuPy's own
-    float16 division gave some results one unit in the last place off numpy's, on an H100)."""
-    if x.dtype == np.float16 and not isinstance(x, np.ndarray):
-        if x.size:
-            _half_divider()(np.float32(divisor), x)
-        return
+    """``x /= divisor`` in place, in x's own dtype (floating types only)."""
     xp_of(x).true_divide(x, divisor, out=x, casting="unsafe")
-
-
-@lru_cache(maxsize=None)
-def _half_divider():
-    import cupy
-    return cupy.ElementwiseKernel("float32 divisor", "float16 x", "x = (float16)((float)x / divisor)",
-                                  "ring_divide_float16")
 
 
 def copy_(dst, src) -> None:
