@@ -46,6 +46,12 @@ def test_a_torch_tensor_is_restored_in_place():
     assert state.params is tensor and tensor.tolist() == [1.0, 1.0, 1.0]
 
 
+def test_a_tensor_off_the_cpu_is_refused_naming_its_device():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(CollectiveUsageError, match=r"elastic\.State: params: a tensor on meta \(State holds CPU"):
+        State(params=torch.zeros(3, device="meta"))
+
+
 @pytest.mark.parametrize("value, says", [
     (np.array([object()]), "dtype object"),
     ((1, 2), "tuple (1, 2) (it would come back as a list"),
