@@ -34,7 +34,7 @@ def reduction(collective: str, x: Any, op: Any, out: Any, shape: tuple | None = 
     if type(x) is np.ndarray and type(op) is str and (x.dtype, op) in _ACCEPTED:
         if out is None:
             return x, out, False
-        if out is x and shape is None:
+        if out is x and shape is None and x.flags.writeable:
             return x, out, True
         if (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == (x.shape if shape is None else shape)
                 and out.flags.writeable and out.flags.owndata and x.flags.owndata):

@@ -16,8 +16,8 @@ def _x():
     return np.arange(10, dtype=np.float32) + RANK
 
 
-def _readonly():
-    y = np.empty(10, np.float32)
+def _readonly(y=None):
+    y = np.empty(10, np.float32) if y is None else y
     y.flags.writeable = False
     return y
 
@@ -32,6 +32,9 @@ CASES = [
     ("out wrong shape", lambda x: col.allreduce(x, out=np.empty(9, np.float32)), "allreduce: out"),
     ("out wrong dtype", lambda x: col.allreduce(x, out=np.empty(10, np.float64)), "allreduce: out"),
     ("out read-only", lambda x: col.allreduce(x, out=_readonly()), "allreduce: out"),
+    ("in place, x read-only", lambda x: col.allreduce(_readonly(x), out=x), "allreduce: out: is read-only"),
+    ("in place async, x read-only", lambda x: col.allreduce(_readonly(x), out=x, async_op=True).wait(),
+     "allreduce: out: is read-only"),
     ("out overlaps x", lambda x: col.allreduce(x[:-1], out=x[1:]), "allreduce: out"),
     ("reduce_scatter bad op", lambda x: col.reduce_scatter(x, op="avg!"), "reduce_scatter: op"),
     ("reduce_scatter out shape", lambda x: col.reduce_scatter(x, out=np.empty(11, np.float32)), "reduce_scatter: out"),
