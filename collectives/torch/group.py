@@ -290,6 +290,9 @@ class RingProcessGroup(dist.ProcessGroup):
             method, args, tensors, after = prepare()
         except col.CollectiveUsageError as refused:
             method, args, tensors, after = col.refuse, (collective, str(refused)), [], None
+        except Exception as error:   # noqa: BLE001 - whatever torch raised here, the others must hear of it
+            problem = f"{collective}: tensor: {type(error).__name__}: {error}"
+            method, args, tensors, after = col.refuse, (collective, problem), [], None
         if getattr(opts, "asyncOp", True):
             try:
                 return RingWork(method(*args, group=self.group, async_op=True, timeout=self.timeout), tensors, after)

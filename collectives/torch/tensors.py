@@ -104,12 +104,30 @@ def sparse_sum(rows: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     return torch.sparse_coo_tensor(torch.from_numpy(indices).t(), torch.from_numpy(values), like.shape).coalesce()
 
 
+#: The dtypes whose tensors become arrays (``as_array``); float8, quantized and bit types do not.
+CARRIED_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                            torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16,
+                            torch.float32, torch.float64, torch.complex64, torch.complex128))
+
+
 def dense(collective: str, tensors: list, argument: str = "tensor") -> None:
-    """Refuse sparse (and other non-strided) tensors by name."""
+    """Refuse by name what the ring cannot move: sparse (and other non-strided) tensors, devices
+    other than the CPU and CUDA, dtypes with no array of their own (float8, quantized).
+
+    >>> dense("all_reduce", [torch.ones(2, device="meta")])
+    Traceback (most recent call last):
+    collectives.errors.CollectiveUsageError: all_reduce: tensor: a tensor on meta; the ring backend moves CPU and CUDA tensors
+    """
     for t in tensors:
         if t.layout != torch.strided:
             raise col.CollectiveUsageError(f"{collective}: {argument}: {t.layout} tensors are not supported by the "
                                            "ring backend (it moves dense arrays); call .to_dense() first")
+        if t.device.type not in ("cpu", "cuda"):
+            raise col.CollectiveUsageError(f"{collective}: {argument}: a tensor on {t.device}; the ring backend "
+                                           "moves CPU and CUDA tensors")
+        if t.dtype not in CARRIED_DTYPES:
+            raise col.CollectiveUsageError(f"{collective}: {argument}: {t.dtype} is not supported by the ring "
+                                           "backend (dequantize, or convert to a float type, first)")
 
 
 def same_sizes(collective: str, tensors: list, numel: int, count: int, argument: str,

@@ -221,6 +221,33 @@ def test_a_failed_call_reaches_every_door_torch_has(groups):
     agree(t.tolist() == [N, N], "in step after a refusal")
 
 
+UNCARRIED = {
+    "float8": lambda: torch.ones(3).to(torch.float8_e4m3fn),
+    "meta": lambda: torch.ones(3, device="meta"),
+    "quantized": lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
+}
+
+
+@pytest.mark.parametrize("kind", list(UNCARRIED))
+def test_a_tensor_the_backend_cannot_carry_on_one_rank_is_refused_on_every_rank(groups, kind):
+    """The last rank's tensor is one the ring cannot move: every rank raises the same error in that
+    call (not a local TypeError that leaves the others waiting, to pair with the next call)."""
+    ring, _ = groups
+    calls = {"all_reduce": lambda t: dist.all_reduce(t, group=ring),
+             "broadcast": lambda t: dist.broadcast(t, src=0, group=ring),
+             "all_gather": lambda t: dist.all_gather([t.clone() for _ in range(N)], t, group=ring)}
+    for name, call in calls.items():
+        t = UNCARRIED[kind]() if RANK == N - 1 else torch.ones(3)
+        with pytest.raises(RuntimeError, match=f"{name}: .*tensor") as raised:
+            call(t)
+        assert isinstance(raised.value, collectives.CollectiveUsageError), repr(raised.value)
+        if N > 1 and RANK != N - 1:
+            assert f"on rank {N - 1}" in str(raised.value), str(raised.value)
+        t = torch.full((2,), float(RANK + 1))
+        dist.all_reduce(t, group=ring)
+        agree(t.tolist() == [N * (N + 1) / 2] * 2, f"in step after refusing a {kind} tensor in {name}")
+
+
 def test_complex_reductions_match_gloo_and_shared_memory_is_refused_alike(groups):
     ring, _ = groups
 
