@@ -41,11 +41,10 @@ from collectives.errors import CollectiveError, CollectiveUsageError, Membership
 from collectives.progress import Work
 from collectives.signature import disagreement, signature as make_signature, template
 from ring import arrays, cost, doubling
-from ring.transport.base import Bound, TransportError, TransportTimeout
+from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, TransportTimeout
 
 _PROBLEM_BYTES = 512
 _MAIN_THREAD = main_thread().ident
-_ROLL_CALL_GRACE = 1.0   # seconds the ranks that timed out spend finding out which others are here too
 _REDUCTIONS = frozenset(("allreduce", "allreduce_many", "reduce_scatter", "reduce"))   # (the floating-point guard)
 
 
@@ -276,7 +275,7 @@ def _census(g, seq: int) -> str:
     """After a timeout in call ``seq``: which call of this group every other member is in, as far as
     they answer (see ``Control.roll_call``): ranks are world ranks, call numbers count this group's calls."""
     control = g.transport.control
-    heard = control.roll_call(_ROLL_CALL_GRACE, seq)
+    heard = control.roll_call(seq)
     unreachable = [r for r in control.unreachable() if r not in heard]
     here = [r for r, s in sorted(heard.items()) if s == seq]
     elsewhere = [f"{r} (#{s})" for r, s in sorted(heard.items()) if s != seq]
@@ -284,7 +283,7 @@ def _census(g, seq: int) -> str:
     silent = [r for r in g.ranks if r != me and r not in heard and r not in unreachable]
     parts = []
     if unreachable:
-        parts.append(f"rank(s) unreachable (their host did not acknowledge a message for {_ROLL_CALL_GRACE:g} s: "
+        parts.append(f"rank(s) unreachable (their host did not acknowledge a message for {ROLL_CALL_GRACE:g} s: "
                      f"its link or the host is down): {', '.join(map(str, unreachable))}")
     if silent:
         on = "" if g.is_world else " on this group"

@@ -144,3 +144,14 @@ def test_no_module_sets_another_modules_globals_or_a_transports_fields():
 
 _MODULES = {module_name(p) for p in sources(*PACKAGES)} | {"mpi4py.rc"}
 _HOOKS = {"sys.excepthook"}   # (Python's own way in: set, and put back, by the one that installs it)
+
+
+def test_importing_the_library_does_not_start_mpi():
+    """``col.elastic.supervise()`` must run before MPI starts (it forks the rank): importing
+    ``collectives`` (and its torch backend) may not import ``mpi4py.MPI``, which initializes MPI."""
+    import subprocess
+    import sys
+    probe = "import sys, collectives, collectives.elastic; print('mpi4py.MPI' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert result.stdout.strip() == "False", result.stdout + result.stderr

@@ -17,6 +17,11 @@ from typing import Any, Protocol
 MAX_P2P_TAG = 30000   # the largest point-to-point tag a program may use (MPI promises 32767; ours start at 64)
 
 
+#: Seconds a roll call (after a timeout: which call is each rank in?) waits for answers after asking;
+#: a wait nearing its deadline asks ahead (see ``ring.transport.control.Control.roll_call``).
+ROLL_CALL_GRACE = 1.0
+
+
 class TransportError(RuntimeError):
     """The network failed underneath a collective (a peer died, a message was cut short)."""
 

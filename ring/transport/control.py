@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ring.transport import liveness as liveness_watch
-from ring.transport.base import PeerLost
+from ring.transport.base import ROLL_CALL_GRACE, PeerLost
 from ring.transport.notices import failure_notices
 from ring.transport.polling import process_state
 
@@ -76,21 +76,32 @@ class Control:
         self._control_status = MPI.Status()
         self.outbox: list = []   # control messages sent and not yet known complete, with their buffers
         self._heard: dict[int, int] = {}   # roll call: rank -> the call it said it is in
+        self._asked: tuple[int, float] | None = None   # roll call: (the call, when) of the last question
         # A point-to-point wait in the program's thread may poll beside a collective in the
         # engine's: one of them at a time reads the control channel (a probe and its receive).
         self._control_lock = threading.Lock()
 
-    def roll_call(self, grace: float, seq: int) -> dict[int, int]:
-        """After a timeout in call ``seq``: ask every rank which call it is in; return ``{rank: call}``
-        for the ranks that answered within ``grace`` seconds (a rank answers while it waits inside
-        a collective on this transport), ranks as ``names`` gives them."""
-        self._heard = {}
+    def ask(self, seq: int) -> None:
+        """Ask every rank which call it is in, for a roll call in call ``seq`` (see roll_call)."""
+        self._heard, self._asked = {}, (seq, time.monotonic())
         if self.liveness is not None:
             self.liveness.ping()
         for peer in range(self.size):
             if peer != self.rank:
                 self.send(peer, _ASK, seq)
-        give_up = time.monotonic() + grace
+
+    def roll_call(self, seq: int, grace: float = ROLL_CALL_GRACE) -> dict[int, int]:
+        """After a timeout in call ``seq``: which call every rank is in, ``{rank: call}`` for the
+        ranks that answered within ``grace`` seconds of being asked (a rank answers while it waits
+        inside a collective on this transport), ranks as ``names`` gives them. A wait of call ``seq``
+        that nears its deadline asks ahead (see ``MPITransport._wait_all``), so that the answers are
+        in by the time the call times out; otherwise the question goes out now.
+
+        For example, with timeout=3: a wait asks at 2.0 s; the rank that computes elsewhere never
+        answers; at 3.0 s the call times out and the roll call returns at once (2.0 + 1.0 s)."""
+        if self._asked is None or self._asked[0] != seq:
+            self.ask(seq)
+        give_up, self._asked = self._asked[1] + grace, None
         while time.monotonic() < give_up and len(self._heard) + len(self.departed) < self.size - 1:
             self.read(seq)
             time.sleep(5e-3)

@@ -13,6 +13,7 @@ transport; ``split`` makes the others.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Sequence
 
@@ -21,7 +22,7 @@ from mpi4py import MPI
 
 from ring.schedule import left, right
 from ring.transport import liveness as liveness_watch
-from ring.transport.base import Bound, TransportError
+from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError
 from ring.transport.control import COLLECTIVE, Control
 from ring.transport.exits import Exits
 from ring.transport.mpi_p2p import PointToPoint
@@ -258,7 +259,11 @@ class MPITransport(Subsets):
                 if _testall(requests, statuses):
                     return
             control, seq = self.control, bound.seq
+            control.read(seq)   # (a roll call's question that came while this rank computed: answered now)
             started = time.monotonic()
+            # Near the deadline, ask who is in which call, so that a timeout's roll call is answered
+            # by the deadline, not a grace period after it (a short wait asks half way).
+            ask_at = max(bound.until - ROLL_CALL_GRACE, (started + bound.until) / 2) if seq else math.inf
             next_check, notices = started + CHECK_INTERVAL, control.checked_notices   # (a notice that came while
             # this rank computed, before the wait, is looked into at once: else it waited CHECK_INTERVAL)
             while not _testall(requests, statuses):
@@ -268,6 +273,9 @@ class MPITransport(Subsets):
                     notices = control.notices()
                     control.check_peers(seq, COLLECTIVE)
                     next_check = now + min(CHECK_INTERVAL, control.look_again_in())
+                if now >= ask_at:
+                    control.ask(seq)
+                    ask_at = math.inf
                 if bound.passed(now):
                     pending = [p for r, p in zip(requests, peers) if not r.Test()]
                     peer = (pending or peers)[0]

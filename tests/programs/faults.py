@@ -59,10 +59,12 @@ def absent() -> None:
         _say(f"rank {col.rank()}: stayed away")
         return
     x = np.ones(1000, np.float32)
+    started = time.monotonic()
     try:
         col.allreduce(x, timeout=2)
     except col.CollectiveError as e:
         _say(f"rank {col.rank()}: CollectiveError: {e}")
+        _say(f"rank {col.rank()}: raised after {time.monotonic() - started:.2f} s")
     try:
         col.allreduce(x, timeout=2)
     except col.CollectiveError as e:
