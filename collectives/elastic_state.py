@@ -33,6 +33,9 @@ class State:
     def __init__(self, **items: Any):
         names = {}
         for name, value in items.items():
+            if name.startswith("_") or name == "commits" or hasattr(State, name):
+                raise CollectiveUsageError(f"elastic.State: {name}: a name State keeps for itself (its methods, "
+                                           "commits, and names that begin with _); choose another")
             names[name] = _check(name, value)
         object.__setattr__(self, "_items", names)
         object.__setattr__(self, "commits", 0)
@@ -72,8 +75,9 @@ class State:
         """Put the last commit back: arrays (and tensors) of the same shape and dtype in place, the rest by value."""
         for name, saved in self._kept.items():
             current, kept = _array(self._items.get(name)), _array(saved)
-            if current is not None and kept is not None and type(current) is type(kept) \
-                    and current.shape == kept.shape and current.dtype == kept.dtype:
+            if current is not None and kept is not None and type(self._items[name]) is type(saved) \
+                    and current.shape == kept.shape and current.dtype == kept.dtype \
+                    and getattr(current.flags, "writeable", True):   # (cupy arrays have no such flag)
                 arrays.copy_(current, kept)
             else:
                 self._items[name] = _copy_into(None, saved)
@@ -84,7 +88,7 @@ class State:
         differs from rank ``root``'s (one replaced since the start, on a newcomer that holds the
         start's) is replaced by one of rank ``root``'s first."""
         values = {name: v for name, v in self._items.items() if _array(v) is None}
-        arrays = {name: [list(_array(v).shape), _array(v).dtype.str] for name, v in self._items.items()
+        arrays = {name: [list(_array(v).shape), _dtype_name(_array(v).dtype)] for name, v in self._items.items()
                   if _array(v) is not None}
         received = _broadcast_json({"values": values, "arrays": arrays, "commits": self.commits}, root,
                                    "elastic state")
@@ -123,19 +127,38 @@ def _broadcast_json(value: Any, root: int, name: str) -> Any:
 
 def _array(value: Any) -> Any:
     """The array that holds an item's data: a numpy or cupy array itself, a torch tensor's memory
-    (``.numpy()``, shared), None for a plain value. torch is never imported here: a program that
-    holds a tensor has imported it."""
+    (``.numpy()``, shared; a dtype numpy lacks, like bfloat16, as integers of its size: its bytes),
+    None for a plain value. torch is never imported here: a program that holds a tensor has imported it."""
     if arrays.is_array(value):
         return value
     torch = sys.modules.get("torch")
-    return value.detach().numpy() if torch is not None and isinstance(value, torch.Tensor) else None
+    if torch is None or not isinstance(value, torch.Tensor):
+        return None
+    tensor = value.detach()
+    try:
+        return tensor.numpy()
+    except TypeError:
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+        return tensor.view(bits).numpy()
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """``dtype`` as text that ``np.dtype`` reads back: its name for a user dtype such as ml_dtypes'
+    bfloat16 (whose ``str``, '<V2', reads back as raw bytes), else its ``str`` (which keeps the byte order).
+
+    >>> _dtype_name(np.dtype(">f4"))
+    '>f4'
+    """
+    return dtype.name if dtype.isbuiltin == 2 else dtype.str
 
 
 def _empty_like_kind(item: Any, shape: tuple, dtype: np.dtype) -> Any:
-    """A new array of ``shape`` and ``dtype`` of ``item``'s kind: numpy, cupy (on the current GPU), or a torch tensor."""
+    """A new array of ``shape`` and ``dtype`` of ``item``'s kind: numpy, cupy (on the current GPU), or
+    a torch tensor (of ``item``'s dtype where ``dtype`` stands for its bytes: see ``_array``)."""
     if arrays.is_array(item):
         return arrays.xp_of(item).empty(shape, dtype)
-    return sys.modules["torch"].from_numpy(np.empty(shape, dtype))
+    tensor = sys.modules["torch"].from_numpy(np.empty(shape, dtype))
+    return tensor.view(item.dtype) if tensor.element_size() == item.element_size() else tensor
 
 
 def _copy_into(kept: Any, value: Any) -> Any:
@@ -156,10 +179,9 @@ def _copy_into(kept: Any, value: Any) -> Any:
 def _check(name: str, value: Any) -> Any:
     """``value`` if a State can hold it: an array of numbers (a numpy array, a torch tensor) or a
     value that JSON gives back as it was (what ``sync`` sends); else CollectiveUsageError naming it."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor) and value.device.type != "cpu":
-        raise CollectiveUsageError(f"elastic.State: {name}: a tensor on {value.device} (State holds CPU tensors; "
-                                   "hold a GPU's arrays as cupy arrays, or commit a CPU copy)")
+    problem = _tensor_problem(value)
+    if problem:
+        raise CollectiveUsageError(f"elastic.State: {name}: {problem}")
     array = _array(value)
     if array is not None:
         if array.dtype.hasobject:
@@ -171,6 +193,21 @@ def _check(name: str, value: Any) -> Any:
         raise CollectiveUsageError(f"elastic.State: {name}: expected a numpy or cupy array or a plain value (None, bools, "
                                    f"numbers, strings, and lists and str-keyed dicts of them), got {problem}")
     return value
+
+
+def _tensor_problem(value: Any) -> str:
+    """Why a State cannot hold torch tensor ``value`` as the memory it copies in place ("": it can)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        return ""
+    if value.device.type != "cpu":
+        return f"a tensor on {value.device} (State holds CPU tensors; hold a GPU's arrays as cupy arrays, or a CPU copy)"
+    if value.layout != torch.strided or value.is_quantized:
+        kind = "quantized" if value.is_quantized else str(value.layout)
+        return f"a {kind} tensor (State holds dense tensors: hold .to_dense() or .dequantize())"
+    if value.is_conj() or value.is_neg():
+        return "a tensor with its conjugate or negative bit set (hold .resolve_conj() or .resolve_neg())"
+    return ""
 
 
 def _not_plain(value: Any) -> str:

@@ -81,3 +81,42 @@ def test_an_unknown_item_is_an_error_naming_the_items():
         state.epoch = 1
     with pytest.raises(AttributeError, match="State has no 'epoch' \\(it holds step\\)"):
         state.epoch
+
+
+def test_a_bfloat16_tensor_is_committed_and_restored_in_place_bit_for_bit():
+    torch = pytest.importorskip("torch")
+    tensor = torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16)
+    state = State(params=tensor)
+    tensor *= 2
+    state.restore()
+    assert state.params is tensor and tensor.tolist() == [1.5, -2.25, 3.0]
+
+
+def test_restore_gives_back_the_kind_that_was_committed_and_replaces_a_read_only_array():
+    torch = pytest.importorskip("torch")
+    state = State(weights=torch.ones(3))
+    state.weights = np.zeros(3, np.float32)   # (same shape and dtype, another kind)
+    state.restore()
+    assert isinstance(state.weights, torch.Tensor) and state.weights.tolist() == [1.0] * 3
+    frozen = np.zeros(3, np.float32)
+    frozen.flags.writeable = False
+    state.weights = frozen
+    state.restore()
+    assert isinstance(state.weights, torch.Tensor) and frozen.tolist() == [0.0] * 3
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda torch: torch.zeros(3).to_sparse(), "a torch.sparse_coo tensor"),
+    (lambda torch: torch.quantize_per_tensor(torch.zeros(3), 0.1, 0, torch.qint8), "a quantized tensor"),
+    (lambda torch: torch.zeros(3, dtype=torch.complex64).conj(), "a tensor with its conjugate or negative bit"),
+])
+def test_a_tensor_whose_memory_state_cannot_copy_is_refused_naming_it(make, says):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(CollectiveUsageError, match=f"elastic\\.State: params: {says}"):
+        State(params=make(torch))
+
+
+@pytest.mark.parametrize("name", ["commit", "commits", "restore", "_items"])
+def test_an_item_named_like_states_own_attributes_is_refused(name):
+    with pytest.raises(CollectiveUsageError, match=f"elastic\\.State: {name}: a name State keeps for itself"):
+        State(**{name: 1})

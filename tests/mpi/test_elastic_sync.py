@@ -1,0 +1,33 @@
+"""Tier 2: ``col.elastic.State.sync`` gives every rank rank 0's items, bit for bit, whatever their
+dtype (bfloat16 too, as numpy and as torch holds it) and whatever shape a rank held before.
+Run under mpiexec -n 1..5 by tests/test_worlds.py."""
+import numpy as np
+import pytest
+
+import collectives as col
+from tests.mpi.test_collectives import COMM, N, RANK, agree
+
+pytestmark = pytest.mark.mpi
+
+
+def test_sync_gives_every_rank_rank_0s_arrays_bit_for_bit_bfloat16_too():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    torch = pytest.importorskip("torch")
+    values = np.arange(6, dtype=np.float32) * 0.5 + 100 * RANK
+    state = col.elastic.State(
+        weights=values.astype(ml_dtypes.bfloat16),
+        tensor=torch.from_numpy(values).to(torch.bfloat16),
+        grown=np.zeros(3 + RANK),   # a different shape on every rank: replaced by rank 0's
+        step=RANK)
+    state.sync()
+    expected = np.arange(6, dtype=np.float32) * 0.5
+    agree(state.weights.dtype == ml_dtypes.bfloat16 and np.array_equal(state.weights.astype(np.float32), expected),
+          f"numpy bfloat16 after sync: {state.weights!r}")
+    agree(state.tensor.dtype == torch.bfloat16 and state.tensor.float().numpy().tolist() == expected.tolist(),
+          f"torch bfloat16 after sync: {state.tensor!r}")
+    agree(state.grown.shape == (3,) and state.step == 0 and state.commits == COMM.bcast(state.commits),
+          f"shapes and values after sync: {state.grown.shape}, step {state.step}")
+    state.weights[...] = 7
+    state.restore()   # (sync commits what it received)
+    agree(np.array_equal(state.weights.astype(np.float32), expected), "restore after sync")
+    assert N >= 1
