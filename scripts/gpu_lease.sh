@@ -5,11 +5,16 @@
 #
 # The machine has CuPy, NCCL and torch but no MPI and no network: MPICH and mpi4py come as wheels
 # in WHEELS (pip download --only-binary=:all: --python-version 3.12 --no-deps mpich mpi4py pytest-mpi),
-# installed into the image's Python. Then scripts/verify_gpu.sh (bounded by SECONDS, default 300),
-# then the CPU bench at 4, 8 and 16 ranks, ring against MPI, one launch each. Everything lands in
+# installed into the image's Python. Then scripts/verify_gpu.sh (bounded by SECONDS, default 480:
+# its steps' own limits add up to more, but on an H100 it took about 2.5 minutes), then the CPU
+# bench at 4, 8 and 16 ranks, ring against MPI, one launch each. Everything lands in
 # OUT/results.tgz and OUT/lease.log (the lease returns at most 8 files).
 set -u
-wheels=$1 out=$2 seconds=${3:-300}
+if [ $# -lt 2 ] || [ ! -d "$1" ] || [ ! -d "$2" ]; then
+    echo "usage: scripts/gpu_lease.sh WHEELS_DIR OUT_DIR [SECONDS]  (both folders must exist)" >&2
+    exit 2
+fi
+wheels=$1 out=$2 seconds=${3:-480}
 results=/tmp/gpu-results
 exec > >(tee "$out/lease.log") 2>&1
 python3 -m pip install -q --no-index --no-deps --force-reinstall "$wheels"/*.whl || exit 90

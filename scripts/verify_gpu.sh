@@ -35,7 +35,11 @@ print(\"cupy\", cupy.__version__, \"cuda runtime\", cupy.cuda.runtime.runtimeGet
 print(\"numpy\", numpy.__version__, \"mpi4py\", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])";
     python -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.is_available())" || true;
     command -v mpiexec'
-nccl_version=$(python -c "from cupy.cuda import nccl; print(nccl.get_version())" 2>/dev/null || echo 0)
+if [ "$failed" -gt 0 ]; then   # (no CuPy, no GPU or no MPI: every later step would only say so again)
+    echo "== no GPU path to verify here (see $results/versions.txt); stopping"
+    exit 1
+fi
+nccl_version=$(timeout 60 python -c "from cupy.cuda import nccl; print(nccl.get_version())" 2>/dev/null || echo 0)
 if [ "$nccl_version" -ge 23000 ]; then
     export NCCL_MULTI_RANK_GPU_ENABLE=1
     two_rank_impls="ring nccl"

@@ -88,6 +88,8 @@ def test_cuda_tensors_through_the_torch_backend(n):
         pytest.skip("torch here has no CUDA")
     result = run_program(n, "tests.programs.torch_cuda")
     assert result.returncode == 0, result.stdout[-4000:]
+    transport = "over nccl" if nccl_fits(n) else "over staged"
+    assert result.stdout.count(f"torch CUDA checks {transport}") == n, result.stdout[-4000:]
     assert result.stdout.count(" 0 wrong") == n, result.stdout[-4000:]
 
 
