@@ -12,6 +12,7 @@ that died; the timeline, if recorded, is written between the two (``collectives.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -51,11 +52,16 @@ def leave(w: Group, finishing: bool = True) -> None:
                                        dead=failure.dead_rank if failure is not None else None)
         if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
             _write_timeline(w, healthy=not why)
+        late: list[int] = []
         if finishing and not gone and not runtime.outlived:
-            gone = w.transport.exits.exit_barrier()
-            if gone:
-                _say_no_finalize(w, gone)
-        if gone:
+            patience = runtime.settings.timeout if failure is not None else math.inf
+            gone, late = w.transport.exits.exit_barrier(time.monotonic() + patience)
+            if gone or late:
+                _say_no_finalize(w, gone, late, patience)
+            if late:   # (the farewell said this rank would finalize: a rank that comes later must not wait for it)
+                w.transport.exits.farewell(w.completed, why, failed=failure.by_peer, root=root is not None,
+                                           finalizing=False)
+        if gone or late:
             _end_without_finalize(w)
         elif finishing and runtime.outlived:   # MPI's world holds processes that died (see Runtime.outlived):
             _end_without_finalize(w, status=1 if why else 0)   # no MPI_Finalize, so no exit barrier before it
@@ -77,11 +83,13 @@ def end_unset(rank: int) -> None:
     os._exit(1)
 
 
-def _say_no_finalize(w: Group, gone: list[int]) -> None:
+def _say_no_finalize(w: Group, gone: list[int], late: list[int] = (), patience: float = 0.0) -> None:
     dead = [r for r in w.transport.control.known_dead() if r in gone]
     leaving = [r for r in gone if r not in dead]
     whom = " and ".join(([f"{', '.join(map(str, dead))} (gone)"] if dead else []) +
-                        ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []))
+                        ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []) +
+                        ([f"{', '.join(map(str, late))} (not at exit {patience:g} s after this rank's failure, "
+                          "the timeout: still in its own code?)"] if late else []))
     print(f"[rank {w.rank()}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever "
           f"for rank(s) {whom}", file=sys.stderr, flush=True)
 

@@ -48,6 +48,25 @@ def test_an_absent_rank_makes_the_others_time_out_naming_it():
     assert "rank(s) in no collective call (busy elsewhere, or gone): 2" in result.stdout, result.stdout
 
 
+@pytest.mark.parametrize("cleanup", [True, False])
+def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_at_exit(cleanup):
+    """The others time out (2 s), end their programs, wait at exit at most COLLECTIVES_TIMEOUT (4 s)
+    for it, say so, and end with status 1 without MPI_Finalize: the launcher ends the job then. With
+    -disable-auto-cleanup it lets the stuck rank run on (it sleeps 20 s here); when it wakes, its
+    next call fails at once, naming the others, and it ends without waiting at exit."""
+    started = time.monotonic()
+    result = run_world(3, ["-m", "tests.programs.faults", "stuck", "120" if cleanup else "20"], BOUND_S,
+                       env={"COLLECTIVES_TIMEOUT": "4"}, launcher_args=() if cleanup else keep_survivors())
+    wall = time.monotonic() - started
+    assert result.returncode not in (0, -9), result.stdout
+    assert ("rank 2: woke" in result.stdout) != cleanup, result.stdout
+    for rank in (0, 1):
+        assert f"rank {rank}: CollectiveError: allreduce #2 on rank {rank}: timed out after 2" in result.stdout
+        assert f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever " \
+               "for rank(s) 2 (not at exit 4 s after this rank's failure" in result.stdout, result.stdout
+    assert wall < (20 if cleanup else 20 + 15), result.stdout
+
+
 def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeout():
     status, output, wall = _fault(3, "absent-at-setup")
     errors = _errors(output)

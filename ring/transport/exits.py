@@ -4,15 +4,17 @@ rank 0 at exit (the timeline's events). Over the control plane of ``ring.transpo
 ``MPITransport.exits`` is one."""
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 from ring.transport.control import AT_EXIT, EXIT_TAG, FAILED, LEFT, NOT_FINALIZING, ROOT, Control
-from ring.transport.polling import pause
+from ring.transport.polling import pause, process_state
 
 _testall = MPI.Request.Testall
+_SETTLE_SECONDS = 0.02   # how long the exit barrier reads on once every rank is there (see exit_barrier)
 
 
 class Exits:
@@ -89,11 +91,13 @@ class Exits:
         return found
 
     def gone_at_exit(self) -> list[int]:
-        """At exit: the ranks that will never call MPI_Finalize, as far as this rank knows (dead, or
-        said so in their farewell), as ``names`` gives them."""
+        """At exit: the ranks that will never call MPI_Finalize, as far as this rank knows (dead, said
+        so in their farewell, or, on this host, ended after their farewell: MPI_Finalize keeps a
+        process that calls it until every rank has), as ``names`` gives them."""
         c = self.control
         c.read()
-        return sorted(set(c.known_dead()) | {c.names[p] for p in c.unfinalized})
+        ended = {c.names[p] for p in c.departed if p in c.local_pids and process_state(c.local_pids[p]) is not None}
+        return sorted(set(c.known_dead()) | {c.names[p] for p in c.unfinalized} | ended)
 
     def await_farewells(self, seconds: float) -> None:
         """Wait up to ``seconds`` until every other rank has said farewell or is dead: a launcher may
@@ -108,10 +112,13 @@ class Exits:
                 return
             time.sleep(5e-3)
 
-    def exit_barrier(self) -> list[int]:
+    def exit_barrier(self, until: float = math.inf) -> tuple[list[int], list[int]]:
         """At exit, before MPI_Finalize (which waits for every rank, for ever if one died): wait
-        until every rank is at exit too; return [] then, or as soon as some rank is known never
-        to finalize, those ranks (see gone_at_exit), so that this one can leave without it.
+        until every rank is at exit too; return ``([], [])`` then, or as soon as some rank is known
+        never to finalize, ``(those ranks, [])`` (see gone_at_exit), so that this one can leave
+        without it; or, once ``until`` (a ``time.monotonic()`` value) passes, ``([], the ranks
+        not at exit)``, as ``names`` gives them. A rank whose runtime failed waits no longer than its
+        timeout: a rank stuck in its own code would otherwise hold the whole job at exit for ever.
 
         A barrier of control messages (each rank tells every other that it is here), not MPI's
         Ibarrier: MPI pairs collectives by their order on a communicator, and a failure can leave
@@ -123,11 +130,18 @@ class Exits:
         for peer in range(c.size):
             if peer != c.rank:
                 c.send(peer, AT_EXIT, 0)
-        started = time.monotonic()
+        started, everyone_since = time.monotonic(), math.inf
         while True:
             gone = self.gone_at_exit()   # (reads the control channel, so notes the others' AT_EXIT)
             if gone:
-                return gone
+                return gone, []
             if len(c.at_exit) == c.size - 1 and _testall([r for r, _ in c.outbox]):
-                return []   # (every rank is here, and has this one's messages: none is left unread)
+                # Every rank is here, and has this one's messages; read on a moment for a later word
+                # (a rank that will not finalize after all): an arrived message can need several
+                # polls to surface behind others in MPI's queue.
+                everyone_since = min(everyone_since, time.monotonic())
+                if time.monotonic() - everyone_since >= _SETTLE_SECONDS:
+                    return [], []
+            if time.monotonic() >= until:
+                return [], [c.names[p] for p in range(c.size) if p != c.rank and p not in c.at_exit]
             pause(time.monotonic() - started, 0.0, background=True)

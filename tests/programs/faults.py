@@ -72,6 +72,22 @@ def absent() -> None:
         raise SystemExit(3)
 
 
+def stuck() -> None:
+    """The last rank is stuck in its own code (for the seconds in argv[2], default 120); the others
+    time out naming it, end their programs, and must not wait for it at exit beyond the runtime's
+    timeout (COLLECTIVES_TIMEOUT)."""
+    col.barrier()
+    if col.rank() == col.size() - 1:
+        time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 120)
+        _say(f"rank {col.rank()}: woke")
+        col.allreduce(np.ones(10, np.float32))   # (the others are gone: raises at once)
+        return
+    try:
+        col.allreduce(np.ones(10, np.float32), timeout=2)
+    except col.CollectiveError as e:
+        _say(f"rank {col.rank()}: CollectiveError: {e}")
+
+
 def absent_at_setup() -> None:
     """The last rank never calls into the runtime; the others' first call sets up, bounded by its timeout."""
     if col.rank() == col.size() - 1:
@@ -477,7 +493,7 @@ def group_comm() -> None:
 
 
 if __name__ == "__main__":
-    {"absent": absent, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught, "exits": exits,
+    {"absent": absent, "stuck": stuck, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught, "exits": exits,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "idle": idle, "crash-first": crash_first,
