@@ -5,8 +5,8 @@ nccl-tests style.
     mpirun -n 4 python -m bench --op allgather --max-bytes 64M --json ag.json --plot ag.png
     mpirun -n 2 python -m bench --min-bytes 4K --max-bytes 4K --iters 3000   # one size, many iterations
 
-For every size the implementations run interleaved on the same buffers (gloo
-where torch is installed; --no-gloo leaves it out); each
+For every size each implementation runs in a pass of its own on the same buffers
+(gloo where torch is installed; --no-gloo leaves it out), so none disturbs another; each
 call follows a barrier and counts as the slowest rank's time; the table shows
 the median. busbw is algbw (bytes / time) times what each link carries, as
 nccl-tests defines it: 2(n-1)/n for allreduce, (n-1)/n for reduce_scatter and
@@ -38,7 +38,7 @@ from bench.cases import Case
 from bench.gloo import Gloo
 from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
 from bench.sizes import format_size, sweep
-from bench.timing import copy_bandwidth, default_iterations, time_interleaved
+from bench.timing import copy_bandwidth, default_iterations, time_each
 from cmdline.interrupt import stop_on_ctrl_c
 
 def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
@@ -106,7 +106,8 @@ def _print_header(env: dict, args: argparse.Namespace) -> None:
           f"{env['threads']}")
     iters = f"{args.iters} iterations" if args.iters else "iterations (about 1 GiB per size, 10 to 1000)"
     impls = ", ".join(args.impl[:-1]) + " and " + args.impl[-1] if len(args.impl) > 1 else args.impl[0]
-    print(f"# each call after a barrier, slowest rank, median over {iters} after warm-up; {impls} interleaved")
+    print(f"# each call after a barrier, slowest rank, median over {iters} after warm-up; {impls} each in a pass "
+          "of its own at each size")
     if "gloo" in env:
         print(f"# {env['gloo']}")
     elif args.gloo_note:
@@ -186,7 +187,7 @@ def _sweep(args: argparse.Namespace, comm: MPI.Comm, sizes: list[int], libraries
             continue
         iters = args.iters or default_iterations(case.nbytes)
         warmup = args.warmup if args.warmup is not None else max(1, iters // 10)
-        timings = time_interleaved(comm, case, args.impl, iters, warmup, args.plant_error)
+        timings = time_each(comm, case, args.impl, iters, warmup, args.plant_error)
         these = [Row.of(case, impl, timings[impl]) for impl in args.impl]
         rows += these
         if comm.Get_rank() == 0:

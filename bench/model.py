@@ -25,7 +25,7 @@ import collectives as col
 from bench.cases import Case, bus_factor
 from bench.report import GB
 from bench.sizes import format_size, sweep
-from bench.timing import time_interleaved
+from bench.timing import time_each
 from cmdline.interrupt import stop_on_ctrl_c
 from cmdline.parser import INTERRUPTED
 from ring import cost
@@ -65,7 +65,7 @@ def parse_hosts(text: str) -> tuple[int, int]:
 
 class _Forced(Case):
     """A case whose implementations are the algorithms: ``run("halving")`` forces it for that call
-    (``algorithm=``), so the algorithms of one size run interleaved like the bench's."""
+    (``algorithm=``), each in a pass of its own at each size, like the bench's implementations."""
 
     def run(self, algorithm: str):
         self.algorithm = algorithm
@@ -92,7 +92,7 @@ def measure(comm: MPI.Comm, args: argparse.Namespace) -> list[dict]:
                     if case.count == 0:
                         continue
                     iters = args.iters or max(5, min(200, (64 << 20) // case.nbytes))
-                    timings = time_interleaved(sub, case, case.candidates(), iters, max(1, iters // 10))
+                    timings = time_each(sub, case, case.candidates(), iters, max(1, iters // 10))
                     chosen = col.algorithm_for(op, case.x, group=group)
                     rows += [{"n": k, "op": op, "algorithm": a, "bytes": case.nbytes, "seconds": t.seconds,
                               "wrong": t.wrong, "chosen": chosen} for a, t in timings.items()]

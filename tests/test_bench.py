@@ -212,3 +212,44 @@ def test_model_fits_checks_and_predicts_every_algorithm_on_the_first_2_and_3_ran
     ranges = re.findall(r"([\w-]+) (\d+[KMG]?)-", crossovers.group(1))
     assert ranges and ranges[0][1] == "8", crossovers.group(0)
     assert {name for name, _ in ranges} <= set(cost.ALGORITHMS["allreduce"]) | {"two-level"}, crossovers.group(0)
+
+
+def test_each_implementation_is_timed_in_a_pass_of_its_own():
+    """No implementation's calls run between another's (interleaved, gloo's made ours 4-6x slower
+    at small sizes: bench/results/columns-apart-n2.txt); every call is checked, warm-up included."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from bench.timing import time_each
+
+    class Comm:   # one rank: the barrier and the reductions of the timings are all-reduces of one
+        def Get_rank(self):
+            return 0
+
+        def Get_size(self):
+            return 1
+
+        def Allreduce(self, send, recv, op=None):
+            if send is not MPI.IN_PLACE:
+                recv[...] = send
+
+    class Case:
+        on_device, sentinel = False, -1
+
+        def __init__(self):
+            self.calls = []
+
+        def reset(self, impl):
+            pass
+
+        def run(self, impl):
+            self.calls.append(impl)
+            return np.zeros(1)
+
+        def wrong(self, result):
+            return 0
+
+    case = Case()
+    timings = time_each(Comm(), case, ["ring", "mpi", "gloo"], iters=5, warmup=2)
+    assert case.calls == ["ring"] * 7 + ["mpi"] * 7 + ["gloo"] * 7
+    assert set(timings) == {"ring", "mpi", "gloo"} and all(t.wrong == 0 for t in timings.values())
