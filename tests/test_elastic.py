@@ -51,6 +51,18 @@ def test_the_survivors_go_on_and_end_with_the_bits_of_a_restart(tmp_path, n, kil
     assert _final(out) == _restart(tmp_path, n, survivors, step)
 
 
+@pytest.mark.parametrize("victim", [0])
+def test_a_death_after_the_work_ended_does_not_hang_the_survivors(victim):
+    """The work is done (``final`` printed), then a rank dies: the survivors, at exit, must not wait
+    for it (they waited for ever: it had said farewell as a rank that would finalize, then died)."""
+    result = run_world(4, [*JOB, "--kill-at-exit", str(victim)], 60, launcher_args=CLEANUP)
+    out = result.stdout
+    assert result.returncode != -9, out[-3000:]
+    assert "final " in out and "killed at exit" in out, out[-3000:]
+    assert out.count("exiting with status 1 without MPI_Finalize, which would wait for ever for rank(s) "
+                     f"{victim} ") == 3, out[-3000:]
+
+
 def test_two_deaths_one_after_the_other(tmp_path):
     result = run_world(4, [*JOB, "--kill", "3@20", "--kill", "1@50"], 120, launcher_args=CLEANUP)
     out = result.stdout
@@ -100,33 +112,54 @@ def test_the_trainer_loses_a_rank_and_ends_with_the_bits_of_a_restart(tmp_path):
     prints) is SIGKILLed during epoch 3; the line of the change names it and the step the run went
     back to, and the run ends with the parameters of 4 ranks to that step (--max-steps, a
     checkpoint) then 3 ranks resumed from it."""
+    train = ["-m", "trainer", "--epochs", "6", "--dtype", "float64"]
+    out, _ = _trainer_killing(train, "epoch   2/", 2)
+    found = re.search(r"elastic: rank 2 gone: 4 -> 3 ranks; back to step (\d+)", out)
+    assert found and "done: " in out, out[-3000:]
+    _ends_as_a_restart(out, train, 4, int(found.group(1)), 3, tmp_path)
+
+
+def test_the_trainer_killed_after_its_done_line_ends_without_hanging():
+    """A death after the work ended (the ``done:`` line): the survivors, at exit, must not wait for
+    the dead rank (3 of 3 runs hung for ever, the survivors in MPI_Finalize)."""
+    out, status = _trainer_killing(["-m", "trainer", "--epochs", "3"], "done: ", 3, seconds=60)
+    assert status != -9 and "done: " in out, out[-3000:]
+    assert out.count("exiting with status 1 without MPI_Finalize, which would wait for ever for rank(s) ") == 3, \
+        out[-3000:]
+
+
+def _trainer_killing(train: list[str], when: str, victim: int, seconds: float = 120) -> tuple[str, int]:
+    """``train`` under ``--elastic`` at n = 4; once a line starts with ``when``, SIGKILL the process of
+    rank ``victim`` (by the pid the trainer prints). Returns the output and mpiexec's status (-9: the
+    job did not end within ``seconds`` of that line, or 120 s in all, and was killed)."""
     import os
     import signal
     import subprocess
     import sys
-    import time
+    import threading
     from tests.worlds import ROOT, mpiexec
-    train = ["-m", "trainer", "--epochs", "6", "--dtype", "float64"]
     command = [*mpiexec(), *CLEANUP, "-n", "4", sys.executable, *train, "--elastic", "--min-ranks", "2"]
     job = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    bound = threading.Timer(120, os.killpg, (job.pid, signal.SIGKILL))   # (a silent hang ends the loop too)
+    bound.start()
     lines = []
     try:
-        give_up = time.monotonic() + 120
         for line in job.stdout:
             lines.append(line)
-            if line.startswith("epoch   2/"):
+            if line.startswith(when):
                 pids = re.search(r"ranks \(pid\): (.*?)  \(", "".join(lines)).group(1)
-                os.kill(int(re.search(r"2 \((\d+)\)", pids).group(1)), signal.SIGKILL)
-            assert time.monotonic() < give_up, "".join(lines)
-        job.wait(timeout=60)
+                os.kill(int(re.search(rf"{victim} \((\d+)\)", pids).group(1)), signal.SIGKILL)
+                bound.cancel()
+                bound = threading.Timer(seconds, os.killpg, (job.pid, signal.SIGKILL))
+                bound.start()
+        job.wait()
     finally:
+        bound.cancel()
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    out = "".join(lines)
-    found = re.search(r"elastic: rank 2 gone: 4 -> 3 ranks; back to step (\d+)", out)
-    assert found and "done: " in out, out[-3000:]
-    _ends_as_a_restart(out, train, 4, int(found.group(1)), 3, tmp_path)
+            job.wait()
+    return "".join(lines), job.returncode
 
 
 def _ends_as_a_restart(out: str, train: list[str], before: int, step: int, after: int, tmp_path) -> None:

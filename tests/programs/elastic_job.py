@@ -7,6 +7,8 @@ it, and the weights take a momentum step: floating-point rounding makes the resu
 every detail (who took part, in which order), so a bit-identical result means the same
 computation. ``--kill R@S``: the process the launcher started as rank R SIGKILLs itself before
 step S (the state then holds the commit of step S); it prints ``killed at <time>`` first.
+``--kill-at-exit R``: once the work is done (after ``final``) that process ends its program and
+SIGKILLs itself 0.5 s on, inside the runtime's exit, where it waits for the others (they come 1.5 s on).
 ``--die-agreeing R``: that process dies in the survivors' agreement after the first death (its
 message of the first round sent to the lowest survivor alone: the gap of ``ring.transport.survivors``).
 ``--raise R@S``: that process raises ValueError instead (an error of the program, which ends the
@@ -25,6 +27,7 @@ import hashlib  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -42,6 +45,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--kill", type=cue, action="append", default=[])
     p.add_argument("--die-agreeing", type=int, default=-1)
+    p.add_argument("--kill-at-exit", type=int, default=-1, help="this launched rank SIGKILLs itself at the end")
     p.add_argument("--raise", dest="raise_", type=cue, action="append", default=[])
     p.add_argument("--save-at", nargs=2)
     p.add_argument("--load")
@@ -102,6 +106,14 @@ def main() -> None:
         np.savez(args.save_at[1], weights=state.weights, velocity=state.velocity, step=np.int64(state.step))
     if col.rank() == 0:
         print(f"final {digest} at step {state.step} on {col.size()} ranks", flush=True)
+    if args.kill_at_exit == launched_as:   # dies 0.5 s on, inside the runtime's exit (farewell said, waiting
+        # for the others there, which come 1.5 s on)
+        killer = threading.Timer(0.5, lambda: (print(f"killed at exit at {time.time():.6f}", flush=True),
+                                               os.kill(os.getpid(), signal.SIGKILL)))
+        killer.daemon = True
+        killer.start()
+    elif args.kill_at_exit >= 0:
+        time.sleep(1.5)
 
 
 def die_in_the_agreement() -> None:
