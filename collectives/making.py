@@ -60,8 +60,10 @@ def made_by_members(parent, ranks: Any, timeout: Any) -> Any:
                                             f"not one of {list(members)}")
     indices = [parent.ranks.index(r) for r in members]
     places = sorted(indices)
-    bound = Bound(parent.seq, monotonic() + (runtime.settings.timeout if timeout is None else timeout),
-                  runtime.stopped)   # (judged as its last call: a member that left before it is named)
+    # Judged as the parent's next call: a member that left (ended its program, raised, died) after
+    # its last call on the parent can never come, and is named at once, not at the timeout.
+    bound = Bound(parent.seq + 1, monotonic() + (runtime.settings.timeout if timeout is None else timeout),
+                  runtime.stopped)
     try:
         mine = signature("new_group", 0, shape=members).ljust(SIGNATURE_BYTES, b"\0")
         said = parent.transport.among(places, mine, bound)

@@ -361,6 +361,15 @@ def test_a_group_made_on_some_ranks_only_ends_when_the_last_rank_leaves():
                                                       "after 1 collective(s)", output
 
 
+def test_a_group_of_its_members_alone_names_a_member_that_ended_at_once():
+    status, output, wall = _fault(3, "group-member-left")
+    errors = _errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < 20, output
+    for rank, (seconds, message) in errors.items():
+        assert seconds < LEAVE_BOUND_S and message == f"new_group (members_only=True) on rank {rank}: rank 2 ended " \
+                                                      "its program after 1 collective(s)", output
+
+
 def test_init_with_a_communicator_makes_it_the_world():
     status, output, _ = _fault(4, "group-comm")
     assert status == 0, output

@@ -468,6 +468,15 @@ def group_partial() -> None:
     _report("new_group", col.new_group, [0, 1])
 
 
+def group_member_left() -> None:
+    """Ranks 0 and 1 make a group of every rank by its members alone; the last rank, listed, ended
+    its program instead (it can never come: they must say so at once, not at the timeout)."""
+    col.barrier()
+    if col.rank() == col.size() - 1:
+        return
+    _report("new_group", col.new_group, list(range(col.size())), members_only=True, timeout=30)
+
+
 def group_comm() -> None:
     """init(comm=) with each half of the world (split by mpi4py): the runtime's world is the half."""
     from mpi4py import MPI
@@ -502,4 +511,4 @@ if __name__ == "__main__":
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
      "late-other-call": late_other_call,
      "timeline": timeline, "group-absent": group_absent, "group-member-dies": group_member_dies,
-     "group-partial": group_partial, "group-comm": group_comm}[sys.argv[1]]()
+     "group-partial": group_partial, "group-member-left": group_member_left, "group-comm": group_comm}[sys.argv[1]]()
