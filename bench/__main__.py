@@ -40,6 +40,7 @@ from bench.report import GB, Row, plot, table_header, table_line, write_csv, wri
 from bench.sizes import format_size, sweep
 from bench.timing import copy_bandwidth, default_iterations, time_each
 from cmdline.interrupt import stop_on_ctrl_c
+from cmdline.memory import available_memory, gib
 
 def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
     """For --device cuda: cupy with this rank's GPU current, NCCL's own communicator (if timed)
@@ -214,31 +215,15 @@ _BUFFERS_PER_CASE = 5
 def _refuse_what_does_not_fit(comm: MPI.Comm, env: dict, largest: int) -> None:
     """Exit 2 on every rank (rank 0 says why) if the largest size cannot fit in a host's memory."""
     need = env["ranks_per_host"] * _BUFFERS_PER_CASE * largest
-    available = _available_memory()
+    available = available_memory()
     short = comm.allreduce(int(available is not None and need > available), op=MPI.MAX)
     if short:
         if comm.Get_rank() == 0:
-            print(f"python -m bench: error: --max-bytes {format_size(largest)} needs about {_gib(need)} of "
+            print(f"python -m bench: error: --max-bytes {format_size(largest)} needs about {gib(need)} of "
                   f"memory on a host ({env['ranks_per_host']} ranks x {_BUFFERS_PER_CASE} buffers), more than a "
-                  "host has available" + (f" ({_gib(available)} here)" if available else "")
+                  "host has available" + (f" ({gib(available)} here)" if available else "")
                   + "; give a smaller --max-bytes", file=sys.stderr, flush=True)
         raise SystemExit(2)
-
-
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory available on this host (Linux's MemAvailable), or None if unknown."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _duration(sizes: list[int], args: argparse.Namespace, env: dict) -> str:
@@ -250,7 +235,7 @@ def _duration(sizes: list[int], args: argparse.Namespace, env: dict) -> str:
         warmup = args.warmup if args.warmup is not None else max(1, iters // 10)
         moved += (iters + warmup) * nbytes * len(args.impl)
     seconds = moved / (env["memcpy_gbps"] * GB) if env["memcpy_gbps"] else 0
-    return (f"# sweep: {len(sizes)} sizes, {_gib(moved)} moved in all; at the memcpy rate that takes at "
+    return (f"# sweep: {len(sizes)} sizes, {gib(moved)} moved in all; at the memcpy rate that takes at "
             f"least {seconds:.0f} s (Ctrl-C stops it, keeping the rows so far)")
 
 

@@ -160,3 +160,25 @@ def test_help_states_each_default_once():
     assert "(default: None)" not in text and "default: none) (default" not in text, text
     assert "--metrics METRICS write one JSON object per epoch to this file; with --resume, the epochs after the " \
            "checkpoint are replaced (default: none)" in text, text
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--hidden", "100000", "100000"], "--hidden 100000 100000: 10,007,600,010 parameters need about"),
+    (["--dataset", "synthetic", "--samples", "1000000000000"], "--hidden 64 with --samples 1000000000000 "
+                                                               "--features 256: 17,098 parameters and"),
+])
+def test_a_model_or_data_larger_than_the_hosts_memory_is_a_usage_error(flags, says):
+    """Named before anything is allocated, on every rank alike (a MemoryError traceback before)."""
+    result = run_world(2, ["-m", "trainer", *flags], TIMEOUT_S)
+    assert result.returncode == 2 and says in result.stdout and "on this host, which has" in result.stdout, \
+        result.stdout[-3000:]
+    assert "Traceback" not in result.stdout and "MemoryError" not in result.stdout, result.stdout[-3000:]
+
+
+def test_a_diverging_run_stops_on_every_rank_with_status_1(tmp_path):
+    """--lr 1e300 trained on to `loss nan` and exited 0; now the epoch that diverged ends the run."""
+    result = run_world(2, ["-m", "trainer", "--lr", "1e300", "--epochs", "3", "--checkpoint-dir", str(tmp_path)],
+                       TIMEOUT_S)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "error: the training loss is nan after epoch 1: the model diverged (try a smaller --lr)" in result.stdout
+    assert "done:" not in result.stdout and not list(tmp_path.glob("*.npz")), result.stdout[-3000:]

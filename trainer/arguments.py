@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import collectives as col
+from cmdline.memory import available_memory, gib, ranks_on_this_host
 from cmdline.parser import FAULT, USAGE, ArgumentParser, finite_non_negative, finite_positive
 from trainer import checkpoint
 from trainer.common import UsageExit
@@ -73,7 +74,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, default in SYNTHETIC_DEFAULTS.items():
         setattr(args, name, getattr(args, name, default))
     _check_extras(p, args)
+    _check_memory(p, args)
     return args
+
+
+#: Copies of the model each rank holds at once: parameters, gradients, momentum, the elastic
+#: commit, the checkpoint's host copy, and room for the activations of a batch.
+_MODEL_COPIES = 6
+
+
+def _check_memory(p: ArgumentParser, args: argparse.Namespace) -> None:
+    """The model and the data fit in this host's memory for the ranks on it (a usage error, on every
+    rank alike, instead of a MemoryError or the OOM killer after the start)."""
+    itemsize = np.dtype(args.dtype).itemsize
+    features, classes = (64, 10) if args.dataset == "digits" else (args.features, args.classes)
+    widths = [features, *args.hidden, classes]
+    parameters = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
+    data = args.samples * (features * itemsize + 8) if args.dataset == "synthetic" else 0
+    need = (_MODEL_COPIES * parameters * itemsize + data) * ranks_on_this_host()
+    available = available_memory()
+    if available is not None and need > available:
+        p.error(f"--hidden {' '.join(map(str, args.hidden))}"
+                + (f" with --samples {args.samples} --features {features}" if data else "")
+                + f": {parameters:,} parameters" + (f" and {gib(data)} of data" if data else "")
+                + f" need about {gib(need)} for the {ranks_on_this_host()} rank(s) on this host, which has "
+                f"{gib(available)} available")
 
 
 def _check_extras(p: ArgumentParser, args: argparse.Namespace) -> None:

@@ -83,7 +83,11 @@ def epoch_record(epoch: int, step: int, loss: float, model: MLP, dataset, layout
                  steps: int, comm_s: float, exposed_s: float, arrangement: str) -> dict:
     """What every strategy records of an epoch (0-based ``epoch``, just ended after ``steps`` steps
     in ``elapsed`` seconds): the model scored by the ranks of ``layout``, times per step, and how
-    the ranks were arranged. Each strategy adds its own keys."""
+    the ranks were arranged. Each strategy adds its own keys. A loss that is not finite (the same
+    on every rank: it is all-reduced) stops the run on every rank, before this epoch's checkpoint."""
+    if not np.isfinite(loss):
+        raise UsageExit(f"the training loss is {loss} after epoch {epoch + 1}: the model diverged (try a smaller "
+                        "--lr); no checkpoint was written for this epoch", FAULT)
     return {"epoch": epoch + 1, "step": step, "loss": loss,
             "train_accuracy": accuracy(model, dataset.train_x, dataset.train_y, layout),
             "test_accuracy": accuracy(model, dataset.test_x, dataset.test_y, layout),
