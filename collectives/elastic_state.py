@@ -98,7 +98,9 @@ class State:
                                        "rank must make the same State")
         for name, (shape, dtype) in received["arrays"].items():
             array = _array(self._items[name])
-            if array.shape != tuple(shape) or array.dtype != np.dtype(dtype):
+            if array is None:   # a plain value here, an array on rank root: a numpy array of root's
+                self._items[name] = np.empty(tuple(shape), np.dtype(dtype))
+            elif array.shape != tuple(shape) or array.dtype != np.dtype(dtype):
                 self._items[name] = _empty_like_kind(self._items[name], tuple(shape), np.dtype(dtype))
             broadcast(_array(self._items[name]), root=root, name=f"elastic state {name}")
         self._items.update(received["values"])

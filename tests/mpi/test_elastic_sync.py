@@ -31,3 +31,10 @@ def test_sync_gives_every_rank_rank_0s_arrays_bit_for_bit_bfloat16_too():
     state.restore()   # (sync commits what it received)
     agree(np.array_equal(state.weights.astype(np.float32), expected), "restore after sync")
     assert N >= 1
+
+
+def test_an_item_that_is_an_array_on_rank_0_and_a_value_elsewhere_becomes_rank_0s():
+    state = col.elastic.State(item=np.arange(3.0) if RANK == 0 else [1, 2, 3], other=[RANK] if RANK else np.ones(2))
+    state.sync()
+    agree(isinstance(state.item, np.ndarray) and state.item.tolist() == [0.0, 1.0, 2.0], f"item: {state.item!r}")
+    agree(isinstance(state.other, np.ndarray) and state.other.tolist() == [1.0, 1.0], f"other: {state.other!r}")
