@@ -224,7 +224,9 @@ def _recover(error: Exception) -> Change:
 
 def _check_start(min_ranks: int, max_ranks: int | None, announce: bool) -> None:
     """The world at the start is within the bounds; rank 0 warns of a program not supervised."""
-    _check_size(min_ranks, "at the start")
+    if size() < min_ranks:   # (nobody left: the job was started with too few)
+        raise CollectiveError(f"elastic: the job started with {size()} rank(s), fewer than min_ranks={min_ranks}; "
+                              "start at least that many (mpiexec -disable-auto-cleanup -n N)")
     if max_ranks is not None and size() > max_ranks and not joining():
         raise CollectiveUsageError(f"elastic.run: max_ranks={max_ranks} is below the {size()} ranks of the world "
                                    "at the start")
