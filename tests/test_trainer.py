@@ -311,3 +311,14 @@ def test_tensorboard_without_its_extra_says_what_to_install():
     result = run_world(1, ["-c", code], 60)
     assert result.returncode == 2 and ("--tensorboard needs tensorboardX: pip install -e '.[tensorboard]'"
                                        in result.stdout), result.stdout[-2000:]
+
+
+def test_taking_a_checkpoint_directory_removes_what_a_writer_that_died_left_half_written(tmp_path):
+    """The chief killed mid-save leaves its temporary file; the next run that takes the directory's
+    lock (so no writer can be alive) removes it, and nothing else."""
+    left = tmp_path / ".checkpoint-epoch000003.npz.k2j4x9.tmp"
+    left.write_bytes(b"half a checkpoint")
+    kept = tmp_path / "checkpoint-epoch000002.npz"
+    kept.write_bytes(b"a finished one")
+    checkpoint.lock(tmp_path)
+    assert not left.exists() and kept.exists()

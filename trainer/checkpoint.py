@@ -23,7 +23,8 @@ class InUse(Exception):
 def lock(directory: Path) -> None:
     """Make ``directory`` (if need be) and take its lock for the rest of this process, or raise
     InUse naming the process that holds it. The lock is the kernel's (flock): it ends with the
-    process that holds it, however that process ends, so a crashed run never leaves it behind."""
+    process that holds it, however that process ends, so a crashed run never leaves it behind; and
+    the half-written checkpoint of a writer that died mid-save is removed once the lock is taken."""
     directory.mkdir(parents=True, exist_ok=True)
     handle = open(directory / LOCK, "a+")
     try:
@@ -39,6 +40,8 @@ def lock(directory: Path) -> None:
     handle.write(f"pid {os.getpid()}")
     handle.flush()
     _held.append(handle)
+    for unfinished in directory.glob(".checkpoint-*.tmp"):   # a writer that died mid-save (it held the lock)
+        unfinished.unlink(missing_ok=True)
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:
