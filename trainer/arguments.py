@@ -13,7 +13,7 @@ import numpy as np
 import collectives as col
 from cmdline.memory import available_memory, gib, ranks_on_this_host
 from cmdline.parser import FAULT, USAGE, ArgumentParser, finite_non_negative, finite_positive
-from trainer import checkpoint
+from trainer import checkpoint, data
 from trainer.common import UsageExit
 
 
@@ -87,17 +87,19 @@ def _check_memory(p: ArgumentParser, args: argparse.Namespace) -> None:
     """The model and the data fit in this host's memory for the ranks on it (a usage error, on every
     rank alike, instead of a MemoryError or the OOM killer after the start)."""
     itemsize = np.dtype(args.dtype).itemsize
-    features, classes = (64, 10) if args.dataset == "digits" else (args.features, args.classes)
+    features, classes = ((data.DIGITS_FEATURES, data.DIGITS_CLASSES) if args.dataset == "digits"
+                         else (args.features, args.classes))
     widths = [features, *args.hidden, classes]
     parameters = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
-    data = args.samples * (features * itemsize + 8) if args.dataset == "synthetic" else 0
-    need = (_MODEL_COPIES * parameters * itemsize + data) * ranks_on_this_host()
+    samples = args.samples * (features * itemsize + 8) if args.dataset == "synthetic" else 0
+    ranks = ranks_on_this_host()
+    need = (_MODEL_COPIES * parameters * itemsize + samples) * ranks
     available = available_memory()
     if available is not None and need > available:
         p.error(f"--hidden {' '.join(map(str, args.hidden))}"
-                + (f" with --samples {args.samples} --features {features}" if data else "")
-                + f": {parameters:,} parameters" + (f" and {gib(data)} of data" if data else "")
-                + f" need about {gib(need)} for the {ranks_on_this_host()} rank(s) on this host, which has "
+                + (f" with --samples {args.samples} --features {features}" if samples else "")
+                + f": {parameters:,} parameters" + (f" and {gib(samples)} of data" if samples else "")
+                + f" need about {gib(need)} for the {ranks} rank(s) on this host, which has "
                 f"{gib(available)} available")
 
 

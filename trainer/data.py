@@ -9,6 +9,7 @@ import numpy as np
 DIGITS = Path(__file__).parent / "data" / "digits.npz"
 SPLIT_SEED = 0          # the train/test split never changes between runs
 TEST_FRACTION = 0.2
+DIGITS_FEATURES, DIGITS_CLASSES = 64, 10   # 8x8 pixels; the digits 0 to 9
 
 
 @dataclass
@@ -31,7 +32,7 @@ def digits(dtype) -> Dataset:
     """1438 training and 359 test images of 64 pixels scaled to [0, 1]."""
     with np.load(DIGITS, allow_pickle=False) as f:
         images, labels = f["images"], f["labels"]
-    return _split((images / 16.0).astype(dtype), labels.astype(np.int64), classes=10)
+    return _split((images / 16.0).astype(dtype), labels.astype(np.int64), classes=DIGITS_CLASSES)
 
 
 SEPARATION = 4.0     # typical distance between class centres, in units of the noise: the clusters overlap

@@ -135,13 +135,14 @@ class Exits:
             gone = self.gone_at_exit()   # (reads the control channel, so notes the others' AT_EXIT)
             if gone:
                 return gone, []
+            now = time.monotonic()
             if len(c.at_exit) == c.size - 1 and _testall([r for r, _ in c.outbox]):
                 # Every rank is here, and has this one's messages; read on a moment for a later word
                 # (a rank that will not finalize after all): an arrived message can need several
                 # polls to surface behind others in MPI's queue.
-                everyone_since = min(everyone_since, time.monotonic())
-                if time.monotonic() - everyone_since >= _SETTLE_SECONDS:
+                everyone_since = min(everyone_since, now)
+                if now - everyone_since >= _SETTLE_SECONDS:
                     return [], []
-            if time.monotonic() >= until:
+            if now >= until:
                 return [], [c.names[p] for p in range(c.size) if p != c.rank and p not in c.at_exit]
-            pause(time.monotonic() - started, 0.0, background=True)
+            pause(now - started, 0.0, background=True)
