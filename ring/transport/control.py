@@ -102,8 +102,10 @@ class Control:
         if self._asked is None or self._asked[0] != seq:
             self.ask(seq)
         give_up, self._asked = self._asked[1] + grace, None
-        while time.monotonic() < give_up and len(self._heard) + len(self.departed) < self.size - 1:
+        while True:   # (reads at least once: answers to a question asked ahead may be in, unread)
             self.read(seq)
+            if time.monotonic() >= give_up or len(self._heard) + len(self.departed) >= self.size - 1:
+                break
             time.sleep(5e-3)
         return {self.names[r]: seq for r, seq in self._heard.items()}
 
