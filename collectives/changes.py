@@ -190,7 +190,7 @@ def spawned_here() -> None:
     """Tell this process's supervisor, if it has one, that the job now has spawned processes (or
     that this newcomer joined): it outlives this process by a moment (``collectives.supervisor``
     says why). Once: the pipe closes."""
-    _tell_supervisor(b"1", last=True)
+    tell_supervisor(b"1", last=True)
 
 
 def mpi_started() -> None:
@@ -199,13 +199,15 @@ def mpi_started() -> None:
     global _said_started
     if not _said_started:
         _said_started = True
-        _tell_supervisor(b"m")
+        tell_supervisor(b"m")
 
 
 _said_started = False
 
 
-def _tell_supervisor(what: bytes, last: bool = False) -> None:
+def tell_supervisor(what: bytes, last: bool = False) -> None:
+    """Write ``what`` to this process's supervisor, if it has one (see ``collectives.supervisor``);
+    ``last``: then close the pipe."""
     fd, _, pid = os.environ.get(OUTLIVE_FD, "").partition(":")
     if not (fd.isdigit() and pid == str(os.getpid())):   # (not a variable that a process of ours inherited)
         return

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from collectives import changes, supervisor, world as worlds
-from collectives.api import broadcast
+from collectives.api import allgather, broadcast
 from collectives.changes import Change
 from collectives.discovery import Discovery
 from collectives.elastic_state import State, _broadcast_json
@@ -85,7 +85,10 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
                 _watch(discovery, state, max_ranks)
             try:
                 settle()   # (inside the try: a death while the ranks take rank 0's state is a change too)
-                return fn(state)
+                _stand_by_the_supervisors()
+                result = fn(state)
+                supervisor.report_finished()
+                return result
             except Exception as interruption:   # (not only CollectiveError: one that crossed torch's C++,
                 began = time.monotonic()          # as DDP's backward raises it, is a RuntimeError; the world decides)
                 change = _change_world(interruption, discovery, settle)
@@ -173,6 +176,14 @@ class _Settle:
         kept = [r for r in range(first.before) if r not in first.gone]
         gone = first.gone + tuple(kept[r] for r in later.gone if r < len(kept))
         return Change(gone, first.joined + later.joined, first.before, later.after, f"{first.text}, then {later.text}")
+
+
+def _stand_by_the_supervisors() -> None:
+    """Every rank connects to the supervisor of every other (``supervisor.stand_by``), so that a
+    rank's death does not make a job that finishes without it report failure."""
+    port = np.array([supervisor.own_port()], np.int64)
+    ports = allgather(port, name="elastic supervisors").tolist()
+    supervisor.stand_by(worlds.the_world.transport.hosts, ports)
 
 
 def _check_arguments(min_ranks: Any, max_ranks: Any, host_discovery: Any, discovery_interval: Any) -> None:

@@ -1,7 +1,21 @@
 """The supervisor of a rank under MPICH's launcher: a parent process that waits for the rank, so
-that the launcher sees a plain exit where the rank died by a signal (``supervise``). Part of
-``collectives.elastic`` (which re-exports it), in a module of its own: it runs before MPI starts
-and knows nothing of the runtime but the pipe of ``collectives.changes.spawned_here``.
+that the launcher sees a plain exit where the rank died by a signal (``supervise``), and a job
+that went on without that rank and finished exits 0 (``stand_by``, ``report_finished``). Part of
+``collectives.elastic`` (which re-exports ``supervise``), in a module of its own: it runs before
+MPI starts and knows nothing of the runtime but the pipe of ``collectives.changes.spawned_here``.
+
+The job's word reaches the supervisor of a dead rank over TCP. Inside ``col.elastic.run`` every
+rank holds a connection to every other rank's supervisor, on which it says nothing until its
+``run`` returns (then ``b"0"``: the job finished). For 3 ranks, after rank 2 is killed::
+
+    rank 0 --- supervisor of 1          rank 0 and rank 1 go on, finish, each sends b"0"
+    rank 0 --- supervisor of 2          the supervisor of 2 reads a b"0": it exits 0, not 137
+    rank 1 --- supervisor of 0
+    rank 1 --- supervisor of 2          (had both failed or died instead, their kernels would
+    rank 2 --- supervisors of 0, 1       close both connections without a word: it exits 137)
+
+No timeout is needed: the dead rank's supervisor waits while a connection is open, and each closes
+when the process holding it ends, however it ends.
 """
 from __future__ import annotations
 
@@ -9,8 +23,10 @@ import ctypes
 import os
 import select
 import signal
+import socket
 import sys
 import time
+from typing import Sequence
 
 from collectives import changes
 
@@ -26,6 +42,11 @@ def supervise() -> None:
     Ctrl-C, its failure notices) reach the child directly; the supervisor ignores them. Only
     under MPICH's launcher (PMI_FD or PMI_PORT set, no Open MPI); elsewhere it does nothing.
 
+    Where the rank dies by a signal inside ``col.elastic.run``, the supervisor waits for the
+    survivors' word (see this module's docstring): 0 if they finished the job without it, else
+    the rank's own status (137 after SIGKILL), so that ``mpiexec`` reports a job that recovered
+    and finished as 0, as horovodrun and torchrun do.
+
     In a job that spawned newcomers, the supervisor also outlives its child by a moment (see
     ``_OUTLIVE_SECONDS``), so that MPICH's launcher does not die of its own notices at the job's end. A
     newcomer's supervisor ends it if it has not joined the job within ``changes.JOIN_SECONDS``.
@@ -38,11 +59,17 @@ def supervise() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     told, tell = os.pipe()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("", 0))
+    listener.listen(socket.SOMAXCONN)   # (connections wait in the backlog until the child dies, if ever)
+    port = listener.getsockname()[1]
     child = os.fork()
     if child == 0:
         supervised = True
         os.close(told)
+        listener.close()
         os.environ[changes.OUTLIVE_FD] = f"{tell}:{os.getpid()}"   # (changes.spawned_here writes to it)
+        os.environ[_PORT] = f"{port}:{os.getpid()}"
         _die_with_parent()
         return
     os.close(tell)
@@ -53,12 +80,82 @@ def supervise() -> None:
         signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, lambda signum, frame: noticed.append(time.monotonic()))
     code, said = _watch(child, told, noticed)
+    if code > 128 and (b"e" in said or b"1" in said):   # (b"1": a newcomer, or a job that grew: elastic too)
+        code = _await_word(listener, code)
     if b"1" in said:
         time.sleep(_OUTLIVE_SECONDS)
     os._exit(code)
 
 
 supervised = False   # this process runs under a supervisor (see supervise)
+
+
+def stand_by(hosts: Sequence[str], ports: Sequence[int]) -> None:
+    """In the rank: hold a connection to the supervisor of every other rank of the world (world
+    rank r on ``hosts[r]``, its supervisor listening on ``ports[r]``; 0: none), that it may hear
+    this job's word if its rank dies (see ``report_finished``). Connections made at an earlier
+    change are kept; one that cannot be made is left out (that supervisor then reports its rank's
+    own status). ``col.elastic.run`` calls it at the start and after every change."""
+    mine = (socket.gethostname(), own_port())
+    changes.tell_supervisor(b"e")
+    for address in zip(hosts, ports):
+        if address[1] and address != mine and address not in _standing_by:
+            try:
+                _standing_by[address] = socket.create_connection(address, timeout=_CONNECT_SECONDS)
+            except OSError:
+                pass
+
+
+def report_finished() -> None:
+    """In the rank, when ``col.elastic.run`` returns: tell every supervisor stood by that the job
+    finished (a supervisor whose rank is alive never reads it)."""
+    for connection in _standing_by.values():
+        try:
+            connection.sendall(_FINISHED)
+            connection.close()
+        except OSError:
+            pass
+    _standing_by.clear()
+
+
+def own_port() -> int:
+    """The port on which this process's supervisor listens (0: it has none)."""
+    port, _, pid = os.environ.get(_PORT, "").partition(":")
+    return int(port) if port.isdigit() and pid == str(os.getpid()) else 0
+
+
+_PORT = "COLLECTIVES_SUPERVISOR_PORT"
+_FINISHED = b"0"
+_CONNECT_SECONDS = 5.0
+_standing_by: dict[tuple[str, int], socket.socket] = {}   # (host, port) of a supervisor -> our connection
+
+
+def _await_word(listener: socket.socket, code: int) -> int:
+    """The child died of a signal inside an elastic run: 0 once a rank says the job finished,
+    ``code`` once every rank that stood by has ended without saying so (or if none did)."""
+    listener.setblocking(False)
+    connections: list[socket.socket] = []
+    rank = os.environ.get("PMI_RANK", "?")
+    while True:
+        try:
+            while True:
+                connections.append(listener.accept()[0])
+        except BlockingIOError:
+            pass
+        if not connections:
+            return code
+        for connection in select.select(connections, [], [], _LOOK_SECONDS)[0]:
+            try:
+                word = connection.recv(16)
+            except OSError:
+                word = b""
+            if _FINISHED in word:
+                print(f"[rank {rank}] collectives: the job finished without this rank (it died of signal "
+                      f"{code - 128}): its status is 0", file=sys.stderr, flush=True)
+                return 0
+            if not word:
+                connections.remove(connection)
+                connection.close()
 
 
 def under_hydra() -> bool:
@@ -68,7 +165,7 @@ def under_hydra() -> bool:
 
 def _watch(child: int, told: int, noticed: list[float]) -> tuple[int, bytes]:
     """Wait for the child; return its exit status (128 + the signal that ended it) and what it said
-    on ``told`` (``changes.mpi_started``: b"m"; ``changes.spawned_here``: b"1"). End it, saying why,
+    on ``told`` (``changes.mpi_started``: b"m"; ``stand_by``: b"e"; ``changes.spawned_here``: b"1"). End it, saying why,
     where it would wait for ever inside MPI, out of the runtime's reach:
 
     - a failure notice came and MPI has not started in it _START_GRACE seconds later: MPI_Init

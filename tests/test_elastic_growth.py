@@ -79,7 +79,7 @@ def test_a_killed_ranks_host_comes_back_only_once_discovery_drops_it_and_lists_i
             job.wait()
         reader.join(timeout=10)
     output = "".join(seen)
-    assert job.returncode == 128 + signal.SIGKILL, output[-3000:]   # (mpiexec reports the killed rank's status)
+    assert job.returncode == 0, output[-3000:]   # (it finished: the killed rank's supervisor reports 0)
     assert output.index("rank 2 gone: 3 -> 2 ranks") < output.index("elastic: 1 joined: 2 -> 3 ranks"), output
     assert sorted(_done(output)) == [(-1, 2, 3, 40), (0, 0, 3, 40), (1, 1, 3, 40)], output[-3000:]
     np.testing.assert_array_equal(np.load(out), reference(40))

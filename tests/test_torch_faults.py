@@ -51,7 +51,7 @@ REFUSALS = {
     "count_differs": r"allreduce: x: count differs across ranks: rank 0: 3, rank 1: 4, rank 2: 5",
     "gather_uneven": r"allgather: x: trailing shape differs across ranks: rank 0: \(2,\), rank 1: \(3,\)",
     "scatter_short": r"scatter: out: count differs across ranks: rank 0: 3, rank 1: 2",
-    "reduce_scatter_list": r"reduce_scatter: input_list: tensor 0 has 3 elements .*expected 2",
+    "reduce_scatter_list": r"reduce_scatter: x: count differs across ranks: rank 0: 6, rank 1: 9",   # (padded)
     "splits_wrong": r"alltoall: out_splits: must be the rows each rank sends this one, but rank 0 expects 1 from "
                     r"rank 0, which sends 2",
     "gather_list_wrong": r"gather: gather_list: tensor 1 has 3 elements .*expected 2",

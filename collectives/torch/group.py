@@ -22,8 +22,8 @@ from torch._C import _distributed_c10d as c10d
 
 import collectives as col
 from collectives import world as worlds
-from collectives.torch.tensors import (OPS, as_array, dense, flat, host_array, into, joined, reduction, same_sizes,
-                                       sparse_rows, sparse_sum, staged)
+from collectives.torch.tensors import (OPS, as_array, dense, flat, host_array, into, joined, reduction, rows_of,
+                                       same_sizes, sparse_rows, sparse_sum, staged)
 from collectives.torch.work import RingBackendError, RingWork, for_torch
 
 BACKEND = "ring"
@@ -116,11 +116,41 @@ class RingProcessGroup(dist.ProcessGroup):
         def prepare() -> Prepared:
             out, back = self._one("reduce_scatter", outputs, "output")
             pieces = input_lists[0] if len(input_lists) == 1 else []
+            if len(pieces) == self.size() and pieces[self.rank()].numel() == out.numel() \
+                    and any(t.numel() != out.numel() for t in pieces):
+                return self._uneven_reduce_scatter(pieces, out, back, outputs, opts.reduceOp)
             same_sizes("reduce_scatter", pieces, out.numel(), self.size(), "input_list", out.dtype)
             dense("reduce_scatter", pieces, "input_list")
             x, op = reduction("reduce_scatter", joined(pieces), opts.reduceOp)
             return col.reduce_scatter, (x, op, flat(out)), outputs, back
         return self._run("reduce_scatter", opts, prepare)
+
+    def _uneven_reduce_scatter(self, pieces: list, out: torch.Tensor, back: Any, outputs: list, op: Any) -> Prepared:
+        """A reduce_scatter whose input list holds tensors of different sizes (rank j's output has
+        tensor j's elements), as gloo takes it. The ring's blocks are equal, so each tensor goes
+        in a block of the longest one's size, zero-padded, and rank j keeps the head of block j:
+
+            input_list [a0 a1 a2], [b0], [c0 c1]  ->  blocks [a0 a1 a2 | b0 0 0 | c0 c1 0]
+            rank 1 gets the sums of b0 (its output has 1 element)
+
+        Every rank must pass the same sizes; the padded total is what the ranks compare."""
+        _same_dtype("reduce_scatter", pieces, "input_list")
+        dense("reduce_scatter", pieces, "input_list")
+        if pieces[0].dtype != out.dtype:
+            raise col.CollectiveUsageError(f"reduce_scatter: input_list: its tensors are {pieces[0].dtype}; "
+                                           f"expected {out.dtype}, as the output is")
+        longest = max(t.numel() for t in pieces)
+        blocks = torch.zeros(len(pieces), longest, dtype=out.dtype)
+        for row, t in zip(blocks, pieces):
+            row[:t.numel()] = t.reshape(-1)
+        x, op = reduction("reduce_scatter", blocks.reshape(-1), op)
+        block = torch.empty(longest, dtype=out.dtype)
+
+        def keep_mine(_: Any) -> None:
+            out.copy_(block[:out.numel()].reshape(out.shape))
+            if back is not None:
+                back(None)
+        return col.reduce_scatter, (x, op, flat(block)), outputs, keep_mine
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> RingWork:
         opts = opts or c10d.ReduceScatterOptions()
@@ -241,7 +271,7 @@ class RingProcessGroup(dist.ProcessGroup):
                 dense("scatter", pieces, "scatter_list")
             elif input_lists and any(input_lists):
                 raise col.CollectiveUsageError("scatter: scatter_list: must be empty on every rank but the root")
-            rows = as_array(torch.stack([t.reshape(-1) for t in pieces])) if pieces else None
+            rows = as_array(rows_of(pieces)) if pieces else None
             # (out's elements and dtype are compared across ranks by the call's own check)
             return col.scatter, (rows, opts.rootRank, None, flat(out).reshape(1, -1)), outputs, back
         return self._run("scatter", opts, prepare)

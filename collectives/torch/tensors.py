@@ -177,6 +177,22 @@ def into(outputs: list) -> Callable[[Any], None]:
     return copy
 
 
+def rows_of(tensors: list) -> torch.Tensor:
+    """Equal-sized tensors as the rows of one 2-D tensor: a view, without a copy, where they lie
+    end to end in one memory (``list(t.chunk(n))``, ``t.unbind()``), else a new stacked tensor
+    (a copy of every element: at 64 MiB most of a scatter's time).
+
+    >>> t = torch.arange(6.0); rows_of(list(t.chunk(3))).data_ptr() == t.data_ptr()
+    True
+    """
+    first, size = tensors[0], tensors[0].numel()
+    if all(t.is_contiguous() and t.dtype == first.dtype and t.device == first.device and t.numel() == size
+           and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+           and t.storage_offset() == first.storage_offset() + i * size for i, t in enumerate(tensors)):
+        return first.as_strided((len(tensors), size), (size, 1))
+    return torch.stack([t.reshape(-1) for t in tensors])
+
+
 def joined(tensors: list) -> torch.Tensor:
     """The tensors' elements end to end, in one new contiguous tensor."""
     return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)

@@ -135,6 +135,21 @@ def test_uneven_all_to_all_single_and_reduce_scatter_match_a_reference(groups):
     agree(torch.equal(mine, expected) and torch.equal(whole, expected), "reduce_scatter")
 
 
+@pytest.mark.parametrize("op", ["SUM", "MAX", "MIN"])
+def test_a_reduce_scatter_of_an_uneven_list_matches_gloo(groups, op):
+    """Rank j's output has tensor j's size (gloo computes it); MAX and MIN of negative and positive
+    values show the padding never reaches a kept element."""
+    sizes = [1 + (j * 3) % 5 for j in range(N)]
+    inputs = [values((sizes[j],), torch.float32, offset=j) - 6 for j in range(N)]
+
+    def run(group):
+        mine = torch.zeros(sizes[RANK])
+        dist.reduce_scatter(mine, [t.clone() for t in inputs], op=getattr(dist.ReduceOp, op), group=group)
+        return mine
+    ring, gloo = both(groups, run)
+    agree(same(ring, gloo), f"uneven reduce_scatter {op}: ring {ring.tolist()} gloo {gloo.tolist()}")
+
+
 def test_async_work_and_its_future(groups):
     ring, _ = groups
     t = values((1000,), torch.float32)

@@ -8,7 +8,8 @@ refusals (every rank must raise the same error):
   count_differs        all_reduce of 3 + rank elements
   gather_uneven        all_gather of 2 + rank elements into lists of their own sizes
   scatter_short        scatter into an output one element shorter on rank 1
-  reduce_scatter_list  reduce_scatter whose input list on rank 1 has a longer tensor
+  reduce_scatter_list  reduce_scatter whose input list on rank 1 only has a longer tensor (uneven lists
+                       must be alike on every rank)
   splits_wrong         all_to_all_single whose output_split_sizes disagree with what is sent
   gather_list_wrong    gather whose gather_list on the root has a tensor of the wrong size
   sparse_max           all_reduce (MAX) of a sparse tensor: gloo, and ring, reduce those by SUM only
