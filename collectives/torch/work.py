@@ -117,9 +117,18 @@ class RingWork(dist.Work):
             self._settled = True
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        """Block until the call is done; raise its error. ``timeout`` bounds this wait (on expiry
-        the runtime stops, as after a call's own timeout; torch's 0 means none)."""
+        """Block until the call is done; raise its error. ``timeout`` bounds this wait only, as
+        gloo's does: on expiry it raises RingBackendError and the call goes on in the background
+        (bounded by its own timeout), the group usable and its ranks in step; a later ``wait()``
+        returns its result. (``col.Work.wait(timeout)`` instead stops the runtime.) torch's 0
+        means no bound."""
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if seconds and not self._settled and hasattr(self._call, "add_done_callback"):
+            finished = threading.Event()
+            self._call.add_done_callback(lambda _: finished.set())
+            if not finished.wait(seconds):
+                raise RingBackendError(f"wait: timed out after {seconds:g} s, before the call finished; it goes on "
+                                       "(wait() again for its result)")
         self._settle(seconds or None)
         if self._error is not None:
             raise self._error

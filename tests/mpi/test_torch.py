@@ -150,6 +150,34 @@ def test_a_reduce_scatter_of_an_uneven_list_matches_gloo(groups, op):
     agree(same(ring, gloo), f"uneven reduce_scatter {op}: ring {ring.tolist()} gloo {gloo.tolist()}")
 
 
+def test_a_wait_that_runs_out_leaves_the_call_going_and_the_group_usable(groups):
+    """As gloo's: ``work.wait(timeout)`` that runs out raises on that rank only; the call goes on,
+    a second ``wait()`` returns its result, and the next call works. The last rank comes only once
+    rank 0's wait has run out (told over MPI's own world, a cue, not a sleep)."""
+    ring, _ = groups
+    t = values((100,), torch.float32)
+    ran_out = None
+    if RANK < N - 1:
+        work = dist.all_reduce(t, group=ring, async_op=True)
+        if RANK == 0:
+            try:
+                work.wait(timeout=timedelta(seconds=0.3))
+            except dist.DistBackendError as error:
+                ran_out = str(error)
+            COMM.send(True, dest=N - 1)
+        work.wait()
+    else:
+        if N > 1:
+            COMM.recv(source=0)
+        dist.all_reduce(t, group=ring)
+    expected = sum(values((100,), torch.float32, rank=r) for r in range(N))
+    after = torch.ones(3)
+    dist.all_reduce(after, group=ring)
+    waited_right = RANK != 0 or N == 1 or (ran_out is not None and "wait: timed out after 0.3 s" in ran_out)
+    agree(torch.equal(t, expected) and torch.equal(after, torch.full((3,), float(N))) and waited_right,
+          f"the call, the next, and rank 0's wait ({ran_out})")
+
+
 def test_async_work_and_its_future(groups):
     ring, _ = groups
     t = values((1000,), torch.float32)
