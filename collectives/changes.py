@@ -150,7 +150,8 @@ def leave_if_held(comm, rank: int, failure: SpawnFailed, seconds: float = 1.0) -
         watched(lambda: comm.Iprobe(tag=_PROBE_TAG), seconds, lambda: "MPI does not answer", "collectives probe")
     except GivenUp:
         print(f"[rank {rank}] collectives: MPI stays held by a spawn that was given up ({failure}); this process "
-              "cannot go on and ends, the others go on without it", file=sys.stderr, flush=True)
+              "cannot go on and ends (status 1); the ranks left, if any, go on without it", file=sys.stderr,
+              flush=True)
         sys.stdout.flush()
         os._exit(1)
 

@@ -73,6 +73,7 @@ def supervise() -> None:
         _die_with_parent()
         return
     os.close(tell)
+    _name_this_process(b"ring-supervisor")   # (ps -o comm, top, pgrep: not the rank, whose pid the trainer prints)
     if os.environ.get("PMI_FD", "").isdigit():
         os.close(int(os.environ["PMI_FD"]))   # (the launcher sees the child's end when the child ends: see _OUTLIVE_SECONDS)
     noticed: list[float] = []   # when the launcher's failure notices came
@@ -213,6 +214,14 @@ _START_GRACE = 0.5     # seconds MPI may still take to start in the child after 
 #: long as a process it started does: this supervisor (which closed its copy of the launcher's
 #: connection, so that its child's end is the one reported) is that process.
 _OUTLIVE_SECONDS = 0.5
+
+
+def _name_this_process(name: bytes) -> None:
+    """The name ``ps -o comm``, ``top`` and ``pgrep`` show (prctl PR_SET_NAME: Linux only)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)   # PR_SET_NAME = 15
+    except (OSError, AttributeError):
+        pass
 
 
 def _die_with_parent() -> None:
