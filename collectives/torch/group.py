@@ -140,11 +140,11 @@ class RingProcessGroup(dist.ProcessGroup):
             raise col.CollectiveUsageError(f"reduce_scatter: input_list: its tensors are {pieces[0].dtype}; "
                                            f"expected {out.dtype}, as the output is")
         longest = max(t.numel() for t in pieces)
-        blocks = torch.zeros(len(pieces), longest, dtype=out.dtype)
+        blocks = torch.zeros(len(pieces), longest, dtype=out.dtype, device=out.device)
         for row, t in zip(blocks, pieces):
             row[:t.numel()] = t.reshape(-1)
         x, op = reduction("reduce_scatter", blocks.reshape(-1), op)
-        block = torch.empty(longest, dtype=out.dtype)
+        block = torch.empty(longest, dtype=out.dtype, device=out.device)
 
         def keep_mine(_: Any) -> None:
             out.copy_(block[:out.numel()].reshape(out.shape))
