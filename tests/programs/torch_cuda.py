@@ -57,6 +57,16 @@ def main() -> int:
         if block.numel():
             dist.reduce_scatter_tensor(block, inputs[rank].to(cuda))
             check(f"reduce_scatter_tensor {dtype}", block, torch.stack(inputs).sum(0).to(dtype).chunk(n)[rank])
+    sizes = [1 + (j * 3) % 5 for j in range(n)]   # (uneven from 2 ranks: rank j's output has tensor j's size)
+    mine = torch.empty(sizes[rank], device=cuda)
+    dist.reduce_scatter(mine, [rank_tensor(rank, sizes[j], torch.float32).to(cuda) + j for j in range(n)])
+    check("reduce_scatter of an uneven list", mine,
+          sum(rank_tensor(r, sizes[rank], torch.float32) + rank for r in range(n)))
+    whole = torch.arange(n * 6, dtype=torch.float32, device=cuda)
+    for kind, listed in [("end to end", list(whole.chunk(n))), ("separate", [c.clone() for c in whole.chunk(n)])]:
+        out = torch.empty(6, device=cuda)
+        dist.scatter(out, listed if rank == 0 else None, src=0)
+        check(f"scatter of a list {kind}", out, whole.cpu().chunk(n)[rank])
     t = rows[torch.float32][rank].to(cuda)
     dist.all_reduce(t, dist.ReduceOp.AVG)
     check("all_reduce AVG float32", t, torch.stack(rows[torch.float32]).sum(0) / n)
