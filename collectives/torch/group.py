@@ -272,8 +272,16 @@ class RingProcessGroup(dist.ProcessGroup):
             elif input_lists and any(input_lists):
                 raise col.CollectiveUsageError("scatter: scatter_list: must be empty on every rank but the root")
             rows = as_array(rows_of(pieces)) if pieces else None
-            # (out's elements and dtype are compared across ranks by the call's own check)
-            return col.scatter, (rows, opts.rootRank, None, flat(out).reshape(1, -1)), outputs, back
+            # (out's elements and dtype are compared across ranks by the call's own check; a scatter
+            # moves through host memory, so a CUDA out receives in a host tensor first)
+            host = torch.empty(out.shape, dtype=out.dtype) if out.is_cuda else out
+
+            def onto_the_device(_: Any) -> None:
+                out.copy_(host)
+                if back is not None:
+                    back(None)
+            after = onto_the_device if out.is_cuda else back
+            return col.scatter, (rows, opts.rootRank, None, flat(host).reshape(1, -1)), outputs, after
         return self._run("scatter", opts, prepare)
 
     def barrier(self, opts=None) -> RingWork:
