@@ -9,7 +9,7 @@ import pytest
 MODULES = ["ring.partition", "ring.schedule", "ring.personalized", "ring.doubling", "ring.cost", "ring.arrays", "collectives.signature",
            "collectives.sizes", "collectives.validate", "collectives.membership", "collectives.runtime", "collectives.config",
            "collectives.api", "collectives.timeline", "trainer.model", "trainer.optim",
-           "trainer.buckets", "trainer.strategies.ps", "trainer.checkpoint", "bench.sizes", "bench.model", "collectives.about", "cmdline.interrupt"]
+           "trainer.buckets", "trainer.strategies.ps", "trainer.checkpoint", "trainer.resuming", "bench.sizes", "bench.model", "collectives.about", "cmdline.interrupt"]
 MODULES += ["collectives.torch.tensors"] if importlib.util.find_spec("torch") else []   # (the extra [torch])
 
 

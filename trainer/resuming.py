@@ -17,8 +17,8 @@ from trainer.optim import SGD
 
 
 #: What a resumed run must share with the checkpoint unless --resume-changed: flag -> config key.
-RESUME_MUST_MATCH = {"--seed": "seed", "--batch-size": "batch_size", "--lr": "lr", "--momentum": "momentum",
-                     "--weight-decay": "weight_decay"}
+RESUME_MUST_MATCH = {"--dataset": "dataset", "--seed": "seed", "--batch-size": "batch_size", "--lr": "lr",
+                     "--momentum": "momentum", "--weight-decay": "weight_decay"}
 
 
 
@@ -29,7 +29,11 @@ def config_of(args, dataset) -> dict:
 
 
 def changed_settings(saved: dict, config: dict) -> list[str]:
-    """The training settings this run changes from the checkpoint's (older checkpoints lack some)."""
+    """The training settings this run changes from the checkpoint's (older checkpoints lack some).
+
+    >>> changed_settings({"dataset": "digits", "seed": 0}, {"dataset": "synthetic", "seed": 0})
+    ['--dataset digits -> synthetic']
+    """
     return [f"{flag} {saved[key]} -> {config[key]}" for flag, key in RESUME_MUST_MATCH.items()
             if key in saved and saved[key] != config[key]]
 
