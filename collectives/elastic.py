@@ -87,7 +87,7 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
                 settle()   # (inside the try: a death while the ranks take rank 0's state is a change too)
                 _stand_by_the_supervisors()
                 result = fn(state)
-                supervisor.report_finished()
+                supervisor.report(finished=True)
                 return result
             except Exception as interruption:   # (not only CollectiveError: one that crossed torch's C++,
                 began = time.monotonic()          # as DDP's backward raises it, is a RuntimeError; the world decides)
@@ -97,6 +97,9 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
             _check_size(min_ranks, f"after {change.text}")
             state.restore()
             settle = _Settle(state, change, began, announce)
+    except BaseException:
+        supervisor.report(finished=False)   # (a rank stuck in its own code is ended by its supervisor)
+        raise
     finally:
         object.__setattr__(state, "_at_commit", None)
         if discovery is not None:

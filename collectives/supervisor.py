@@ -20,6 +20,7 @@ when the process holding it ends, however it ends.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import select
 import signal
@@ -80,9 +81,10 @@ def supervise() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, lambda signum, frame: noticed.append(time.monotonic()))
-    code, said = _watch(child, told, noticed)
+    others = _TheOthers(listener)
+    code, said = _watch(child, told, noticed, others)
     if code > 128 and (b"e" in said or b"1" in said):   # (b"1": a newcomer, or a job that grew: elastic too)
-        code = _await_word(listener, code)
+        code = _await_word(others, code)
     if b"1" in said:
         time.sleep(_OUTLIVE_SECONDS)
     os._exit(code)
@@ -107,16 +109,20 @@ def stand_by(hosts: Sequence[str], ports: Sequence[int]) -> None:
                 pass
 
 
-def report_finished() -> None:
-    """In the rank, when ``col.elastic.run`` returns: tell every supervisor stood by that the job
-    finished (a supervisor whose rank is alive never reads it)."""
+def report(finished: bool) -> None:
+    """In the rank, when ``col.elastic.run`` returns (``finished``) or raises: tell every
+    supervisor stood by. A supervisor whose rank died reports 0 for a finished job; one whose rank
+    still runs once every other rank has ended after a failure ends it (see ``_watch``). After a
+    failure the connections stay open until this process ends, however long its exit takes."""
     for connection in _standing_by.values():
         try:
-            connection.sendall(_FINISHED)
-            connection.close()
+            connection.sendall(_FINISHED if finished else _FAILED)
         except OSError:
             pass
-    _standing_by.clear()
+    if finished:
+        for connection in _standing_by.values():
+            connection.close()
+        _standing_by.clear()
 
 
 def own_port() -> int:
@@ -126,37 +132,56 @@ def own_port() -> int:
 
 
 _PORT = "COLLECTIVES_SUPERVISOR_PORT"
-_FINISHED = b"0"
+_FINISHED, _FAILED = b"0", b"x"
 _CONNECT_SECONDS = 5.0
 _standing_by: dict[tuple[str, int], socket.socket] = {}   # (host, port) of a supervisor -> our connection
 
 
-def _await_word(listener: socket.socket, code: int) -> int:
-    """The child died of a signal inside an elastic run: 0 once a rank says the job finished,
-    ``code`` once every rank that stood by has ended without saying so (or if none did)."""
-    listener.setblocking(False)
-    connections: list[socket.socket] = []
-    rank = os.environ.get("PMI_RANK", "?")
-    while True:
+class _TheOthers:
+    """The supervisor's side of ``stand_by``: the connections of the other ranks, accepted as they
+    come, and what they said before they closed."""
+
+    def __init__(self, listener: socket.socket):
+        listener.setblocking(False)
+        self.listener, self.open, self.said, self.ever = listener, [], b"", False
+
+    def look(self, seconds: float) -> None:
+        """Accept new connections and read what has come, waiting up to ``seconds`` for a word."""
         try:
             while True:
-                connections.append(listener.accept()[0])
-        except BlockingIOError:
+                self.open.append(self.listener.accept()[0])
+                self.ever = True
+        except OSError:   # (BlockingIOError: none waiting)
             pass
-        if not connections:
-            return code
-        for connection in select.select(connections, [], [], _LOOK_SECONDS)[0]:
+        for connection in select.select(self.open, [], [], seconds)[0] if self.open else ():
             try:
                 word = connection.recv(16)
             except OSError:
                 word = b""
-            if _FINISHED in word:
-                print(f"[rank {rank}] collectives: the job finished without this rank (it died of signal "
-                      f"{code - 128}): its status is 0", file=sys.stderr, flush=True)
-                return 0
+            self.said += word
             if not word:
-                connections.remove(connection)
+                self.open.remove(connection)
                 connection.close()
+
+    def finished(self) -> bool:
+        return _FINISHED in self.said
+
+    def all_gone_after_a_failure(self) -> bool:
+        """Every other rank that stood by has ended, one at least saying the job failed."""
+        return self.ever and not self.open and _FAILED in self.said and not self.finished()
+
+
+def _await_word(others: _TheOthers, code: int) -> int:
+    """The child died of a signal inside an elastic run: 0 once a rank says the job finished,
+    ``code`` once every rank that stood by has ended without saying so (or if none did)."""
+    while True:
+        others.look(_LOOK_SECONDS)
+        if others.finished():
+            print(f"[rank {os.environ.get('PMI_RANK', '?')}] collectives: the job finished without this rank (it "
+                  f"died of signal {code - 128}): its status is 0", file=sys.stderr, flush=True)
+            return 0
+        if not others.open:
+            return code
 
 
 def under_hydra() -> bool:
@@ -164,7 +189,7 @@ def under_hydra() -> bool:
     return "OMPI_COMM_WORLD_RANK" not in os.environ and bool({"PMI_FD", "PMI_PORT"} & os.environ.keys())
 
 
-def _watch(child: int, told: int, noticed: list[float]) -> tuple[int, bytes]:
+def _watch(child: int, told: int, noticed: list[float], others: _TheOthers) -> tuple[int, bytes]:
     """Wait for the child; return its exit status (128 + the signal that ended it) and what it said
     on ``told`` (``changes.mpi_started``: b"m"; ``stand_by``: b"e"; ``changes.spawned_here``: b"1"). End it, saying why,
     where it would wait for ever inside MPI, out of the runtime's reach:
@@ -173,8 +198,11 @@ def _watch(child: int, told: int, noticed: list[float]) -> tuple[int, bytes]:
       waits for ever for a process of the job that died (every survivor of a kill in the first
       0.15 s of a job spun there, in 5 runs of 6);
     - a newcomer that has not joined the job within ``changes.JOIN_SECONDS``: a member that died
-      while the members spawned it leaves it waiting in its MPI_Init or the merge."""
-    said, began, reading = b"", time.monotonic(), True
+      while the members spawned it leaves it waiting in its MPI_Init or the merge;
+    - an elastic rank still running _ALONE_GRACE seconds after every other rank has ended, one
+      of them saying the job failed: stuck in its own code (the others timed out naming it),
+      it would hold the launcher for ever (``mpiexec -disable-auto-cleanup`` kills nobody)."""
+    said, began, reading, alone_since = b"", time.monotonic(), True, math.inf
     while True:
         ended, status = os.waitpid(child, os.WNOHANG)
         if ended:
@@ -190,8 +218,13 @@ def _watch(child: int, told: int, noticed: list[float]) -> tuple[int, bytes]:
             said, reading = said + got, bool(got)
         elif not reading:
             time.sleep(_LOOK_SECONDS)
+        others.look(0)
         now, why = time.monotonic(), ""
-        if noticed and b"m" not in said and now - noticed[0] > _START_GRACE:
+        alone_since = min(alone_since, now) if others.all_gone_after_a_failure() else math.inf
+        if now - alone_since > _ALONE_GRACE:
+            why = (f"every other rank of this elastic job ended after a failure {_ALONE_GRACE:g} s ago, and this rank "
+                   "still runs (stuck in its own code?)")
+        elif noticed and b"m" not in said and now - noticed[0] > _START_GRACE:
             why = "a process of this job died while MPI was starting here, and MPI_Init would wait for it for ever"
         elif changes.joining() and b"1" not in said and now - began > changes.JOIN_SECONDS:
             why = (f"this newcomer could not join the running job within {changes.JOIN_SECONDS:.0f} s (the members "
@@ -206,6 +239,7 @@ def _watch(child: int, told: int, noticed: list[float]) -> tuple[int, bytes]:
 
 _LOOK_SECONDS = 0.05   # between the supervisor's looks at its child
 _START_GRACE = 0.5     # seconds MPI may still take to start in the child after a failure notice
+_ALONE_GRACE = 5.0     # seconds a rank may still take to end once every other rank ended after a failure
 #: In a job that spawned processes (the child said b"1"), the supervisor outlives its child by this
 #: much. MPICH's launcher (hydra 5, under -disable-auto-cleanup) answers every process's end, even a
 #: normal one, with a notice to the proxy of each other process group on its host (the newcomers of

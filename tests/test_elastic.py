@@ -67,6 +67,21 @@ def test_a_death_after_the_work_ended_does_not_hang_the_survivors(victim):
                      f"{victim} ") == 3, out[-3000:]
 
 
+def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_for_ever():
+    """Rank 1 sleeps in its own code at step 20: the others time out naming it and end their
+    programs; under -disable-auto-cleanup nothing else would end rank 1, so mpiexec never returned.
+    Its supervisor ends it once every other rank has ended after a failure. (The launch's bound, 90 s,
+    is what fails the test if it hangs: the timeout, the others' bounded exit and the grace are 13 s.)"""
+    result = run_world(3, [*JOB, "--stuck", "1@20", "--timeout", "3"], 90, launcher_args=CLEANUP)
+    out = result.stdout
+    assert result.returncode not in (0, -9) and "stuck at step 20" in out, out[-3000:]
+    assert out.count("timed out after 3") == 2 and out.count("in no collective call (busy elsewhere, or gone): 1") == 2, \
+        out[-3000:]
+    if mpi_name() == "MPICH":   # (the supervisor's; Open MPI's launcher ends the job itself)
+        assert "[rank 1] collectives: every other rank of this elastic job ended after a failure 5 s ago, and " \
+               "this rank still runs (stuck in its own code?); it ends" in out, out[-3000:]
+
+
 def test_two_deaths_one_after_the_other(tmp_path):
     result = run_world(4, [*JOB, "--kill", "3@20", "--kill", "1@50"], 120, launcher_args=CLEANUP)
     out = result.stdout

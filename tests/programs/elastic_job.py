@@ -12,7 +12,7 @@ SIGKILLs itself 0.5 s on, inside the runtime's exit, where it waits for the othe
 ``--die-agreeing R``: that process dies in the survivors' agreement after the first death (its
 message of the first round sent to the lowest survivor alone: the gap of ``ring.transport.survivors``).
 ``--raise R@S``: that process raises ValueError instead (an error of the program, which ends the
-job). ``--save-at S PATH``: stop before step S and write the state (rank 0); ``--load PATH``:
+job). ``--stuck R@S``: that process sleeps for an hour instead (stuck in its own code). ``--save-at S PATH``: stop before step S and write the state (rank 0); ``--load PATH``:
 start from such a file (the reference: a restart from a checkpoint). ``--stale``: a group made
 at the start, and an async call issued in the step of a kill, both of the world before; after
 each change the job shows that they raise MembershipChanged.
@@ -47,6 +47,7 @@ def main() -> None:
     p.add_argument("--die-agreeing", type=int, default=-1)
     p.add_argument("--kill-at-exit", type=int, default=-1, help="this launched rank SIGKILLs itself at the end")
     p.add_argument("--raise", dest="raise_", type=cue, action="append", default=[])
+    p.add_argument("--stuck", type=cue, action="append", default=[])
     p.add_argument("--save-at", nargs=2)
     p.add_argument("--load")
     p.add_argument("--min-ranks", type=int, default=1)
@@ -79,6 +80,10 @@ def main() -> None:
             for rank, step in args.raise_:
                 if rank == launched_as and step == state.step:
                     raise ValueError(f"the program's own error at step {step}")
+            for rank, step in args.stuck:
+                if rank == launched_as and step == state.step:
+                    print(f"stuck at step {step}", flush=True)
+                    time.sleep(3600)
             n, me = col.size(), col.rank()
             grads = np.random.default_rng([state.step, me, n]).standard_normal(SIZE)
             if args.stale and "work" not in before and state.step in {step for _, step in args.kill}:
