@@ -248,6 +248,10 @@ def _check_start(min_ranks: int, max_ranks: int | None, announce: bool) -> None:
         print("elastic: warning: this program did not call col.elastic.supervise() first: MPICH's launcher will "
               "kill every rank on the host of a rank killed by a signal (see docs/elastic.md)", file=sys.stderr,
               flush=True)
+    if rank() == 0 and announce and supervisor.under_hydra() and supervisor.launcher_kills_survivors():
+        print("elastic: warning: mpiexec was started without -disable-auto-cleanup: it will end every rank at the "
+              "first death, and the job cannot go on (mpiexec -disable-auto-cleanup -n N ...)", file=sys.stderr,
+              flush=True)
 
 
 def _check_size(min_ranks: int, when: str) -> None:

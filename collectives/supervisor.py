@@ -184,6 +184,26 @@ def _await_word(others: _TheOthers, code: int) -> int:
             return code
 
 
+def launcher_kills_survivors() -> bool:
+    """Whether this process's ``mpiexec`` (hydra's, seen among its ancestors on this host) was
+    started without ``-disable-auto-cleanup``, so that it will end every rank at the first death.
+    False where that cannot be seen (a rank started on another host through ssh)."""
+    pid = os.getpid()
+    for _ in range(6):   # (rank, supervisor, hydra_pmi_proxy, mpiexec, and a wrapper or two)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if os.path.basename(argv[0]).startswith((b"mpiexec", b"mpirun")):
+            return not any(arg.lstrip(b"-") == b"disable-auto-cleanup" for arg in argv)
+        if pid <= 1:
+            return False
+    return False
+
+
 def under_hydra() -> bool:
     """Whether MPICH's launcher (hydra) started this process (Open MPI's sets PMI_* too at times)."""
     return "OMPI_COMM_WORLD_RANK" not in os.environ and bool({"PMI_FD", "PMI_PORT"} & os.environ.keys())

@@ -82,6 +82,15 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_for_ever():
                "this rank still runs (stuck in its own code?); it ends" in out, out[-3000:]
 
 
+def test_a_launch_that_would_kill_the_survivors_is_warned_of_at_the_start():
+    warning = "elastic: warning: mpiexec was started without -disable-auto-cleanup"
+    plain = run_world(2, [*JOB, "--steps", "5"], 60)
+    kept = run_world(2, [*JOB, "--steps", "5"], 60, launcher_args=CLEANUP)
+    assert plain.returncode == 0 and kept.returncode == 0, plain.stdout[-3000:] + kept.stdout[-3000:]
+    assert plain.stdout.count(warning) == (1 if mpi_name() == "MPICH" else 0), plain.stdout[-3000:]
+    assert warning not in kept.stdout, kept.stdout[-3000:]
+
+
 def test_two_deaths_one_after_the_other(tmp_path):
     result = run_world(4, [*JOB, "--kill", "3@20", "--kill", "1@50"], 120, launcher_args=CLEANUP)
     out = result.stdout
