@@ -80,26 +80,22 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
     settle = _Settle(state, None, time.monotonic(), announce) if joining() else state.sync
     _arrived = True
     try:
-        while True:
-            if discovery is not None:
-                _watch(discovery, state, max_ranks)
-            try:
-                settle()   # (inside the try: a death while the ranks take rank 0's state is a change too)
-                _stand_by_the_supervisors()
-                result = fn(state)
-                supervisor.report(finished=True)
-                return result
-            except Exception as interruption:   # (not only CollectiveError: one that crossed torch's C++,
-                began = time.monotonic()          # as DDP's backward raises it, is a RuntimeError; the world decides)
-                change = _change_world(interruption, discovery, settle)
-                if change is None:
-                    raise   # the program's own error ends the job, as without elastic
-            _check_size(min_ranks, f"after {change.text}")
-            state.restore()
-            settle = _Settle(state, change, began, announce)
-    except BaseException:
-        supervisor.report(finished=False)   # (a rank stuck in its own code is ended by its supervisor)
-        raise
+        with supervisor.reporting():   # (the job's outcome, to every rank's supervisor)
+            while True:
+                if discovery is not None:
+                    _watch(discovery, state, max_ranks)
+                try:
+                    settle()   # (inside the try: a death while the ranks take rank 0's state is a change too)
+                    _stand_by_the_supervisors()
+                    return fn(state)
+                except Exception as interruption:   # (not only CollectiveError: one that crossed torch's C++,
+                    began = time.monotonic()          # as DDP's backward raises it, is a RuntimeError)
+                    change = _change_world(interruption, discovery, settle)
+                    if change is None:
+                        raise   # the program's own error ends the job, as without elastic
+                _check_size(min_ranks, f"after {change.text}")
+                state.restore()
+                settle = _Settle(state, change, began, announce)
     finally:
         object.__setattr__(state, "_at_commit", None)
         if discovery is not None:

@@ -19,6 +19,7 @@ when the process holding it ends, however it ends.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -27,7 +28,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from collectives import changes
 
@@ -60,9 +61,7 @@ def supervise() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     told, tell = os.pipe()
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("", 0))
-    listener.listen(socket.SOMAXCONN)   # (connections wait in the backlog until the child dies, if ever)
+    listener = socket.create_server(("", 0), backlog=socket.SOMAXCONN)   # (see _TheOthers)
     port = listener.getsockname()[1]
     child = os.fork()
     if child == 0:
@@ -77,12 +76,8 @@ def supervise() -> None:
     _name_this_process(b"ring-supervisor")   # (ps -o comm, top, pgrep: not the rank, whose pid the trainer prints)
     if os.environ.get("PMI_FD", "").isdigit():
         os.close(int(os.environ["PMI_FD"]))   # (the launcher sees the child's end when the child ends: see _OUTLIVE_SECONDS)
-    noticed: list[float] = []   # when the launcher's failure notices came
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(signum, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, lambda signum, frame: noticed.append(time.monotonic()))
     others = _TheOthers(listener)
-    code, said = _watch(child, told, noticed, others)
+    code, said = _watch(child, told, _launchers_notices(), others)
     if code > 128 and (b"e" in said or b"1" in said):   # (b"1": a newcomer, or a job that grew: elastic too)
         code = _await_word(others, code)
     if b"1" in said:
@@ -107,6 +102,18 @@ def stand_by(hosts: Sequence[str], ports: Sequence[int]) -> None:
                 _standing_by[address] = socket.create_connection(address, timeout=_CONNECT_SECONDS)
             except OSError:
                 pass
+
+
+@contextlib.contextmanager
+def reporting() -> Iterator[None]:
+    """Around ``col.elastic.run``'s work: ``report(finished=True)`` once it returns, ``report(finished=False)``
+    if it raises (a rank stuck in its own code is then ended by its supervisor)."""
+    try:
+        yield
+    except BaseException:
+        report(finished=False)
+        raise
+    report(finished=True)
 
 
 def report(finished: bool) -> None:
@@ -169,6 +176,16 @@ class _TheOthers:
     def all_gone_after_a_failure(self) -> bool:
         """Every other rank that stood by has ended, one at least saying the job failed."""
         return self.ever and not self.open and _FAILED in self.said and not self.finished()
+
+
+def _launchers_notices() -> list[float]:
+    """Leave the launcher's signals to the child (they reach it directly); return the list to which
+    the launcher's failure notices (SIGUSR1) add when each came."""
+    noticed: list[float] = []
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: noticed.append(time.monotonic()))
+    return noticed
 
 
 def _await_word(others: _TheOthers, code: int) -> int:

@@ -22,8 +22,9 @@ from torch._C import _distributed_c10d as c10d
 
 import collectives as col
 from collectives import world as worlds
-from collectives.torch.tensors import (OPS, as_array, dense, flat, host_array, into, joined, reduction, rows_of,
-                                       same_sizes, sparse_rows, sparse_sum, staged)
+from collectives.torch.tensors import (OPS, as_array, copied_into, dense, flat, host_array, into, joined,
+                                       padded_blocks, reduction, rows_of, same_dtype, same_sizes, sparse_rows,
+                                       sparse_sum, staged)
 from collectives.torch.work import RingBackendError, RingWork, for_torch
 
 BACKEND = "ring"
@@ -94,7 +95,7 @@ class RingProcessGroup(dist.ProcessGroup):
 
         def prepare() -> Prepared:
             dense("all_reduce_coalesced", tensors, "tensors")
-            _same_dtype("all_reduce_coalesced", tensors, "tensors")
+            same_dtype("all_reduce_coalesced", tensors, "tensors")
             copies = [staged("all_reduce_coalesced", t, "tensors", written=True) for t in tensors]
             pairs = [reduction("all_reduce_coalesced", t, opts.reduceOp) for t, _ in copies]
             arrays = [x for x, _ in pairs]
@@ -127,30 +128,15 @@ class RingProcessGroup(dist.ProcessGroup):
 
     def _uneven_reduce_scatter(self, pieces: list, out: torch.Tensor, back: Any, outputs: list, op: Any) -> Prepared:
         """A reduce_scatter whose input list holds tensors of different sizes (rank j's output has
-        tensor j's elements), as gloo takes it. The ring's blocks are equal, so each tensor goes
-        in a block of the longest one's size, zero-padded, and rank j keeps the head of block j:
-
-            input_list [a0 a1 a2], [b0], [c0 c1]  ->  blocks [a0 a1 a2 | b0 0 0 | c0 c1 0]
-            rank 1 gets the sums of b0 (its output has 1 element)
-
-        Every rank must pass the same sizes; the padded total is what the ranks compare."""
-        _same_dtype("reduce_scatter", pieces, "input_list")
+        tensor j's elements), as gloo takes it: in equal zero-padded blocks (``padded_blocks``),
+        rank j keeping the head of block j. Every rank must pass the same sizes; the padded
+        total is what the ranks compare."""
+        same_dtype("reduce_scatter", pieces + [out], "input_list")
         dense("reduce_scatter", pieces, "input_list")
-        if pieces[0].dtype != out.dtype:
-            raise col.CollectiveUsageError(f"reduce_scatter: input_list: its tensors are {pieces[0].dtype}; "
-                                           f"expected {out.dtype}, as the output is")
-        longest = max(t.numel() for t in pieces)
-        blocks = torch.zeros(len(pieces), longest, dtype=out.dtype, device=out.device)
-        for row, t in zip(blocks, pieces):
-            row[:t.numel()] = t.reshape(-1)
+        blocks = padded_blocks(pieces)
         x, op = reduction("reduce_scatter", blocks.reshape(-1), op)
-        block = torch.empty(longest, dtype=out.dtype, device=out.device)
-
-        def keep_mine(_: Any) -> None:
-            out.copy_(block[:out.numel()].reshape(out.shape))
-            if back is not None:
-                back(None)
-        return col.reduce_scatter, (x, op, flat(block)), outputs, keep_mine
+        block = torch.empty(blocks.shape[1], dtype=out.dtype, device=out.device)
+        return col.reduce_scatter, (x, op, flat(block)), outputs, copied_into(out, block, back)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> RingWork:
         opts = opts or c10d.ReduceScatterOptions()
@@ -201,7 +187,7 @@ class RingProcessGroup(dist.ProcessGroup):
 
         def prepare() -> Prepared:
             dense("all_gather_coalesced", inputs, "input_tensor_list")
-            _same_dtype("all_gather_coalesced", inputs, "input_tensor_list")
+            same_dtype("all_gather_coalesced", inputs, "input_tensor_list")
             if len(output_lists) != self.size():
                 raise col.CollectiveUsageError(f"all_gather_coalesced: output_tensor_lists: expected {self.size()} "
                                                f"lists (one per rank), got {len(output_lists)}")
@@ -223,7 +209,7 @@ class RingProcessGroup(dist.ProcessGroup):
                 if len(tensors) != self.size():
                     raise col.CollectiveUsageError(f"all_to_all: {name}: expected {self.size()} tensors (one per "
                                                    f"rank), got {len(tensors)}")
-            _same_dtype("all_to_all", inputs + outputs, "tensors")
+            same_dtype("all_to_all", inputs + outputs, "tensors")
             sizes, wanted = [t.numel() for t in inputs], [t.numel() for t in outputs]
             alltoall = functools.partial(col.alltoall, out_splits=wanted)
             return alltoall, (as_array(joined(inputs)), sizes), outputs, into(outputs)
@@ -236,7 +222,7 @@ class RingProcessGroup(dist.ProcessGroup):
         def prepare() -> Prepared:
             x, _ = self._one("all_to_all_single", [input], written=False)
             out, back = self._one("all_to_all_single", [output], "output")
-            _same_dtype("all_to_all_single", [x, out], "output")
+            same_dtype("all_to_all_single", [x, out], "output")
             if x.dim() == 0 or out.dim() == 0:
                 raise col.CollectiveUsageError("all_to_all_single: input: 0-d tensors have no dim 0 to split")
             rows = as_array(x).reshape(x.shape[0], math.prod(x.shape[1:]))   # (0 rows too: no -1)
@@ -275,12 +261,7 @@ class RingProcessGroup(dist.ProcessGroup):
             # (out's elements and dtype are compared across ranks by the call's own check; a scatter
             # moves through host memory, so a CUDA out receives in a host tensor first)
             host = torch.empty(out.shape, dtype=out.dtype) if out.is_cuda else out
-
-            def onto_the_device(_: Any) -> None:
-                out.copy_(host)
-                if back is not None:
-                    back(None)
-            after = onto_the_device if out.is_cuda else back
+            after = copied_into(out, host, back) if out.is_cuda else back
             return col.scatter, (rows, opts.rootRank, None, flat(host).reshape(1, -1)), outputs, after
         return self._run("scatter", opts, prepare)
 
@@ -361,13 +342,6 @@ class RingProcessGroup(dist.ProcessGroup):
                                            f"elements of {block.dtype} (size() blocks), got {whole.numel()} of "
                                            f"{whole.dtype}")
         return whole
-
-
-def _same_dtype(collective: str, tensors: list, argument: str) -> None:
-    if len({t.dtype for t in tensors}) > 1:
-        raise col.CollectiveUsageError(f"{collective}: {argument}: the tensors' dtypes differ "
-                                       f"({', '.join(sorted({str(t.dtype) for t in tensors}))}); gloo refuses "
-                                       "that too")
 
 
 def _all(backs) -> Callable[[Any], None] | None:

@@ -193,6 +193,33 @@ def rows_of(tensors: list) -> torch.Tensor:
     return torch.stack([t.reshape(-1) for t in tensors])
 
 
+def padded_blocks(tensors: list) -> torch.Tensor:
+    """Tensors of different sizes as the equal rows of one 2-D tensor, each zero-padded to the
+    longest (the ring's blocks are equal; an uneven reduce_scatter list travels so):
+
+        [a0 a1 a2], [b0], [c0 c1]  ->  [[a0 a1 a2], [b0 0 0], [c0 c1 0]]
+
+    >>> padded_blocks([torch.tensor([1., 2.]), torch.tensor([3.])]).tolist()
+    [[1.0, 2.0], [3.0, 0.0]]
+    """
+    first = tensors[0]
+    blocks = torch.zeros(len(tensors), max(t.numel() for t in tensors), dtype=first.dtype, device=first.device)
+    for row, t in zip(blocks, tensors):
+        row[:t.numel()] = t.reshape(-1)
+    return blocks
+
+
+def copied_into(out: torch.Tensor, received: torch.Tensor,
+                back: Callable[[Any], None] | None) -> Callable[[Any], None]:
+    """What puts the head of ``received`` (where the runtime wrote: a padded block, a host tensor
+    for a CUDA ``out``) into ``out`` once the call is done, then writes a staged copy back."""
+    def copy(_: Any) -> None:
+        out.copy_(received.reshape(-1)[:out.numel()].reshape(out.shape))
+        if back is not None:
+            back(None)
+    return copy
+
+
 def joined(tensors: list) -> torch.Tensor:
     """The tensors' elements end to end, in one new contiguous tensor."""
     return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
@@ -204,3 +231,11 @@ def host_array(collective: str, t: torch.Tensor) -> np.ndarray:
         raise col.CollectiveUsageError(f"{collective}: tensor: point-to-point moves contiguous CPU tensors; "
                                        f"got a {'CUDA' if t.is_cuda else 'non-contiguous'} tensor")
     return as_array(t)
+
+
+def same_dtype(collective: str, tensors: list, argument: str) -> None:
+    """Refuse tensors whose dtypes differ (gloo does too)."""
+    if len({t.dtype for t in tensors}) > 1:
+        raise col.CollectiveUsageError(f"{collective}: {argument}: the tensors' dtypes differ "
+                                       f"({', '.join(sorted({str(t.dtype) for t in tensors}))}); gloo refuses "
+                                       "that too")

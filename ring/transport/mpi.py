@@ -5,7 +5,7 @@ until they complete, its call's bound passes (TransportTimeout at the deadline, 
 the runtime stopped), or a peer is known to be gone (PeerLost). So a rank stuck on
 a peer that never comes always gets control back. How a peer is known to be gone,
 asked of the transport's control plane every CHECK_INTERVAL seconds while a wait
-lasts: its farewell arrived, or it died (``ring.transport.control``; the farewell
+lasts (``ring.transport.waiting``, the one poll loop): its farewell arrived, or it died (``ring.transport.control``; the farewell
 and the exit barrier are ``ring.transport.exits``). A long wait backs off from
 spinning to yielding to short sleeps (``ring.transport.polling``), so a rank stuck
 for minutes does not burn its core. ``ring.transport.mpi_setup`` makes the first
@@ -13,7 +13,6 @@ transport; ``split`` makes the others.
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Sequence
 
@@ -22,15 +21,16 @@ from mpi4py import MPI
 
 from ring.schedule import left, right
 from ring.transport import liveness as liveness_watch
-from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError
-from ring.transport.control import COLLECTIVE, Control
+from ring.transport.base import Bound, TransportError
+from ring.transport.control import Control
 from ring.transport.exits import Exits
+from ring.transport.mpi_errors import error_text
 from ring.transport.mpi_p2p import PointToPoint
-from ring.transport.polling import SPIN_SECONDS, pause, usable_cores
+from ring.transport.polling import SPIN_SECONDS, usable_cores
 from ring.transport.subsets import Subsets
+from ring.transport.waiting import wait_for
 
 _TAG = 7
-CHECK_INTERVAL = 0.5       # seconds between looks at the control channel and the local peers' processes
 _QUICK_POLLS = 32          # polls before the first look at the clock (about 5 us)
 #: Open MPI frees a request that fails inside MPI_Testall (a persistent one goes inactive) and keeps its
 #: error only in the status: waits keep statuses there, so that the cause can be named (a message longer
@@ -76,7 +76,7 @@ class MPITransport(Subsets):
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
         oversubscribed = self.local_size > usable_cores(self.control.local_pids.values())
-        self._spin_seconds = 0.0 if oversubscribed else SPIN_SECONDS
+        self.spin_seconds = 0.0 if oversubscribed else SPIN_SECONDS   # (see polling.pause)
         self._quick_polls = 1 if oversubscribed else _QUICK_POLLS
         self._persistent: dict = {}
         self._inflight: list = []      # (request, peer) posted and not yet waited for, with its buffer
@@ -89,14 +89,14 @@ class MPITransport(Subsets):
         try:
             request = self.comm.Isend([buf, MPI.BYTE], self._right, _TAG)
         except MPI.Exception as e:
-            raise TransportError(f"send to rank {self.names[self._right]} failed: {_error_text(e)}") from e
+            raise TransportError(f"send to rank {self.names[self._right]} failed: {error_text(e)}") from e
         return self._posted(request, self._right, buf, receive=False)
 
     def recv_from_left(self, buf: Any, bound: Bound) -> tuple[MPI.Request, int]:
         try:
             request = self.comm.Irecv([buf, MPI.BYTE], self._left, _TAG)
         except MPI.Exception as e:
-            raise TransportError(f"receive from rank {self.names[self._left]} failed: {_error_text(e)}") from e
+            raise TransportError(f"receive from rank {self.names[self._left]} failed: {error_text(e)}") from e
         return self._posted(request, self._left, buf, receive=True)
 
     def sending_to(self, peer: int, seq: int | None) -> None:
@@ -143,7 +143,7 @@ class MPITransport(Subsets):
             self._wait_all(requests, peers, bound)
         except MPI.Exception as e:
             raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
-                                 f"{_error_text(e)}") from e
+                                 f"{error_text(e)}") from e
         except BaseException:
             self.give_up(requests, (send, recv), requests[:1] if recv is not None else [])
             raise
@@ -161,7 +161,7 @@ class MPITransport(Subsets):
                             self.comm.Send_init([send, MPI.BYTE], dest, _TAG)]
             except MPI.Exception as e:
                 raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
-                                     f"{_error_text(e)}") from e
+                                     f"{error_text(e)}") from e
             entry = self._persistent[key] = (requests, (source, dest), send, recv)   # buffers kept alive: ids stay unique
         requests = entry[0]
         if dest in self._remote:
@@ -190,7 +190,7 @@ class MPITransport(Subsets):
         try:
             request = self.comm.Iallgather(mine, every)
         except MPI.Exception as e:
-            raise TransportError(f"metadata exchange failed: {_error_text(e)}") from e
+            raise TransportError(f"metadata exchange failed: {error_text(e)}") from e
         try:
             self._wait_all([request], [r for r in range(self.size) if r != self.rank] or [self.rank], bound)
         except BaseException:
@@ -258,39 +258,15 @@ class MPITransport(Subsets):
             for _ in range(self._quick_polls):   # a few microseconds, without the clock: the latency path
                 if _testall(requests, statuses):
                     return
-            control, seq = self.control, bound.seq
-            control.read(seq)   # (a roll call's question that came while this rank computed: answered now)
-            started = time.monotonic()
-            # Near the deadline, ask who is in which call, so that a timeout's roll call is answered
-            # by the deadline, not a grace period after it (a short wait asks half way).
-            ask_at = max(bound.until - ROLL_CALL_GRACE, (started + bound.until) / 2) if seq else math.inf
-            next_check, notices = started + CHECK_INTERVAL, control.checked_notices   # (a notice that came while
-            # this rank computed, before the wait, is looked into at once: else it waited CHECK_INTERVAL)
-            while not _testall(requests, statuses):
-                now = time.monotonic()
-                pause(now - started, self._spin_seconds, bound.background)
-                if now >= next_check or notices != control.notices():
-                    notices = control.notices()
-                    control.check_peers(seq, COLLECTIVE)
-                    next_check = now + min(CHECK_INTERVAL, control.look_again_in())
-                if now >= ask_at:
-                    control.ask(seq)
-                    ask_at = math.inf
-                if bound.passed(now):
-                    pending = [p for r, p in zip(requests, peers) if not r.Test()]
-                    peer = (pending or peers)[0]
-                    if peer < 0:
-                        raise bound.expired(now - started, -1, "a message from any rank")
-                    raise bound.expired(now - started, self.names[peer])
+
+            def waiting_for() -> int:
+                pending = [p for r, p in zip(requests, peers) if not r.Test()]
+                peer = (pending or peers)[0]
+                return None if peer < 0 else self.names[peer]
+            wait_for(lambda: _testall(requests, statuses), bound, self.control, self.spin_seconds, waiting_for)
         except MPI.Exception as e:
             self.control.check_dead(peers, bound.seq)   # (MPI's own error about a dead peer says less than this)
             raise TransportError(self._failure_text(e, requests, peers, statuses)) from e
-
-    check_interval = CHECK_INTERVAL
-
-    def pause(self, waited: float) -> None:
-        """Between two polls of a wait in the program's own thread (see _pause)."""
-        pause(waited, self._spin_seconds)
 
     def _failure_text(self, error: MPI.Exception, requests: list[MPI.Request], peers: Sequence[int],
                       statuses: list | None = None) -> str:
@@ -311,24 +287,4 @@ class MPITransport(Subsets):
         if error.Get_error_class() == MPI.ERR_TRUNCATE:
             return (f"a message from {peer_text} was longer than this rank expected: the ranks disagree "
                     "about this call's size (is the cross-rank check off?)")
-        return f"communication with {peer_text} failed: {_error_text(error)}"
-
-
-def _error_text(error: MPI.Exception) -> str:
-    """MPI's error in one line: its class, and the innermost cause from the library's error stack
-    (MPICH's strings carry a stack of function names, one per line, that means nothing to users).
-
-    >>> _error_text(MPI.Exception(MPI.ERR_TRUNCATE))
-    'Message truncated'
-    """
-    lines = [line.strip() for line in error.Get_error_string().strip().splitlines() if line.strip()]
-    if not lines:
-        return f"MPI error {error.Get_error_code()}"
-    head = lines[0].split(", error stack:")[0].rstrip(",; ")
-    cause = lines[-1].split("): ", 1)[-1].strip() if len(lines) > 1 else ""
-    return f"{head} ({cause})" if cause and cause != head else head
-
-
-MPITransport.error_text = staticmethod(_error_text)
-
-
+        return f"communication with {peer_text} failed: {error_text(error)}"

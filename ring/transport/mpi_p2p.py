@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import struct
 import threading
-import time
 from collections import deque
 from typing import Any
 
@@ -39,6 +38,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ring.transport.base import Bound, TransportError
+from ring.transport.mpi_errors import error_text
+from ring.transport.waiting import wait_for
 
 HEADER_TAG = 64                 # headers use tags HEADER_TAG + tag: never the ring's nor the control channel's
 PAYLOAD_TAG = HEADER_TAG + (1 << 15)   # payloads use PAYLOAD_TAG + tag
@@ -127,7 +128,7 @@ class PointToPoint:
         except MPI.Exception as e:
             name = "any" if peer is None else self.transport.names[peer]
             raise TransportError(f"{'receive from' if receive else 'send to'} rank {name} failed: "
-                                 f"{self.transport.error_text(e)}") from e
+                                 f"{error_text(e)}") from e
         return posted
 
     def wait(self, posted: list[Posted], bound: Bound) -> list[int]:
@@ -142,25 +143,16 @@ class PointToPoint:
                 if self._done(posted):
                     return self._finished(posted)
             expecting = None if None in peers else set(peers)
-            started = time.monotonic()
-            next_check, notices = started + transport.check_interval, control.checked_notices   # (as in mpi.py)
-            while not self._done(posted):
-                now = time.monotonic()
-                transport.pause(now - started)
-                if now >= next_check or notices != control.notices():
-                    notices = control.notices()
-                    control.check_peers(None, expecting)
-                    next_check = now + min(transport.check_interval, control.look_again_in())
-                if bound.passed(now):
-                    pending = [p for p in posted if not p.done()]
-                    peer = pending[0].peer if pending else peers[0]
-                    if peer is None:
-                        raise bound.expired(now - started, -1, "a message from any rank")
-                    raise bound.expired(now - started, transport.names[peer])
+
+            def waiting_for() -> int | None:
+                pending = [p for p in posted if not p.done()]
+                peer = pending[0].peer if pending else peers[0]
+                return None if peer is None else transport.names[peer]
+            wait_for(lambda: self._done(posted), bound, control, transport.spin_seconds, waiting_for, expecting)
         except MPI.Exception as e:
             control.check_dead([-1 if p is None else p for p in peers], None)
             raise TransportError(f"point-to-point with {_ranks(transport, peers)} failed: "
-                                 f"{transport.error_text(_cause(e, posted))}") from e
+                                 f"{error_text(_cause(e, posted))}") from e
         return self._finished(posted)
 
     def _done(self, posted: list[Posted]) -> bool:

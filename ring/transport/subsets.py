@@ -9,6 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ring.transport.base import Bound, CommunicatorsExhausted, TransportError
+from ring.transport.mpi_errors import error_text
 
 _SUBSET_TAG = 10   # Comm_create_group's (the tags of control.py are 8 and 9)
 _MEMBERS_TAG = 11  # what the members of a group to be made by them alone say of it first (see ``among``)
@@ -28,7 +29,7 @@ class Subsets:
         try:
             comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
         except MPI.Exception as e:
-            text = self.error_text(e)
+            text = error_text(e)
             failure = CommunicatorsExhausted if "too many communicators" in text.lower() else TransportError
             raise failure(f"making a communicator for a subset of the ranks failed: {text}") from e
         if comm == MPI.COMM_NULL:
@@ -60,7 +61,7 @@ class Subsets:
             self._wait_all(requests, waited, bound)
         except MPI.Exception as e:
             raise TransportError(f"exchange with ranks {[self.names[p] for p in theirs]} failed: "
-                                 f"{self.error_text(e)}") from e
+                                 f"{error_text(e)}") from e
         except BaseException:
             self.give_up(requests, (mine, theirs), requests[:len(theirs)])
             raise
@@ -77,7 +78,7 @@ class Subsets:
         try:
             comm = self.comm.Create_group(inner, _SUBSET_TAG)
         except MPI.Exception as e:
-            text = self.error_text(e)
+            text = error_text(e)
             failure = CommunicatorsExhausted if "too many communicators" in text.lower() else TransportError
             raise failure(f"making a communicator for ranks {list(ranks)} failed: {text}") from e
         finally:
