@@ -1,4 +1,4 @@
-"""The geometric sweep of message sizes between two sizes (sizes read as in ``collectives.sizes``).
+"""The geometric sweep of message sizes between two sizes (sizes read as in ``collectives.calls.sizes``).
 
 >>> sweep(8, 64, 2)
 [8, 16, 32, 64]

@@ -14,19 +14,20 @@ methods) -> ``group`` (a Group runs collectives) -> ``dispatch`` (each collectiv
 ``world`` sets the world up and, once the program has used it, sees the process out (``hooks``,
 ``leaving``); importing the package installs nothing.
 """
-from collectives import about, elastic, timeline
+from collectives import about, elastic
+from collectives.calls import timeline
 from collectives.about import VERSION as __version__
 from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many, alltoall, barrier, block_bounds,
                              broadcast, destroy, gather, refuse, gpu_transport, nccl_communicator, new_group, reduce, reduce_scatter, scatter, split,
                              synchronize, to_host, use_local_gpu)
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
-from collectives.group import Group
-from collectives.membership import NonMember
+from collectives.groups.group import Group
+from collectives.groups.membership import NonMember
 from collectives.p2p import Request, irecv, isend, recv, send, wait_all
-from collectives.progress import Work
-from collectives.sizes import format_size, parse_size
-from collectives.config import Settings
-from collectives.world import abort, init, local_rank, local_size, rank, settings, size
+from collectives.calls.progress import Work
+from collectives.calls.sizes import format_size, parse_size
+from collectives.process.config import Settings
+from collectives.process.world import abort, init, local_rank, local_size, rank, settings, size
 
 __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "settings", "Settings", "use_local_gpu", "gpu_transport", "nccl_communicator",
            "allreduce", "allreduce_many", "reduce_scatter", "allgather", "broadcast", "barrier",

@@ -16,9 +16,9 @@ from importlib import metadata
 
 import numpy as np
 
-from collectives import config
-from collectives.sizes import format_size
-from ring.transport import device
+from collectives.process import config
+from collectives.calls.sizes import format_size
+from ring.transport.gpu import device
 
 try:
     VERSION = metadata.version("ringcollectives")

@@ -1,5 +1,5 @@
-"""The module-level collectives: each is the world's method (``collectives.group.Group``), or,
-with ``group=``, that group's. The first call sets the world up (``collectives.world.init``).
+"""The module-level collectives: each is the world's method (``collectives.groups.group.Group``), or,
+with ``group=``, that group's. The first call sets the world up (``collectives.process.world.init``).
 
 Also the helpers that programs need beside the calls: where a reduce-scatter's blocks lie
 (:func:`block_bounds`), and the two places where host and GPU arrays differ for a caller
@@ -11,10 +11,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives import dispatch, world as worlds
-from collectives.call import issue
-from collectives.group import Group, member
-from collectives.membership import NonMember
+from collectives.ops import dispatch
+from collectives.process import world as worlds
+from collectives.calls.call import issue
+from collectives.groups.group import Group, member
+from collectives.groups.membership import NonMember
 from ring import arrays
 from ring.partition import chunk_bounds
 

@@ -9,7 +9,7 @@ from ``source=None`` expects any rank of the group, so any departure ends it.
 
 Every message carries its byte count, element count and dtype: a receive whose buffer has
 another size or dtype raises CollectiveError naming both ranks and both, and writes nothing
-into the buffer (see ``ring.transport.mpi_p2p``).
+into the buffer (see ``ring.transport.mpi.p2p``).
 
 Point-to-point calls never wait for collectives: posting or waiting while async collectives
 are queued or running (``w = allreduce(x, async_op=True); send(m, dest=1)``) goes ahead at
@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from collectives import validate, world as worlds
-from collectives.call import named, stopped
+from collectives.calls import validate
+from collectives.process import world as worlds
+from collectives.calls.call import named, stopped
 from collectives.errors import CollectiveError, CollectiveUsageError
-from collectives.group import Group, member
+from collectives.groups.group import Group, member
 from ring.transport.base import MAX_P2P_TAG, Bound, PeerLost, TransportError, TransportTimeout
 
 

@@ -17,7 +17,7 @@ observer: Observer | None = None
 
 
 def observe(told: Observer | None) -> None:
-    """Tell ``told`` of every plan carried out from now on (None: nobody; ``collectives.timeline``)."""
+    """Tell ``told`` of every plan carried out from now on (None: nobody; ``collectives.calls.timeline``)."""
     global observer
     observer = told
 

@@ -22,8 +22,8 @@ from mpi4py import MPI
 
 import collectives as col
 from bench.model import parse_hosts, parse_link
-from collectives.world import world
-from collectives.sizes import parse_size
+from collectives.process.world import world
+from collectives.calls.sizes import parse_size
 from ring import algorithms, cost
 from ring.transport.base import unbounded
 from ring_vs_mpi import median_time   # (scripts/, beside this one)

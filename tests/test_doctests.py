@@ -6,9 +6,9 @@ import importlib.util
 import numpy as np
 import pytest
 
-MODULES = ["ring.partition", "ring.schedule", "ring.personalized", "ring.doubling", "ring.cost", "ring.arrays", "collectives.signature",
-           "collectives.sizes", "collectives.validate", "collectives.membership", "collectives.runtime", "collectives.config",
-           "collectives.api", "collectives.timeline", "trainer.model", "trainer.optim",
+MODULES = ["ring.partition", "ring.schedule", "ring.personalized", "ring.doubling", "ring.cost", "ring.arrays", "collectives.calls.signature",
+           "collectives.calls.sizes", "collectives.calls.validate", "collectives.groups.membership", "collectives.process.runtime", "collectives.process.config",
+           "collectives.api", "collectives.calls.timeline", "trainer.model", "trainer.optim",
            "trainer.buckets", "trainer.strategies.ps", "trainer.checkpoint", "trainer.resuming", "bench.sizes", "bench.model", "collectives.about", "cmdline.interrupt"]
 MODULES += ["collectives.torch.tensors"] if importlib.util.find_spec("torch") else []   # (the extra [torch])
 

@@ -4,7 +4,7 @@ import threading
 import numpy as np
 import pytest
 
-from collectives.signature import disagreement, signature
+from collectives.calls.signature import disagreement, signature
 from ring import arrays
 from ring.doubling import agree, doubling_steps
 from ring.transport.inprocess import InProcessWorld

@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from collectives.discovery import Discovery
+from collectives.elastic.discovery import Discovery
 from tests.programs.elastic_grow import reference
 from tests.worlds import ROOT, keep_survivors, mpi_name, mpiexec, run_world
 

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from collectives import progress
+from collectives.calls import progress
 
 pytestmark = pytest.mark.quick   # (the progress engine's queue, no MPI: fast)
 
 
 class _Runtime:
-    """What the engine needs of collectives.runtime.Runtime."""
+    """What the engine needs of collectives.process.runtime.Runtime."""
 
     def __init__(self):
         self.failure = None
@@ -26,7 +26,7 @@ class _Runtime:
 
 
 class _Call:
-    """What a job returns with its result (collectives.call.Call): its number and algorithm."""
+    """What a job returns with its result (collectives.calls.call.Call): its number and algorithm."""
     seq, algorithm = 1, ""
 
 

@@ -159,7 +159,7 @@ DEATH = (r"(rank 3 is gone: its process \(pid \d+ on host ringh2\)|ranks 2, 3 ar
 def test_a_rank_killed_on_another_host_is_named_by_every_survivor_on_both_hosts(cluster, netmod, tmp_path):
     """2 x 2 under -disable-auto-cleanup: rank 3 (host 2) is SIGKILLed while the others wait for it
     in a call. Its host mate sees its process end; the ranks on host 1 see its liveness connection
-    close (ring.transport.liveness) or hear it from rank 2, whichever comes first. MPICH's proxy on
+    close (ring.transport.mpi.liveness) or hear it from rank 2, whichever comes first. MPICH's proxy on
     host 2 sometimes kills rank 2 at once as well (it then prints nothing, not even a fault:
     PYTHONFAULTHANDLER is on); the ranks on host 1 must speak in every run."""
     env = {**NETMODS[netmod], "OWN_OUTPUT": str(tmp_path / "out")}
@@ -242,7 +242,7 @@ def test_a_host_that_vanishes_is_named_unreachable_and_the_survivors_exit(cluste
     plus 2 s (with a long timeout: within liveness.UNREACHABLE_SECONDS plus 2 s) naming ranks 2
     and 3 unreachable, and its process ends within 3 s more. mpiexec itself never notices (it
     waits for its proxy on host 2 for ever): the test ends it."""
-    from ring.transport.liveness import UNREACHABLE_SECONDS
+    from ring.transport.mpi.liveness import UNREACHABLE_SECONDS
     env = {**NETMODS[netmod], "OWN_OUTPUT": str(tmp_path / "out")}
     process = _launch("2,2", ["-disable-auto-cleanup", str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges",
                               "vanished", str(timeout)], env, python=False)

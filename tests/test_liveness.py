@@ -1,4 +1,4 @@
-"""The liveness watch across hosts (ring.transport.liveness), tier 1: no MPI, two "hosts" on the
+"""The liveness watch across hosts (ring.transport.mpi.liveness), tier 1: no MPI, two "hosts" on the
 loopback ("127.0.0.1" and "localhost" are different host names to it, the same machine to TCP).
 Across emulated hosts, with real deaths and a host that vanishes: tests/test_hosts.py."""
 import os
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ring.transport import liveness
+from ring.transport.mpi import liveness
 from tests.worlds import ROOT
 
 HOSTS = ["127.0.0.1", "localhost"]

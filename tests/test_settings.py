@@ -1,7 +1,8 @@
 """Settings read from the environment and init's keywords (tier 1: no MPI)."""
 import pytest
 
-from collectives import config as world, validate
+from collectives.process import config as world
+from collectives.calls import validate
 
 
 @pytest.mark.parametrize("raw, expected", [("4M", 4 << 20), ("64K", 64 << 10), ("4194304", 4 << 20), ("1G", 1 << 30)])

@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from ring.transport import watchdog as watchdog_module
-from ring.transport.watchdog import Watchdog
+from ring.transport.gpu import watchdog as watchdog_module
+from ring.transport.gpu.watchdog import Watchdog
 
 pytestmark = pytest.mark.quick   # (no device, no MPI: fast)
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 import collectives as col
-from collectives import world as worlds
+from collectives.process import world as worlds
 from collectives.torch.tensors import (OPS, as_array, copied_into, dense, flat, host_array, into, joined,
                                        padded_blocks, reduction, rows_of, same_dtype, same_sizes, sparse_rows,
                                        sparse_sum, staged)

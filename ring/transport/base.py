@@ -6,7 +6,7 @@ No wait is unbounded: every call that may wait takes the :class:`Bound` of the
 collective it serves (its deadline, and the runtime's stop) and gives up at it with
 TransportTimeout; a peer known to have died is reported with PeerLost. What a
 transport knows of its peers (who left, who died, the roll call, the farewells) is
-its control plane, apart from the data (``ring.transport.control``).
+its control plane, apart from the data (``ring.transport.mpi.control``).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ MAX_P2P_TAG = 30000   # the largest point-to-point tag a program may use (MPI pr
 
 
 #: Seconds a roll call (after a timeout: which call is each rank in?) waits for answers after asking;
-#: a wait nearing its deadline asks ahead (see ``ring.transport.control.Control.roll_call``).
+#: a wait nearing its deadline asks ahead (see ``ring.transport.mpi.control.Control.roll_call``).
 ROLL_CALL_GRACE = 1.0
 
 
@@ -151,7 +151,7 @@ class OverHost:
         self.host = host
         self.rank, self.size = host.rank, host.size
         self.local_rank, self.local_size = host.local_rank, host.local_size
-        self.gpu: int | None = None   # the GPU served (set by ring.transport.device.open_transport)
+        self.gpu: int | None = None   # the GPU served (set by ring.transport.gpu.device.open_transport)
         self.why_staged = ""          # why this world is not on NCCL, when it is not
 
     def allgather_bytes(self, data: bytes, bound: Bound) -> list[bytes]:

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
-from collectives.config import DEFAULT_SEGMENT_BYTES
+from collectives.process.config import DEFAULT_SEGMENT_BYTES
 
 pytestmark = pytest.mark.mpi
 

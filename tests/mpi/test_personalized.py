@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
-from collectives.config import DEFAULT_SEGMENT_BYTES
+from collectives.process.config import DEFAULT_SEGMENT_BYTES
 from tests.mpi.test_collectives import MPI_OPS, agree, rank_input
 
 pytestmark = pytest.mark.mpi

@@ -94,7 +94,7 @@ def _die_while_spawning() -> None:
     """This process dies (SIGKILL) 0.1 s into the first spawn of newcomers (a newcomer takes longer
     than that to start and join, so the other members are inside MPI's spawn then)."""
     import threading
-    from collectives import changes
+    from collectives.process import changes
     spawn = changes.spawn_newcomers
 
     def dying(*args, **kwargs):

@@ -10,7 +10,7 @@ step S (the state then holds the commit of step S); it prints ``killed at <time>
 ``--kill-at-exit R``: once the work is done (after ``final``) that process ends its program and
 SIGKILLs itself 0.5 s on, inside the runtime's exit, where it waits for the others (they come 1.5 s on).
 ``--die-agreeing R``: that process dies in the survivors' agreement after the first death (its
-message of the first round sent to the lowest survivor alone: the gap of ``ring.transport.survivors``).
+message of the first round sent to the lowest survivor alone: the gap of ``ring.transport.mpi.survivors``).
 ``--raise R@S``: that process raises ValueError instead (an error of the program, which ends the
 job). ``--stuck R@S``: that process sleeps for an hour instead (stuck in its own code). ``--save-at S PATH``: stop before step S and write the state (rank 0); ``--load PATH``:
 start from such a file (the reference: a restart from a checkpoint). ``--stale``: a group made
@@ -125,7 +125,7 @@ def die_in_the_agreement() -> None:
     """Send this rank's first message of the agreement to the lowest survivor alone, then die: that
     survivor hears every set of the round equal and ends it, the others go on to the next."""
     from mpi4py import MPI
-    from ring.transport import survivors   # (imported once MPI runs)
+    from ring.transport.mpi import survivors   # (imported once MPI runs)
 
     def exchange_then_die(transport, alive, mine, tag, until):
         transport.comm.Send([mine, MPI.BYTE], min(alive), tag)

@@ -1,0 +1,295 @@
+"""One collective call: its frame (turn, deadline, errors), the cross-rank check, and its failure.
+
+Every collective of a ``Group`` is :func:`issue`\\ d with its body (``collectives.ops.dispatch``):
+
+* Before data moves, the ranks compare signatures (``collectives.calls.signature``) by
+  recursive doubling (``ring.doubling``): on any difference every rank raises the
+  same CollectiveUsageError, and nothing has been written. A usage error found on
+  one rank only is shared the same way, so the other ranks raise too instead of
+  waiting for it. ``COLLECTIVES_CHECK=0`` (or ``init(check=False)``) skips the
+  check on the large-message path; the small-message path carries it for free.
+* Every wait ends by the call's deadline (``timeout=`` or ``COLLECTIVES_TIMEOUT``),
+  or when a rank the call needs has left (its farewell) or died: CollectiveError
+  names the collective, its sequence number and the rank at fault, or after a
+  timeout which call every other rank is in. Any other exception inside a call
+  (Ctrl-C's KeyboardInterrupt, MemoryError) cancels what the call had posted.
+  After either, the runtime refuses further calls, since the ranks are no longer in step.
+* Calls run one at a time per process, in the order they were issued, through the
+  progress engine (``collectives.calls.progress``): blocking ones in the caller's thread,
+  ``async_op=True`` ones in the background behind a ``Work``. The issuing thread's
+  name is part of the cross-rank check, so two threads whose calls interleave in
+  another order on another rank raise CollectiveUsageError instead of mixing data.
+* Floating-point reductions follow IEEE rules (overflow gives inf) whatever
+  ``np.seterr`` says, and print no warnings: the same on every rank.
+
+What a call costs here is counted by ``scripts/call_budget.py``: the frame takes what it needs
+once (the deadline, the issuing thread) and pays for the timeline, the options and the
+floating-point guard only when they are in use.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from threading import get_ident, main_thread
+from time import monotonic, perf_counter
+from typing import Any, Callable, NoReturn
+
+import numpy as np
+
+from collectives.calls import timeline, validate
+from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
+from collectives.calls.progress import Work
+from collectives.calls.signature import disagreement, signature as make_signature, template
+from ring import arrays, cost, doubling
+from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, TransportTimeout
+
+_PROBLEM_BYTES = 512
+_MAIN_THREAD = main_thread().ident
+_REDUCTIONS = frozenset(("allreduce", "allreduce_many", "reduce_scatter", "reduce"))   # (the floating-point guard)
+
+
+class Call(Bound):
+    """One call of collective ``name`` on ``group`` on this rank, and the bound of its waits (a
+    ``ring.transport.base.Bound``, handed to every transport call it makes): its sequence number
+    (the group's count of calls, the same on every member in step), its deadline (``until``),
+    the runtime's stop, what it forces (``forced``: ``algorithm=``) and, once its body has chosen,
+    what it runs (``algorithm``) and the bytes this rank brings (``nbytes``). A value of this
+    call alone: its body fills in what it ran, the frame returns it with the result."""
+
+    __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes")
+
+    def __init__(self, group, name: str, timeout: object, call_name: object = None, forced: object = None,
+                 thread: str = "", background: bool = False):
+        self.group = group
+        runtime = self.runtime = group.runtime
+        self.name = name
+        self.call_name = call_name if type(call_name) is str else ""   # (a bad one is a usage error)
+        self.forced = forced if type(forced) is str else None        # (likewise)
+        self.thread = thread   # the name of the thread that issued the call ("" for the main thread)
+        self.algorithm = ""    # the algorithm it runs, once chosen
+        self.nbytes = 0        # the bytes this rank brings (for the timeline)
+        self.seq = group.seq = group.seq + 1
+        self.until = monotonic() + (runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout)
+                                    else timeout)
+        self.stop = runtime.stopped   # (set by runtime.stop: a wait in flight ends at its next look)
+        self.background = background
+
+    def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,
+                  memory: str = "") -> bytes:
+        """This call's signature (see ``collectives.calls.signature``): these fields plus the collective,
+        the sequence number, the caller's ``name=``, the issuing thread's name ("" for the main
+        thread) and the algorithm it forces."""
+        return template(self.name, op, dtype, shape, root, False, memory, self.call_name, self.thread,
+                        self.forced or "") % self.seq
+
+    def agree(self, signature: bytes, always: bool = False) -> None:
+        """Check that every rank makes this same call; raise on every rank if not. Skipped when the
+        check is off (COLLECTIVES_CHECK=0), unless ``always`` (the exchange is the call's own work,
+        or what follows blocks inside MPI and needs every rank known to be there)."""
+        if always or self.runtime.settings.check:
+            if not doubling.agree(self.group.transport, self, signature):
+                self.disagree(signature)
+
+    def disagree(self, signature: bytes, problem: str = "") -> NoReturn:
+        """After an agreement round that did not agree: raise the same error on every rank."""
+        packed = signature.ljust(doubling.SIGNATURE_BYTES, b"\0")
+        text = problem.encode()[:_PROBLEM_BYTES].ljust(_PROBLEM_BYTES, b"\0")
+        g = self.group
+        every = g.transport.allgather_bytes(packed + text, self)
+        signatures = [row[:doubling.SIGNATURE_BYTES] for row in every]
+        problems = [row[doubling.SIGNATURE_BYTES:].rstrip(b"\0").decode(errors="replace") for row in every]
+        for r, other in enumerate(problems):
+            if other:
+                shared = CollectiveUsageError(f"{other} (on rank {g.ranks[r]}; this call was abandoned on "
+                                              f"every rank{' of the ' + g.label if g.label else ''})")
+                shared.origin = g.ranks[r]   # (see reject)
+                raise shared
+        raise CollectiveUsageError(disagreement(self.name, signatures, g.ranks, g.label))
+
+    def reject(self, error: CollectiveUsageError) -> NoReturn:
+        """Raise this rank's usage ``error``; with the check on, first share it so every rank raises
+        instead of waiting for this one (every body validates in ``try: ... except
+        CollectiveUsageError as error: call.reject(error)``). With the check off the other ranks
+        cannot be told: they go on waiting, so this rank stops the runtime (out of step)."""
+        if self.runtime.settings.check:
+            signature = make_signature(self.name, self.seq, rejected=True, name=str(error))   # (two ranks' different
+            # problems then disagree, and every rank raises the first one's)
+            try:
+                if not doubling.agree(self.group.transport, self, signature):
+                    self.disagree(signature, str(error))
+            except CollectiveUsageError as shared:   # the first rank's problem, the one every rank raises:
+                if getattr(shared, "origin", None) != self.group.ranks[self.group.rank()]:
+                    raise shared from error
+                # this rank's own: raised below as it is (the others add "(on rank r; ...)")
+        else:
+            self.runtime.stop(f"{self.name} #{self.seq} on {self.group.where()} was refused with "
+                              f"COLLECTIVES_CHECK=0, so the other ranks were not told: {error}")
+        raise error
+
+    def check_options(self, timeout: object, call_name: object, algorithm: object) -> None:
+        """The options every collective takes, when given: ``timeout=``, ``name=``, ``algorithm=``
+        (one of the collective's algorithms in ``ring.cost.ALGORITHMS``, or "hierarchical" for an
+        all-reduce on a group that spans hosts)."""
+        try:
+            validate.timeout(self.name, timeout)
+            validate.call_name(self.name, call_name)
+            if algorithm is not None:
+                of = "allreduce" if self.name == "allreduce_many" else self.name
+                known = cost.ALGORITHMS.get(of, ()) + (("hierarchical",) if of == "allreduce" else ())
+                if algorithm not in known:
+                    validate.fail(self.name, "algorithm", f"expected None (the runtime's choice) or one of "
+                                                          f"{', '.join(map(repr, known))}, got {algorithm!r}"
+                                  if known else f"{self.name} has no algorithm to choose, got {algorithm!r}")
+        except CollectiveUsageError as error:
+            self.reject(error)
+
+
+def issue(g, name: str, body: Callable, args: tuple, async_op: object = False, timeout: object = None,
+          call_name: object = None, algorithm: object = None) -> Any:
+    """Run ``body(call, *args)``, collective ``name`` on group ``g``, through this rank's progress
+    engine (``collectives.calls.progress``) in issue order: at once, or with ``async_op=True`` in the
+    background behind a ``Work`` handle. One call at a time per process, IEEE floating point,
+    and every way out of it accounted for (see :func:`_frame`)."""
+    runtime = g.runtime
+    if g.destroyed:
+        raise CollectiveUsageError(f"{name}: group: {g.label} was destroyed (Group.destroy())")
+    if runtime.threads_checked:
+        _check_thread(name, runtime.threads_checked)
+    issuer = "" if get_ident() == _MAIN_THREAD else threading.current_thread().name
+    if async_op is False:
+        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)[0]
+    if async_op is not True:
+        body = refusal(CollectiveUsageError(f"{name}: async_op: expected True or False, got {async_op!r}"))
+        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)[0]
+    job = functools.partial(_frame, g, name, body, args, timeout, call_name, algorithm, issuer, True)
+    return runtime.engine.submit(Work(name, job, runtime.engine), inline=_on_gpu(args))
+
+
+def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name: object, algorithm: object,
+           issuer: str, detached: bool = False) -> tuple[Any, Call]:
+    """Run one call (the engine's turn is held, in whichever thread); return its result and the
+    call itself (its sequence number, the algorithm it ran). ``detached``: an async call, which
+    may run on the engine's thread (then its waits nap: see ``Bound.background``).
+
+    A transport failure becomes a CollectiveError that names the collective, its sequence
+    number, this rank and the ranks at fault; it, and any exception that is not a usage
+    error shared by every rank, stops the runtime on this rank."""
+    runtime = g.runtime
+    if runtime.failure is not None:
+        raise stopped(name, runtime)
+    call = Call(g, name, timeout, call_name, algorithm, issuer, detached and runtime.engine.in_background())
+    quiet = arrays.ieee_floating_point() if name in _REDUCTIONS else None
+    started = perf_counter() if timeline.current is not None else 0.0
+    try:
+        if timeout is not None or call_name is not None or algorithm is not None:
+            call.check_options(timeout, call_name, algorithm)
+        result = body(call, *args)
+    except CollectiveUsageError:
+        if runtime.failure is None:
+            g.completed = call.seq   # raised alike on every rank: still in step
+        raise
+    except TransportError as e:
+        g.transports.abandon()
+        raise _failure(call, e) from e
+    except CollectiveError:
+        raise
+    except BaseException as e:
+        g.transports.abandon()
+        runtime.stop(f"{name} #{call.seq} on {g.where()} was interrupted by {named(e)}")
+        raise
+    else:
+        g.completed = call.seq
+        return result, call
+    finally:
+        if quiet is not None:
+            arrays.restore_floating_point(quiet)
+        if started and timeline.current is not None:
+            _record(call, started)
+
+
+def stopped(name: str, runtime) -> CollectiveError:
+    """The error for call ``name`` once the runtime has stopped on this rank after a failure, or
+    was replaced by a new world's (MembershipChanged)."""
+    if runtime.retired is not None:
+        return MembershipChanged(f"{name}: this group belongs to the world before it changed ({runtime.retired}); "
+                                 "make groups again on the new world (collectives.elastic does it for the world)")
+    return CollectiveError(f"{name}: the runtime stopped after an earlier failure ({runtime.failure}); "
+                           "the ranks are no longer in step, so end the job and restart it")
+
+
+def _record(call: Call, started: float) -> None:
+    g = call.group
+    args = {"seq": call.seq, "bytes": call.nbytes}
+    if call.algorithm:
+        args["algorithm"] = call.algorithm
+    if call.call_name:
+        args["name"] = call.call_name
+    if g.label:
+        args["group"] = g.label
+    timeline.add(timeline.COLLECTIVES, f"{call.name} #{call.seq}", started, perf_counter(), args)
+
+
+def refusal(error: CollectiveUsageError) -> Callable:
+    """A stand-in body for a call that is wrong before it starts (a bad ``async_op``, an adapter's
+    refusal: ``Group.refuse``): it raises
+    ``error`` the way every collective raises a usage error, so every rank hears of it."""
+    def refuse(call: Call, *args) -> NoReturn:
+        call.reject(error)
+    return refuse
+
+
+def _on_gpu(args: tuple) -> bool:
+    """Whether a call's array (first argument, or the first of a list) is a GPU (cupy) array."""
+    first = args[0] if args else None
+    if isinstance(first, (list, tuple)):
+        first = first[0] if first else None
+    return first is not None and not isinstance(first, np.ndarray) and arrays.is_array(first)
+
+
+def _check_thread(name: str, level: str) -> None:
+    """MPI was started with thread ``level`` below MPI_THREAD_SERIALIZED: only its main thread may call."""
+    if threading.current_thread() is not threading.main_thread():
+        raise CollectiveUsageError(
+            f"{name}: called from thread {threading.current_thread().name!r}, but MPI was started with "
+            f"{level}, so only the main thread may call it (let mpi4py start MPI with its default thread "
+            "level, 'multiple')")
+
+
+def named(error: BaseException) -> str:
+    """An exception as a failure names it: its type, and its text if any."""
+    text = str(error)
+    return type(error).__name__ + (f": {text}" if text else "")
+
+
+def _failure(call: Call, error: TransportError) -> CollectiveError:
+    g = call.group
+    where = f"{call.name} #{call.seq} on {g.where()}"
+    runtime = g.runtime
+    if runtime.failure is not None:   # stopped from outside the call (runtime.stop: a wait ran out, Ctrl-C)
+        return CollectiveError(f"{where} was stopped: {runtime.failure}")
+    detail = f"{error}; {_census(g, call.seq)}" if isinstance(error, TransportTimeout) else str(error)
+    return CollectiveError(runtime.stop(f"{where}: {detail}", error, by_peer=True))
+
+
+def _census(g, seq: int) -> str:
+    """After a timeout in call ``seq``: which call of this group every other member is in, as far as
+    they answer (see ``Control.roll_call``): ranks are world ranks, call numbers count this group's calls."""
+    control = g.transport.control
+    heard = control.roll_call(seq)
+    unreachable = [r for r in control.unreachable() if r not in heard]
+    here = [r for r, s in sorted(heard.items()) if s == seq]
+    elsewhere = [f"{r} (#{s})" for r, s in sorted(heard.items()) if s != seq]
+    me = g.ranks[g.rank()]
+    silent = [r for r in g.ranks if r != me and r not in heard and r not in unreachable]
+    parts = []
+    if unreachable:
+        parts.append(f"rank(s) unreachable (their host did not acknowledge a message for {ROLL_CALL_GRACE:g} s: "
+                     f"its link or the host is down): {', '.join(map(str, unreachable))}")
+    if silent:
+        on = "" if g.is_world else " on this group"
+        parts.append(f"rank(s) in no collective call{on} (busy elsewhere, or gone): {', '.join(map(str, silent))}")
+    if elsewhere:
+        parts.append(f"rank(s) in another call: {', '.join(elsewhere)}")
+    if here:
+        parts.append(f"rank(s) waiting in this call too: {', '.join(map(str, here))}")
+    return "; ".join(parts) or "every rank is in this call (the slowest came too late)"

@@ -1,0 +1,5 @@
+"""The collectives' bodies, run inside a call's frame: the data collectives (``dispatch``) and the
+personalized ones, each rank's block to one rank (``personalized``).
+
+May import: ``collectives.calls``, ``collectives.errors`` and ``ring``.
+"""

@@ -1,0 +1,140 @@
+"""Leaving: what a process does when it ends, so that no rank waits for it in vain.
+
+When a process that used the runtime ends (its program returns, calls ``sys.exit``, raises, is
+interrupted by Ctrl-C, or calls ``MPI.Finalize()``), it tells every other rank how many collectives
+it completed (on each of its groups) and why it left, so that a rank waiting for it in a later
+call raises CollectiveError within a second instead of waiting for the timeout. Then every
+rank waits for the others in a barrier it polls, so that MPI_Finalize never waits for a rank
+that died; the timeline, if recorded, is written between the two (``collectives.calls.timeline``).
+``collectives.process.world`` calls :func:`leave` from the hooks that its first use installs
+(``collectives.process.hooks``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+from collectives.process import hooks
+from collectives.calls import timeline as timelines
+from collectives.groups.group import Group
+from ring.transport.mpi import notices
+
+_LEAVE_TOGETHER_SECONDS = 1.5   # how long a process that skips MPI_Finalize waits for the others' farewells
+
+
+def leave(w: Group, finishing: bool = True) -> None:
+    """Say farewell to every other rank and release the transports of the world ``w`` and its
+    groups; once (a later call does nothing), at exit or at ``MPI.Finalize()``, whichever comes first.
+
+    ``finishing``: MPI_Finalize follows, which waits for every rank, for ever if one died (MPICH
+    under ``-disable-auto-cleanup``). So first every rank waits for the others at exit in a
+    barrier it polls (``exit_barrier``); if a rank is known dead, or said it will not finalize,
+    this process prints one line and ends at once with status 1, without MPI_Finalize and
+    without the exit handlers registered before the program first used ``collectives``."""
+    runtime = w.runtime
+    if runtime.closed:
+        return
+    ending = hooks.why_leaving()
+    runtime.engine.close(f"rank {w.rank()} is ending ({ending})" if ending else "")
+    failure = runtime.leave()   # (what failed before leaving, if anything)
+    root = failure.root_cause if failure is not None else None
+    why = root or ending or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
+    gone = w.transport.exits.gone_at_exit()
+    if gone:   # said before the farewell: the launcher may end this process once the others have left
+        _say_no_finalize(w, gone)
+    try:
+        for g in reversed(runtime.groups):   # each group's members count their calls on it; the world's
+            # last: a rank that will not finalize ends once it has every world farewell, so none may follow
+            g.transport.exits.farewell(g.completed, why, failed=failure is not None and failure.by_peer,
+                                       root=root is not None, finalizing=not gone,
+                                       dead=failure.dead_rank if failure is not None else None)
+        if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
+            _write_timeline(w, healthy=not why)
+        late: list[int] = []
+        if finishing and not gone and not runtime.outlived:
+            patience = runtime.settings.timeout if failure is not None else math.inf
+            gone, late = w.transport.exits.exit_barrier(time.monotonic() + patience)
+            if gone or late:
+                _say_no_finalize(w, gone, late, patience)
+            if late:   # (the farewell said this rank would finalize: a rank that comes later must not wait for it)
+                w.transport.exits.farewell(w.completed, why, failed=failure.by_peer, root=root is not None,
+                                           finalizing=False)
+        if gone or late:
+            _end_without_finalize(w)
+        elif finishing and runtime.outlived:   # MPI's world holds processes that died (see Runtime.outlived):
+            _end_without_finalize(w, status=1 if why else 0)   # no MPI_Finalize, so no exit barrier before it
+    finally:
+        for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
+            g.transports.close(failure is not None)
+        notices.ignore_failure_notices()
+
+
+
+
+def end_unset(rank: int) -> None:
+    """At exit of a process whose runtime was never set up, after the launcher's failure notice
+    (a process of the job died before the setup): MPI_Finalize would wait for it for ever, so
+    end now, with status 1."""
+    print(f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize: a process of this job died "
+          "before the runtime was set up, and MPI_Finalize would wait for it for ever", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
+def _say_no_finalize(w: Group, gone: list[int], late: list[int] = (), patience: float = 0.0) -> None:
+    dead = [r for r in w.transport.control.known_dead() if r in gone]
+    leaving = [r for r in gone if r not in dead]
+    whom = " and ".join(([f"{', '.join(map(str, dead))} (gone)"] if dead else []) +
+                        ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []) +
+                        ([f"{', '.join(map(str, late))} (not at exit {patience:g} s after this rank's failure, "
+                          "the timeout: still in its own code?)"] if late else []))
+    print(f"[rank {w.rank()}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever "
+          f"for rank(s) {whom}", file=sys.stderr, flush=True)
+
+
+def _end_without_finalize(w: Group, status: int = 1) -> None:
+    """A rank died (or will not finalize): MPI_Finalize would wait for it for ever, so end now, once
+    the other ranks have said farewell too (at most _LEAVE_TOGETHER_SECONDS): MPICH's launcher kills
+    every process as soon as one ends after a death, which would cut the others' reports short."""
+    w.transport.exits.await_farewells(_LEAVE_TOGETHER_SECONDS)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
+def _write_timeline(w: Group, healthy: bool) -> None:
+    """At exit, after the farewells: rank 0 writes every rank's events, handed to it by each rank
+    that left normally; a rank that cannot meet rank 0 (after a failure on either, or on its way
+    out after an uncaught exception) writes its own (see ``collectives.calls.timeline``). Bounded by
+    the timeout; the ranks still in a call have heard each farewell first, so this is no call."""
+    recorder = timelines.current
+    if recorder is None:
+        return
+    exits, path = w.transport.exits, w.runtime.settings.timeline
+    deadline = time.monotonic() + w.runtime.settings.timeout
+    mine = json.dumps(recorder.trace_events()).encode()
+    try:
+        if healthy and w.rank() == 0:
+            found = exits.collect_at_exit(deadline)
+            events = [e for data in [mine, *found[1:]] if data for e in json.loads(data)]
+            timelines.write(path, events)
+            missing = [r for r in range(1, w.size()) if found[r] is None]
+            if missing:
+                print(f"[rank 0] collectives: {path} lacks rank(s) {', '.join(map(str, missing))}, which left after "
+                      "a failure or did not come (each wrote its own file)", file=sys.stderr, flush=True)
+            return
+        if healthy and exits.deliver_at_exit(mine, deadline):
+            return
+    except Exception as e:   # noqa: BLE001 (at exit: an MPI error, or the file; say so, write our own)
+        print(f"[rank {w.rank()}] collectives: the timeline could not be gathered ({e}); writing this rank's own",
+              file=sys.stderr, flush=True)
+    try:
+        timelines.write(timelines.own_file(path, w.rank()), recorder.trace_events())
+    except OSError as e:
+        print(f"[rank {w.rank()}] collectives: the timeline was not written: {e}", file=sys.stderr, flush=True)

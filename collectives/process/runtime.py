@@ -1,0 +1,174 @@
+"""What one process's groups share: the settings in force, the progress engine that runs their
+calls one at a time, the choice of algorithm, and whether the runtime has stopped here.
+
+Below the groups (``collectives.groups.group``), which hold a Runtime; it knows them only as a list.
+The runtime is the one owner of the failure state: :meth:`Runtime.stop` is the only way to set
+it (the first failure wins) and every module reads it (``runtime.failure``). Nothing clears it:
+the ranks are out of step. A recovery among the survivors (``collectives.process.world.rebuild``)
+replaces the whole runtime instead, and retires this one (:meth:`Runtime.retire`).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from collectives.calls import progress
+from collectives.process.config import Settings
+from ring import cost
+from ring.partition import chunk_bounds
+
+#: Whether a call on a group whose ranks span hosts takes two levels, by the algorithm it would
+#: otherwise take (see Runtime.algorithm_for).
+_TWO_LEVEL_REPLACES = ("halving", "ring")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the runtime stopped on this rank (see :meth:`Runtime.stop`).
+
+    ``text``: the failure as every later call names it; ``by_peer``: another rank caused it (a
+    timeout, a peer gone); ``root_cause``: where a rank died, how every rank should hear of it
+    (see ``ring.transport.base.PeerLost``), and ``dead_rank``, which (world rank).
+    """
+    text: str
+    by_peer: bool = False
+    root_cause: str | None = None
+    dead_rank: int | None = None
+
+
+class Runtime:
+    """The settings in force (``settings``), the engine, the groups this rank belongs to (the world
+    first), and the failure state, which it alone writes (:meth:`stop`)."""
+
+    def __init__(self, settings: Settings, threads_checked: str = "", threaded: bool = False,
+                 outlived: bool = False):
+        self.apply(settings)
+        self.groups: list = []             # the groups this rank belongs to, the world first
+        self.world = None                  # the world group, once made
+        self.failure: str | None = None       # why a failure left this rank out of step (read-only: see stop)
+        self.stopped_by: Failure | None = None   # ... and the whole record, for the farewell that passes it on
+        #: Set with the failure: every wait in flight ends at its next look (it is each call's
+        #: ``Bound.stop``: see ``ring.transport.base``).
+        self.stopped = threading.Event()
+        self._stopping = threading.Lock()
+        self.engine = progress.Engine(self, threaded)   # runs the calls one at a time, in issue order
+        self.threads_checked = threads_checked   # MPI's thread level, where only its main thread may call ("": any)
+        self.closed = False                # the process has left (see leave)
+        self.retired: str | None = None    # why a new world replaced this runtime's (see retire)
+        #: This world is not MPI's whole world (ranks died, or it joined processes spawned later):
+        #: MPI_Finalize would wait for ever for the dead, so the process ends without it.
+        self.outlived = outlived
+
+    def apply(self, settings: Settings) -> None:
+        """Put ``settings`` in force (every rank together: see ``init``), and choose again."""
+        self.settings = settings
+        self._choices: dict = {}   # (collective, ranks, bytes, host, two levels) -> algorithm
+        #: The algorithm remembered for ``algorithm_for``'s arguments as a tuple, or None: the
+        #: lookup alone, which a small call makes before paying for a call of algorithm_for.
+        self.chosen = self._choices.get
+
+    def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True, two_level: bool = False) -> str:
+        """The algorithm that runs ``op`` on ``n`` ranks and ``nbytes`` when the call forces none:
+        the setting (COLLECTIVES_ALGORITHM) where ``op`` has it, else the cost model's choice, and
+        "hierarchical" for an all-reduce on a group whose ``two_level`` layout allows it (unless
+        recursive doubling is chosen). Recursive doubling is for host arrays up to ``small_bytes``;
+        GPU arrays take the ring. The same on every rank for the same call (remembered: choosing
+        costs more than a small call)."""
+        key = (op, n, nbytes, host, two_level)
+        found = self._choices.get(key)
+        if found is None:
+            if len(self._choices) >= 4096:
+                self._choices.clear()
+            s = self.settings
+            if not host:
+                found = "ring"
+            elif s.algorithm in cost.candidates(op, nbytes, s.small_bytes):
+                found = s.algorithm
+            elif s.algorithm in cost.ALGORITHMS["allreduce"]:   # forced, but not for this call
+                found = "ring"
+            else:
+                found = cost.choose(op, n, nbytes, segment_bytes=s.segment(), check=s.check,
+                                    doubling_bytes=s.small_bytes)
+            if two_level and op == "allreduce" and found in _TWO_LEVEL_REPLACES:
+                found = "hierarchical"
+            self._choices[key] = found
+        return found
+
+    def stop(self, failure: str, error: BaseException | None = None, by_peer: bool = False) -> str:
+        """Stop the runtime on this rank: it is out of step with some peers because of ``failure``
+        (``by_peer``: another rank caused it; an ``error`` that says a rank died gives the root
+        cause and that rank, passed on at exit). The first failure stands: a later one (the same
+        failure seen again on its way out) changes nothing. Every wait in flight ends at its next
+        look, every later call raises. Returns the failure in force.
+
+        >>> from collectives.process.config import defaults
+        >>> r = Runtime(defaults())
+        >>> r.stop("allreduce #3 on rank 1: timed out"), r.stop("later"), r.stopped.is_set()
+        ('allreduce #3 on rank 1: timed out', 'allreduce #3 on rank 1: timed out', True)
+        """
+        with self._stopping:   # (the engine's thread and a program thread may fail at once)
+            if self.stopped_by is None:
+                self.stopped_by = Failure(failure, by_peer, getattr(error, "root", None), getattr(error, "dead", None))
+                self.failure = failure   # (a plain attribute, read by every call: tests/test_layout.py checks
+                self.stopped.set()       # that no other module writes it)
+            return self.failure
+
+    def leave(self) -> Failure | None:
+        """The process leaves the runtime (``collectives.process.leaving``): every later call is refused,
+        as after a failure; returns the failure that came before, if any, to pass on."""
+        before = self.stopped_by
+        self.closed = True
+        self.stop("this process has left the runtime (at exit or MPI.Finalize())")
+        return before
+
+    def retire(self, change: str) -> None:
+        """A new world replaced this runtime's (``collectives.process.world.rebuild``): ``change`` says how.
+        Its groups and calls still in flight raise MembershipChanged from now on (its engine was
+        closed before the change began)."""
+        self.stop(change, by_peer=True)
+        self.retired = change
+
+    def segment_elems(self, dtype: np.dtype, transport=None) -> int:
+        """The ring's segment in elements of ``dtype`` on ``transport``: the setting, else (0, the
+        default) 4 MiB, or 1 MiB on a transport whose ranks span hosts."""
+        return max(1, self.settings.segment(getattr(transport, "spans_hosts", False)) // dtype.itemsize)
+
+    def two_level_hosts(self, transport, ranks: tuple[int, ...], world: bool) -> list | None:
+        """The host of each rank of a group over ``transport`` (world ``ranks``) where its all-reduce
+        takes two levels (the setting allows it, and so does the layout), else None."""
+        if self.settings.algorithm not in ("auto", "hierarchical"):
+            return None
+        hosts = hosts_of(ranks, transport.hosts, self.settings.hosts, len(ranks) if world else self.world.size())
+        return None if two_level_layout(hosts) else hosts
+
+
+def hosts_of(ranks: tuple[int, ...], real_hosts: list[str], declared: int, world_size: int) -> list:
+    """The host of each of ``ranks`` (world ranks): their real hosts, or with ``declared`` hosts
+    (COLLECTIVES_HOSTS), the block of consecutive world ranks each falls in.
+
+    >>> hosts_of((0, 1, 2, 3, 4), ["a"] * 5, 2, 5)
+    [0, 0, 0, 1, 1]
+    """
+    if not declared:
+        return list(real_hosts)
+    block = [h for h, (start, stop) in enumerate(chunk_bounds(world_size, declared)) for _ in range(start, stop)]
+    return [block[r] for r in ranks]
+
+
+def two_level_layout(hosts: list) -> str:
+    """Why the hierarchical all-reduce cannot run over ranks on ``hosts`` ("" if it can): it needs
+    more than one host and the same number of ranks, more than one, on each.
+
+    >>> two_level_layout([0, 0, 1, 1]), two_level_layout([0, 0, 0, 1, 1])
+    ('', 'the hosts have different numbers of ranks (3, 2)')
+    """
+    counts = {h: hosts.count(h) for h in dict.fromkeys(hosts)}
+    if len(counts) < 2:
+        return "all ranks are on one host"
+    if len(set(counts.values())) > 1:
+        return f"the hosts have different numbers of ranks ({', '.join(map(str, counts.values()))})"
+    if max(counts.values()) < 2:
+        return "each host has one rank"
+    return ""

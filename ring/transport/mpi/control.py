@@ -1,0 +1,296 @@
+"""The control plane of an MPI transport: how a rank learns that others have left or died, and
+how it tells them (``ring.transport.mpi.transport.MPITransport`` holds one; the data plane never reads
+its state, it asks: ``check_peers``, ``guard``).
+
+Every rank that leaves (its program ended, raised, or was interrupted) tells every other rank
+how many collectives it completed and why it left (``farewell``). A waiting rank looks at the
+channel every CHECK_INTERVAL seconds (``check_peers``) and also finds peers that died without
+a farewell: on this host, by their process having ended; on another, by their connection in
+``ring.transport.mpi.liveness`` closing without a goodbye or going silent. The same channel answers
+the roll call that names, after a timeout, which ranks are in which call, and carries what
+ranks hand rank 0 at exit (the timeline's events).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ring.transport.mpi import liveness as liveness_watch
+from ring.transport.base import ROLL_CALL_GRACE, PeerLost
+from ring.transport.mpi.notices import failure_notices
+from ring.transport.polling import process_state
+
+_CONTROL_TAG = 8
+EXIT_TAG = 9    # what a rank hands rank 0 at exit, after the farewells (the timeline's events)
+_testall = MPI.Request.Testall
+
+# Control messages: kind, a flag, then a number, then text. LEFT: "I left after completing <number>
+# collectives, because <text>" (flag: after a failure of the runtime, so probably not the cause);
+# ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>"; AT_EXIT: "I have said every
+# farewell and wait for the others before MPI_Finalize" (the exit barrier, ``ring.transport.mpi.exits``).
+_CONTROL_BYTES = 512
+LEFT, _ASK, _HERE, AT_EXIT = 1, 2, 3, 4
+FAILED, ROOT, NOT_FINALIZING = 1, 2, 4   # a farewell's flags
+_AFTER_NOTICE_SECONDS, _AFTER_NOTICE_LOOKS = 1.0, 0.02   # see look_again_in
+_FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
+_DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer that died
+COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-point call)
+
+
+class Control:
+    """What one transport's ranks know of each other beside the data: who left (their farewells,
+    ``departed``), who died (``dead``), which call each is in (the roll call), over control
+    messages on ``comm``. ``names``: how messages name each rank (world ranks); ``hosts`` and
+    ``pids``: where each runs; ``liveness``: the watch over the ranks on other hosts;
+    ``watch``: the control plane of another transport over the same ranks or more, which hears
+    of departures for this one (the two levels of a hierarchical all-reduce).
+
+    Every method that reads the channel takes ``seq``, the collective the caller is in (None:
+    none), which is how it answers a roll call and judges a peer that left.
+    """
+
+    def __init__(self, comm: MPI.Comm, names: Sequence[int], hosts: Sequence[str], pids: Sequence[int],
+                 liveness: liveness_watch.Liveness | None = None, watch: "Control | None" = None):
+        self.comm, self.names, self.hosts, self.pids = comm, names, hosts, pids
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.liveness, self.watch = liveness, watch
+        self.checked_notices = failure_notices()   # the launcher's notices counted at the last check_peers
+        self.noticed_at = -float("inf")            # when check_peers last found a new one
+        here = hosts[self.rank]
+        self.local_pids = {r: pids[r] for r in range(self.size) if hosts[r] == here and r != self.rank}
+        self.remote = frozenset(r for r in range(self.size) if hosts[r] != here)   # ranks on other hosts
+        self.departed: dict[int, tuple[bool, int, str]] = {}   # rank -> (after a failure?, completed, why)
+        self.roots: set[int] = set()        # ranks whose farewell passes on a root cause (see PeerLost)
+        self.dead: set[int] = set()         # ranks known dead: never sent anything again
+        self.dead_names: dict[int, int] = {}   # rank -> the rank its farewell said died (as names gives it)
+        self.unfinalized: set[int] = set()  # ranks whose farewell said they will not call MPI_Finalize
+        self.at_exit: set[int] = set()      # ranks waiting in the exit barrier (see exits.exit_barrier)
+        # Control messages are probed for at each check (twice a second, in long waits only), never
+        # awaited by a receive from any source kept posted, which MPICH would match against every
+        # message of every call: nothing on the hot path.
+        self._control_in = np.zeros(_CONTROL_BYTES, np.uint8)
+        self._control_status = MPI.Status()
+        self.outbox: list = []   # control messages sent and not yet known complete, with their buffers
+        self._heard: dict[int, int] = {}   # roll call: rank -> the call it said it is in
+        self._asked: tuple[int, float] | None = None   # roll call: (the call, when) of the last question
+        # A point-to-point wait in the program's thread may poll beside a collective in the
+        # engine's: one of them at a time reads the control channel (a probe and its receive).
+        self._control_lock = threading.Lock()
+
+    def ask(self, seq: int) -> None:
+        """Ask every rank which call it is in, for a roll call in call ``seq`` (see roll_call)."""
+        self._heard, self._asked = {}, (seq, time.monotonic())
+        if self.liveness is not None:
+            self.liveness.ping()
+        for peer in range(self.size):
+            if peer != self.rank:
+                self.send(peer, _ASK, seq)
+
+    def roll_call(self, seq: int, grace: float = ROLL_CALL_GRACE) -> dict[int, int]:
+        """After a timeout in call ``seq``: which call every rank is in, ``{rank: call}`` for the
+        ranks that answered within ``grace`` seconds of being asked (a rank answers while it waits
+        inside a collective on this transport), ranks as ``names`` gives them. A wait of call ``seq``
+        that nears its deadline asks ahead (see ``MPITransport._wait_all``), so that the answers are
+        in by the time the call times out; otherwise the question goes out now.
+
+        For example, with timeout=3: a wait asks at 2.0 s; the rank that computes elsewhere never
+        answers; at 3.0 s the call times out and the roll call returns at once (2.0 + 1.0 s)."""
+        if self._asked is None or self._asked[0] != seq:
+            self.ask(seq)
+        give_up, self._asked = self._asked[1] + grace, None
+        while True:   # (reads at least once: answers to a question asked ahead may be in, unread)
+            self.read(seq)
+            if time.monotonic() >= give_up or len(self._heard) + len(self.departed) >= self.size - 1:
+                break
+            time.sleep(5e-3)
+        return {self.names[r]: seq for r, seq in self._heard.items()}
+
+    def unreachable(self) -> list[int]:
+        """After a roll call: the ranks (as ``names`` gives them) whose host did not acknowledge
+        its ping (see ``ring.transport.mpi.liveness``); from then on they count as dead."""
+        if self.liveness is None:
+            return []
+        self.liveness.silent()   # (counts those it finds in ``ended``)
+        found = [peer for peer in range(self.size)
+                 if self.liveness.ended.get(self.names[peer]) == liveness_watch.UNREACHABLE]
+        self.dead.update(found)
+        return [self.names[p] for p in found]
+
+    def send(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0,
+             dead: int | None = None) -> None:
+        """Send control message ``kind`` to ``peer``, unless it is dead or will take no more."""
+        if peer in self.dead or (peer in self.remote and self.liveness is not None
+                                 and self.liveness.gone(self.names[peer])):
+            return   # (over UCX, a message to a dead process crashes the sender: see Liveness.gone)
+        if kind != LEFT and peer in self.unfinalized:
+            return   # (it ends as soon as it has every farewell: nothing may follow ours)
+        message = np.zeros(_CONTROL_BYTES, np.uint8)
+        message[0] = kind
+        message[1] = flag
+        message[4:8] = np.frombuffer(np.int32(-1 if dead is None else dead).tobytes(), np.uint8)
+        message[8:16] = np.frombuffer(np.int64(number).tobytes(), np.uint8)
+        encoded = text.encode(errors="replace")[:_CONTROL_BYTES - 16]
+        message[16:16 + len(encoded)] = np.frombuffer(encoded, np.uint8)
+        try:
+            self.outbox.append((self.comm.Isend(message, peer, _CONTROL_TAG), message))
+        except MPI.Exception:
+            pass   # a peer we cannot reach cannot be told either
+        self.outbox = [(r, m) for r, m in self.outbox if not r.Test()]
+
+    def read(self, seq: int | None = None) -> None:
+        """Take every control message that has arrived: note farewells, and answer roll calls with
+        ``seq``, the collective this rank is in (None: in none, so it does not answer)."""
+        if not self._control_lock.acquire(blocking=False):
+            return   # another thread is reading them right now
+        try:
+            self._read_locked(seq)
+        finally:
+            self._control_lock.release()
+
+    def _read_locked(self, seq: int | None) -> None:
+        while self.comm.Iprobe(MPI.ANY_SOURCE, _CONTROL_TAG, self._control_status):
+            peer = self._control_status.Get_source()
+            self.comm.Recv(self._control_in, peer, _CONTROL_TAG)   # arrived already: returns at once
+            kind, flag = int(self._control_in[0]), int(self._control_in[1])
+            number = int(np.frombuffer(self._control_in[8:16].tobytes(), np.int64)[0])
+            text = self._control_in[16:].tobytes().rstrip(b"\0").decode(errors="replace")
+            if kind == LEFT:
+                self.departed[peer] = (bool(flag & FAILED), number, text)
+                if flag & ROOT:
+                    self.roots.add(peer)
+                dead = int(np.frombuffer(self._control_in[4:8].tobytes(), np.int32)[0])
+                if dead >= 0:
+                    self.dead_names[peer] = dead
+                    self.note_dead(dead)
+                if flag & NOT_FINALIZING:
+                    self.unfinalized.add(peer)
+            elif kind == _ASK and seq is not None:
+                self.send(peer, _HERE, seq)
+            elif kind == _HERE:
+                self._heard[peer] = number
+            elif kind == AT_EXIT:
+                self.at_exit.add(peer)
+
+    def check_peers(self, seq: int | None, expecting: Any = COLLECTIVE) -> None:
+        """Raise PeerLost if a rank that collective ``seq`` needs is gone: it left before completing
+        that call, or its process on this host ended without a word (and likewise for ``watch``).
+        During a point-to-point wait (``seq`` None, ``expecting`` a set of ranks, or None for any
+        rank), a departure of a rank it expects ends it, whatever that rank had completed."""
+        if failure_notices() != self.checked_notices:
+            self.noticed_at, self.checked_notices = time.monotonic(), failure_notices()
+        if self.watch is not None:
+            self.watch.check_peers(seq, COLLECTIVE)
+        self.read(seq)
+        gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
+                if (seq is not None and completed < seq if expecting is COLLECTIVE
+                    else expecting is None or peer in expecting)]
+        if gone:
+            _, completed, peer, why = min(gone)
+            name = self.names[peer]
+            if peer in self.roots:   # it failed because a rank died: name that one, as it was seen
+                raise PeerLost(name, why, root=why)
+            raise PeerLost(name, f"rank {name} left: {why} (after {completed} collective(s))" if why else
+                           f"rank {name} ended its program after {completed} collective(s)")
+        dead = self.dead_peers()
+        if dead:
+            time.sleep(_FAREWELL_GRACE)   # a rank that just left after seeing a death may have said so
+            self.read(seq)
+            for peer in dead:
+                if peer in self.roots:
+                    why = self.departed[peer][2]
+                    raise PeerLost(self.names[peer], why, root=why, dead=self.dead_names.get(peer))
+            dead = [p for p in dead if p not in self.departed]
+            if dead:
+                self.dead.update(dead)
+                message = self.death_text(dead)
+                raise PeerLost(self.names[dead[0]], message, root=f"{message} (seen by rank {self.names[self.rank]})",
+                               dead=self.names[dead[0]])
+
+    def look_again_in(self) -> float:
+        """Seconds until a wait should look at the peers again (at most; its own interval otherwise):
+        soon, for a moment after a notice. The launcher's notice comes when the dead process has
+        closed its connection to it, a few milliseconds before the process has ended where
+        ``dead_peers`` sees it: the look at the notice finds nobody dead yet (measured: every
+        time, then 0.5 s until the next look)."""
+        return _AFTER_NOTICE_LOOKS if time.monotonic() - self.noticed_at < _AFTER_NOTICE_SECONDS else float("inf")
+
+    def guard(self, peer: int, seq: int | None) -> None:
+        """Before a message to ``peer``, a rank on another host (see ``MPITransport.sending_to``):
+        raise PeerLost if its process has ended or is ending, naming it as every rank should
+        hear it (or the root cause, when a farewell gave one)."""
+        if self.liveness is not None and self.liveness.gone(self.names[peer]):
+            self.dead.add(peer)
+            self.check_peers(seq)
+            name = self.names[peer]
+            if peer in self.departed:   # it said farewell, and its process has ended since
+                why = self.departed[peer][2] or "its program ended"
+                raise PeerLost(name, f"rank {name} has left the runtime ({why}) and its process has ended: it "
+                                     "can be sent nothing more")
+            raise PeerLost(name, self.death_text([peer]))
+
+    def death_text(self, dead: Sequence[int]) -> str:
+        """What every rank should hear of the deaths of ``dead``, seen by this rank.
+
+        >>> t = Control.__new__(Control)
+        >>> t.names, t.pids, t.hosts = [0, 1, 2, 3], [10, 11, 12, 13], ["a", "a", "b", "b"]
+        >>> t.liveness = None
+        >>> t.death_text([3])
+        "rank 3 is gone: its process (pid 13 on host b) ended without leaving the runtime (killed, or crashed outside Python's control)"
+        >>> t.death_text([2, 3])
+        "ranks 2, 3 are gone: their processes (pid 12 on host b, pid 13 on host b) ended without leaving the runtime (killed, or crashed outside Python's control)"
+        """
+        ended = self.liveness.ended if self.liveness is not None else {}
+        silent = [p for p in dead if ended.get(self.names[p]) == liveness_watch.UNREACHABLE]
+        gone = [p for p in dead if p not in silent]
+        parts = []
+        if gone:
+            names = ", ".join(str(self.names[p]) for p in gone)
+            pids = ", ".join(f"pid {self.pids[p]} on host {self.hosts[p]}" for p in gone)
+            parts.append((f"rank {names} is gone: its process ({pids})" if len(gone) == 1 else
+                          f"ranks {names} are gone: their processes ({pids})") +
+                         " ended without leaving the runtime (killed, or crashed outside Python's control)")
+        if silent:
+            names = ", ".join(str(self.names[p]) for p in silent)
+            hosts = ", ".join(dict.fromkeys(self.hosts[p] for p in silent))
+            parts.append(f"rank{'s' if len(silent) > 1 else ''} {names} {'are' if len(silent) > 1 else 'is'} "
+                         f"unreachable: host {hosts} does not answer (its link or the host is down)")
+        return "; ".join(parts)
+
+    def note_dead(self, name: int | None) -> None:
+        """Remember that the rank ``names`` calls ``name`` died (if it is one of this transport's)."""
+        if name is not None and name in self.names:
+            self.dead.add(self.names.index(name))
+
+    def dead_peers(self) -> list[int]:
+        """The ranks that ended without a farewell: on this host, their process has ended (killed);
+        on another, their connection closed without a goodbye, or their host went silent."""
+        ended = self.liveness.check() if self.liveness is not None else {}
+        return [peer for peer in range(self.size) if peer != self.rank and peer not in self.departed and
+                (process_state(self.local_pids[peer]) is not None if peer in self.local_pids
+                 else self.names[peer] in ended)]
+
+    def known_dead(self) -> list[int]:
+        """The ranks known dead (ended without a farewell, here or as a farewell said), as ``names`` gives them."""
+        return sorted(self.names[p] for p in set(self.dead_peers()) | self.dead)
+
+    def check_dead(self, peers: Sequence[int], seq: int | None) -> None:
+        """After MPI reported an error in call ``seq``: raise PeerLost if one of ``peers`` (-1: any)
+        is gone. A peer killed a moment ago may have closed its connections before its process
+        ended: look again for up to _DEATH_GRACE seconds before leaving the error to MPI's words."""
+        expecting = {p for p in peers if p >= 0} if all(p >= 0 for p in peers) else None
+        give_up = time.monotonic() + _DEATH_GRACE
+        while True:
+            try:
+                self.check_peers(seq, expecting)
+            except MPI.Exception:
+                pass
+            if time.monotonic() >= give_up:
+                return
+            time.sleep(0.02)
+
+    def notices(self) -> int:
+        return failure_notices()

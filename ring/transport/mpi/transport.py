@@ -1,0 +1,290 @@
+"""Point-to-point over MPI (mpi4py), on host memory, raw bytes, no pickling.
+
+Never blocks inside MPI: every wait polls its requests (as MPI's own Wait does)
+until they complete, its call's bound passes (TransportTimeout at the deadline, or Stopped:
+the runtime stopped), or a peer is known to be gone (PeerLost). So a rank stuck on
+a peer that never comes always gets control back. How a peer is known to be gone,
+asked of the transport's control plane every CHECK_INTERVAL seconds while a wait
+lasts (``ring.transport.mpi.waiting``, the one poll loop): its farewell arrived, or it died (``ring.transport.mpi.control``; the farewell
+and the exit barrier are ``ring.transport.mpi.exits``). A long wait backs off from
+spinning to yielding to short sleeps (``ring.transport.polling``), so a rank stuck
+for minutes does not burn its core. ``ring.transport.mpi.setup`` makes the first
+transport; ``split`` makes the others.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ring.schedule import left, right
+from ring.transport.mpi import liveness as liveness_watch
+from ring.transport.base import Bound, TransportError
+from ring.transport.mpi.control import Control
+from ring.transport.mpi.exits import Exits
+from ring.transport.mpi.errors import error_text
+from ring.transport.mpi.p2p import PointToPoint
+from ring.transport.polling import SPIN_SECONDS, usable_cores
+from ring.transport.mpi.subsets import Subsets
+from ring.transport.mpi.waiting import wait_for
+
+_TAG = 7
+_QUICK_POLLS = 32          # polls before the first look at the clock (about 5 us)
+#: Open MPI frees a request that fails inside MPI_Testall (a persistent one goes inactive) and keeps its
+#: error only in the status: waits keep statuses there, so that the cause can be named (a message longer
+#: than expected, say). MPICH keeps the error in the request, and polls without them (0.3 us less a poll).
+_KEEP_STATUSES = MPI.Get_library_version().startswith("Open MPI")
+_testall = MPI.Request.Testall
+_startall = MPI.Prequest.Startall
+
+
+class MPITransport(Subsets):
+    """The ring's neighbours on an MPI communicator (use a private duplicate, never the user's):
+    the data plane, with its ``control`` plane (``ring.transport.mpi.control``: departures, deaths,
+    the roll call) and its ``exits`` (the farewell and the exit barrier) beside it.
+
+    Made by ``ring.transport.mpi.setup.connect``, which also learns where every rank runs, or by
+    ``split`` or ``subset`` (``ring.transport.mpi.subsets``) for some of the ranks. ``names``: how
+    messages name each rank of ``comm`` (the world's ranks, for a subset; default: its own
+    ranks). ``watch``: another transport over the same ranks or more, whose control plane tells
+    this one of departures (a transport used only inside the calls of another, such as the two
+    levels of a hierarchical all-reduce). ``liveness``: the watch over the ranks on other hosts
+    (by ``names``), shared by every transport made from the first by ``split``; the first closes it.
+    """
+
+    def __init__(self, comm: MPI.Comm, hosts: Sequence[str], pids: Sequence[int],
+                 names: Sequence[int] | None = None, watch: "MPITransport | None" = None,
+                 liveness: liveness_watch.Liveness | None = None, owns_liveness: bool = False):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.hosts, self.pids = list(hosts), list(pids)
+        self.names = list(names) if names is not None else list(range(self.size))
+        self.liveness, self._owns_liveness = liveness, owns_liveness
+        self.control = Control(comm, self.names, self.hosts, self.pids, liveness,
+                               watch.control if watch is not None else None)
+        self.exits = Exits(self.control)
+        self._right = right(self.rank, self.size)
+        self._left = left(self.rank, self.size)
+        local = [r for r in range(self.size) if hosts[r] == hosts[self.rank]]
+        self.local_rank = local.index(self.rank)   # this rank's place among the ranks on its host
+        self.local_size = len(local)
+        self.spans_hosts = len(local) < self.size   # (the runtime's segments are smaller across hosts)
+        self._remote = self.control.remote   # (the ranks a send is guarded for: see sending_to)
+        # More ranks than cores on this host: the peer we wait for may need our core, so give it
+        # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
+        oversubscribed = self.local_size > usable_cores(self.control.local_pids.values())
+        self.spin_seconds = 0.0 if oversubscribed else SPIN_SECONDS   # (see polling.pause)
+        self._quick_polls = 1 if oversubscribed else _QUICK_POLLS
+        self._persistent: dict = {}
+        self._inflight: list = []      # (request, peer) posted and not yet waited for, with its buffer
+        self._abandoned: list = []     # requests that could not be cancelled, kept with their buffers for good
+        self.p2p = PointToPoint(self)
+
+    def send_to_right(self, buf: Any, bound: Bound) -> tuple[MPI.Request, int]:
+        if self._right in self._remote:
+            self.control.guard(self._right, bound.seq)
+        try:
+            request = self.comm.Isend([buf, MPI.BYTE], self._right, _TAG)
+        except MPI.Exception as e:
+            raise TransportError(f"send to rank {self.names[self._right]} failed: {error_text(e)}") from e
+        return self._posted(request, self._right, buf, receive=False)
+
+    def recv_from_left(self, buf: Any, bound: Bound) -> tuple[MPI.Request, int]:
+        try:
+            request = self.comm.Irecv([buf, MPI.BYTE], self._left, _TAG)
+        except MPI.Exception as e:
+            raise TransportError(f"receive from rank {self.names[self._left]} failed: {error_text(e)}") from e
+        return self._posted(request, self._left, buf, receive=True)
+
+    def sending_to(self, peer: int, seq: int | None) -> None:
+        """Raise PeerLost, before anything is posted in call ``seq``, if ``peer`` is on another host
+        and its process has ended or is ending. Over UCX, MPICH crashes a rank that sends to such a
+        peer once it has seen the peer's connection close (see ``Liveness.gone``). A peer on this
+        host is never sent anything after its death is known, and MPI's shared memory does not
+        crash meanwhile."""
+        if peer in self._remote:
+            self.control.guard(peer, seq)
+
+    def _posted(self, request: MPI.Request, peer: int, buf: Any, receive: bool) -> tuple[MPI.Request, int]:
+        """Remember a posted request until it is waited for (see ``abandon``)."""
+        posted = (request, peer)
+        self._inflight.append((posted, buf, receive))
+        return posted
+
+    def wait(self, request: tuple[MPI.Request, int] | None, bound: Bound) -> None:
+        if request is None:
+            return
+        self._wait_all([request[0]], [request[1]], bound)
+        for i, (posted, _, _) in enumerate(self._inflight):   # at most a few entries
+            if posted is request:
+                del self._inflight[i]
+                break
+
+    def exchange(self, send: Any | None, recv: Any | None, bound: Bound, dest: int | None = None,
+                 source: int | None = None, reuse: Any = None) -> None:
+        source = self._left if source is None else source
+        dest = self._right if dest is None else dest
+        if reuse is not None and send is not None and recv is not None:
+            self._exchange_again(send, recv, dest, source, reuse, bound)
+            return
+        requests, peers = [], []
+        try:
+            if recv is not None:
+                requests.append(self.comm.Irecv([recv, MPI.BYTE], source, _TAG))
+                peers.append(source)
+            if send is not None:
+                if dest in self._remote:
+                    self.control.guard(dest, bound.seq)
+                requests.append(self.comm.Isend([send, MPI.BYTE], dest, _TAG))
+                peers.append(dest)
+            self._wait_all(requests, peers, bound)
+        except MPI.Exception as e:
+            raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
+                                 f"{error_text(e)}") from e
+        except BaseException:
+            self.give_up(requests, (send, recv), requests[:1] if recv is not None else [])
+            raise
+
+    def _exchange_again(self, send: Any, recv: Any, dest: int, source: int, reuse: Any, bound: Bound) -> None:
+        """exchange() over persistent requests, made once per (``reuse``, peers): for the latency path,
+        whose buffers are the same on every call (about 1 us less per exchange here)."""
+        key = (reuse, dest, source)
+        entry = self._persistent.get(key)
+        if entry is None:
+            if len(self._persistent) >= 64:
+                self._free_persistent()
+            try:
+                requests = [self.comm.Recv_init([recv, MPI.BYTE], source, _TAG),
+                            self.comm.Send_init([send, MPI.BYTE], dest, _TAG)]
+            except MPI.Exception as e:
+                raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
+                                     f"{error_text(e)}") from e
+            entry = self._persistent[key] = (requests, (source, dest), send, recv)   # buffers kept alive: ids stay unique
+        requests = entry[0]
+        if dest in self._remote:
+            self.control.guard(dest, bound.seq)
+        try:
+            _startall(requests)
+            self._wait_all(requests, entry[1], bound)
+        except BaseException:
+            # Started and unfinished persistent requests must be cancelled or kept, never freed in
+            # flight; forget this entry so that it is not started again (its buffers stay with it).
+            self._persistent.pop(key, None)
+            self.give_up(requests, entry, requests[:1])
+            raise
+
+    def _free_persistent(self) -> None:
+        for requests, *_ in self._persistent.values():
+            for request in requests:
+                request.Free()
+        self._persistent.clear()
+
+    def allgather_bytes(self, data: bytes, bound: Bound) -> list[bytes]:
+        mine = np.frombuffer(data, np.uint8)
+        every = np.empty((self.size, mine.size), np.uint8)
+        for peer in self._remote:
+            self.control.guard(peer, bound.seq)
+        try:
+            request = self.comm.Iallgather(mine, every)
+        except MPI.Exception as e:
+            raise TransportError(f"metadata exchange failed: {error_text(e)}") from e
+        try:
+            self._wait_all([request], [r for r in range(self.size) if r != self.rank] or [self.rank], bound)
+        except BaseException:
+            self._abandoned.append(([request], (mine, every)))   # a collective cannot be cancelled: kept
+            raise
+        return [row.tobytes() for row in every]
+
+    def abandon(self) -> None:
+        """After a failed or interrupted call: cancel whatever this rank still has posted, so that no
+        late message lands in a buffer the caller owns again. Requests that cannot be cancelled are
+        kept, with their buffers, until the process ends (freeing them in flight corrupts memory)."""
+        self.p2p.abandon()
+        inflight, self._inflight = self._inflight, []
+        if inflight:
+            self.give_up([request for (request, _), _, _ in inflight], [buf for _, buf, _ in inflight],
+                          [request for (request, _), _, receive in inflight if receive])
+
+    def give_up(self, requests: list[MPI.Request], buffers: Any, receives: list[MPI.Request]) -> None:
+        """Cancel the ``receives`` among point-to-point ``requests`` that are still pending, and wait
+        briefly (0.2 s in all) for all to end; if some do not, keep them all, with ``buffers``, for
+        good. Sends are never cancelled: MPI 4 deprecates it, and MPICH crashed cancelling a send
+        that a peer had begun to receive before it left (a rank ending with a call in flight)."""
+        for request in receives:
+            try:
+                if request != MPI.REQUEST_NULL and not request.Test():
+                    request.Cancel()
+            except MPI.Exception:
+                pass
+        give_up = time.monotonic() + 0.2
+        while time.monotonic() < give_up:
+            try:
+                if _testall(requests):
+                    return
+            except MPI.Exception:
+                break
+            time.sleep(1e-3)
+        self._abandoned.append((requests, buffers))
+
+    def close(self, failed: bool = False) -> None:
+        """Free this transport's communicator, unless requests on it could not be ended. Control
+        messages that arrived unread (the others' farewells) are read first: MPI (UCX) warns of
+        messages still unmatched at MPI_Finalize."""
+        try:
+            self.control.read()
+        except MPI.Exception:
+            pass
+        self.abandon()
+        if not self._abandoned and not self.exits.kept:
+            self._free_persistent()
+            try:
+                self.comm.Free()
+            except MPI.Exception:
+                pass
+        if self._owns_liveness:
+            self.liveness.goodbye()
+            self.liveness.close()
+
+    def _wait_all(self, requests: list[MPI.Request], peers: Sequence[int], bound: Bound,
+                  statuses: list | None = None) -> None:
+        """Poll until ``requests`` are done, or ``bound`` passes (its deadline, or the runtime's stop);
+        the first peer still pending is the one named on timeout (-1: any rank)."""
+        if statuses is None and _KEEP_STATUSES:
+            statuses = [MPI.Status() for _ in requests]
+        try:
+            for _ in range(self._quick_polls):   # a few microseconds, without the clock: the latency path
+                if _testall(requests, statuses):
+                    return
+
+            def waiting_for() -> int:
+                pending = [p for r, p in zip(requests, peers) if not r.Test()]
+                peer = (pending or peers)[0]
+                return None if peer < 0 else self.names[peer]
+            wait_for(lambda: _testall(requests, statuses), bound, self.control, self.spin_seconds, waiting_for)
+        except MPI.Exception as e:
+            self.control.check_dead(peers, bound.seq)   # (MPI's own error about a dead peer says less than this)
+            raise TransportError(self._failure_text(e, requests, peers, statuses)) from e
+
+    def _failure_text(self, error: MPI.Exception, requests: list[MPI.Request], peers: Sequence[int],
+                      statuses: list | None = None) -> str:
+        """What went wrong, in this runtime's words: MPI's "see the status" points at the request
+        (or, where they were kept, the status) whose own error is the cause."""
+        if error.Get_error_class() == MPI.ERR_IN_STATUS:
+            for status, peer in zip(statuses or (), peers):
+                code = status.Get_error()
+                if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                    return self._failure_text(MPI.Exception(code), requests, [peer])
+            for request, peer in zip(requests, peers):
+                try:
+                    request.Test()
+                except MPI.Exception as cause:
+                    return self._failure_text(cause, [request], [peer])
+        named = sorted({self.names[p] for p in peers})
+        peer_text = f"rank {named[0]}" if len(named) == 1 else f"ranks {named}"
+        if error.Get_error_class() == MPI.ERR_TRUNCATE:
+            return (f"a message from {peer_text} was longer than this rank expected: the ranks disagree "
+                    "about this call's size (is the cross-rank check off?)")
+        return f"communication with {peer_text} failed: {error_text(error)}"

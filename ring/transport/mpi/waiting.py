@@ -1,0 +1,57 @@
+"""The one poll loop every wait of the MPI transport runs once its quick polls have not finished
+it (``wait_for``): a collective's requests, point-to-point messages, alike.
+
+Between polls it pauses (``ring.transport.polling.pause``: spin, yield, nap); every
+CHECK_INTERVAL seconds, and at once when the launcher's failure notice comes, it asks the control
+plane whether a peer it needs is gone (``Control.check_peers``, which raises PeerLost); a
+collective's wait near its deadline asks the other ranks which call they are in (the roll call
+a timeout reports); once the bound passes it raises the bound's error, naming the peer it still
+waits for. For a collective with timeout=3 that rank 2 never joins::
+
+    0.0 s   quick polls, then the control channel read once (a question that came meanwhile)
+    0.5 s   check_peers: nobody gone            (again at 1.0, 1.5 ...)
+    2.0 s   roll call asked ahead (deadline - ROLL_CALL_GRACE)
+    3.0 s   TransportTimeout naming rank 2; the census has the answers already
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+from ring.transport.base import ROLL_CALL_GRACE, Bound
+from ring.transport.mpi.control import COLLECTIVE, Control
+from ring.transport.polling import pause
+
+CHECK_INTERVAL = 0.5   # seconds between looks at the control channel and the local peers' processes
+
+
+def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seconds: float,
+             waiting_for: Callable[[], int | None], expecting: Any = COLLECTIVE) -> None:
+    """Poll ``done()`` until it is true; raise PeerLost (a peer that ``expecting`` needs is gone:
+    see ``Control.check_peers``; COLLECTIVE: the ranks of collective ``bound.seq``) or, once
+    ``bound`` passes, its error naming ``waiting_for()``, the rank (as the control plane names
+    it) still pending (None: any rank)."""
+    seq = bound.seq if expecting is COLLECTIVE else None
+    control.read(seq)   # (a roll call's question that came while this rank computed: answered now)
+    started = time.monotonic()
+    # Near the deadline a collective asks who is in which call, so that a timeout's roll call is
+    # answered by the deadline, not a grace period after it (a short wait asks half way).
+    ask_at = max(bound.until - ROLL_CALL_GRACE, (started + bound.until) / 2) if seq else math.inf
+    next_check, notices = started + CHECK_INTERVAL, control.checked_notices   # (a notice that came while
+    # this rank computed, before the wait, is looked into at once: else it waited CHECK_INTERVAL)
+    while not done():
+        now = time.monotonic()
+        pause(now - started, spin_seconds, bound.background)
+        if now >= next_check or notices != control.notices():
+            notices = control.notices()
+            control.check_peers(seq, expecting)
+            next_check = now + min(CHECK_INTERVAL, control.look_again_in())
+        if now >= ask_at:
+            control.ask(seq)
+            ask_at = math.inf
+        if bound.passed(now):
+            peer = waiting_for()
+            if peer is None:
+                raise bound.expired(now - started, -1, "a message from any rank")
+            raise bound.expired(now - started, peer)
