@@ -82,6 +82,17 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_for_ever():
                "this rank still runs (stuck in its own code?); it ends" in out, out[-3000:]
 
 
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="the supervisor runs under MPICH's launcher only")
+def test_a_death_before_mpi_started_ends_the_others_waiting_inside_mpi_init():
+    """Rank 1 dies before MPI starts; the others would wait inside MPI_Init for ever (plain MPICH
+    does): their supervisors see it end among the proxy's processes and end them, naming it."""
+    result = run_world(3, [*JOB, "--die-before-mpi", "1"], 60, launcher_args=CLEANUP)
+    out = result.stdout
+    assert result.returncode not in (0, -9) and "killed before MPI started" in out, out[-3000:]
+    assert re.search(r"collectives: rank 1 of this job \(its supervisor's pid \d+, on this host\) ended before MPI "
+                     r"started here, and MPI_Init would wait for it for ever; it ends", out), out[-3000:]
+
+
 def test_a_launch_that_would_kill_the_survivors_is_warned_of_at_the_start():
     warning = "elastic: warning: mpiexec was started without -disable-auto-cleanup"
     plain = run_world(2, [*JOB, "--steps", "5"], 60)

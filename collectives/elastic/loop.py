@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from collectives.process import changes, world as worlds
-from collectives.elastic import supervisor
+from collectives.elastic import outcome, supervisor
 from collectives.api import allgather, broadcast
 from collectives.process.changes import Change
 from collectives.elastic.discovery import Discovery
@@ -51,7 +51,7 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
     settle = _Settle(state, None, time.monotonic(), announce) if joining() else state.sync
     _arrived = True
     try:
-        with supervisor.reporting():   # (the job's outcome, to every rank's supervisor)
+        with outcome.reporting():   # (the job's outcome, to every rank's supervisor)
             while True:
                 if discovery is not None:
                     _watch(discovery, state, max_ranks)
@@ -149,11 +149,11 @@ class _Settle:
 
 
 def _stand_by_the_supervisors() -> None:
-    """Every rank connects to the supervisor of every other (``supervisor.stand_by``), so that a
+    """Every rank connects to the supervisor of every other (``outcome.stand_by``), so that a
     rank's death does not make a job that finishes without it report failure."""
-    port = np.array([supervisor.own_port()], np.int64)
+    port = np.array([outcome.own_port()], np.int64)
     ports = allgather(port, name="elastic supervisors").tolist()
-    supervisor.stand_by(worlds.the_world.transport.hosts, ports)
+    outcome.stand_by(worlds.the_world.transport.hosts, ports)
 
 
 def _check_arguments(min_ranks: Any, max_ranks: Any, host_discovery: Any, discovery_interval: Any) -> None:

@@ -1,25 +1,12 @@
 """The supervisor of a rank under MPICH's launcher: a parent process that waits for the rank, so
-that the launcher sees a plain exit where the rank died by a signal (``supervise``), and a job
-that went on without that rank and finished exits 0 (``stand_by``, ``report_finished``). Part of
+that the launcher sees a plain exit where the rank died by a signal (``supervise``); it also ends
+its rank where the rank would wait for ever out of the runtime's reach (see ``_watch``), and
+reports 0 for a job that finished without its dead rank (``collectives.elastic.outcome``). Part of
 ``collectives.elastic`` (which re-exports ``supervise``), in a module of its own: it runs before
-MPI starts and knows nothing of the runtime but the pipe of ``collectives.process.changes.spawned_here``.
-
-The job's word reaches the supervisor of a dead rank over TCP. Inside ``col.elastic.run`` every
-rank holds a connection to every other rank's supervisor, on which it says nothing until its
-``run`` returns (then ``b"0"``: the job finished). For 3 ranks, after rank 2 is killed::
-
-    rank 0 --- supervisor of 1          rank 0 and rank 1 go on, finish, each sends b"0"
-    rank 0 --- supervisor of 2          the supervisor of 2 reads a b"0": it exits 0, not 137
-    rank 1 --- supervisor of 0
-    rank 1 --- supervisor of 2          (had both failed or died instead, their kernels would
-    rank 2 --- supervisors of 0, 1       close both connections without a word: it exits 137)
-
-No timeout is needed: the dead rank's supervisor waits while a connection is open, and each closes
-when the process holding it ends, however it ends.
+MPI starts and knows nothing of the runtime but the pipe of ``collectives.process.changes``.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import math
 import os
@@ -28,8 +15,8 @@ import signal
 import socket
 import sys
 import time
-from typing import Iterator, Sequence
 
+from collectives.elastic import outcome
 from collectives.process import changes
 
 
@@ -61,7 +48,7 @@ def supervise() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     told, tell = os.pipe()
-    listener = socket.create_server(("", 0), backlog=socket.SOMAXCONN)   # (see _TheOthers)
+    listener = socket.create_server(("", 0), backlog=socket.SOMAXCONN)   # (see outcome.TheOthers)
     port = listener.getsockname()[1]
     child = os.fork()
     if child == 0:
@@ -69,113 +56,23 @@ def supervise() -> None:
         os.close(told)
         listener.close()
         os.environ[changes.OUTLIVE_FD] = f"{tell}:{os.getpid()}"   # (changes.spawned_here writes to it)
-        os.environ[_PORT] = f"{port}:{os.getpid()}"
+        os.environ[outcome.PORT] = f"{port}:{os.getpid()}"
         _die_with_parent()
         return
     os.close(tell)
     _name_this_process(b"ring-supervisor")   # (ps -o comm, top, pgrep: not the rank, whose pid the trainer prints)
     if os.environ.get("PMI_FD", "").isdigit():
         os.close(int(os.environ["PMI_FD"]))   # (the launcher sees the child's end when the child ends: see _OUTLIVE_SECONDS)
-    others = _TheOthers(listener)
+    others = outcome.TheOthers(listener)
     code, said = _watch(child, told, _launchers_notices(), others)
     if code > 128 and (b"e" in said or b"1" in said):   # (b"1": a newcomer, or a job that grew: elastic too)
-        code = _await_word(others, code)
+        code = outcome.await_word(others, code, _LOOK_SECONDS)
     if b"1" in said:
         time.sleep(_OUTLIVE_SECONDS)
     os._exit(code)
 
 
 supervised = False   # this process runs under a supervisor (see supervise)
-
-
-def stand_by(hosts: Sequence[str], ports: Sequence[int]) -> None:
-    """In the rank: hold a connection to the supervisor of every other rank of the world (world
-    rank r on ``hosts[r]``, its supervisor listening on ``ports[r]``; 0: none), that it may hear
-    this job's word if its rank dies (see ``report_finished``). Connections made at an earlier
-    change are kept; one that cannot be made is left out (that supervisor then reports its rank's
-    own status). ``col.elastic.run`` calls it at the start and after every change."""
-    mine = (socket.gethostname(), own_port())
-    changes.tell_supervisor(b"e")
-    for address in zip(hosts, ports):
-        if address[1] and address != mine and address not in _standing_by:
-            try:
-                _standing_by[address] = socket.create_connection(address, timeout=_CONNECT_SECONDS)
-            except OSError:
-                pass
-
-
-@contextlib.contextmanager
-def reporting() -> Iterator[None]:
-    """Around ``col.elastic.run``'s work: ``report(finished=True)`` once it returns, ``report(finished=False)``
-    if it raises (a rank stuck in its own code is then ended by its supervisor)."""
-    try:
-        yield
-    except BaseException:
-        report(finished=False)
-        raise
-    report(finished=True)
-
-
-def report(finished: bool) -> None:
-    """In the rank, when ``col.elastic.run`` returns (``finished``) or raises: tell every
-    supervisor stood by. A supervisor whose rank died reports 0 for a finished job; one whose rank
-    still runs once every other rank has ended after a failure ends it (see ``_watch``). After a
-    failure the connections stay open until this process ends, however long its exit takes."""
-    for connection in _standing_by.values():
-        try:
-            connection.sendall(_FINISHED if finished else _FAILED)
-        except OSError:
-            pass
-    if finished:
-        for connection in _standing_by.values():
-            connection.close()
-        _standing_by.clear()
-
-
-def own_port() -> int:
-    """The port on which this process's supervisor listens (0: it has none)."""
-    port, _, pid = os.environ.get(_PORT, "").partition(":")
-    return int(port) if port.isdigit() and pid == str(os.getpid()) else 0
-
-
-_PORT = "COLLECTIVES_SUPERVISOR_PORT"
-_FINISHED, _FAILED = b"0", b"x"
-_CONNECT_SECONDS = 5.0
-_standing_by: dict[tuple[str, int], socket.socket] = {}   # (host, port) of a supervisor -> our connection
-
-
-class _TheOthers:
-    """The supervisor's side of ``stand_by``: the connections of the other ranks, accepted as they
-    come, and what they said before they closed."""
-
-    def __init__(self, listener: socket.socket):
-        listener.setblocking(False)
-        self.listener, self.open, self.said, self.ever = listener, [], b"", False
-
-    def look(self, seconds: float) -> None:
-        """Accept new connections and read what has come, waiting up to ``seconds`` for a word."""
-        try:
-            while True:
-                self.open.append(self.listener.accept()[0])
-                self.ever = True
-        except OSError:   # (BlockingIOError: none waiting)
-            pass
-        for connection in select.select(self.open, [], [], seconds)[0] if self.open else ():
-            try:
-                word = connection.recv(16)
-            except OSError:
-                word = b""
-            self.said += word
-            if not word:
-                self.open.remove(connection)
-                connection.close()
-
-    def finished(self) -> bool:
-        return _FINISHED in self.said
-
-    def all_gone_after_a_failure(self) -> bool:
-        """Every other rank that stood by has ended, one at least saying the job failed."""
-        return self.ever and not self.open and _FAILED in self.said and not self.finished()
 
 
 def _launchers_notices() -> list[float]:
@@ -186,19 +83,6 @@ def _launchers_notices() -> list[float]:
         signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, lambda signum, frame: noticed.append(time.monotonic()))
     return noticed
-
-
-def _await_word(others: _TheOthers, code: int) -> int:
-    """The child died of a signal inside an elastic run: 0 once a rank says the job finished,
-    ``code`` once every rank that stood by has ended without saying so (or if none did)."""
-    while True:
-        others.look(_LOOK_SECONDS)
-        if others.finished():
-            print(f"[rank {os.environ.get('PMI_RANK', '?')}] collectives: the job finished without this rank (it "
-                  f"died of signal {code - 128}): its status is 0", file=sys.stderr, flush=True)
-            return 0
-        if not others.open:
-            return code
 
 
 def launcher_kills_survivors() -> bool:
@@ -226,7 +110,60 @@ def under_hydra() -> bool:
     return "OMPI_COMM_WORLD_RANK" not in os.environ and bool({"PMI_FD", "PMI_PORT"} & os.environ.keys())
 
 
-def _watch(child: int, told: int, noticed: list[float], others: _TheOthers) -> tuple[int, bytes]:
+class _Reasons:
+    """Why a supervisor ends its child, asked at each look (see ``_watch``)."""
+
+    def __init__(self, noticed: list[float], others: outcome.TheOthers):
+        self.noticed, self.others, self.began = noticed, others, time.monotonic()
+        self.alone_since = math.inf
+        self.siblings: dict[int, str] = {}   # the other processes of the launcher's proxy here: pid -> rank
+        self.next_sibling_look = 0.0
+
+    def to_end(self, said: bytes) -> str:
+        self.others.look(0)
+        now, started = time.monotonic(), b"m" in said
+        self.alone_since = min(self.alone_since, now) if self.others.all_gone_after_a_failure() else math.inf
+        if now - self.alone_since > _ALONE_GRACE:
+            return (f"every other rank of this elastic job ended after a failure {_ALONE_GRACE:g} s ago, and this "
+                    "rank still runs (stuck in its own code?)")
+        if self.noticed and not started and now - self.noticed[0] > _START_GRACE:
+            return "a process of this job died while MPI was starting here, and MPI_Init would wait for it for ever"
+        if not started and now >= self.next_sibling_look:
+            self.next_sibling_look = now + _SIBLING_LOOK_SECONDS
+            here = _siblings()
+            ended = sorted(pid for pid in self.siblings if pid not in here)
+            self.siblings.update({pid: _rank_of(pid) for pid in here - self.siblings.keys()})
+            if ended:
+                return (f"rank {self.siblings[ended[0]]} of this job (its supervisor's pid {ended[0]}, on this host) "
+                        "ended before MPI started here, and MPI_Init would wait for it for ever")
+        if changes.joining() and b"1" not in said and now - self.began > changes.JOIN_SECONDS:
+            return (f"this newcomer could not join the running job within {changes.JOIN_SECONDS:.0f} s (the members "
+                    "gave up its spawn)")
+        return ""
+
+
+def _siblings() -> set[int]:
+    """The other processes that this one's parent started (under MPICH's launcher: the supervisors
+    of the other ranks on this host), from Linux's /proc; none where it cannot tell."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/task/{parent}/children") as f:
+            return {int(pid) for pid in f.read().split()} - {os.getpid()}
+    except (OSError, ValueError):
+        return set()
+
+
+def _rank_of(pid: int) -> str:
+    """The rank MPICH's launcher gave process ``pid`` (its PMI_RANK), or "?"."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            found = [v for v in f.read().split(b"\0") if v.startswith(b"PMI_RANK=")]
+        return found[0].split(b"=", 1)[1].decode() if found else "?"
+    except OSError:
+        return "?"
+
+
+def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOthers) -> tuple[int, bytes]:
     """Wait for the child; return its exit status (128 + the signal that ended it) and what it said
     on ``told`` (``changes.mpi_started``: b"m"; ``stand_by``: b"e"; ``changes.spawned_here``: b"1"). End it, saying why,
     where it would wait for ever inside MPI, out of the runtime's reach:
@@ -234,12 +171,15 @@ def _watch(child: int, told: int, noticed: list[float], others: _TheOthers) -> t
     - a failure notice came and MPI has not started in it _START_GRACE seconds later: MPI_Init
       waits for ever for a process of the job that died (every survivor of a kill in the first
       0.15 s of a job spun there, in 5 runs of 6);
+    - a process of the job on this host (another child of the launcher's proxy) ended before MPI
+      started here: MPI_Init would wait for it for ever (a rank that failed while it loaded its
+      data, before its first collective, held the others there: plain MPICH does too);
     - a newcomer that has not joined the job within ``changes.JOIN_SECONDS``: a member that died
       while the members spawned it leaves it waiting in its MPI_Init or the merge;
     - an elastic rank still running _ALONE_GRACE seconds after every other rank has ended, one
       of them saying the job failed: stuck in its own code (the others timed out naming it),
       it would hold the launcher for ever (``mpiexec -disable-auto-cleanup`` kills nobody)."""
-    said, began, reading, alone_since = b"", time.monotonic(), True, math.inf
+    said, reading, reasons = b"", True, _Reasons(noticed, others)
     while True:
         ended, status = os.waitpid(child, os.WNOHANG)
         if ended:
@@ -255,17 +195,7 @@ def _watch(child: int, told: int, noticed: list[float], others: _TheOthers) -> t
             said, reading = said + got, bool(got)
         elif not reading:
             time.sleep(_LOOK_SECONDS)
-        others.look(0)
-        now, why = time.monotonic(), ""
-        alone_since = min(alone_since, now) if others.all_gone_after_a_failure() else math.inf
-        if now - alone_since > _ALONE_GRACE:
-            why = (f"every other rank of this elastic job ended after a failure {_ALONE_GRACE:g} s ago, and this rank "
-                   "still runs (stuck in its own code?)")
-        elif noticed and b"m" not in said and now - noticed[0] > _START_GRACE:
-            why = "a process of this job died while MPI was starting here, and MPI_Init would wait for it for ever"
-        elif changes.joining() and b"1" not in said and now - began > changes.JOIN_SECONDS:
-            why = (f"this newcomer could not join the running job within {changes.JOIN_SECONDS:.0f} s (the members "
-                   "gave up its spawn)")
+        why = reasons.to_end(said)
         if why:
             print(f"[rank {os.environ.get('PMI_RANK', '?')}] collectives: {why}; it ends", file=sys.stderr,
                   flush=True)
@@ -276,6 +206,7 @@ def _watch(child: int, told: int, noticed: list[float], others: _TheOthers) -> t
 
 _LOOK_SECONDS = 0.05   # between the supervisor's looks at its child
 _START_GRACE = 0.5     # seconds MPI may still take to start in the child after a failure notice
+_SIBLING_LOOK_SECONDS = 0.25   # between looks at the other processes here, until MPI has started
 _ALONE_GRACE = 5.0     # seconds a rank may still take to end once every other rank ended after a failure
 #: In a job that spawned processes (the child said b"1"), the supervisor outlives its child by this
 #: much. MPICH's launcher (hydra 5, under -disable-auto-cleanup) answers every process's end, even a

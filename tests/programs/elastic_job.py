@@ -12,7 +12,8 @@ SIGKILLs itself 0.5 s on, inside the runtime's exit, where it waits for the othe
 ``--die-agreeing R``: that process dies in the survivors' agreement after the first death (its
 message of the first round sent to the lowest survivor alone: the gap of ``ring.transport.mpi.survivors``).
 ``--raise R@S``: that process raises ValueError instead (an error of the program, which ends the
-job). ``--stuck R@S``: that process sleeps for an hour instead (stuck in its own code). ``--save-at S PATH``: stop before step S and write the state (rank 0); ``--load PATH``:
+job). ``--stuck R@S``: that process sleeps for an hour instead (stuck in its own code).
+``--die-before-mpi R``: that process SIGKILLs itself before MPI starts (before ``col.init``). ``--save-at S PATH``: stop before step S and write the state (rank 0); ``--load PATH``:
 start from such a file (the reference: a restart from a checkpoint). ``--stale``: a group made
 at the start, and an async call issued in the step of a kill, both of the world before; after
 each change the job shows that they raise MembershipChanged.
@@ -48,6 +49,7 @@ def main() -> None:
     p.add_argument("--kill-at-exit", type=int, default=-1, help="this launched rank SIGKILLs itself at the end")
     p.add_argument("--raise", dest="raise_", type=cue, action="append", default=[])
     p.add_argument("--stuck", type=cue, action="append", default=[])
+    p.add_argument("--die-before-mpi", type=int, default=-1, help="this launched rank SIGKILLs itself first thing")
     p.add_argument("--save-at", nargs=2)
     p.add_argument("--load")
     p.add_argument("--min-ranks", type=int, default=1)
@@ -56,6 +58,9 @@ def main() -> None:
     p.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in each step (a slower job)")
     args = p.parse_args()
     launched_as = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    if args.die_before_mpi == launched_as:
+        print(f"killed before MPI started at {time.time():.6f}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     col.init(timeout=args.timeout)
     if args.die_agreeing == launched_as:
         die_in_the_agreement()
