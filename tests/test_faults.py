@@ -232,6 +232,16 @@ def test_a_rank_that_crashes_before_its_first_collective_is_named_at_setup():
                                                        "uncaught OSError: cannot read the training data"), output
 
 
+def test_a_rank_that_crashes_before_its_first_collective_is_named_to_a_rank_that_comes_later():
+    """Rank 2 comes 3 s after rank 1 raised: rank 1, at exit, still waits in the setup to say why."""
+    status, output, _ = _fault(3, "crash-first-late")
+    errors = _errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0, 2], output
+    for rank, (seconds, message) in errors.items():
+        assert seconds < (3 if rank == 0 else 0) + LEAVE_BOUND_S and message == (
+            "init: rank 1 left before its first collective: uncaught OSError: cannot read the training data"), output
+
+
 def test_named_calls_turn_a_skipped_step_into_an_error_on_every_rank():
     status, output, _ = _fault(3, "skipped-named")
     errors = _errors(output, "CollectiveUsageError")

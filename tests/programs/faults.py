@@ -147,6 +147,16 @@ def crash_first() -> None:
     _report("first call", col.allreduce, _ints(10, col.rank()))
 
 
+def crash_first_late() -> None:
+    """Rank 1 raises before its first collective while rank 2 still loads its data for 3 s (the
+    time is the property: longer than the 2 s a failed rank used to wait at exit to be heard)."""
+    if col.rank() == 1:
+        raise OSError("cannot read the training data")
+    if col.rank() == 2:
+        time.sleep(3)
+    _report("first call", col.allreduce, _ints(10, col.rank()))
+
+
 def killed_mid_allreduce() -> None:
     """Rank 1 is SIGKILLed while a large allreduce is under way on every rank (argument: its
     elements, default 16 Mi: 64 MiB, long enough per call to be hit in the middle)."""
@@ -505,7 +515,7 @@ if __name__ == "__main__":
     {"absent": absent, "stuck": stuck, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught, "exits": exits,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
-     "idle": idle, "crash-first": crash_first,
+     "idle": idle, "crash-first": crash_first, "crash-first-late": crash_first_late,
      "absent-at-setup": absent_at_setup, "unchecked": unchecked,
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
