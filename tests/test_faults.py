@@ -91,6 +91,15 @@ def test_after_a_timeout_the_census_tells_a_late_rank_from_an_absent_one():
         "timed out" in errors[1][1], output
 
 
+def test_the_census_tells_a_rank_in_another_collective_of_the_same_number():
+    status, output, _ = _fault(4, "census-other-call")
+    errors = _errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0, 1, 2], output
+    assert "rank(s) in no collective call (busy elsewhere, or gone): 3; rank(s) in another call: 2 (#2 barrier); " \
+           "rank(s) waiting in this call too: 1" in errors[0][1], output
+    assert "rank(s) in another call: 0 (#2 allreduce), 1 (#2 allreduce)" in errors[2][1], output
+
+
 @pytest.mark.parametrize("scenario, why", [
     ("uncaught", "rank 1 left: uncaught RuntimeError: user bug on rank 1 (after 3 collective(s))"),
     ("exits", "rank 1 ended its program after 3 collective(s)"),

@@ -267,18 +267,19 @@ def _failure(call: Call, error: TransportError) -> CollectiveError:
     runtime = g.runtime
     if runtime.failure is not None:   # stopped from outside the call (runtime.stop: a wait ran out, Ctrl-C)
         return CollectiveError(f"{where} was stopped: {runtime.failure}")
-    detail = f"{error}; {_census(g, call.seq)}" if isinstance(error, TransportTimeout) else str(error)
+    detail = f"{error}; {_census(g, call.seq, call.name)}" if isinstance(error, TransportTimeout) else str(error)
     return CollectiveError(runtime.stop(f"{where}: {detail}", error, by_peer=True))
 
 
-def _census(g, seq: int) -> str:
-    """After a timeout in call ``seq``: which call of this group every other member is in, as far as
-    they answer (see ``Control.roll_call``): ranks are world ranks, call numbers count this group's calls."""
+def _census(g, seq: int, name: str) -> str:
+    """After a timeout in call ``seq`` (collective ``name``): which call of this group every other
+    member is in, as far as they answer (see ``Control.roll_call``): ranks are world ranks, call
+    numbers count this group's calls."""
     control = g.transport.control
     heard = control.roll_call(seq)
     unreachable = [r for r in control.unreachable() if r not in heard]
-    here = [r for r, s in sorted(heard.items()) if s == seq]
-    elsewhere = [f"{r} (#{s})" for r, s in sorted(heard.items()) if s != seq]
+    here = [r for r, (s, n) in sorted(heard.items()) if s == seq and n in (name, "")]
+    elsewhere = [f"{r} (#{s}{' ' + n if n else ''})" for r, (s, n) in sorted(heard.items()) if r not in here]
     me = g.ranks[g.rank()]
     silent = [r for r in g.ranks if r != me and r not in heard and r not in unreachable]
     parts = []

@@ -147,6 +147,23 @@ def crash_first() -> None:
     _report("first call", col.allreduce, _ints(10, col.rank()))
 
 
+def census_other_call() -> None:
+    """Ranks 0 and 1 call allreduce #2, rank 2 barrier #2 (both with timeout=2), rank 3 stays away
+    until rank 2's call has ended: the census must tell the barrier from the all-reduce."""
+    col.barrier()
+    if col.rank() == 3:
+        _await_cue(2)
+        return
+    try:
+        if col.rank() == 2:
+            _report("call 2", col.barrier, timeout=2)
+        else:
+            _report("call 2", col.allreduce, np.ones(4, np.float32), timeout=2)
+    finally:
+        if col.rank() == 2:
+            _cue(3)
+
+
 def crash_first_late() -> None:
     """Rank 1 raises before its first collective while rank 2 still loads its data for 3 s (the
     time is the property: longer than the 2 s a failed rank used to wait at exit to be heard)."""
@@ -516,6 +533,7 @@ if __name__ == "__main__":
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "idle": idle, "crash-first": crash_first, "crash-first-late": crash_first_late,
+     "census-other-call": census_other_call,
      "absent-at-setup": absent_at_setup, "unchecked": unchecked,
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,

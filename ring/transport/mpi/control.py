@@ -75,7 +75,8 @@ class Control:
         self._control_in = np.zeros(_CONTROL_BYTES, np.uint8)
         self._control_status = MPI.Status()
         self.outbox: list = []   # control messages sent and not yet known complete, with their buffers
-        self._heard: dict[int, int] = {}   # roll call: rank -> the call it said it is in
+        self._heard: dict[int, tuple[int, str]] = {}   # roll call: rank -> the call it said it is in, its name
+        self._in_call: tuple[int | None, str] = (None, "")   # the call this rank waits in, and its name
         self._asked: tuple[int, float] | None = None   # roll call: (the call, when) of the last question
         # A point-to-point wait in the program's thread may poll beside a collective in the
         # engine's: one of them at a time reads the control channel (a probe and its receive).
@@ -90,8 +91,8 @@ class Control:
             if peer != self.rank:
                 self.send(peer, _ASK, seq)
 
-    def roll_call(self, seq: int, grace: float = ROLL_CALL_GRACE) -> dict[int, int]:
-        """After a timeout in call ``seq``: which call every rank is in, ``{rank: call}`` for the
+    def roll_call(self, seq: int, grace: float = ROLL_CALL_GRACE) -> dict[int, tuple[int, str]]:
+        """After a timeout in call ``seq``: which call every rank is in, ``{rank: (call, name)}`` for the
         ranks that answered within ``grace`` seconds of being asked (a rank answers while it waits
         inside a collective on this transport), ranks as ``names`` gives them. A wait of call ``seq``
         that nears its deadline asks ahead (see ``MPITransport._wait_all``), so that the answers are
@@ -107,7 +108,7 @@ class Control:
             if time.monotonic() >= give_up or len(self._heard) + len(self.departed) >= self.size - 1:
                 break
             time.sleep(5e-3)
-        return {self.names[r]: seq for r, seq in self._heard.items()}
+        return {self.names[r]: heard for r, heard in self._heard.items()}
 
     def unreachable(self) -> list[int]:
         """After a roll call: the ranks (as ``names`` gives them) whose host did not acknowledge
@@ -141,9 +142,12 @@ class Control:
             pass   # a peer we cannot reach cannot be told either
         self.outbox = [(r, m) for r, m in self.outbox if not r.Test()]
 
-    def read(self, seq: int | None = None) -> None:
+    def read(self, seq: int | None = None, name: str | None = None) -> None:
         """Take every control message that has arrived: note farewells, and answer roll calls with
-        ``seq``, the collective this rank is in (None: in none, so it does not answer)."""
+        ``seq``, the collective this rank is in (None: in none, so it does not answer), and its
+        ``name`` ("allreduce"; given once a wait, at its start, and kept for that ``seq``)."""
+        if name is not None:
+            self._in_call = (seq, name)
         if not self._control_lock.acquire(blocking=False):
             return   # another thread is reading them right now
         try:
@@ -169,9 +173,9 @@ class Control:
                 if flag & NOT_FINALIZING:
                     self.unfinalized.add(peer)
             elif kind == _ASK and seq is not None:
-                self.send(peer, _HERE, seq)
+                self.send(peer, _HERE, seq, self._in_call[1] if self._in_call[0] == seq else "")
             elif kind == _HERE:
-                self._heard[peer] = number
+                self._heard[peer] = (number, text)
             elif kind == AT_EXIT:
                 self.at_exit.add(peer)
 

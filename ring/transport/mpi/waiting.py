@@ -33,7 +33,8 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     ``bound`` passes, its error naming ``waiting_for()``, the rank (as the control plane names
     it) still pending (None: any rank)."""
     seq = bound.seq if expecting is COLLECTIVE else None
-    control.read(seq)   # (a roll call's question that came while this rank computed: answered now)
+    control.read(seq, getattr(bound, "name", ""))   # (a roll call's question that came while this rank
+    # computed: answered now; a collective's bound is its Call, which has the collective's name)
     started = time.monotonic()
     # Near the deadline a collective asks who is in which call, so that a timeout's roll call is
     # answered by the deadline, not a grace period after it (a short wait asks half way).
