@@ -61,10 +61,11 @@ def test_a_death_after_the_work_ended_does_not_hang_the_survivors(victim):
     for it (they waited for ever: it had said farewell as a rank that would finalize, then died)."""
     result = run_world(4, [*JOB, "--kill-at-exit", str(victim)], 60, launcher_args=CLEANUP)
     out = result.stdout
-    assert result.returncode != -9, out[-3000:]
     assert "final " in out and "killed at exit" in out, out[-3000:]
-    assert out.count("exiting with status 1 without MPI_Finalize, which would wait for ever for rank(s) "
-                     f"{victim} ") == 3, out[-3000:]
+    # the work was done: the job exits 0 (the survivors say so; the dead rank's supervisor heard it)
+    assert result.returncode == (0 if mpi_name() == "MPICH" else result.returncode) != -9, out[-3000:]
+    assert out.count("exiting with status 0 (the elastic job finished) without MPI_Finalize, which would wait for "
+                     f"ever for rank(s) {victim} ") == 3, out[-3000:]
 
 
 def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_for_ever():

@@ -25,7 +25,7 @@ import socket
 import sys
 from typing import Iterator, Sequence
 
-from collectives.process import changes
+from collectives.process import changes, leaving
 
 
 def stand_by(hosts: Sequence[str], ports: Sequence[int]) -> None:
@@ -54,6 +54,7 @@ def reporting() -> Iterator[None]:
         report(finished=False)
         raise
     report(finished=True)
+    leaving.work_finished()
 
 
 def report(finished: bool) -> None:

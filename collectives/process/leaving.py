@@ -42,9 +42,11 @@ def leave(w: Group, finishing: bool = True) -> None:
     failure = runtime.leave()   # (what failed before leaving, if anything)
     root = failure.root_cause if failure is not None else None
     why = root or ending or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
+    after_a_death = 0 if _work_finished and not why else 1   # (the status: an elastic job that finished is not
+    # failed by a death at its exit)
     gone = w.transport.exits.gone_at_exit()
     if gone:   # said before the farewell: the launcher may end this process once the others have left
-        _say_no_finalize(w, gone)
+        _say_no_finalize(w, gone, status=after_a_death)
     try:
         for g in reversed(runtime.groups):   # each group's members count their calls on it; the world's
             # last: a rank that will not finalize ends once it has every world farewell, so none may follow
@@ -58,12 +60,12 @@ def leave(w: Group, finishing: bool = True) -> None:
             patience = runtime.settings.timeout if failure is not None else math.inf
             gone, late = w.transport.exits.exit_barrier(time.monotonic() + patience)
             if gone or late:
-                _say_no_finalize(w, gone, late, patience)
+                _say_no_finalize(w, gone, late, patience, status=1 if late else after_a_death)
             if late:   # (the farewell said this rank would finalize: a rank that comes later must not wait for it)
                 w.transport.exits.farewell(w.completed, why, failed=failure.by_peer, root=root is not None,
                                            finalizing=False)
         if gone or late:
-            _end_without_finalize(w)
+            _end_without_finalize(w, status=1 if late else after_a_death)
         elif finishing and runtime.outlived:   # MPI's world holds processes that died (see Runtime.outlived):
             _end_without_finalize(w, status=1 if why else 0)   # no MPI_Finalize, so no exit barrier before it
     finally:
@@ -84,15 +86,26 @@ def end_unset(rank: int) -> None:
     os._exit(1)
 
 
-def _say_no_finalize(w: Group, gone: list[int], late: list[int] = (), patience: float = 0.0) -> None:
+def work_finished() -> None:
+    """Said by ``col.elastic.run`` when it returns: the job's work is done, so a rank that dies
+    after it (at its exit) no longer makes this one's status 1."""
+    global _work_finished
+    _work_finished = True
+
+
+_work_finished = False
+
+
+def _say_no_finalize(w: Group, gone: list[int], late: list[int] = (), patience: float = 0.0, status: int = 1) -> None:
     dead = [r for r in w.transport.control.known_dead() if r in gone]
     leaving = [r for r in gone if r not in dead]
     whom = " and ".join(([f"{', '.join(map(str, dead))} (gone)"] if dead else []) +
                         ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []) +
                         ([f"{', '.join(map(str, late))} (not at exit {patience:g} s after this rank's failure, "
                           "the timeout: still in its own code?)"] if late else []))
-    print(f"[rank {w.rank()}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever "
-          f"for rank(s) {whom}", file=sys.stderr, flush=True)
+    finished = " (the elastic job finished)" if status == 0 else ""
+    print(f"[rank {w.rank()}] collectives: exiting with status {status}{finished} without MPI_Finalize, which would "
+          f"wait for ever for rank(s) {whom}", file=sys.stderr, flush=True)
 
 
 def _end_without_finalize(w: Group, status: int = 1) -> None:
