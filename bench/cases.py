@@ -31,7 +31,6 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as col
-from bench.gloo import gloo_allgather, gloo_allreduce, gloo_broadcast, gloo_reduce_scatter
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 REDOPS = ("sum", "avg", "min", "max", "prod")
@@ -173,21 +172,21 @@ def _ring_broadcast(c: Case) -> np.ndarray:
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
 
 
-def _mpi_average(c: Case) -> None:
-    """MPI has no average: its "avg" is a sum, then one division (timed as part of the call)."""
+def _average(c: Case) -> None:
+    """MPI and gloo have no average: their "avg" is a sum, then one division (timed as part of the call)."""
     if c.redop == "avg":
         np.true_divide(c.out, c.n, out=c.out)
 
 
 def _mpi_allreduce(c: Case) -> np.ndarray:
     c.comm.Allreduce(c.x, c.out, op=_MPI_OPS[c.redop])
-    _mpi_average(c)
+    _average(c)
     return c.out
 
 
 def _mpi_reduce_scatter(c: Case) -> np.ndarray:
     c.comm.Reduce_scatter_block(c.x, c.out, op=_MPI_OPS[c.redop])
-    _mpi_average(c)
+    _average(c)
     return c.out
 
 
@@ -245,13 +244,39 @@ def nccl_supports(dtype: str) -> bool:
     return dtype in _NCCL_TYPES
 
 
+def _gloo_allreduce(c: Case) -> np.ndarray:
+    """gloo's all-reduce of ``c.out``, which holds the input (``Case.reset`` put it there)."""
+    c.gloo.all_reduce(c.tout, op=c.gloo.ops[c.redop])
+    _average(c)
+    return c.out
+
+
+def _gloo_reduce_scatter(c: Case) -> np.ndarray:
+    """gloo's reduce-scatter of ``c.x`` into ``c.out``."""
+    c.gloo.reduce_scatter(c.tout, c.tx, op=c.gloo.ops[c.redop])
+    _average(c)
+    return c.out
+
+
+def _gloo_allgather(c: Case) -> np.ndarray:
+    """gloo's all-gather of ``c.x`` into ``c.out``."""
+    c.gloo.all_gather(c.tout, c.tx)
+    return c.out
+
+
+def _gloo_broadcast(c: Case) -> np.ndarray:
+    """gloo's broadcast of ``c.x`` from ``c.root``, in place."""
+    c.gloo.broadcast(c.tx, src=c.root)
+    return c.x
+
+
 IMPLEMENTATIONS: dict[str, dict[str, Callable[[Case], Any]]] = {
     "ring": {"allreduce": _ring_allreduce, "reduce_scatter": _ring_reduce_scatter,
              "allgather": _ring_allgather, "broadcast": _ring_broadcast},
     "mpi": {"allreduce": _mpi_allreduce, "reduce_scatter": _mpi_reduce_scatter,
             "allgather": _mpi_allgather, "broadcast": _mpi_broadcast},
-    "gloo": {"allreduce": gloo_allreduce, "reduce_scatter": gloo_reduce_scatter,
-             "allgather": gloo_allgather, "broadcast": gloo_broadcast},
+    "gloo": {"allreduce": _gloo_allreduce, "reduce_scatter": _gloo_reduce_scatter,
+             "allgather": _gloo_allgather, "broadcast": _gloo_broadcast},
     "nccl": {"allreduce": _nccl_allreduce, "reduce_scatter": _nccl_reduce_scatter,
              "allgather": _nccl_allgather, "broadcast": _nccl_broadcast},
 }

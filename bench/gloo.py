@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives as col
-
-if TYPE_CHECKING:
-    from bench.cases import Case
 
 #: The numpy dtypes gloo reduces and moves (it refuses int16, uint16, uint32 and uint64).
 SUPPORTED = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
@@ -99,34 +96,3 @@ def _listening_address(one_host: bool) -> tuple[str, int]:
 def _newest(dist: Any, name: str, older: str) -> Callable:
     """torch's current name for a call, or the one older versions have."""
     return getattr(dist, name, None) or getattr(dist, older)
-
-
-def _average(c: Case) -> None:
-    if c.redop == "avg":
-        np.true_divide(c.out, c.n, out=c.out)
-
-
-def gloo_allreduce(c: Case) -> np.ndarray:
-    """gloo's all-reduce of ``c.out``, which holds the input (``Case.reset`` put it there)."""
-    c.gloo.all_reduce(c.tout, op=c.gloo.ops[c.redop])
-    _average(c)
-    return c.out
-
-
-def gloo_reduce_scatter(c: Case) -> np.ndarray:
-    """gloo's reduce-scatter of ``c.x`` into ``c.out``."""
-    c.gloo.reduce_scatter(c.tout, c.tx, op=c.gloo.ops[c.redop])
-    _average(c)
-    return c.out
-
-
-def gloo_allgather(c: Case) -> np.ndarray:
-    """gloo's all-gather of ``c.x`` into ``c.out``."""
-    c.gloo.all_gather(c.tout, c.tx)
-    return c.out
-
-
-def gloo_broadcast(c: Case) -> np.ndarray:
-    """gloo's broadcast of ``c.x`` from ``c.root``, in place."""
-    c.gloo.broadcast(c.tx, src=c.root)
-    return c.x

@@ -14,7 +14,7 @@ from collectives.elastic import outcome, supervisor
 from collectives.api import allgather, broadcast
 from collectives.process.changes import Change
 from collectives.elastic.discovery import Discovery
-from collectives.elastic.state import State, _broadcast_json
+from collectives.elastic.state import State, broadcast_json
 from collectives.elastic.supervisor import supervise
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.process.world import rank, size
@@ -68,7 +68,7 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
                 state.restore()
                 settle = _Settle(state, change, began, announce)
     finally:
-        object.__setattr__(state, "_at_commit", None)
+        state.at_commit(None)
         if discovery is not None:
             discovery.stop()
 
@@ -99,7 +99,7 @@ def _watch(discovery: Discovery, state: State, max_ranks: int | None) -> None:
     rank 0 until it dies); every commit asks whether to grow (``_grow_at_commit``)."""
     if rank() == 0:
         discovery.start()
-    object.__setattr__(state, "_at_commit", lambda: _grow_at_commit(discovery, max_ranks))
+    state.at_commit(lambda: _grow_at_commit(discovery, max_ranks))
 
 
 def _grow_at_commit(discovery: Discovery, max_ranks: int | None) -> None:
@@ -127,14 +127,13 @@ class _Settle:
     def __call__(self) -> None:
         state = self.state
         state.sync()
-        fields = _broadcast_json(asdict(self.change) if rank() == 0 else None, 0, "elastic change")
+        fields = broadcast_json(asdict(self.change) if rank() == 0 else None, 0, "elastic change")
         change = Change(tuple(fields["gone"]), fields["joined"], fields["before"], fields["after"], fields["text"])
         self.done = True
         if self.announce and rank() == 0:
             print(f"elastic: {change.text}; back to {state.where()} (the world rebuilt in "
                   f"{time.monotonic() - self.began:.2f} s)", flush=True)
-        for callback in state._callbacks:
-            callback(state, change)
+        state.changed(change)
 
     def merged(self, later: Change) -> Change:
         """``later``, which came before this change was settled, and this one as one change: from
@@ -176,9 +175,7 @@ def _a_rank_is_gone() -> bool:
     """Whether the world stopped because a rank died or its host vanished (a change of
     membership), rather than because of the program (a rank that raised, a usage error)."""
     world = worlds.the_world
-    if world is None or world.runtime.failure is None:
-        return False
-    return bool(world.transport.control.known_dead())
+    return world is not None and world.runtime.failure is not None and bool(world.lost())
 
 
 def _change_world(interruption: Exception, discovery: Discovery | None, settling: Any) -> Change | None:

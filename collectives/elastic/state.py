@@ -90,7 +90,7 @@ class State:
         values = {name: v for name, v in self._items.items() if _array(v) is None}
         arrays = {name: [list(_array(v).shape), _dtype_name(_array(v).dtype)] for name, v in self._items.items()
                   if _array(v) is not None}
-        received = _broadcast_json({"values": values, "arrays": arrays, "commits": self.commits}, root,
+        received = broadcast_json({"values": values, "arrays": arrays, "commits": self.commits}, root,
                                    "elastic state")
         if set(received["values"]) | set(received["arrays"]) != set(self._items):
             raise CollectiveUsageError(f"elastic.State.sync: rank {root} holds items {sorted(received['values'])}"
@@ -113,13 +113,23 @@ class State:
         a newcomer calls it too, on entering ``run``, with the change that it joined by."""
         self._callbacks.append(callback)
 
+    def changed(self, change: Change) -> None:
+        """Call the ``on_change`` callbacks with ``change`` (``run`` does, once a change is settled)."""
+        for callback in self._callbacks:
+            callback(self, change)
+
+    def at_commit(self, hook: Callable[[], None] | None) -> None:
+        """Call ``hook()`` after each ``commit`` (None: nothing): ``run`` asks there whether newcomers
+        join, under host discovery."""
+        object.__setattr__(self, "_at_commit", hook)
+
     def where(self) -> str:
         """Where the state stands, as the line of a change says: its ``step`` if it has one, else
         how many commits it holds."""
         return f"step {self._items['step']}" if "step" in self._items else f"commit {self.commits}"
 
 
-def _broadcast_json(value: Any, root: int, name: str) -> Any:
+def broadcast_json(value: Any, root: int, name: str) -> Any:
     """Rank ``root``'s ``value`` (JSON), on every rank: its length, then its text."""
     text = json.dumps(value).encode() if rank() == root else b""
     length = broadcast(np.array([len(text)], np.int64), root=root, name=name)

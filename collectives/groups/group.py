@@ -82,6 +82,11 @@ class Group:
         me = f"rank {self.ranks[self.transport.rank]}"
         return f"{me} in {self.label}" if self.label else me
 
+    def lost(self) -> list[int]:
+        """The ranks known dead (ended without a farewell, seen here or said in a farewell), as the
+        world numbers them: what a change of the world leaves out (``col.elastic``)."""
+        return self.transport.control.known_dead()
+
     def __repr__(self) -> str:
         name = "the world" if self.is_world else self.label
         return f"<Group {name}: rank {self.rank()} of {self.size()}>"

@@ -66,7 +66,7 @@ def survivors_communicator(world, until: float):
         gone, comm = survivors.survivors(transport, until)
         return tuple(gone), comm
     except TransportError as e:
-        raise CollectiveError(f"the survivors of rank(s) {transport.control.known_dead()} could not agree on "
+        raise CollectiveError(f"the survivors of rank(s) {world.lost()} could not agree on "
                               f"a new world: {e}") from e
 
 
@@ -86,7 +86,7 @@ def grow(world, comm, count: int, hosts: list[str], until: float) -> tuple[tuple
     spawn is given up, the members that live (and whose MPI still answers: ``leave_if_held``)
     make a communicator of their own: (the gone, that communicator, " (why)")."""
     try:
-        return (), spawn_newcomers(comm, count, hosts, until, world.transport.control.known_dead), ""
+        return (), spawn_newcomers(comm, count, hosts, until, world.lost), ""
     except SpawnFailed as e:
         leave_if_held(comm, world.rank(), e)
         gone, comm = survivors_communicator(world, until)

@@ -97,7 +97,7 @@ _work_finished = False
 
 
 def _say_no_finalize(w: Group, gone: list[int], late: list[int] = (), patience: float = 0.0, status: int = 1) -> None:
-    dead = [r for r in w.transport.control.known_dead() if r in gone]
+    dead = [r for r in w.lost() if r in gone]
     leaving = [r for r in gone if r not in dead]
     whom = " and ".join(([f"{', '.join(map(str, dead))} (gone)"] if dead else []) +
                         ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []) +
