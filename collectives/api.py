@@ -7,6 +7,7 @@ Also the helpers that programs need beside the calls: where a reduce-scatter's b
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import numpy as np
@@ -15,7 +16,6 @@ from collectives.ops import dispatch
 from collectives.process import world as worlds
 from collectives.calls.call import issue
 from collectives.groups.group import Group, member
-from collectives.groups.membership import NonMember
 from ring import arrays
 from ring.partition import chunk_bounds
 
@@ -27,114 +27,49 @@ def _group(group: object, collective: str, timeout: object) -> Group:
     return world if group is None else member(group, collective, world.runtime)
 
 
-def _same_as(method: Callable) -> Callable[[Callable], Callable]:
-    """Document a module-level function as ``method`` of the world, or of ``group=``."""
-    def document(fn: Callable) -> Callable:
-        fn.__doc__ = (f"{method.__doc__}\n\n        ``group``: the group to run on (None: the world); the same "
-                      f"as ``group.{method.__name__}(...)``.")
-        return fn
-    return document
+def _on_group(method: Callable) -> Callable:
+    """``Group.<method>`` as a module-level function: the same call on ``group=`` (None: the world,
+    set up first if need be, within the call's ``timeout``). Each collective is declared once, as
+    the method; this adds ``group`` to its signature and its docstring.
+
+    >>> import inspect; list(inspect.signature(broadcast).parameters)
+    ['x', 'root', 'group', 'async_op', 'timeout', 'name', 'algorithm']
+    """
+    name, signature = method.__name__, inspect.signature(method)
+    if "timeout" in signature.parameters:   # (named, not read from **kwargs: a call less on the hot path)
+        def on_group(*args: Any, group: Group | None = None, timeout: float | None = None, **kwargs: Any) -> Any:
+            g = worlds.the_world if group is None else _group(group, name, timeout)
+            return method(g or worlds.world(timeout), *args, timeout=timeout, **kwargs)
+    else:
+        def on_group(*args: Any, group: Group | None = None, **kwargs: Any) -> Any:
+            return method(_group(group, name, None), *args, **kwargs)
+
+    params = list(signature.parameters.values())[1:]   # (less self)
+    at = next((i for i, p in enumerate(params) if p.kind is p.KEYWORD_ONLY), len(params))
+    params.insert(at, inspect.Parameter("group", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation="Group | None"))
+    on_group.__signature__ = signature.replace(parameters=params)
+    on_group.__name__ = on_group.__qualname__ = name
+    on_group.__doc__ = (f"{method.__doc__}\n\n        ``group``: the group to run on (None: the world); the same "
+                        f"as ``group.{name}(...)``.")
+    return on_group
 
 
-@_same_as(Group.allreduce)
-def allreduce(x, op: str = "sum", out=None, *, group: Group | None = None, async_op: bool = False,
-              timeout: float | None = None, name: str | None = None, algorithm: str | None = None) -> Any:
-    g = worlds.the_world if group is None else _group(group, "allreduce", timeout)
-    return (g or worlds.world(timeout)).allreduce(x, op, out, async_op=async_op, timeout=timeout, name=name,
-                                                   algorithm=algorithm)
-
-
-@_same_as(Group.allreduce_many)
-def allreduce_many(arrays: list, op: str = "sum", *, group: Group | None = None, async_op: bool = False,
-                   timeout: float | None = None, name: str | None = None, algorithm: str | None = None) -> Any:
-    return _group(group, "allreduce_many", timeout).allreduce_many(arrays, op, async_op=async_op, timeout=timeout,
-                                                                   name=name, algorithm=algorithm)
-
-
-@_same_as(Group.reduce_scatter)
-def reduce_scatter(x, op: str = "sum", out=None, *, group: Group | None = None, async_op: bool = False,
-                   timeout: float | None = None, name: str | None = None, algorithm: str | None = None) -> Any:
-    g = worlds.the_world if group is None else _group(group, "reduce_scatter", timeout)
-    return (g or worlds.world(timeout)).reduce_scatter(x, op, out, async_op=async_op, timeout=timeout, name=name,
-                                                        algorithm=algorithm)
-
-
-@_same_as(Group.allgather)
-def allgather(x, out=None, *, group: Group | None = None, async_op: bool = False, timeout: float | None = None,
-              name: str | None = None, algorithm: str | None = None) -> Any:
-    g = worlds.the_world if group is None else _group(group, "allgather", timeout)
-    return (g or worlds.world(timeout)).allgather(x, out, async_op=async_op, timeout=timeout, name=name,
-                                                   algorithm=algorithm)
-
-
-@_same_as(Group.broadcast)
-def broadcast(x, root: int = 0, *, group: Group | None = None, async_op: bool = False, timeout: float | None = None,
-              name: str | None = None, algorithm: str | None = None) -> Any:
-    g = worlds.the_world if group is None else _group(group, "broadcast", timeout)
-    return (g or worlds.world(timeout)).broadcast(x, root, async_op=async_op, timeout=timeout, name=name,
-                                                   algorithm=algorithm)
-
-
-@_same_as(Group.alltoall)
-def alltoall(x, splits=None, out=None, *, out_splits=None, group: Group | None = None, async_op: bool = False,
-             timeout: float | None = None, name: str | None = None) -> Any:
-    return _group(group, "alltoall", timeout).alltoall(x, splits, out, out_splits=out_splits, async_op=async_op,
-                                                       timeout=timeout, name=name)
-
-
-@_same_as(Group.gather)
-def gather(x, root: int = 0, out=None, *, group: Group | None = None, async_op: bool = False,
-           timeout: float | None = None, name: str | None = None) -> Any:
-    return _group(group, "gather", timeout).gather(x, root, out, async_op=async_op, timeout=timeout, name=name)
-
-
-@_same_as(Group.scatter)
-def scatter(x, root: int = 0, splits=None, out=None, *, group: Group | None = None, async_op: bool = False,
-            timeout: float | None = None, name: str | None = None) -> Any:
-    return _group(group, "scatter", timeout).scatter(x, root, splits, out, async_op=async_op, timeout=timeout,
-                                                     name=name)
-
-
-@_same_as(Group.reduce)
-def reduce(x, op: str = "sum", root: int = 0, out=None, *, group: Group | None = None, async_op: bool = False,
-           timeout: float | None = None, name: str | None = None) -> Any:
-    return _group(group, "reduce", timeout).reduce(x, op, root, out, async_op=async_op, timeout=timeout, name=name)
-
-
-@_same_as(Group.barrier)
-def barrier(*, group: Group | None = None, async_op: bool = False, timeout: float | None = None,
-            name: str | None = None) -> Any:
-    g = worlds.the_world if group is None else _group(group, "barrier", timeout)
-    return (g or worlds.world(timeout)).barrier(async_op=async_op, timeout=timeout, name=name)
-
-
-@_same_as(Group.refuse)
-def refuse(collective: str, problem: str, *, group: Group | None = None, async_op: bool = False,
-           timeout: float | None = None) -> Any:
-    return _group(group, collective, timeout).refuse(collective, problem, async_op=async_op, timeout=timeout)
-
-
-@_same_as(Group.new_group)
-def new_group(ranks, *, members_only: bool = False, group: Group | None = None, timeout: float | None = None,
-              name: str | None = None) -> Group | NonMember:
-    return _group(group, "new_group", timeout).new_group(ranks, members_only=members_only, timeout=timeout,
-                                                         name=name)
-
-
-@_same_as(Group.split)
-def split(color: int | None, key: int = 0, *, group: Group | None = None, timeout: float | None = None,
-          name: str | None = None) -> Group | NonMember:
-    return _group(group, "split", timeout).split(color, key, timeout=timeout, name=name)
-
-
-@_same_as(Group.destroy)
-def destroy(*, group: Group | None = None, timeout: float | None = None, name: str | None = None) -> None:
-    return _group(group, "destroy", timeout).destroy(timeout=timeout, name=name)
-
-
-@_same_as(Group.algorithm_for)
-def algorithm_for(collective: str, x, *, group: Group | None = None) -> str:
-    return _group(group, "algorithm_for", None).algorithm_for(collective, x)
+allreduce = _on_group(Group.allreduce)
+allreduce_many = _on_group(Group.allreduce_many)
+reduce_scatter = _on_group(Group.reduce_scatter)
+allgather = _on_group(Group.allgather)
+broadcast = _on_group(Group.broadcast)
+alltoall = _on_group(Group.alltoall)
+gather = _on_group(Group.gather)
+scatter = _on_group(Group.scatter)
+reduce = _on_group(Group.reduce)
+barrier = _on_group(Group.barrier)
+refuse = _on_group(Group.refuse)
+new_group = _on_group(Group.new_group)
+split = _on_group(Group.split)
+destroy = _on_group(Group.destroy)
+algorithm_for = _on_group(Group.algorithm_for)
 
 
 def use_local_gpu(*, timeout: float | None = None) -> int:
