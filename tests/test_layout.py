@@ -162,6 +162,18 @@ def test_only_the_runtime_writes_the_failure_state():
     assert not wrong, "the failure state has one writer, collectives.process.runtime.Runtime.stop:\n" + "\n".join(wrong)
 
 
+#: A group's counters and state, and their one owner (issue 47).
+GROUP_STATE, GROUP_OWNER = {"seq", "completed", "destroyed"}, "collectives.groups.group"
+
+
+def test_only_the_group_writes_its_counters():
+    wrong = [f"{module_name(path)}:{line} writes {ast.unparse(t)}"
+             for path in sources("collectives") if module_name(path) != GROUP_OWNER
+             for t, line in attribute_writes(ast.parse(path.read_text()))
+             if t.attr in GROUP_STATE and ast.unparse(t.value) != "self"]
+    assert not wrong, "a group's counters have one writer, Group:\n" + "\n".join(wrong)
+
+
 def test_no_module_sets_another_modules_globals_or_a_transports_fields():
     """A module's globals are set by that module (through a function of its own, like
     ``ring.execute.observe``), and a transport's fields by the transport: callers pass values (a

@@ -68,7 +68,7 @@ class Call(Bound):
         self.thread = thread   # the name of the thread that issued the call ("" for the main thread)
         self.algorithm = ""    # the algorithm it runs, once chosen
         self.nbytes = 0        # the bytes this rank brings (for the timeline)
-        self.seq = group.seq = group.seq + 1
+        self.seq = group.next_call()
         self.until = monotonic() + (runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout)
                                     else timeout)
         self.stop = runtime.stopped   # (set by runtime.stop: a wait in flight ends at its next look)
@@ -186,7 +186,7 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
         result = body(call, *args)
     except CollectiveUsageError:
         if runtime.failure is None:
-            g.completed = call.seq   # raised alike on every rank: still in step
+            g.completed_in_step(call.seq)   # raised alike on every rank: still in step
         raise
     except TransportError as e:
         g.transports.abandon()
@@ -198,7 +198,7 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
         runtime.stop(f"{name} #{call.seq} on {g.where()} was interrupted by {named(e)}")
         raise
     else:
-        g.completed = call.seq
+        g.completed_in_step(call.seq)
         return result, call
     finally:
         if quiet is not None:

@@ -82,6 +82,24 @@ class Group:
         me = f"rank {self.ranks[self.transport.rank]}"
         return f"{me} in {self.label}" if self.label else me
 
+    # The group's counters and state have one owner, this class: a call takes its number here,
+    # and says here that it ended in step (tests/test_layout.py keeps it so).
+
+    def next_call(self) -> int:
+        """The number of the call being made on this group (1, 2, ...: the same on every member in step)."""
+        self.seq += 1
+        return self.seq
+
+    def completed_in_step(self, seq: int) -> None:
+        """Call ``seq`` returned, or raised alike on every member: the members are still in step."""
+        self.completed = seq
+
+    def destroyed_now(self) -> None:
+        """``destroy`` freed the group: its communicators go, its calls refuse."""
+        self.destroyed = True
+        self.runtime.groups.remove(self)
+        self.transports.close()
+
     def lost(self) -> list[int]:
         """The ranks known dead (ended without a farewell, seen here or said in a farewell), as the
         world numbers them: what a change of the world leaves out (``col.elastic``)."""

@@ -114,7 +114,7 @@ def _joined(call: Call, split: Callable, members: tuple[int, ...]) -> Any:
     except CommunicatorsExhausted as e:
         if made is not None:
             made.close()
-        parent.completed = call.seq
+        parent.completed_in_step(call.seq)
         alive = len(call.runtime.groups) - 1
         raise CollectiveError(f"{call.name}: MPI has no communicators left ({alive} groups alive); destroy groups "
                               f"you no longer use (Group.destroy()) [{e}]") from e
@@ -129,7 +129,4 @@ def destroy(call: Call) -> None:
     except CollectiveUsageError as error:
         call.reject(error)
     call.agree(call.signature(), always=True)   # every member is here: none has a call in flight on it
-    g = call.group
-    g.destroyed = True
-    g.runtime.groups.remove(g)
-    g.transports.close()
+    call.group.destroyed_now()
