@@ -242,7 +242,7 @@ def test_a_rank_that_crashes_before_its_first_collective_is_named_at_setup():
 
 
 def test_a_rank_that_crashes_before_its_first_collective_is_named_to_a_rank_that_comes_later():
-    """Rank 2 comes 3 s after rank 1 raised: rank 1, at exit, still waits in the setup to say why."""
+    """Rank 2 comes 3 s after rank 1 raised: rank 1, at exit, still waits in the setup to say why (up to 10 s)."""
     status, output, _ = _fault(3, "crash-first-late")
     errors = _errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 2], output

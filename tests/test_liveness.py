@@ -74,7 +74,7 @@ def test_a_killed_process_is_gone_at_once():
     """Rank 1 in another process, SIGKILLed: its kernel closes the connection."""
     low = liveness.Liveness()
     child = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from ring.transport import liveness\n"
+        "import sys, time; from ring.transport.mpi import liveness\n"
         "me = liveness.Liveness(); print(me.port, flush=True)\n"
         "ports = [int(sys.stdin.readline()), me.port]\n"
         "me.join(1, ['127.0.0.1', 'localhost'], ports)\n"

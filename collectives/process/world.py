@@ -282,7 +282,7 @@ def mpi_running() -> bool:
 
 # The process's end, once the program has used the runtime (the hooks installed by mpi()).
 
-_FAREWELL_SETUP_SECONDS = 30.0   # how long a process ending before setup waits to tell the others (docs/failures.md)
+_FAREWELL_SETUP_SECONDS = 10.0   # how long a process ending before setup waits to tell the others (docs/failures.md)
 
 
 def _at_exit() -> None:
