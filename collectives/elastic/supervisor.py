@@ -32,7 +32,7 @@ def supervise() -> None:
     under MPICH's launcher (PMI_FD or PMI_PORT set, no Open MPI); elsewhere it does nothing.
 
     Where the rank dies by a signal inside ``col.elastic.run``, the supervisor waits for the
-    survivors' word (see this module's docstring): 0 if they finished the job without it, else
+    survivors' word (``collectives.elastic.outcome``): 0 if they finished the job without it, else
     the rank's own status (137 after SIGKILL), so that ``mpiexec`` reports a job that recovered
     and finished as 0, as horovodrun and torchrun do.
 
