@@ -173,7 +173,7 @@ def rebuild(newcomers: int = 0, hosts: list[str] | None = None, timeout: float |
     The old world, its groups and a ``wait()`` on a call in flight raise MembershipChanged from
     then on. Bounded by ``timeout`` (default: the runtime's). ``col.elastic.run`` calls it.
 
-    >>> change = col.world.rebuild()      # on the survivors of rank 3, in a world of 4  # doctest: +SKIP
+    >>> change = world.rebuild()   # collectives.process.world, on the survivors of rank 3 of 4  # doctest: +SKIP
     >>> change.gone, col.size(), change.text                                          # doctest: +SKIP
     ((3,), 3, 'rank 3 gone: 4 -> 3 ranks')
     """
