@@ -16,10 +16,11 @@ STEPS, KILLED_AT = 30, 10
 
 def survivors(args: list[str], n: int = 4) -> tuple[str, str]:
     """Run ``python -m tests.programs.ARGS`` on n ranks, the survivors kept; all its output, and it again
-    with each rank's line (``rank R...``) on a line of its own (the lines of two ranks may run together)."""
+    with each rank's line (``rank R...``, and a supervisor's ``[rank R] ...``) on a line of its own (the lines of
+    two processes may run together)."""
     result = run_world(n, ["-m", "tests.programs." + args[0], *args[1:]], BOUND_S, launcher_args=keep_survivors())
     assert "Segmentation" not in result.stdout and "TIMED OUT" not in result.stdout, result.stdout
-    return result.stdout, re.sub(r"(?<!\n)(?=rank \d(?: of \d)?: )", "\n", result.stdout)
+    return result.stdout, re.sub(r"(?<!\n)(?=rank \d(?: of \d)?: |\[rank \d\] )", "\n", result.stdout)
 
 
 def digests(lines: str) -> dict[int, tuple[int, int, str]]:
