@@ -8,18 +8,19 @@
 >>> rows = col.split(col.rank() // 2)               # groups: collectives on subsets  # doctest: +SKIP
 >>> rows.allreduce(grads)                           # doctest: +SKIP
 
-The layers, each importing only those below it: ``api`` (these functions: the world's
-methods) -> ``group`` (a Group runs collectives) -> ``dispatch`` (each collective's body) ->
-``call`` (the frame: turn, check, errors) -> ``runtime``, ``progress``, ``settings`` -> ``ring``.
-``world`` sets the world up and, once the program has used it, sees the process out (``hooks``,
-``leaving``); importing the package installs nothing.
+The layers, each importing only those below it (docs/architecture.md draws them): ``api`` and
+``p2p`` (these functions) -> ``process/`` (the process and its world: start, config, leaving) ->
+``groups/`` (a Group runs collectives; making and membership) -> ``ops/`` (each collective's
+body) -> ``calls/`` (the frame: turn, check, progress, errors) -> ``ring`` (schedule and
+transports). ``elastic/`` and ``torch/`` sit on the public face; importing the package installs
+nothing.
 """
 from collectives import about, elastic
 from collectives.calls import timeline
 from collectives.about import VERSION as __version__
 from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many, alltoall, barrier, block_bounds,
-                             broadcast, destroy, gather, refuse, gpu_transport, nccl_communicator, new_group, reduce, reduce_scatter, scatter, split,
-                             synchronize, to_host, use_local_gpu)
+                             broadcast, destroy, gather, gpu_transport, nccl_communicator, new_group, reduce,
+                             reduce_scatter, refuse, scatter, split, synchronize, to_host, use_local_gpu)
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.groups.group import Group
 from collectives.groups.membership import NonMember

@@ -1,8 +1,8 @@
 """Issue 37, item 4: nothing at import. Importing ``collectives`` (or ``collectives.torch``)
 installs no excepthook, exit handler or signal handler, and a program that never calls it exits at
 once; the program's first use installs them, and leaving the runtime (MPI.Finalize() by the
-program, or the exit) removes them. ``import collectives.torch`` leaves env:// to torch but for
-``init_process_group("ring")``. (A rank that used the runtime and ends before its first collective
+program, or the exit) removes them. ``import collectives.torch`` starts no MPI; without MASTER_ADDR
+its rendezvous answers env:// and ring:// (``collectives/torch/rendezvous.py``). (A rank that used the runtime and ends before its first collective
 is still named by the others: tests/test_edges.py and tests/test_faults.py.)"""
 import os
 import re
@@ -44,13 +44,14 @@ def test_the_first_use_installs_the_hooks_and_leaving_the_runtime_removes_them(e
             assert f"rank {rank}: {look}" in result.stdout, (look, result.stdout)
 
 
-def test_import_collectives_torch_leaves_env_rendezvous_to_torch_but_for_the_ring_backend():
+def test_without_master_addr_env_and_ring_urls_are_the_ring_rendezvous_and_gloo_is_told_what_to_set():
     pytest.importorskip("torch")
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-m", "tests.programs.hooks", "torch-env"], cwd=ROOT, env=environment,
                             capture_output=True, text=True, timeout=BOUND_S)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert ("rank 0: gloo: ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
-            "variable RANK expected, but not set") in result.stdout, result.stdout + result.stderr
-    assert "rank 0: gloo: MPI not started" in result.stdout, result.stdout
-    assert "rank 0: ring: rank 0 of 1" in result.stdout and "rank 0: ring: MPI started" in result.stdout, result.stdout
+    assert "rank 0: after import: MPI not started" in result.stdout, result.stdout + result.stderr
+    assert re.search(r"rank 0: gloo None: RuntimeError: the ring rendezvous .* keeps no key-value store .* needs "
+                     r"MASTER_ADDR and MASTER_PORT set", result.stdout), result.stdout + result.stderr
+    assert "rank 0: ring None: rank 0 of 1" in result.stdout, result.stdout
+    assert "rank 0: ring ring://: rank 0 of 1" in result.stdout, result.stdout

@@ -88,21 +88,26 @@ def first_use() -> None:
 
 
 def torch_env() -> None:
-    """No MASTER_ADDR, RANK or WORLD_SIZE: after ``import collectives.torch``, gloo's env://
-    rendezvous is torch's own (its error, and MPI not started); ring's takes rank and size from MPI."""
+    """No MASTER_ADDR, RANK or WORLD_SIZE: after ``import collectives.torch``, env:// (torch's
+    default URL) and ring:// are the ring rendezvous: ring gets rank and size from MPI, and gloo,
+    which needs a store, is refused by name."""
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         os.environ.pop(name, None)
     import torch.distributed as dist
     import collectives.torch  # noqa: F401 - registers "ring"
-    for backend in ("gloo", "ring"):
+    _say(f"after import: MPI {'started' if _mpi_started() else 'not started'}")
+    for backend, url in (("gloo", None), ("ring", None), ("ring", "ring://")):
         try:
-            dist.init_process_group(backend)
-            _say(f"{backend}: rank {dist.get_rank()} of {dist.get_world_size()}")
+            dist.init_process_group(backend, init_method=url)
+            _say(f"{backend} {url}: rank {dist.get_rank()} of {dist.get_world_size()}")
             dist.destroy_process_group()
         except Exception as e:   # noqa: BLE001 - what the program gets is the point
-            _say(f"{backend}: {type(e).__name__}: {e}")
-        mpi = sys.modules.get("mpi4py.MPI")
-        _say(f"{backend}: MPI {'started' if mpi is not None and mpi.Is_initialized() else 'not started'}")
+            _say(f"{backend} {url}: {type(e).__name__}: {e}")
+
+
+def _mpi_started() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized()
 
 
 if __name__ == "__main__":
