@@ -40,12 +40,24 @@ def test_the_fit_is_close_under_noise_and_never_negative():
     assert fitted.call + fitted.alpha == pytest.approx(TRUE.call + TRUE.alpha, rel=0.25)
 
 
-def test_choose_takes_the_least_predicted_time():
-    for n in (2, 3, 4, 8, 64, 4096):
-        for nbytes in (8, 4096, 1 << 16, 1 << 20, 1 << 26):
-            chosen = cost.choose("allreduce", n, nbytes, TRUE)
-            times = {a: cost.predict("allreduce", a, n, nbytes, TRUE) for a in cost.candidates("allreduce", nbytes)}
-            assert times[chosen] == min(times.values()), (n, nbytes)
+LATENCY_ONLY, BANDWIDTH_ONLY = cost.Costs(0, 1, 0, 0), cost.Costs(0, 0, 1, 0)
+
+
+@pytest.mark.parametrize("costs, n, nbytes, expected", [
+    # Only messages cost: the fewest messages win (counts from the module's table, check on, s = doubling steps).
+    (LATENCY_ONLY, 4, 8, "doubling"),          # doubling s=2; halving 2 + 2*2 = 6; ring 2 + 2*3 = 8
+    (LATENCY_ONLY, 5, 8, "doubling"),          # doubling s=4; halving 4 + fold 2 + 2*2 = 10; ring 4 + 2*4 = 12
+    (LATENCY_ONLY, 5, 1 << 20, "halving"),     # above doubling's buffer: halving 10 against the ring's 12
+    (LATENCY_ONLY, 2, 1 << 20, "halving"),     # 1 + 2 each: the tie goes to halving, listed before the ring
+    # Only bytes sent cost: the fewest bytes win.
+    (BANDWIDTH_ONLY, 3, 1 << 20, "ring"),      # ring 2(n-1)/n N = 4/3 N; halving (p=2) N + fold 2N = 3N
+    (BANDWIDTH_ONLY, 4, 1 << 20, "halving"),   # both 3/2 N: the tie to halving
+    (BANDWIDTH_ONLY, 5, 64 << 20, "ring"),     # ring 8/5 N; halving 3/2 N + 2N
+    (BANDWIDTH_ONLY, 2, 8, "doubling"),        # every one sends N: the tie to doubling, listed first
+    (TRUE, 1, 8, "doubling"), (TRUE, 1, 1 << 20, "halving"),   # one rank: only copies; ties, doubling if it may
+])
+def test_choose_takes_the_cheapest_by_the_counts_of_the_table(costs, n, nbytes, expected):
+    assert cost.choose("allreduce", n, nbytes, costs) == expected
 
 
 def test_latency_then_bandwidth():
@@ -82,11 +94,17 @@ def test_halving_on_two_hosts_sends_both_ranks_halves_across():
     assert halving == pytest.approx(2 * (1 << 20) * 1e-9)   # d=2 both ways, 2 ranks x N/2 on one link
 
 
-def test_two_levels_win_on_two_hosts_of_two():
-    network = cost.Costs(0, 50e-6, 8e-9, 0)   # 125 MB/s, 30 times slower than the hosts
-    flat = cost.predict("allreduce", "ring", 4, 16 << 20, TRUE, hosts=(2, 2), network=network)
-    two = cost.predict("allreduce", "two-level", 4, 16 << 20, TRUE, hosts=(2, 2), network=network)
-    assert 1.3 < flat / two < 1.5
+def test_two_levels_win_where_the_network_is_slow_and_lose_where_it_is_not():
+    """On 2 hosts of 2 the flat ring sends 2(n-1)/n N = 1.5 N across a host link, two levels
+    2(H-1)/H N = N: a slow network makes two levels about 1.5 times faster (less their local steps);
+    a network as fast as the host leaves them only their extra local steps, and the flat ring wins."""
+    def flat_over_two(network):
+        flat = cost.predict("allreduce", "ring", 4, 16 << 20, TRUE, hosts=(2, 2), network=network)
+        return flat / cost.predict("allreduce", "two-level", 4, 16 << 20, TRUE, hosts=(2, 2), network=network)
+
+    assert 1.3 < flat_over_two(cost.Costs(0, 50e-6, 8e-9, 0)) < 1.5   # 125 MB/s, 30 times slower than the host
+    assert flat_over_two(cost.Costs(0, 0, 1, 0)) == pytest.approx(1.5, rel=1e-6)   # only the network costs
+    assert flat_over_two(TRUE) < 1
 
 
 @pytest.mark.parametrize("setting, size, expected", [
