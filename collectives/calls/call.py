@@ -29,10 +29,11 @@ floating-point guard only when they are in use.
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 import threading
 from threading import get_ident, main_thread
 from time import monotonic, perf_counter
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
 import numpy as np
 
@@ -106,10 +107,22 @@ class Call(Bound):
                 raise shared
         raise CollectiveUsageError(disagreement(self.name, signatures, g.ranks, g.label))
 
+    @contextmanager
+    def validation(self) -> Iterator[None]:
+        """The prologue of every body: its arguments' checks run inside, and a usage error they
+        raise is this rank's refusal of the call (:meth:`reject`), which every rank then raises.
+
+        >>> with call.validation():                     # doctest: +SKIP
+        ...     x, out, in_place = validate.reduction(call.name, x, op, out)
+        """
+        try:
+            yield
+        except CollectiveUsageError as error:
+            self.reject(error)
+
     def reject(self, error: CollectiveUsageError) -> NoReturn:
         """Raise this rank's usage ``error``; with the check on, first share it so every rank raises
-        instead of waiting for this one (every body validates in ``try: ... except
-        CollectiveUsageError as error: call.reject(error)``). With the check off the other ranks
+        instead of waiting for this one. With the check off the other ranks
         cannot be told: they go on waiting, so this rank stops the runtime (out of step)."""
         if self.runtime.settings.check:
             signature = make_signature(self.name, self.seq, rejected=True, name=str(error))   # (two ranks' different
@@ -130,7 +143,7 @@ class Call(Bound):
         """The options every collective takes, when given: ``timeout=``, ``name=``, ``algorithm=``
         (one of the collective's algorithms in ``ring.cost.ALGORITHMS``, or "hierarchical" for an
         all-reduce on a group that spans hosts)."""
-        try:
+        with self.validation():
             validate.timeout(self.name, timeout)
             validate.call_name(self.name, call_name)
             if algorithm is not None:
@@ -140,8 +153,6 @@ class Call(Bound):
                     validate.fail(self.name, "algorithm", f"expected None (the runtime's choice) or one of "
                                                           f"{', '.join(map(repr, known))}, got {algorithm!r}"
                                   if known else f"{self.name} has no algorithm to choose, got {algorithm!r}")
-        except CollectiveUsageError as error:
-            self.reject(error)
 
 
 def issue(g, name: str, body: Callable, args: tuple, async_op: object = False, timeout: object = None,

@@ -112,10 +112,8 @@ def _cannot_carry(call: Call, forced: str, nbytes: int, host: bool) -> str:
 
 
 def allreduce(call: Call, x: Any, op: Any, out: Any) -> Any:
-    try:
+    with call.validation():
         x, out, in_place = validate.reduction(call.name, x, op, out)
-    except CollectiveUsageError as error:
-        call.reject(error)
     host = type(x) is np.ndarray
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
@@ -157,10 +155,8 @@ def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, ho
 
 
 def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
-    try:
+    with call.validation():
         plain = validate.array_list(call.name, "arrays", arrays, op)
-    except CollectiveUsageError as error:
-        call.reject(error)
     host = not plain or type(plain[0]) is np.ndarray
     by_dtype: dict = {}
     layout, nbytes = [], 0
@@ -190,13 +186,11 @@ def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
 
 def reduce_scatter(call: Call, x: Any, op: Any, out: Any) -> Any:
     g = call.group
-    try:
+    with call.validation():
         if type(x) is not np.ndarray:
             x, _, _ = validate.reduction(call.name, x, op, None)   # (refuses what has no size)
         start, stop = chunk_bounds(x.size, g.transport.size)[g.transport.rank]
         x, out, _ = validate.reduction(call.name, x, op, out, (stop - start,))
-    except CollectiveUsageError as error:
-        call.reject(error)
     host = type(x) is np.ndarray
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
@@ -218,10 +212,8 @@ def reduce_scatter(call: Call, x: Any, op: Any, out: Any) -> Any:
 
 
 def allgather(call: Call, x: Any, out: Any) -> Any:
-    try:
+    with call.validation():
         x, out = validate.gathered(call.name, x, out)
-    except CollectiveUsageError as error:
-        call.reject(error)
     g, n = call.group, call.group.transport.size
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory="host" if host else "gpu")
@@ -256,10 +248,8 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
 def broadcast(call: Call, x: Any, root: Any) -> Any:
     g = call.group
     me = g.transport.rank
-    try:
+    with call.validation():
         x, root = validate.broadcast(call.name, x, root, g.transport.size, g.is_world, me)
-    except CollectiveUsageError as error:
-        call.reject(error)
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape, root=root, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
