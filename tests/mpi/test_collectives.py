@@ -50,13 +50,36 @@ def same_on_every_rank(result) -> bool:
     return all(b == everyone[0] for b in everyone)
 
 
-@pytest.fixture(autouse=True, params=[None, 96], ids=["default-segments", "96-byte-segments"])
+TINY_SEGMENT_BYTES, TINY_SMALL_BYTES = 96, 1024
+
+
+@pytest.fixture(autouse=True, params=[None, TINY_SEGMENT_BYTES], ids=["default-segments", "96-byte-segments"])
 def segment_size(request):
-    """Default segments (lockstep for these sizes) and tiny ones (the pipelined executor); the
-    defaults again after (the next module's calls must not crawl in 96-byte messages)."""
-    col.init(segment_bytes=request.param or 0)
+    """Default segments (lockstep for these sizes) and tiny ones (the pipelined executor), the
+    latter with recursive doubling only up to 1 KiB, so that a few KiB already take the segmented
+    ring (see :func:`pipelined`); the defaults again after (the next module's calls must not crawl
+    in 96-byte messages)."""
+    small = col.settings().small_bytes
+    if request.param:
+        col.init(segment_bytes=request.param, small_bytes=TINY_SMALL_BYTES)
     yield request.param or DEFAULT_SEGMENT_BYTES
-    col.init(segment_bytes=0)
+    col.init(segment_bytes=0, small_bytes=small)
+
+
+def pipelined(count: int, dtype, segment_size: int) -> int:
+    """``count`` elements, or under tiny segments as many as give each rank's block 8 of them (the
+    pipeline's start, steady state and end) and an odd remainder: the ring's path at a tenth of the
+    messages (200 003 elements of 96-byte segments took 12 s of a world's 73 at n=4)."""
+    return min(count, 8 * N * (segment_size // np.dtype(dtype).itemsize) + 5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "bfloat16"])
+def test_the_pipelined_counts_take_the_segmented_ring(dtype, segment_size):
+    """The premise of :func:`pipelined`: its counts are above recursive doubling's bytes, so the
+    tests that use them run a bandwidth algorithm in segments, under tiny segments as under the defaults."""
+    dtype = pytest.importorskip("ml_dtypes").bfloat16 if dtype == "bfloat16" else dtype
+    x = np.zeros(pipelined(3 * 2**20, dtype, segment_size), dtype)
+    agree(N == 1 or col.algorithm_for("allreduce", x) in ("ring", "halving"), f"{dtype}: {x.nbytes} bytes")
 
 
 def _close(result, expected, dtype, op):
@@ -84,8 +107,7 @@ def test_allreduce_matches_mpi(op, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "int64"])
 def test_allreduce_several_segments_per_chunk(dtype, segment_size):
-    # default segments: 12-24 MiB; 96-byte ones: 8 per chunk do (12 MiB of them took 60 s of 105 at n=5)
-    count = min(3 * 2**20, 8 * N * (segment_size // np.dtype(dtype).itemsize)) + 5
+    count = pipelined(3 * 2**20 + 5, dtype, segment_size)   # default segments: 12-24 MiB, several per chunk
     x = rank_input(count, dtype, "sum")
     agree(np.array_equal(col.allreduce(x), mpi_reference(x, "sum")), f"{dtype} x {count}: differs from MPI")
 
@@ -160,8 +182,8 @@ def test_allgather_matches_mpi_with_uneven_first_axis(dtype):
 
 @pytest.mark.parametrize("root", ["first", "last"])
 @pytest.mark.parametrize("count", [0, 1, 1001, 3 * 2**20])
-def test_broadcast_matches_mpi(root, count):
-    root = 0 if root == "first" else N - 1
+def test_broadcast_matches_mpi(root, count, segment_size):
+    root, count = 0 if root == "first" else N - 1, pipelined(count, "float32", segment_size)
     x = rank_input(count, "float32", "sum")
     expected = x.copy()
     COMM.Bcast(expected, root=root)

@@ -8,21 +8,13 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
-from collectives.process.config import DEFAULT_SEGMENT_BYTES
-from tests.mpi.test_collectives import MPI_OPS, agree, rank_input
+from tests.mpi.test_collectives import MPI_OPS, agree, pipelined, rank_input, segment_size  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
 N, RANK = COMM.Get_size(), COMM.Get_rank()
 ROOTS = sorted({0, N - 1, N // 2})
-
-
-@pytest.fixture(autouse=True, params=[None, 96], ids=["default-segments", "96-byte-segments"])
-def segment_size(request):
-    col.init(segment_bytes=request.param or 0)
-    yield request.param or DEFAULT_SEGMENT_BYTES
-    col.init(segment_bytes=0)
 
 
 def splits_of(rank):
@@ -153,8 +145,8 @@ def test_scatter_out_is_checked_across_ranks():
 @pytest.mark.parametrize("root", ROOTS)
 @pytest.mark.parametrize("count", [5, 100_001])   # recursive doubling, and the ring then a gather
 @pytest.mark.parametrize("op", ["sum", "max", "prod"])
-def test_reduce_matches_mpi_reduce(root, count, op):
-    x = rank_input(count, "float64", op)
+def test_reduce_matches_mpi_reduce(root, count, op, segment_size):
+    x = rank_input(pipelined(count, "float64", segment_size), "float64", op)
     expected = np.empty_like(x) if RANK == root else None
     COMM.Reduce(x, expected, op=MPI_OPS[op], root=root)
     got = col.reduce(x, op=op, root=root)
@@ -193,9 +185,10 @@ def test_async_op_and_name_and_groups(collective):
 
 @pytest.mark.parametrize("op", ["sum", "avg", "max", "prod"])
 @pytest.mark.parametrize("count", [7, 200_003])
-def test_bfloat16_is_reduced_in_float32_and_rounded_once(op, count):
+def test_bfloat16_is_reduced_in_float32_and_rounded_once(op, count, segment_size):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     bf16 = ml_dtypes.bfloat16
+    count = pipelined(count, bf16, segment_size)
     rng = np.random.default_rng(RANK)
     x = (rng.standard_normal(count) * (1.0 if op != "prod" else 0.5) + (1.0 if op == "prod" else 0)).astype(bf16)
     everyone = np.stack(COMM.allgather(x.astype(np.float64)))
