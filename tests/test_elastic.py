@@ -86,12 +86,32 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_for_ever():
 @pytest.mark.skipif(mpi_name() != "MPICH", reason="the supervisor runs under MPICH's launcher only")
 def test_a_death_before_mpi_started_ends_the_others_waiting_inside_mpi_init():
     """Rank 1 dies before MPI starts; the others would wait inside MPI_Init for ever (plain MPICH
-    does): their supervisors see it end among the proxy's processes and end them, naming it."""
+    does): their supervisors see it end among the proxy's processes and end them, naming it, or,
+    where it ended before they first looked (beside a CPU hog), counting it missing."""
     result = run_world(3, [*JOB, "--die-before-mpi", "1"], 60, launcher_args=CLEANUP)
     out = result.stdout
     assert result.returncode not in (0, -9) and "killed before MPI started" in out, out[-3000:]
-    assert re.search(r"collectives: rank 1 of this job \(its supervisor's pid \d+, on this host\) ended before MPI "
-                     r"started here, and MPI_Init would wait for it for ever; it ends", out), out[-3000:]
+    seen = r"rank 1 of this job \(its supervisor's pid \d+, on this host\) ended before MPI started here, and " \
+           r"MPI_Init would wait for it for ever"
+    unseen = r"1 of the 3 processes the launcher started on this host ended before MPI started here \(before this " \
+             r"supervisor could see them\), and MPI_Init would wait for them for ever"
+    assert re.search(rf"collectives: ({seen}|{unseen}); it ends", out), out[-3000:]
+
+
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="the supervisor runs under MPICH's launcher only")
+def test_a_death_before_any_supervisor_looked_is_counted_missing():
+    """Rank 1 dies before the others' supervisors start (they wait for it to be gone:
+    tests/programs/unseen_death.py), so none sees it end: they count fewer processes than the
+    launcher started on the host and end, saying so, instead of waiting inside MPI_Init (or see the
+    first of them end, and name it)."""
+    result = run_world(3, ["-m", "tests.programs.unseen_death"], 60, launcher_args=CLEANUP)
+    out = result.stdout
+    assert result.returncode not in (0, -9) and "wrong" not in out, out[-3000:]
+    assert ("collectives: 1 of the 3 processes the launcher started on this host ended before MPI started here "
+            "(before this supervisor could see them), and MPI_Init would wait for them for ever; it ends") in out, out
+    for rank in (0, 2):   # (the second to look may instead see the first end, and name it)
+        assert re.search(rf"^\[rank {rank}\] collectives: .* MPI_Init would wait for (it|them) for ever; it ends$",
+                         out, re.M), out
 
 
 def test_a_launch_that_would_kill_the_survivors_is_warned_of_at_the_start():

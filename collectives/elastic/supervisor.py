@@ -118,6 +118,7 @@ class _Reasons:
         self.alone_since = math.inf
         self.siblings: dict[int, str] = {}   # the other processes of the launcher's proxy here: pid -> rank
         self.next_sibling_look = 0.0
+        self.local_ranks = _local_ranks()    # how many the proxy started here (0: unknown)
 
     def to_end(self, said: bytes) -> str:
         self.others.look(0)
@@ -136,6 +137,11 @@ class _Reasons:
             if ended:
                 return (f"rank {self.siblings[ended[0]]} of this job (its supervisor's pid {ended[0]}, on this host) "
                         "ended before MPI started here, and MPI_Init would wait for it for ever")
+            unseen = self.local_ranks - 1 - len(self.siblings)
+            if unseen > 0 and now - self.began > _FORK_GRACE:   # (ended before this supervisor's first look)
+                return (f"{unseen} of the {self.local_ranks} processes the launcher started on this host ended "
+                        "before MPI started here (before this supervisor could see them), and MPI_Init would wait "
+                        "for them for ever")
         if changes.joining() and b"1" not in said and now - self.began > changes.JOIN_SECONDS:
             return (f"this newcomer could not join the running job within {changes.JOIN_SECONDS:.0f} s (the members "
                     "gave up its spawn)")
@@ -151,6 +157,17 @@ def _siblings() -> set[int]:
             return {int(pid) for pid in f.read().split()} - {os.getpid()}
     except (OSError, ValueError):
         return set()
+
+
+def _local_ranks() -> int:
+    """How many processes MPICH's launcher started on this host (MPI_LOCALNRANKS), where this
+    process's parent is its proxy; 0 where it cannot tell (a wrapper between them, another launcher)."""
+    try:
+        with open(f"/proc/{os.getppid()}/comm") as f:
+            proxy = f.read().strip() == "hydra_pmi_proxy"
+        return int(os.environ.get("MPI_LOCALNRANKS", "0")) if proxy else 0
+    except (OSError, ValueError):
+        return 0
 
 
 def _rank_of(pid: int) -> str:
@@ -173,7 +190,10 @@ def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOther
       0.15 s of a job spun there, in 5 runs of 6);
     - a process of the job on this host (another child of the launcher's proxy) ended before MPI
       started here: MPI_Init would wait for it for ever (a rank that failed while it loaded its
-      data, before its first collective, held the others there: plain MPICH does too);
+      data, before its first collective, held the others there: plain MPICH does too). One that
+      ended before this supervisor's first look is counted missing: fewer than the proxy's
+      MPI_LOCALNRANKS were ever seen _FORK_GRACE seconds after the start (beside a CPU hog a
+      rank that died at once was gone before the others looked, and they waited for ever);
     - a newcomer that has not joined the job within ``changes.JOIN_SECONDS``: a member that died
       while the members spawned it leaves it waiting in its MPI_Init or the merge;
     - an elastic rank still running _ALONE_GRACE seconds after every other rank has ended, one
@@ -207,6 +227,7 @@ def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOther
 _LOOK_SECONDS = 0.05   # between the supervisor's looks at its child
 _START_GRACE = 0.5     # seconds MPI may still take to start in the child after a failure notice
 _SIBLING_LOOK_SECONDS = 0.25   # between looks at the other processes here, until MPI has started
+_FORK_GRACE = 5.0      # seconds the proxy may take to start every process of this host (then one unseen has ended)
 _ALONE_GRACE = 5.0     # seconds a rank may still take to end once every other rank ended after a failure
 #: In a job that spawned processes (the child said b"1"), the supervisor outlives its child by this
 #: much. MPICH's launcher (hydra 5, under -disable-auto-cleanup) answers every process's end, even a
