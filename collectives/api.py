@@ -72,6 +72,18 @@ destroy = _on_group(Group.destroy)
 algorithm_for = _on_group(Group.algorithm_for)
 
 
+def world_group(*, timeout: float | None = None) -> Group:
+    """The world as a Group, set up first if need be (within ``timeout``): what the module-level
+    calls run on without ``group=``. A value of the world as it is now: after an elastic change
+    (``collectives.elastic``) the world is a new Group, and calls on this one raise MembershipChanged.
+
+    >>> world = col.world_group()                      # doctest: +SKIP
+    >>> world.size() == col.size(), world.allreduce(grads) is not None   # doctest: +SKIP
+    (True, True)
+    """
+    return worlds.world(timeout)
+
+
 def use_local_gpu(*, timeout: float | None = None) -> int:
     """Give this rank its own GPU, the same way on every rank; return the GPU's index.
 

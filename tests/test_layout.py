@@ -71,8 +71,6 @@ def test_no_module_imports_another_in_a_circle():
 FLOORS = [("collectives.errors",), ("collectives.calls",), ("collectives.ops",), ("collectives.groups",),
           ("collectives.process",), ("collectives.api", "collectives.p2p"), ("collectives.elastic",),
           ("collectives", "collectives.about", "collectives.__main__"), ("collectives.torch",)]
-#: Where a floor still reaches into another below the public API (issue 47's list: to mend).
-REACHES_IN = {("collectives.torch.group", "collectives.process.world")}
 
 
 def floor_of(module: str) -> int:
@@ -91,7 +89,7 @@ def test_each_floor_of_collectives_imports_only_its_own_or_those_below():
             if not m.startswith("collectives"):
                 continue
             target = m if m in names else m.rsplit(".", 1)[0]
-            if floor_of(target) > floor_of(name) and (name, target) not in REACHES_IN:
+            if floor_of(target) > floor_of(name):
                 upward.append(f"{name}:{line} imports {target} (a floor above)")
     assert not upward, "\n".join(upward)
 

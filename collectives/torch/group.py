@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 import collectives as col
-from collectives.process import world as worlds
 from collectives.torch.tensors import (OPS, as_array, copied_into, dense, flat, host_array, into, joined,
                                        padded_blocks, reduction, rows_of, same_dtype, same_sizes, sparse_rows,
                                        sparse_sum, staged)
@@ -44,7 +43,7 @@ class RingProcessGroup(dist.ProcessGroup):
     """
 
     def __init__(self, group: col.Group | None, timeout: float | None):
-        group = worlds.world() if group is None else group   # (held, not None: the world changes, this one not)
+        group = col.world_group() if group is None else group   # (held, not None: the world changes, this one not)
         super().__init__(group.rank(), group.size())
         self.group = group
         self.timeout = timeout

@@ -110,3 +110,12 @@ def test_a_group_runs_its_collectives_and_the_module_functions_are_the_worlds():
             evens.allreduce(x)
     agree(not problems, f"wrong: {problems}")
     agree(np.array_equal(col.allreduce(x), np.full(3, N * (N + 1) / 2)), "the world's call after the group's")
+
+
+def test_the_world_group_is_the_group_of_the_module_functions():
+    world = col.world_group()
+    x = np.full(3, RANK + 1.0)
+    same = (isinstance(world, col.Group) and world is col.world_group() and (world.rank(), world.size()) == (RANK, N)
+            and np.array_equal(world.allreduce(x), col.allreduce(x))
+            and np.array_equal(col.allreduce(x, group=world), col.allreduce(x)))
+    agree(same, "col.world_group() is not the world the module functions run on")
