@@ -39,7 +39,7 @@ from bench.gloo import Gloo
 from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
 from bench.sizes import format_size, sweep
 from bench.timing import copy_bandwidth, default_iterations, time_each
-from cmdline.interrupt import stop_on_ctrl_c
+from cmdline.interrupt import stop_together
 from cmdline.memory import available_memory, gib
 
 def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
     rows: list[Row] = []
     skipped: list[int] = []
     try:
-        with stop_on_ctrl_c():
+        with stop_together():
             _sweep(args, comm, sizes, (xp, nccl_comm, gloo), env, rows, skipped)
     except KeyboardInterrupt:
         if gloo:
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
         if rank0:
             _write(args, env, rows, plot_too=True)
             written = ", ".join(p for p in (args.json, args.csv, args.plot) if p)
-            print(f"# interrupted (Ctrl-C) after {len(rows) // len(args.impl)} of {len(sizes)} sizes"
+            print(f"# interrupted (Ctrl-C or SIGTERM) after {len(rows) // len(args.impl)} of {len(sizes)} sizes"
                   + (f"; the rows so far are in {written}" if written and rows else ""), flush=True)
         return INTERRUPTED
     if gloo:

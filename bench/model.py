@@ -26,7 +26,7 @@ from bench.cases import Case, bus_factor
 from bench.report import GB
 from bench.sizes import format_size, sweep
 from bench.timing import time_each
-from cmdline.interrupt import stop_on_ctrl_c
+from cmdline.interrupt import stop_together
 from cmdline.parser import INTERRUPTED
 from ring import cost
 
@@ -231,11 +231,11 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
     settings = col.settings()
     segment_bytes = settings.segment()
     try:
-        with stop_on_ctrl_c():   # every rank stops at the same call (see bench.timing)
+        with stop_together():   # every rank stops at the same call (see bench.timing)
             rows = measure(comm, args)
     except KeyboardInterrupt:
         if comm.Get_rank() == 0:
-            print("# interrupted (Ctrl-C): nothing fitted", flush=True)
+            print("# interrupted (Ctrl-C or SIGTERM): nothing fitted", flush=True)
         return INTERRUPTED
     if comm.Get_rank() == 0:
         costs = fit(rows, segment_bytes, settings.check)

@@ -1,39 +1,49 @@
-"""Ctrl-C in a program whose ranks must stop together (``python -m trainer``, ``python -m bench``).
+"""Ctrl-C and SIGTERM in a program whose ranks must stop together (``python -m trainer``).
 
 A rank must never leave a loop alone: the others would wait for it in their next collective.
-So while :func:`stop_on_ctrl_c` is active, Ctrl-C (SIGINT: ``mpiexec`` forwards it to every
-rank, ``kill -INT`` reaches one) only raises a flag; the program carries the flag to every
-rank in a collective it makes anyway, or in one small all-reduce per step, and every rank
-stops at the same point. A second Ctrl-C on a rank raises KeyboardInterrupt there at once.
+So while :func:`stop_together` is active, Ctrl-C (SIGINT: ``mpiexec`` forwards it to every rank,
+``kill -INT`` reaches one) and SIGTERM (a batch system's preemption or requeue, ``scancel``,
+``kill``: to every rank or to one) only raise a flag; the program carries the flag to every rank
+in a collective it makes anyway, or in one small all-reduce per step, and every rank stops at the
+same point. A second Ctrl-C on a rank raises KeyboardInterrupt there at once.
 
->>> with stop_on_ctrl_c():
+>>> with stop_together():
 ...     requested()
-False
+0
 """
 from __future__ import annotations
 
 import contextlib
 import signal
 
-_pressed = [False]
+#: What :func:`requested` says, the larger winning where ranks heard different signals (a
+#: preemption must write its checkpoint whatever else was asked).
+CTRL_C, PREEMPTED = 1, 2
+
+_heard = [0]
 
 
-def requested() -> bool:
-    """Whether Ctrl-C was pressed on this rank since :func:`stop_on_ctrl_c` began."""
-    return _pressed[0]
+def requested() -> int:
+    """What this rank was asked since :func:`stop_together` began: 0 (nothing), CTRL_C (SIGINT)
+    or PREEMPTED (SIGTERM)."""
+    return _heard[0]
 
 
 @contextlib.contextmanager
-def stop_on_ctrl_c():
-    """While inside: the first Ctrl-C sets :func:`requested`; a second raises KeyboardInterrupt."""
-    def ask(signum, frame):
-        if _pressed[0]:
+def stop_together():
+    """While inside: SIGINT and SIGTERM set :func:`requested`; a second SIGINT raises KeyboardInterrupt."""
+    def ctrl_c(signum, frame):
+        if _heard[0]:
             raise KeyboardInterrupt
-        _pressed[0] = True
+        _heard[0] = CTRL_C
 
-    previous = signal.signal(signal.SIGINT, ask)
+    def preempted(signum, frame):
+        _heard[0] = PREEMPTED
+
+    previous = signal.signal(signal.SIGINT, ctrl_c), signal.signal(signal.SIGTERM, preempted)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        _pressed[0] = False
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+        _heard[0] = 0

@@ -16,6 +16,7 @@ from collectives.about import VERSION, launcher
 USAGE = 2   # exit status of a usage error, as argparse's
 FAULT = 1   # exit status of a fault (a file that cannot be written, a failed collective)
 INTERRUPTED = 130   # exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
+PREEMPTED = 143   # exit status after SIGTERM once every rank stopped (128 + SIGTERM): a batch script requeues on it
 
 
 class _DefaultsInHelp(argparse.ArgumentDefaultsHelpFormatter):

@@ -8,10 +8,10 @@ import time
 import numpy as np
 
 import collectives as col
-from cmdline.interrupt import stop_on_ctrl_c
+from cmdline.interrupt import stop_together
 from trainer.common import stop_requested
 
-with stop_on_ctrl_c():
+with stop_together():
     for _ in range(200):
         stop_requested()
     blocks = []

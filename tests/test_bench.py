@@ -177,8 +177,8 @@ def test_ctrl_c_stops_every_rank_with_one_line_and_keeps_the_rows(tmp_path):
         assert killed_by_ctrl_c(job.returncode, rest), rest   # (it does not pass Ctrl-C on: tests.worlds)
         return
     assert job.returncode == 130, rest
-    assert rest.count("# interrupted (Ctrl-C) after ") == 1 and "Traceback" not in rest, rest
-    done = int(rest.split("# interrupted (Ctrl-C) after ")[1].split()[0])
+    assert rest.count("# interrupted (Ctrl-C or SIGTERM) after ") == 1 and "Traceback" not in rest, rest
+    done = int(rest.split("# interrupted (Ctrl-C or SIGTERM) after ")[1].split()[0])
     _, rows = rows_of(out)
     assert done >= 10 and len(rows) == 2 * done, (done, len(rows))
 

@@ -34,8 +34,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from cmdline.interrupt import stop_on_ctrl_c  # noqa: E402
-from cmdline.parser import FAULT, INTERRUPTED, launch_note  # noqa: E402
+from cmdline.interrupt import stop_together  # noqa: E402
+from cmdline.parser import FAULT, launch_note  # noqa: E402
 from trainer import data  # noqa: E402
 from trainer.arguments import agree_on, check_outputs, parse_args  # noqa: E402
 from trainer.common import EpochLog, Interrupted, UsageExit, say, steps_per_epoch  # noqa: E402
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         say(f"note: {note}")
     began = time.perf_counter()
     try:
-        with stop_on_ctrl_c():   # every rank stops at the same step
+        with stop_together():   # Ctrl-C or SIGTERM: every rank stops at the same step
             earlier, history = train(args)
     except UsageExit as e:
         say(f"error: {e}")
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     except Interrupted as e:
         say(str(e))
         tell_outputs(args)
-        return INTERRUPTED
+        return e.status
     if history:
         final = history[-1]
         say(f"done: {len(history)} epoch(s) in {time.perf_counter() - began:.1f}s on {col.size()} rank(s); "

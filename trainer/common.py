@@ -8,7 +8,7 @@ import numpy as np
 
 import collectives as col
 from cmdline import interrupt
-from cmdline.parser import FAULT, USAGE
+from cmdline.parser import FAULT, INTERRUPTED, PREEMPTED, USAGE
 from trainer import checkpoint
 from trainer.layout import Layout
 from trainer.model import MLP
@@ -29,17 +29,20 @@ class UsageExit(Exception):
 
 
 class Interrupted(Exception):
-    """Ctrl-C: every rank stopped at the same point (``cmdline.interrupt``); rank 0 says where, and
-    which checkpoint a ``--resume`` would continue from (``saved``: the epochs it covers; None: none)."""
+    """Ctrl-C or SIGTERM: every rank stopped at the same point (``cmdline.interrupt``); rank 0
+    says where, and which checkpoint a ``--resume`` continues from (``saved``: what it covers,
+    e.g. "epoch 3" or "step 40"; None: none). ``status``: 130 after Ctrl-C, 143 after SIGTERM
+    (a preemption: the batch script requeues the job, and ``--resume`` goes on)."""
 
-    def __init__(self, where: str, saved: int | None, checkpoint_dir):
+    def __init__(self, where: str, saved: str | None, checkpoint_dir, preempted: bool = False):
         if saved:
-            after = f"the last checkpoint is epoch {saved}: --resume continues from it"
+            after = f"the last checkpoint is {saved}: --resume continues from it"
         elif checkpoint_dir:
             after = f"no checkpoint was written yet in {checkpoint_dir}"
         else:
             after = "no checkpoint was written (--checkpoint-dir)"
-        super().__init__(f"interrupted at {where}; {after}")
+        super().__init__(f"{'preempted (SIGTERM)' if preempted else 'interrupted'} at {where}; {after}")
+        self.status = PREEMPTED if preempted else INTERRUPTED
 
 
 def steps_per_epoch(dataset, batch_size: int) -> int:
@@ -52,10 +55,11 @@ def steps_per_epoch(dataset, batch_size: int) -> int:
     return -(-len(dataset.train_y) // batch_size)
 
 
-def stop_requested(group: col.Group | None = None) -> bool:
-    """Whether Ctrl-C was pressed on any rank of ``group`` (None: the world): one small all-reduce."""
-    return bool(col.allreduce(np.array([interrupt.requested()], np.int8), op="max", group=group,
-                              name="Ctrl-C?")[0])
+def stop_requested(group: col.Group | None = None) -> int:
+    """What any rank of ``group`` (None: the world) was asked (``cmdline.interrupt.requested``: 0,
+    CTRL_C or PREEMPTED, the largest): one small all-reduce."""
+    return int(col.allreduce(np.array([interrupt.requested()], np.int8), op="max", group=group,
+                             name="Ctrl-C?")[0])
 
 
 def accuracy(model: MLP, x: np.ndarray, y: np.ndarray, layout: Layout) -> float:

@@ -40,14 +40,17 @@ def changed_settings(saved: dict, config: dict) -> list[str]:
 
 def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int) -> tuple[int, int]:
     """Load the newest valid checkpoint on rank 0 and broadcast it; returns the epoch to start at
-    (0-based) and the global step it was written at (inside that epoch for ``--max-steps``). A
+    (0-based) and the global step it was written at (inside that epoch for ``--max-steps`` or a
+    preemption). With none yet, (0, 0): one batch script serves the first run and every requeue. A
     checkpoint holds the whole model, whatever --tensor-parallel or number of ranks wrote it:
     each rank takes its part, and the batches are split for this run's ranks."""
     status, problem = np.zeros(3, np.int64), ""   # [found a usable one, epochs already done, step]
     full_params, full_velocity = (model.xp.empty(model.full_size(), model.flat_params.dtype) for _ in range(2))
     if col.rank() == 0:
         found = checkpoint.newest_valid(args.checkpoint_dir, report=lambda m: print(m, file=sys.stderr))
-        if found is None:
+        if found is None and not any(args.checkpoint_dir.glob(checkpoint.PATTERN)):
+            print(f"--resume: no checkpoint in {args.checkpoint_dir} yet: starting from the beginning", flush=True)
+        elif found is None:   # (some, none usable: starting over would throw a run away without a word)
             problem = f"{USAGE}:--resume: no usable checkpoint in {args.checkpoint_dir}"
         else:
             path, saved = found
@@ -69,6 +72,8 @@ def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int) -> tu
                 print(f"resuming from {path} (epoch {done} done{inside})", flush=True)
     agree_on(problem)
     col.broadcast(status, root=0)
+    if not status[0]:
+        return 0, 0   # (rank 0's initialisation, already on every rank)
     model.load_full(col.broadcast(full_params, root=0))
     model.load_full(col.broadcast(full_velocity, root=0), into=opt.velocity)
     return int(status[1]), int(status[2])

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 import collectives as col
+from cmdline import interrupt
 from cmdline.parser import FAULT
 from trainer.buckets import GradientBuckets
 from trainer.common import EpochLog, Interrupted, UsageExit, epoch_record, save_checkpoint, say, \
@@ -25,7 +26,8 @@ def train(args, dataset, config: dict, model: MLP, opt: SGD, start: int, step: i
     """Epochs ``start``..``args.epochs`` of synchronous data-parallel training, from global step
     ``step`` (a checkpoint written by ``--max-steps`` may leave off inside epoch ``start``);
     returns their records (as ``ps.train``). Ends by checking that every rank holds the very same
-    parameters. Ctrl-C on any rank stops every rank before the same step (``Interrupted``)."""
+    parameters. Ctrl-C or SIGTERM on any rank stops every rank before the same step (``Interrupted``);
+    after SIGTERM (a preemption) rank 0 first writes a checkpoint of that step, with --checkpoint-dir."""
     state = training_state(args, dataset, model, opt, start, step)
     return run_epochs(args, dataset, config, model, opt, state, log, layout, {"saved": start if args.resume else None})
 
@@ -89,9 +91,15 @@ def run_epoch(args, dataset, config: dict, model: MLP, opt: SGD, state, buckets,
     xp, n_train, epoch = model.xp, len(dataset.train_y), state.epoch
     order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
     while state.first < n_train:
-        if stop_requested():
-            raise Interrupted(f"epoch {epoch + 1}, step {state.first // args.batch_size + 1} of "
-                              f"{steps_per_epoch(dataset, args.batch_size)}", progress["saved"], args.checkpoint_dir)
+        asked = stop_requested()
+        if asked:
+            where = f"epoch {epoch + 1}, step {state.first // args.batch_size + 1} of " \
+                    f"{steps_per_epoch(dataset, args.batch_size)}"
+            saved = progress["saved"] and f"epoch {progress['saved']}"
+            if asked == interrupt.PREEMPTED and args.checkpoint_dir:   # (at once: the batch system's grace is short)
+                save_checkpoint(args, model, opt, epoch - 1, state.step, config, partial=True)
+                saved = f"step {state.step} (inside epoch {epoch + 1})"
+            raise Interrupted(where, saved, args.checkpoint_dir, preempted=asked == interrupt.PREEMPTED)
         if args.max_steps is not None and state.step >= args.max_steps:
             if args.checkpoint_dir:
                 save_checkpoint(args, model, opt, epoch - 1, state.step, config, partial=True)

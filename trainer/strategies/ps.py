@@ -71,9 +71,9 @@ def check_flags(args, n: int) -> None:
 
 
 def train(args, dataset, config: dict, model, opt: SGD, start: int, step: int, log: EpochLog) -> list[dict]:
-    """Every rank: serve or work until every epoch is done; return the chief's records. Ctrl-C
-    stops the workers together at the end of an epoch (they meet there), which the chief then
-    treats as the last one; every rank raises ``Interrupted``."""
+    """Every rank: serve or work until every epoch is done; return the chief's records. Ctrl-C or
+    SIGTERM stops the workers together at the end of an epoch (they meet there), which the chief
+    then treats as the last one (its checkpoint written); every rank raises ``Interrupted``."""
     roles = Roles(col.size(), args.servers, model.flat_params.size)
     workers = col.split(0 if col.rank() in roles.workers else None)
     chief = col.new_group([0])   # (the chief scores the model alone)
@@ -88,9 +88,11 @@ def train(args, dataset, config: dict, model, opt: SGD, start: int, step: int, l
         worker = Worker(args, roles, workers, chief, model, opt)
         history, stopped_at = worker.run(dataset, config, start, step, log), worker.stopped_at
     # whether Ctrl-C ended the run early reaches every rank in a collective: nobody leaves while another waits for it
-    stopped = int(col.allreduce(np.array([stopped_at]), op="max", name="parameter servers done")[0])
+    stopped, asked = (int(v) for v in col.allreduce(np.array([stopped_at, interrupt.requested()]), op="max",
+                                                      name="parameter servers done"))
     if stopped:
-        raise Interrupted(f"the end of epoch {stopped}", stopped if args.checkpoint_dir else None, args.checkpoint_dir)
+        raise Interrupted(f"the end of epoch {stopped}", f"epoch {stopped}" if args.checkpoint_dir else None,
+                          args.checkpoint_dir, preempted=asked == interrupt.PREEMPTED)
     return history
 
 
