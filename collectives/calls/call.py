@@ -29,11 +29,10 @@ floating-point guard only when they are in use.
 from __future__ import annotations
 
 import functools
-from contextlib import contextmanager
 import threading
 from threading import get_ident, main_thread
 from time import monotonic, perf_counter
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
@@ -57,7 +56,7 @@ class Call(Bound):
     what it runs (``algorithm``) and the bytes this rank brings (``nbytes``). A value of this
     call alone: its body fills in what it ran, the frame returns it with the result."""
 
-    __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes")
+    __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes", "signed")
 
     def __init__(self, group, name: str, timeout: object, call_name: object = None, forced: object = None,
                  thread: str = "", background: bool = False):
@@ -69,6 +68,7 @@ class Call(Bound):
         self.thread = thread   # the name of the thread that issued the call ("" for the main thread)
         self.algorithm = ""    # the algorithm it runs, once chosen
         self.nbytes = 0        # the bytes this rank brings (for the timeline)
+        self.signed = False    # the body has made its signature (its arguments are checked)
         self.seq = group.next_call()
         self.until = monotonic() + (runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout)
                                     else timeout)
@@ -79,7 +79,9 @@ class Call(Bound):
                   memory: str = "") -> bytes:
         """This call's signature (see ``collectives.calls.signature``): these fields plus the collective,
         the sequence number, the caller's ``name=``, the issuing thread's name ("" for the main
-        thread) and the algorithm it forces."""
+        thread) and the algorithm it forces. Made once the body has checked its arguments, before
+        anything moves: from here on a usage error is no longer this rank's refusal (see _frame)."""
+        self.signed = True
         return template(self.name, op, dtype, shape, root, False, memory, self.call_name, self.thread,
                         self.forced or "") % self.seq
 
@@ -107,23 +109,12 @@ class Call(Bound):
                 raise shared
         raise CollectiveUsageError(disagreement(self.name, signatures, g.ranks, g.label))
 
-    @contextmanager
-    def validation(self) -> Iterator[None]:
-        """The prologue of every body: its arguments' checks run inside, and a usage error they
-        raise is this rank's refusal of the call (:meth:`reject`), which every rank then raises.
-
-        >>> with call.validation():                     # doctest: +SKIP
-        ...     x, out, in_place = validate.reduction(call.name, x, op, out)
-        """
-        try:
-            yield
-        except CollectiveUsageError as error:
-            self.reject(error)
-
     def reject(self, error: CollectiveUsageError) -> NoReturn:
         """Raise this rank's usage ``error``; with the check on, first share it so every rank raises
-        instead of waiting for this one. With the check off the other ranks
+        instead of waiting for this one. The frame does so for every usage error a body raises
+        before its signature (its arguments' checks: see :func:`_frame`). With the check off the other ranks
         cannot be told: they go on waiting, so this rank stops the runtime (out of step)."""
+        self.signed = True   # (what follows is every rank's: not to be refused again)
         if self.runtime.settings.check:
             signature = make_signature(self.name, self.seq, rejected=True, name=str(error))   # (two ranks' different
             # problems then disagree, and every rank raises the first one's)
@@ -143,16 +134,15 @@ class Call(Bound):
         """The options every collective takes, when given: ``timeout=``, ``name=``, ``algorithm=``
         (one of the collective's algorithms in ``ring.cost.ALGORITHMS``, or "hierarchical" for an
         all-reduce on a group that spans hosts)."""
-        with self.validation():
-            validate.timeout(self.name, timeout)
-            validate.call_name(self.name, call_name)
-            if algorithm is not None:
-                of = "allreduce" if self.name == "allreduce_many" else self.name
-                known = cost.ALGORITHMS.get(of, ()) + (("hierarchical",) if of == "allreduce" else ())
-                if algorithm not in known:
-                    validate.fail(self.name, "algorithm", f"expected None (the runtime's choice) or one of "
-                                                          f"{', '.join(map(repr, known))}, got {algorithm!r}"
-                                  if known else f"{self.name} has no algorithm to choose, got {algorithm!r}")
+        validate.timeout(self.name, timeout)
+        validate.call_name(self.name, call_name)
+        if algorithm is not None:
+            of = "allreduce" if self.name == "allreduce_many" else self.name
+            known = cost.ALGORITHMS.get(of, ()) + (("hierarchical",) if of == "allreduce" else ())
+            if algorithm not in known:
+                validate.fail(self.name, "algorithm", f"expected None (the runtime's choice) or one of "
+                                                      f"{', '.join(map(repr, known))}, got {algorithm!r}"
+                              if known else f"{self.name} has no algorithm to choose, got {algorithm!r}")
 
 
 def issue(g, name: str, body: Callable, args: tuple, async_op: object = False, timeout: object = None,
@@ -182,9 +172,12 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
     call itself (its sequence number, the algorithm it ran). ``detached``: an async call, which
     may run on the engine's thread (then its waits nap: see ``Bound.background``).
 
-    A transport failure becomes a CollectiveError that names the collective, its sequence
-    number, this rank and the ranks at fault; it, and any exception that is not a usage
-    error shared by every rank, stops the runtime on this rank."""
+    Each body checks its arguments first, then makes its signature (``Call.signature``); a usage
+    error raised before that (a bad argument, here or in ``check_options``) is this rank's
+    refusal of the call, which every rank hears of and raises (``Call.reject``): the prologue of
+    every collective, in this one place. A transport failure becomes a CollectiveError that names
+    the collective, its sequence number, this rank and the ranks at fault; it, and any exception
+    that is not a usage error shared by every rank, stops the runtime on this rank."""
     runtime = g.runtime
     if runtime.failure is not None:
         raise stopped(name, runtime)
@@ -192,9 +185,14 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
     quiet = arrays.ieee_floating_point() if name in _REDUCTIONS else None
     started = perf_counter() if timeline.current is not None else 0.0
     try:
-        if timeout is not None or call_name is not None or algorithm is not None:
-            call.check_options(timeout, call_name, algorithm)
-        result = body(call, *args)
+        try:
+            if timeout is not None or call_name is not None or algorithm is not None:
+                call.check_options(timeout, call_name, algorithm)
+            result = body(call, *args)
+        except CollectiveUsageError as error:
+            if call.signed:
+                raise
+            call.reject(error)   # (the arguments' checks: every rank hears of this rank's refusal, and raises)
     except CollectiveUsageError:
         if runtime.failure is None:
             g.completed_in_step(call.seq)   # raised alike on every rank: still in step

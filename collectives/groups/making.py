@@ -32,8 +32,7 @@ def make_group(kind: type, runtime, transport, ranks: tuple[int, ...], world: bo
 def new_group(call: Call, ranks: Any) -> Any:
     """``Group.new_group``'s body: every member of the parent group calls."""
     parent = call.group
-    with call.validation():
-        members = validate.members(call.name, "ranks", ranks, parent.ranks)
+    members = validate.members(call.name, "ranks", ranks, parent.ranks)
     call.agree(call.signature(shape=members), always=True)   # a split blocks inside MPI: every rank must come
     me = parent.ranks[parent.rank()]
     inside = me in members
@@ -90,9 +89,8 @@ def agreed(call: Call, members: tuple[int, ...]) -> Any:
 
 def split(call: Call, color: Any, key: Any) -> Any:
     """``Group.split``'s body."""
-    with call.validation():
-        validate.color(call.name, color)
-        validate.integer(call.name, "key", key)
+    validate.color(call.name, color)
+    validate.integer(call.name, "key", key)
     call.agree(call.signature(), always=True)   # (as in new_group)
     return _joined(call, lambda: call.group.transport.split(color, int(key)), ())
 
@@ -118,9 +116,8 @@ def _joined(call: Call, split: Callable, members: tuple[int, ...]) -> Any:
 
 def destroy(call: Call) -> None:
     """``Group.destroy``'s body."""
-    with call.validation():
-        if call.group.is_world:
-            validate.fail(call.name, "group", "is the world, which lives as long as the runtime; give a group "
-                                              "made by new_group or split")
+    if call.group.is_world:
+        validate.fail(call.name, "group", "is the world, which lives as long as the runtime; give a group "
+                                          "made by new_group or split")
     call.agree(call.signature(), always=True)   # every member is here: none has a call in flight on it
     call.group.destroyed_now()

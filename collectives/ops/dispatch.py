@@ -112,8 +112,7 @@ def _cannot_carry(call: Call, forced: str, nbytes: int, host: bool) -> str:
 
 
 def allreduce(call: Call, x: Any, op: Any, out: Any) -> Any:
-    with call.validation():
-        x, out, in_place = validate.reduction(call.name, x, op, out)
+    x, out, in_place = validate.reduction(call.name, x, op, out)
     host = type(x) is np.ndarray
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
@@ -155,8 +154,7 @@ def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, ho
 
 
 def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
-    with call.validation():
-        plain = validate.array_list(call.name, "arrays", arrays, op)
+    plain = validate.array_list(call.name, "arrays", arrays, op)
     host = not plain or type(plain[0]) is np.ndarray
     by_dtype: dict = {}
     layout, nbytes = [], 0
@@ -186,11 +184,10 @@ def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
 
 def reduce_scatter(call: Call, x: Any, op: Any, out: Any) -> Any:
     g = call.group
-    with call.validation():
-        if type(x) is not np.ndarray:
-            x, _, _ = validate.reduction(call.name, x, op, None)   # (refuses what has no size)
-        start, stop = chunk_bounds(x.size, g.transport.size)[g.transport.rank]
-        x, out, _ = validate.reduction(call.name, x, op, out, (stop - start,))
+    if type(x) is not np.ndarray:
+        x, _, _ = validate.reduction(call.name, x, op, None)   # (refuses what has no size)
+    start, stop = chunk_bounds(x.size, g.transport.size)[g.transport.rank]
+    x, out, _ = validate.reduction(call.name, x, op, out, (stop - start,))
     host = type(x) is np.ndarray
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
@@ -212,8 +209,7 @@ def reduce_scatter(call: Call, x: Any, op: Any, out: Any) -> Any:
 
 
 def allgather(call: Call, x: Any, out: Any) -> Any:
-    with call.validation():
-        x, out = validate.gathered(call.name, x, out)
+    x, out = validate.gathered(call.name, x, out)
     g, n = call.group, call.group.transport.size
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory="host" if host else "gpu")
@@ -248,8 +244,7 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
 def broadcast(call: Call, x: Any, root: Any) -> Any:
     g = call.group
     me = g.transport.rank
-    with call.validation():
-        x, root = validate.broadcast(call.name, x, root, g.transport.size, g.is_world, me)
+    x, root = validate.broadcast(call.name, x, root, g.transport.size, g.is_world, me)
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape, root=root, memory="host" if host else "gpu")
     call.nbytes = x.nbytes

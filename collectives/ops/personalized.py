@@ -26,11 +26,10 @@ _MAX_DIMS = 32   # numpy's limit on dimensions, which a scatter's header must ca
 
 def alltoall(call: Call, x: Any, splits: Any, out: Any, out_splits: Any = None) -> Any:
     g, n = call.group, call.group.transport.size
-    with call.validation():
-        x, out = validate.gathered(call.name, x, out)
-        rows = validate.splits(call.name, splits, x.shape[0], n)
-        expected = [-1] * n if out_splits is None else validate.splits(
-            call.name, out_splits, None if out is None else out.shape[0], n, "out_splits", "out")
+    x, out = validate.gathered(call.name, x, out)
+    rows = validate.splits(call.name, splits, x.shape[0], n)
+    expected = [-1] * n if out_splits is None else validate.splits(
+        call.name, out_splits, None if out is None else out.shape[0], n, "out_splits", "out")
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory="host" if host else "gpu")
     call.nbytes = x.nbytes
@@ -74,9 +73,8 @@ def _check_receiving(call: Call, sent: np.ndarray, out_rows: np.ndarray, expecte
 def gather(call: Call, x: Any, root: Any, out: Any) -> Any:
     g = call.group
     me = g.transport.rank
-    with call.validation():
-        x, out = validate.gathered(call.name, x, out)
-        root = validate.root(call.name, root, g.transport.size, g.is_world)
+    x, out = validate.gathered(call.name, x, out)
+    root = validate.root(call.name, root, g.transport.size, g.is_world)
     host = type(x) is np.ndarray
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], root=root, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
@@ -108,18 +106,17 @@ def gather(call: Call, x: Any, root: Any, out: Any) -> Any:
 def scatter(call: Call, x: Any, root: Any, splits: Any, out: Any = None) -> Any:
     g, n = call.group, call.group.transport.size
     me = g.transport.rank
-    with call.validation():
-        root = validate.root(call.name, root, n, g.is_world)
-        out = _scatter_out(call.name, out)
-        if me == root:
-            x, _ = validate.gathered(call.name, x, None)
-            rows = validate.splits(call.name, splits, x.shape[0], n)
-            code = validate.header_code(call.name, "x", x.dtype)
-            if x.ndim > _MAX_DIMS:
-                validate.fail(call.name, "x", f"has {x.ndim} dimensions, more than numpy's {_MAX_DIMS}")
-            if out is not None and (out.dtype != x.dtype or out.shape[1:] != x.shape[1:]):
-                validate.fail(call.name, "out", f"expected rows like x's ({x.dtype}, trailing shape "
-                                                f"{x.shape[1:]}), got {out.dtype} {out.shape[1:]}")
+    root = validate.root(call.name, root, n, g.is_world)
+    out = _scatter_out(call.name, out)
+    if me == root:
+        x, _ = validate.gathered(call.name, x, None)
+        rows = validate.splits(call.name, splits, x.shape[0], n)
+        code = validate.header_code(call.name, "x", x.dtype)
+        if x.ndim > _MAX_DIMS:
+            validate.fail(call.name, "x", f"has {x.ndim} dimensions, more than numpy's {_MAX_DIMS}")
+        if out is not None and (out.dtype != x.dtype or out.shape[1:] != x.shape[1:]):
+            validate.fail(call.name, "out", f"expected rows like x's ({x.dtype}, trailing shape "
+                                            f"{x.shape[1:]}), got {out.dtype} {out.shape[1:]}")
     if me == root and type(x) is not np.ndarray:
         x = to_host(x)   # (the others cannot know the root's memory: a scatter moves through the host)
     header = np.zeros(2 + _MAX_DIMS + n, np.int64)   # dtype, dimensions, shape, then the rows of each rank
@@ -164,9 +161,8 @@ def _scatter_out(collective: str, out: Any) -> np.ndarray | None:
 def reduce(call: Call, x: Any, op: Any, root: Any, out: Any) -> Any:
     g = call.group
     me = g.transport.rank
-    with call.validation():
-        x, out, in_place = validate.reduction(call.name, x, op, out)
-        root = validate.root(call.name, root, g.transport.size, g.is_world)
+    x, out, in_place = validate.reduction(call.name, x, op, out)
+    root = validate.root(call.name, root, g.transport.size, g.is_world)
     host = type(x) is np.ndarray
     sig = call.signature(op, x.dtype, x.shape, root=root, memory="host" if host else "gpu")
     call.nbytes = x.nbytes
