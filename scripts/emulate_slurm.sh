@@ -13,14 +13,16 @@
 # `run` sets SLURM_CONF itself (every Slurm command needs it) and keeps the caller's environment and
 # directory: srun passes the environment on to the tasks (--export=ALL), so activate the venv and set
 # PYTHONPATH before `run`. Jobs run as root. The daemons' logs: $dir/ctld/slurmctld.log and
-# $dir/slurmnI/slurmd.log, $dir being /tmp/emulated-slurm (EMULATED_SLURM_DIR). The cluster is idle
-# about 1.2 s after the daemons start. A requeued job is held about 3 minutes (Slurm's requeue delay):
-# `scontrol update JobId=N StartTime=now` releases it.
+# $dir/slurmnI/slurmd.log, $dir being /tmp/emulated-slurm (EMULATED_SLURM_DIR). `up` takes about 1.3 s
+# (the nodes idle about 1.2 s after the daemons start); a job, 0.5-2 s. A requeued job waits 2 minutes
+# (squeue's reason: BeginTime): `scontrol update JobId=N StartTime=now` releases it. EMULATED_SLURM_PREFIX
+# and EMULATED_SLURM_SUBNET give a second cluster beside this one (other namespaces, addresses, directory).
 #
 # Why not `ip netns exec`: it remounts /sys, and slurmd then dies; each daemon is started with
 # `nsenter --net=/run/netns/NAME unshare --uts --ipc --mount` instead. The nodes share one TmpFS path,
-# which each node's mount namespace backs with its own directory (Open MPI's PMIx directories there
-# would otherwise collide), and have their own SlurmdSpoolDir (%n).
+# which each node's mount namespace backs with its own directory (--mpi=pmix's spmix_appdir_UID_JOB.STEP
+# there would otherwise be one directory for every node), and have their own SlurmdSpoolDir (%n): with
+# one for all, --mpi=pmi2's step socket there (sock.pmi2.JOB.STEP) is one for all, and MPI_Init hangs.
 set -euo pipefail
 prefix="${EMULATED_SLURM_PREFIX:-slurm}"
 subnet="${EMULATED_SLURM_SUBNET:-169.254.200}"
@@ -30,37 +32,43 @@ ctl="${prefix}ctl"
 unshare_flags="${EMULATED_SLURM_UNSHARE:---uts --ipc --mount}"
 switch="${prefix}sw"
 
-# enter NAMESPACE HOSTNAME [DIR-ON-TMPFS] -- CMD...: CMD in the network namespace, with its own hostname,
-# IPC and mount namespace, /etc/hosts naming every node (and DIR bind-mounted on TmpFS).
+# enter NAMESPACE HOSTNAME DIR-ON-TMPFS|"" CMD...: CMD in the network namespace, with its own hostname,
+# IPC and mount namespace, /etc/hosts naming every node (and DIR bind-mounted on TmpFS). It execs: call it
+# last, or in a subshell.
 enter() {
     local ns=$1 name=$2 tmp=${3:-}
     shift 3
-    nsenter --net="/run/netns/$ns" unshare $unshare_flags --propagation private sh -c '
+    exec nsenter --net="/run/netns/$ns" unshare $unshare_flags --propagation private sh -c '
         mount --bind "$1" /etc/hosts
         if [ -n "$3" ]; then mount --bind "$3" "$4"; fi
         hostname "$2"; shift 4; exec "$@"' sh "$dir/hosts" "$name" "$tmp" "$dir/tmp" "$@"
 }
 
 down() {
-    local ns pid
-    # The daemons first (SIGTERM: slurmd ends its steps), then whatever is left in the namespaces.
-    for pid in $(cat "$dir"/*/*.pid 2>/dev/null || true); do kill "$pid" 2>/dev/null || true; done
-    for ns in $(ip netns list | awk '{print $1}' | grep -E "^${prefix}(ctl|sw|n[0-9]+)$" || true); do
-        for _ in 1 2 3 4 5 6 7 8 9 10; do [ -z "$(ip netns pids "$ns")" ] && break; sleep 0.2; done
-        ip netns pids "$ns" | xargs -r kill -9 2>/dev/null || true   # (a killed run's daemons, steps and sruns)
+    local namespaces pids ns
+    namespaces=$(ip netns list | awk '{print $1}' | grep -E "^${prefix}(ctl|sw|n[0-9]+)$" || true)
+    # The daemons first (SIGTERM: slurmd ends its steps), then whatever is left in the namespaces: a
+    # killed run's daemons, steps and sruns.
+    pids=$(cat "$dir"/*/*.pid 2>/dev/null || true)
+    [ -n "$pids" ] && kill $pids 2>/dev/null || true
+    for _ in $(seq 1 20); do
+        kill -0 $pids 2>/dev/null || break
+        sleep 0.1
+    done
+    for ns in $namespaces; do
+        ip netns pids "$ns" | xargs -r kill -9 2>/dev/null || true
         ip netns delete "$ns"
     done
     rm -rf "$dir"
 }
 
 install() {
-    command -v slurmctld >/dev/null && [ -e /usr/lib/x86_64-linux-gnu/libpmix.so.2 ] && return
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurm-wlm libpmix2 libpmix-dev \
-        > /tmp/emulate_slurm-apt.log 2>&1 || {
-        DEBIAN_FRONTEND=noninteractive apt-get update > /tmp/emulate_slurm-apt.log 2>&1
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurm-wlm libpmix2 \
-            libpmix-dev >> /tmp/emulate_slurm-apt.log 2>&1; } \
-        || { echo "emulate_slurm: apt-get failed: /tmp/emulate_slurm-apt.log" >&2; exit 1; }
+    local packages=(slurm-wlm libpmix2 libpmix-dev)   # (slurm's mpi/pmix plugin loads libpmix.so: the -dev package's)
+    [ "$(dpkg-query -W -f='${Status}\n' "${packages[@]}" 2>/dev/null | grep -c "ok installed")" = 3 ] && return
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${packages[@]}" \
+        || { DEBIAN_FRONTEND=noninteractive apt-get update \
+             && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${packages[@]}"; }; } \
+        > /tmp/emulate_slurm-apt.log 2>&1 || { echo "emulate_slurm: apt-get failed: /tmp/emulate_slurm-apt.log" >&2; exit 1; }
     # (Debian's packages enable systemd units; nothing here runs them, and no daemon is left running.)
 }
 
@@ -138,7 +146,7 @@ up() {
         sleep 0.2
     done
     echo "emulate_slurm: the nodes are not idle after 30 s:" >&2
-    enter "$ctl" "$ctl" "" sinfo -N -l >&2 || true
+    (enter "$ctl" "$ctl" "" sinfo -N -l) >&2 || true
     tail -n 5 "$dir"/ctld/slurmctld.log "$dir"/*/slurmd.log "$dir"/*/stdout >&2 || true
     exit 1
 }
