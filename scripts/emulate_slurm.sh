@@ -23,6 +23,11 @@
 # which each node's mount namespace backs with its own directory (--mpi=pmix's spmix_appdir_UID_JOB.STEP
 # there would otherwise be one directory for every node), and have their own SlurmdSpoolDir (%n): with
 # one for all, --mpi=pmi2's step socket there (sock.pmi2.JOB.STEP) is one for all, and MPI_Init hangs.
+# Each node has its own /dev/shm (a tmpfs that ends with the node): MPICH names its shared memory there
+# after the PMI job name, "JOB.STEP" under srun (mpich_shm_<FNV hash>_<node>), which a killed job leaves
+# behind, and Slurm's job ids start at 1 again with each `up`; in the machine's /dev/shm the job of the
+# same id in a later cluster attached to that leftover and failed in MPI_Init (a leftover of another size:
+# "MPIDI_POSIX_comm_bootstrap: Out of memory") whatever it ran, until the job ids passed the leftovers'.
 set -euo pipefail
 prefix="${EMULATED_SLURM_PREFIX:-slurm}"
 subnet="${EMULATED_SLURM_SUBNET:-169.254.200}"
@@ -33,14 +38,14 @@ unshare_flags="${EMULATED_SLURM_UNSHARE:---uts --ipc --mount}"
 switch="${prefix}sw"
 
 # enter NAMESPACE HOSTNAME DIR-ON-TMPFS|"" CMD...: CMD in the network namespace, with its own hostname,
-# IPC and mount namespace, /etc/hosts naming every node (and DIR bind-mounted on TmpFS). It execs: call it
-# last, or in a subshell.
+# IPC and mount namespace, /etc/hosts naming every node; on a node (DIR given), DIR bind-mounted on TmpFS
+# and a /dev/shm of its own. It execs: call it last, or in a subshell.
 enter() {
     local ns=$1 name=$2 tmp=${3:-}
     shift 3
     exec nsenter --net="/run/netns/$ns" unshare $unshare_flags --propagation private sh -c '
         mount --bind "$1" /etc/hosts
-        if [ -n "$3" ]; then mount --bind "$3" "$4"; fi
+        if [ -n "$3" ]; then mount --bind "$3" "$4"; mount -t tmpfs -o mode=1777 "shm-$2" /dev/shm; fi
         hostname "$2"; shift 4; exec "$@"' sh "$dir/hosts" "$name" "$tmp" "$dir/tmp" "$@"
 }
 
