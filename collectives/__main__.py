@@ -30,8 +30,9 @@ def describe() -> list[str]:
     by_host: dict[str, list[int]] = {}
     for rank, host in enumerate(hosts):
         by_host.setdefault(host, []).append(rank)
-    started = about.launcher()
+    started, job = about.launcher(), about.slurm_job()
     how = f"{started[0]} ({started[1]}={started[2]})" if started else "no launcher (a world of one rank)"
+    how += f" in {job}" if job else ""
     lines = [about.versions(), f"MPI: {about.mpi_library()}",
              f"launched by {how}: {col.size()} rank(s) on {len(by_host)} host(s): "
              + "; ".join(f"{host} ranks {', '.join(map(str, ranks))}" for host, ranks in by_host.items()),

@@ -2,10 +2,8 @@
 programs' notes use (the version, the MPI library, the launcher, each setting and where it came
 from, the optional packages and the GPU).
 
->>> launcher({"PMI_SIZE": "4"})
-("MPICH's or Intel MPI's mpiexec", 'PMI_SIZE', '4')
->>> launcher({}) is None
-True
+>>> mpi_library()                            # doctest: +SKIP
+'MPICH Version: 5.0.2 ...; threads MPI_THREAD_MULTIPLE'
 """
 from __future__ import annotations
 
@@ -17,6 +15,7 @@ from importlib import metadata
 import numpy as np
 
 from collectives.process import config
+from collectives.process.launchers import launcher, slurm_job  # noqa: F401 - (part of this module's words)
 from collectives.calls.sizes import format_size
 from ring.transport.gpu import device
 
@@ -24,20 +23,6 @@ try:
     VERSION = metadata.version("ringcollectives")
 except metadata.PackageNotFoundError:   # run from a checkout that was not installed
     VERSION = "unknown (not installed)"
-
-#: Variables by which launchers tell a process the size of its job: (variable, launcher).
-LAUNCHER_SIZES = (("PMI_SIZE", "MPICH's or Intel MPI's mpiexec"), ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
-                  ("SLURM_NTASKS", "Slurm's srun"))
-
-
-def launcher(environment=os.environ) -> tuple[str, str, str] | None:
-    """(launcher, variable, its value): who started this process and how many it said it started;
-    None without a launcher."""
-    for variable, name in LAUNCHER_SIZES:
-        if environment.get(variable):
-            return name, variable, environment[variable]
-    return None
-
 
 def versions() -> str:
     """This package's version and those it runs on."""

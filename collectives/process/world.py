@@ -13,13 +13,12 @@ import threading
 import time
 from dataclasses import asdict, replace
 
-from collectives.process import changes, config, hooks, leaving
+from collectives.process import changes, config, hooks, launchers, leaving
 from collectives.calls import timeline as timelines
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.groups.group import Group
 from collectives.groups.making import make_group
 from collectives.process.runtime import Runtime, hosts_of, two_level_layout
-from collectives.process.config import ENDED, Settings
 from ring.transport.mpi import notices
 from ring.transport.base import Bound, TransportError
 
@@ -81,7 +80,7 @@ def _agree_again(proposed: dict, problem: str, timeout: float) -> None:
         raise CollectiveError(f"init: the ranks did not all change their settings together: {e}") from e
 
 
-def settings() -> Settings:
+def settings() -> config.Settings:
     """The settings in force on this rank, as agreed at setup (sets the runtime up first, like
     ``local_rank``); read-only: ``init(...)`` changes them, on every rank together.
 
@@ -151,12 +150,13 @@ _setting_up = threading.Lock()   # two threads' first calls set up one world, no
 
 
 def _start(given: dict, setup_timeout: float | None = None, comm=None) -> None:
-    """Set the world up once (``setup_timeout``: the first call's own ``timeout=`` bounds it). A
-    newcomer spawned into a running job (``collectives.process.changes``) joins its world instead."""
+    """Set the world up once (``setup_timeout``: the first call's own ``timeout=`` bounds it); a newcomer
+    spawned into a running job (``changes``) joins its world; a lone task of several srun started is refused."""
     global the_world
     with _setting_up:
         if the_world is None:
-            mpi()
+            if comm is None and not changes.joining():
+                launchers.refuse_lone_srun_task(mpi())
             joining = changes.join_spawners() if comm is None and changes.joining() else None
             comm = joining or comm
             found, problem = config.read(given, from_environment=True, rank=(comm or mpi().COMM_WORLD).Get_rank())
@@ -226,7 +226,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
         raise
     level = MPI.Query_thread()
     names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED"}
-    runtime = Runtime(Settings(**found), threads_checked=names.get(level, "") if level < MPI.THREAD_SERIALIZED
+    runtime = Runtime(config.Settings(**found), threads_checked=names.get(level, "") if level < MPI.THREAD_SERIALIZED
                       else "", threaded=level == MPI.THREAD_MULTIPLE, outlived=outlived)
     w = runtime.world = make_group(Group, runtime, transport, tuple(range(transport.size)), world=True)
     timelines.start(runtime.settings.timeline, w.rank())
@@ -315,7 +315,7 @@ def _leave_unset() -> None:
     milliseconds), up to _FAREWELL_SETUP_SECONDS where the ranks end that far apart."""
     if not mpi_running() or joined_setup or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() < 2:
         return
-    why = hooks.why_leaving() or ENDED
+    why = hooks.why_leaving() or config.ENDED
     try:
         set_up({}, "", left=why, timeout=_FAREWELL_SETUP_SECONDS)
     except (CollectiveError, CollectiveUsageError):

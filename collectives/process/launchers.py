@@ -1,0 +1,88 @@
+"""Who started this process, read from the environment each launcher sets: MPICH's mpiexec
+(hydra), Open MPI's mpirun (prterun), or Slurm's srun, directly (srun gives MPI its PMI) or as
+the way an mpiexec inside an allocation starts its proxies.
+
+=====================================  ============================================================
+started by                             what tells it
+=====================================  ============================================================
+srun, directly (``--mpi=pmi2|pmix``)   ``SLURM_STEP_NUM_TASKS``, and no launcher of MPI's own below it
+MPICH's mpiexec (also inside salloc)   ``PMI_SIZE`` with ``MPI_LOCALNRANKS`` (hydra's own)
+Open MPI's mpirun (also inside salloc)  ``OMPI_COMM_WORLD_SIZE``
+=====================================  ============================================================
+
+(srun sets ``PMI_SIZE`` and ``PMI_FD`` too under ``--mpi=pmi2``, and an mpiexec inside an
+allocation inherits ``SLURM_*`` of the step that started its proxies: the order above decides.)
+
+>>> launcher({"PMI_SIZE": "4", "MPI_LOCALNRANKS": "2"})
+("MPICH's or Intel MPI's mpiexec", 'PMI_SIZE', '4')
+>>> launcher({"SLURM_STEP_NUM_TASKS": "4", "SLURM_MPI_TYPE": "pmi2", "PMI_SIZE": "4"})
+("Slurm's srun --mpi=pmi2", 'SLURM_STEP_NUM_TASKS', '4')
+>>> launcher({}) is None
+True
+"""
+from __future__ import annotations
+
+import os
+
+from collectives.errors import CollectiveUsageError
+
+
+def srun_directly(environment=os.environ) -> bool:
+    """Whether srun started this process itself (not an mpiexec's proxy that srun started)."""
+    return ("SLURM_STEP_NUM_TASKS" in environment and "MPI_LOCALNRANKS" not in environment
+            and "OMPI_COMM_WORLD_SIZE" not in environment)
+
+
+def launcher(environment=os.environ) -> tuple[str, str, str] | None:
+    """(launcher, variable, its value): who started this process and how many it said it
+    started; None without a launcher."""
+    if srun_directly(environment):
+        pmi = environment.get("SLURM_MPI_TYPE", "")
+        return f"Slurm's srun{' --mpi=' + pmi if pmi else ''}", "SLURM_STEP_NUM_TASKS", \
+            environment["SLURM_STEP_NUM_TASKS"]
+    for variable, name in (("PMI_SIZE", "MPICH's or Intel MPI's mpiexec"), ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun")):
+        if environment.get(variable):
+            return name, variable, environment[variable]
+    return None
+
+
+def slurm_job(environment=os.environ) -> str:
+    """The Slurm job this process runs in, in words ("" outside one): its id and step, nodes,
+    tasks per node and the PMI srun gave MPI.
+
+    >>> slurm_job({"SLURM_JOB_ID": "24", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n[1-2]",
+    ...            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_MPI_TYPE": "pmi2"})
+    'Slurm job 24 step 0 on n[1-2], tasks per node 2(x2), PMI pmi2'
+    """
+    if "SLURM_JOB_ID" not in environment:
+        return ""
+    parts = [f"Slurm job {environment['SLURM_JOB_ID']}"
+             + (f" step {environment['SLURM_STEP_ID']}" if "SLURM_STEP_ID" in environment else "")]
+    nodes = environment.get("SLURM_JOB_NODELIST") or environment.get("SLURM_NODELIST")
+    if nodes:
+        parts[0] += f" on {nodes}"
+    per_node = environment.get("SLURM_STEP_TASKS_PER_NODE") or environment.get("SLURM_TASKS_PER_NODE")
+    if per_node and srun_directly(environment):
+        parts.append(f"tasks per node {per_node}")
+    if srun_directly(environment):
+        parts.append(f"PMI {environment.get('SLURM_MPI_TYPE') or 'the cluster default (MpiDefault)'}")
+    return ", ".join(parts)
+
+
+def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
+    """A world of one rank where srun started several tasks: srun gave MPI no PMI it can use
+    (``--mpi=none``, or the other MPI's), so each task is a world of its own and every collective
+    would "succeed" alone. Refused on every task (each sees the same), naming the flag to use.
+    ``MPI``: mpi4py's module, MPI started."""
+    if MPI.COMM_WORLD.Get_size() != 1 or not srun_directly(environment):
+        return
+    mpi_library = MPI.Get_library_version()
+    tasks = environment["SLURM_STEP_NUM_TASKS"]
+    if not tasks.isdigit() or int(tasks) <= 1:
+        return
+    ours, flag = ("Open MPI", "--mpi=pmix") if "Open MPI" in mpi_library else ("MPICH", "--mpi=pmi2")
+    given = environment.get("SLURM_MPI_TYPE")
+    raise CollectiveUsageError(
+        f"init: srun started {tasks} tasks (SLURM_STEP_NUM_TASKS={tasks}), but MPI sees a world of 1 rank in each: "
+        f"srun {'--mpi=' + given if given else 'without --mpi'} gave MPI no way to find the others; mpi4py's MPI "
+        f"is {ours}: launch with srun {flag} (or with mpiexec inside salloc or sbatch)")
