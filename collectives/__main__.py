@@ -90,8 +90,8 @@ def self_check() -> tuple[int, list[str]]:
 def main() -> int:
     try:
         lines = describe()
-    except col.CollectiveError as e:   # the runtime could not be set up: say why, on every rank
-        print(f"[rank {col.rank()}] python -m collectives: {e}", file=sys.stderr, flush=True)
+    except (col.CollectiveError, col.CollectiveUsageError) as e:   # the runtime could not be set up: say why
+        print(f"[rank {MPI.COMM_WORLD.Get_rank()}] python -m collectives: {e}", file=sys.stderr, flush=True)
         return 1
     if col.rank() == 0:
         print("\n".join(lines), flush=True)

@@ -173,7 +173,7 @@ def _run_flags(p: ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=_positive_int, default=1, help="epochs between checkpoints")
     p.add_argument("--keep", type=_positive_int, default=3, help="checkpoints to keep")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint (of any number "
-                   "of ranks); with none yet, from the beginning (one batch script for the first run and every requeue)")
+                   "of ranks); with none yet, from the beginning (one batch script for the first run and each requeue)")
     p.add_argument("--max-steps", type=_positive_int, metavar="S",
                    help="stop after global step S (counted over the whole run, with --resume too), writing a "
                         "checkpoint of that step with --checkpoint-dir (default: train every epoch)")

@@ -81,8 +81,8 @@ def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
     if not tasks.isdigit() or int(tasks) <= 1:
         return
     ours, flag = ("Open MPI", "--mpi=pmix") if "Open MPI" in mpi_library else ("MPICH", "--mpi=pmi2")
-    given = environment.get("SLURM_MPI_TYPE")
+    given = environment.get("SLURM_MPI_TYPE")   # (unset: the cluster's MpiDefault, none)
     raise CollectiveUsageError(
         f"init: srun started {tasks} tasks (SLURM_STEP_NUM_TASKS={tasks}), but MPI sees a world of 1 rank in each: "
-        f"srun {'--mpi=' + given if given else 'without --mpi'} gave MPI no way to find the others; mpi4py's MPI "
+        f"srun --mpi={given or 'none'} gave MPI no way to find the others; mpi4py's MPI "
         f"is {ours}: launch with srun {flag} (or with mpiexec inside salloc or sbatch)")

@@ -1,0 +1,170 @@
+"""Issue 48: a real Slurm (22.05, Debian's slurm-wlm) on this machine, as a cluster's users meet
+it: slurmctld and two slurmd of 2 CPUs each in network namespaces (scripts/emulate_slurm.sh, which
+installs the packages where it is root and they are missing). The self-check and the trainer under
+``srun`` across both nodes; a wrong ``--mpi`` refused on every task; ``mpiexec`` inside ``salloc``;
+an ``sbatch`` job; an elastic job that loses a task under ``srun --kill-on-bad-exit=0``; a job
+preempted by SIGTERM that requeues itself and ends as one that never was. The MPI is this
+Python's (MPICH: ``--mpi=pmi2``; Open MPI: ``--mpi=pmix``). Skipped with the reason where the
+cluster cannot run; every command is bounded in time, and the cluster is removed whatever happens."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.worlds import ROOT, mpi_name
+
+SCRIPT = ROOT / "scripts" / "emulate_slurm.sh"
+BOUND_S = 180
+PMI = "--mpi=pmix" if mpi_name() == "Open MPI" else "--mpi=pmi2"
+DIGEST = re.compile(r"parameters identical on every rank \(blake2b (\w+)\)")
+
+
+def _why_not() -> str:
+    if os.geteuid() != 0:
+        return "a Slurm cluster in network namespaces needs root"
+    if shutil.which("ip") is None or shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        return "needs ip (iproute2), unshare and nsenter"
+    if shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
+        return "no Slurm here and no apt-get to install Debian's slurm-wlm"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    up = subprocess.run([str(SCRIPT), "up"], capture_output=True, text=True, timeout=600)
+    if up.returncode != 0:
+        subprocess.run([str(SCRIPT), "down"], timeout=60)
+        pytest.skip(f"the emulated Slurm cluster did not start: {up.stderr.strip()[-500:]}")
+    try:
+        yield
+    finally:
+        subprocess.run([str(SCRIPT), "down"], timeout=60)
+
+
+def _environment() -> dict:
+    """srun passes the caller's environment on to the tasks: the venv first on PATH, this checkout."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+            "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+
+
+def _start(*command: str) -> subprocess.Popen:
+    return subprocess.Popen([str(SCRIPT), "run", "--", *command], cwd=ROOT, env=_environment(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _finish(process: subprocess.Popen, bound: float = BOUND_S) -> subprocess.CompletedProcess:
+    try:
+        output, _ = process.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return subprocess.CompletedProcess(process.args, -9, f"TIMED OUT after {bound} s\n{process.communicate()[0]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, output)
+
+
+def _slurm(*command: str, bound: float = BOUND_S) -> subprocess.CompletedProcess:
+    """A Slurm command (srun, salloc, sbatch, scontrol ...) from the cluster's controller."""
+    return _finish(_start(*command), bound)
+
+
+def test_srun_across_both_nodes_runs_the_self_check_and_names_the_job(cluster):
+    result = _slurm("srun", "-N2", "-n4", PMI, sys.executable, "-m", "collectives")
+    assert result.returncode == 0, result.stdout
+    assert re.search(rf"launched by Slurm's srun {PMI} \(SLURM_STEP_NUM_TASKS=4\) in Slurm job \d+ step 0 on "
+                     rf"slurmn\[1-2\], tasks per node 2\(x2\), PMI {PMI[6:]}: 4 rank\(s\) on 2 host\(s\)",
+                     result.stdout), result.stdout
+    assert "every result equal to MPI's" in result.stdout, result.stdout
+
+
+def test_srun_without_the_mpi_flag_is_refused_on_every_task_naming_it(cluster):
+    result = _slurm("srun", "-N2", "-n4", "--mpi=none", sys.executable, "-m", "collectives")
+    assert result.returncode not in (0, -9), result.stdout
+    refusal = (f"srun started 4 tasks (SLURM_STEP_NUM_TASKS=4), but MPI sees a world of 1 rank in each: srun "
+               f"--mpi=none gave MPI no way to find the others; mpi4py's MPI is {mpi_name()}: launch with srun {PMI}")
+    assert result.stdout.count(refusal) == 4, result.stdout
+
+
+def test_the_trainer_under_srun_keeps_identical_replicas(cluster):
+    result = _slurm("srun", "-N2", "-n4", PMI, sys.executable, "-m", "trainer", "--epochs", "3")
+    assert result.returncode == 0 and DIGEST.search(result.stdout) and "epoch   3/3" in result.stdout, result.stdout
+
+
+def test_mpiexec_inside_salloc_and_an_sbatch_job(cluster, tmp_path):
+    inside = _slurm("salloc", "-N2", "-n4", "mpiexec", "-n", "4", sys.executable, "-m", "collectives")
+    assert inside.returncode == 0 and "4 rank(s) on 2 host(s)" in inside.stdout, inside.stdout
+    out = tmp_path / "job.out"
+    job = _batch(tmp_path, f"srun {PMI} {sys.executable} -m collectives")
+    submitted = _slurm("sbatch", "--wait", "-N2", "-n4", "-o", str(out), str(job))
+    assert submitted.returncode == 0 and "every result equal to MPI's" in out.read_text(), \
+        submitted.stdout + out.read_text()
+
+
+def _batch(tmp_path, body: str) -> str:
+    """A batch script that runs ``body`` from this checkout."""
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\ncd {ROOT}\n{body}\n")
+    return script
+
+
+def test_an_elastic_job_under_srun_loses_a_task_and_finishes_with_status_0(cluster):
+    """``srun --kill-on-bad-exit=0``: rank 2 (alone on the second node) is SIGKILLed by the pid the
+    trainer printed; the two ranks left go on and finish, and the job's status is 0."""
+    process = _start("srun", "--kill-on-bad-exit=0", "-N2", "-n3", PMI, sys.executable, "-m", "trainer", "--elastic",
+                     "--epochs", "30")
+    lines, deadline = [], time.monotonic() + BOUND_S
+    while time.monotonic() < deadline and not any("epoch   2/" in line for line in lines):
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+    pids = re.search(r"ranks \(pid\): 0 \((\d+)\), 1 \((\d+)\), 2 \((\d+)\)", "".join(lines))
+    assert pids, "".join(lines)
+    os.kill(int(pids.group(3)), signal.SIGKILL)
+    result = _finish(process)
+    output = "".join(lines) + result.stdout
+    assert result.returncode == 0, output
+    assert "elastic: rank 2 gone: 3 -> 2 ranks" in output and "on 2 rank(s)" in output, output
+
+
+def test_a_preempted_job_requeues_itself_and_ends_as_one_that_never_was(cluster, tmp_path):
+    """One batch script for the first run and the requeued one: the trainer with ``--resume``
+    (nothing to resume the first time), and ``scontrol requeue`` of itself when the trainer says it
+    was preempted (status 143). SIGTERM comes as Slurm's preemption sends it (``scancel --signal=TERM``
+    to the job's steps); Slurm holds a requeued job 2 minutes, which the test cuts short."""
+    out, ckpt = tmp_path / "job.out", tmp_path / "ckpt"
+    trainer = f"{sys.executable} -m trainer --epochs 30 --checkpoint-dir {ckpt} --resume"
+    job = _batch(tmp_path, f"srun {PMI} {trainer}\ncode=$?\necho \"trainer exit $code\"\n"
+                           "[ $code = 143 ] && scontrol requeue $SLURM_JOB_ID\nexit $code")
+    submitted = _slurm("sbatch", "--parsable", "--requeue", "--open-mode=append", "-N2", "-n4", "-o", str(out), str(job))
+    assert submitted.returncode == 0, submitted.stdout
+    job_id = submitted.stdout.strip().split(";")[0].splitlines()[-1]
+    _wait_for(lambda: out.exists() and "epoch   2/" in out.read_text(), out)
+    assert _slurm("scancel", "--signal=TERM", job_id).returncode == 0
+    _wait_for(lambda: "trainer exit 143" in out.read_text() and _state(job_id) in ("PENDING", ""), out)
+    _slurm("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    _wait_for(lambda: "trainer exit 0" in out.read_text(), out)
+    text = out.read_text()
+    assert re.search(r"preempted \(SIGTERM\) at epoch \d+, step \d+ of \d+; the last checkpoint is step \d+", text), text
+    assert "no checkpoint in" in text and "resuming from" in text, text
+    never = _slurm("srun", "-N2", "-n4", PMI, sys.executable, "-m", "trainer", "--epochs", "30")
+    assert DIGEST.search(never.stdout) and DIGEST.search(text).group(1) == DIGEST.search(never.stdout).group(1), \
+        text + never.stdout
+
+
+def _state(job_id: str) -> str:
+    return _slurm("squeue", "-h", "-j", job_id, "-o", "%T", bound=30).stdout.strip()
+
+
+def _wait_for(condition, out, bound: float = BOUND_S) -> None:
+    deadline = time.monotonic() + bound
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail("not in time:\n" + (out.read_text() if out.exists() else "(no output yet)"))
+        time.sleep(0.2)   # (a poll of the job's output file: the cue)
