@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.worlds import ROOT, mpi_name
+from tests.worlds import ROOT, mpi_name, mpiexec
 
 SCRIPT = ROOT / "scripts" / "emulate_slurm.sh"
 BOUND_S = 180
@@ -97,8 +97,11 @@ def test_the_trainer_under_srun_keeps_identical_replicas(cluster):
 
 
 def test_mpiexec_inside_salloc_and_an_sbatch_job(cluster, tmp_path):
-    inside = _slurm("salloc", "-N2", "-n4", "mpiexec", "-n", "4", sys.executable, "-m", "collectives")
-    assert inside.returncode == 0 and "4 rank(s) on 2 host(s)" in inside.stdout, inside.stdout
+    inside = _slurm("salloc", "-N2", "-n4", *mpiexec(), "-n", "4", sys.executable, "-m", "collectives")
+    # (Open MPI's prterun put all 4 on the first node here, its daemons started by srun on both: one world
+    # still, but not spread as MPICH's hydra spreads it; docs/slurm.md)
+    spread = "4 rank(s) on 2 host(s)" if mpi_name() == "MPICH" else "4 rank(s) on "
+    assert inside.returncode == 0 and spread in inside.stdout, inside.stdout
     out = tmp_path / "job.out"
     job = _batch(tmp_path, f"srun {PMI} {sys.executable} -m collectives")
     submitted = _slurm("sbatch", "--wait", "-N2", "-n4", "-o", str(out), str(job))
@@ -113,6 +116,9 @@ def _batch(tmp_path, body: str) -> str:
     return script
 
 
+@pytest.mark.skipif(mpi_name() == "Open MPI", reason="under srun --mpi=pmix Slurm cancels the whole step when a task "
+                    "dies, whatever --kill-on-bad-exit says (measured: 'STEP CANCELLED', the survivors exit 14): "
+                    "elastic jobs run under srun with MPICH only (docs/slurm.md)")
 def test_an_elastic_job_under_srun_loses_a_task_and_finishes_with_status_0(cluster):
     """``srun --kill-on-bad-exit=0``: rank 2 (alone on the second node) is SIGKILLed by the pid the
     trainer printed; the two ranks left go on and finish, and the job's status is 0."""
@@ -141,15 +147,18 @@ def test_a_preempted_job_requeues_itself_and_ends_as_one_that_never_was(cluster,
     out, ckpt = tmp_path / "job.out", tmp_path / "ckpt"
     trainer = f"{sys.executable} -m trainer --epochs 30 --checkpoint-dir {ckpt} --resume"
     job = _batch(tmp_path, f"srun {PMI} {trainer}\ncode=$?\necho \"trainer exit $code\"\n"
-                           "[ $code = 143 ] && scontrol requeue $SLURM_JOB_ID\nexit $code")
+                           "if [ $code = 143 ]; then scontrol requeue $SLURM_JOB_ID; echo \"requeue said $?\"; fi\n"
+                           "exit $code")
     submitted = _slurm("sbatch", "--parsable", "--requeue", "--open-mode=append", "-N2", "-n4", "-o", str(out), str(job))
     assert submitted.returncode == 0, submitted.stdout
     job_id = submitted.stdout.strip().split(";")[0].splitlines()[-1]
     _wait_for(lambda: out.exists() and "epoch   2/" in out.read_text(), out)
     assert _slurm("scancel", "--signal=TERM", job_id).returncode == 0
-    _wait_for(lambda: "trainer exit 143" in out.read_text() and _state(job_id) in ("PENDING", ""), out)
+    _wait_for(lambda: "trainer exit 143" in out.read_text() and _state(job_id) == "PENDING", out,
+              lambda: f"job {job_id}: {_state(job_id)!r}; {_controller_log()}")
     _slurm("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-    _wait_for(lambda: "trainer exit 0" in out.read_text(), out)
+    _wait_for(lambda: "trainer exit 0" in out.read_text(), out, lambda: f"job {job_id}: {_state(job_id)!r}; "
+                                                                       f"{_controller_log()}")
     text = out.read_text()
     assert re.search(r"preempted \(SIGTERM\) at epoch \d+, step \d+ of \d+; the last checkpoint is step \d+", text), text
     assert "no checkpoint in" in text and "resuming from" in text, text
@@ -158,13 +167,19 @@ def test_a_preempted_job_requeues_itself_and_ends_as_one_that_never_was(cluster,
         text + never.stdout
 
 
+def _controller_log() -> str:
+    """The end of slurmctld's log (where a test fails waiting for the controller)."""
+    log = "/tmp/emulated-slurm/ctld/slurmctld.log"
+    return "slurmctld's log:\n" + ("".join(open(log).readlines()[-15:]) if os.path.exists(log) else "(none)")
+
+
 def _state(job_id: str) -> str:
     return _slurm("squeue", "-h", "-j", job_id, "-o", "%T", bound=30).stdout.strip()
 
 
-def _wait_for(condition, out, bound: float = BOUND_S) -> None:
+def _wait_for(condition, out, state=lambda: "", bound: float = BOUND_S) -> None:
     deadline = time.monotonic() + bound
     while not condition():
         if time.monotonic() > deadline:
-            pytest.fail("not in time:\n" + (out.read_text() if out.exists() else "(no output yet)"))
+            pytest.fail(f"not in time: {state()}\n" + (out.read_text() if out.exists() else "(no output yet)"))
         time.sleep(0.2)   # (a poll of the job's output file: the cue)
