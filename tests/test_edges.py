@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_faults import BOUND_S, _errors, _fault, _trace
+from tests.test_faults import BOUND_S, LEAVE_BOUND_S, _errors, _fault, _trace
 from tests.worlds import ROOT, keep_survivors, mpi_name, mpiexec, run_world
 
 OWN_OUTPUT = ROOT / "tests" / "programs" / "own_output.sh"
@@ -164,6 +164,8 @@ def _until_every_survivor_speaks(run, survivors, spoke):
 
 @pytest.mark.parametrize("when", [pytest.param("waiting", marks=pytest.mark.quick), "computing"])
 def test_after_a_rank_is_killed_every_survivor_says_so_and_exits_non_zero_within_2_s(tmp_path, when):
+    """The 2 s are the promise (no MPI_Finalize, which would wait for the dead rank for ever): from
+    its program's end to its process's end, a survivor took under 0.1 s beside a CPU hog."""
     def run(attempt):
         directory = tmp_path / f"attempt{attempt}"
         directory.mkdir()
@@ -177,19 +179,22 @@ def test_after_a_rank_is_killed_every_survivor_says_so_and_exits_non_zero_within
         assert ended[rank] - float(program_end.group(1)) < 2.0, (rank, outputs)   # no finalize that hangs
         assert re.search(rf"\[rank {rank}\] collectives: exiting with status 1 without MPI_Finalize, which would "
                          r"wait for ever for rank\(s\) 1 \(gone\)( and 0 \(leaving without it too\))?", output), outputs   # (0: if it left first)
-        if when == "waiting":
-            assert re.search(rf"rank {rank}: CollectiveError after 0\.\d+ s in call 2: allreduce #7 on rank {rank}: "
-                             r"rank 1 is gone: its process \(pid \d+ on host \S+\) ended without leaving the runtime",
-                             output), outputs
+        if when == "waiting":   # (the call's timeout is 30 s: an error naming the death came by the death)
+            found = re.search(rf"rank {rank}: CollectiveError after ([\d.]+) s in call 2: allreduce #7 on rank {rank}: "
+                              r"rank 1 is gone: its process \(pid \d+ on host \S+\) ended without leaving the runtime",
+                              output)
+            assert found and float(found.group(1)) < LEAVE_BOUND_S, outputs
         assert "Traceback" not in output and "error stack" not in output, outputs
 
 
 def test_a_rank_that_ends_before_its_first_collective_is_named_at_once():
+    """At once: by its farewell, within LEAVE_BOUND_S, where the call's timeout is 30 s."""
     status, output, wall = _edge(3, "ended-early")
     errors = _errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 2] and wall < 30, output
     for seconds, message in errors.values():
-        assert seconds < 2 and message == "init: rank 1 ended its program before its first collective", output
+        assert seconds < LEAVE_BOUND_S, output
+        assert message == "init: rank 1 ended its program before its first collective", output
 
 
 def test_a_program_that_never_uses_the_runtime_ends_cleanly():
@@ -221,17 +226,20 @@ def test_groups_made_in_a_loop_say_when_mpi_runs_out_and_destroy_gives_them_back
     assert "MPIR_" not in output, output[-3000:]
 
 
+SURVIVORS_END_S = 30   # generous, on a loaded machine: about 1 s when idle
 PS_LONG = ["-m", "trainer", "--dataset", "synthetic", "--samples", "20000", "--epochs", "200", "--strategy", "ps"]
 
 
 @pytest.mark.parametrize("victim, role", [(1, "worker"), (3, "server")])
 def test_a_parameter_server_job_losing_a_rank_names_it_on_every_survivor(tmp_path, victim, role):
     """4 ranks: workers 0-2, server 3. The victim is SIGKILLed once training is under way (runs in
-    which the launcher killed a survivor first are run again: see KILL_ATTEMPTS)."""
+    which the launcher killed a survivor first are run again: see KILL_ATTEMPTS). The survivors end
+    within SURVIVORS_END_S, where the runtime's timeout (600 s) is what one that missed the death
+    would wait."""
     outputs, pids, ended = _until_every_survivor_speaks(
         lambda attempt: _kill_during_ps_training(tmp_path / f"attempt{attempt}", victim),
         [r for r in range(4) if r != victim], lambda output: "] error: " in output)
-    assert ended < 10, (ended, outputs)
+    assert ended < SURVIVORS_END_S, (ended, outputs)
     for rank, output in outputs.items():
         errors = re.findall(rf"\[rank {rank}\] error: (.*)", output)
         assert len(errors) == 1 and re.search(rf"rank {victim} is gone: its process \(pid {pids[victim]} on host "
@@ -265,7 +273,8 @@ def _kill_during_ps_training(directory: Path, victim: int):
         except ProcessLookupError:
             pass   # (the launcher took the job down already)
         killed = time.monotonic()
-        while any(_alive(pid) for r, pid in pids.items() if r != victim) and time.monotonic() - killed < 30:
+        survivors = [pid for r, pid in pids.items() if r != victim]
+        while any(_alive(pid) for pid in survivors) and time.monotonic() - killed < SURVIVORS_END_S:
             time.sleep(0.05)
         ended = time.monotonic() - killed
         job.communicate(timeout=30)
@@ -293,7 +302,8 @@ def test_a_rank_terminated_before_its_first_collective_is_reported_by_the_others
     def run(attempt):   # (a run whose survivors the launcher killed before they spoke is run again: see KILL_ATTEMPTS)
         directory = tmp_path / f"attempt{attempt}"
         directory.mkdir()
-        run_world(3, [str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges", "terminated-before-setup"], 60,
+        run_world(3, [str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges", "terminated-before-setup",
+                      str(directory)], 60,
                   env={"OWN_OUTPUT": str(directory / "out")}, launcher_args=keep_survivors(), python=False)
         return {r: _read(directory, r) for r in range(3)}, None, None
     outputs, _, _ = _until_every_survivor_speaks(run, (0, 2), lambda output: bool(output))
@@ -302,4 +312,4 @@ def test_a_rank_terminated_before_its_first_collective_is_reported_by_the_others
         found = re.search(rf"rank {rank}: CollectiveError after ([\d.]+) s in first call: init: a process of this job "
                           r"ended before every rank could make the runtime's communicator: mpiexec's failure notice "
                           r"\(SIGUSR1\) came", output)
-        assert found and float(found.group(1)) < 5, output
+        assert found and float(found.group(1)) < LEAVE_BOUND_S, output   # (the call's timeout is 30 s)

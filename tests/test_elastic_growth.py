@@ -54,11 +54,14 @@ def test_a_job_of_two_grows_by_discovery_to_the_weights_of_a_run_alone(tmp_path,
 @needs_mpich
 @pytest.mark.quick
 def test_a_killed_ranks_host_comes_back_only_once_discovery_drops_it_and_lists_it_again(tmp_path):
+    """While discovery still lists the host, a commit after the death keeps 2 ranks: the cue is the
+    shared log, where each discovery run and each commit that did not grow append a line (a run
+    ended, then another began: the first one's listing was in place for the commits after)."""
     hosts, runs, out = tmp_path / "hosts.txt", tmp_path / "runs.log", tmp_path / "w.npy"
     hosts.write_text("localhost:3\n")
     discovery = f"cat {hosts}; echo run >> {runs}"
     command = [*mpiexec(), *keep_survivors(), "-n", "3", sys.executable, *PROGRAM, "--steps", "40", "--kill", "2:10",
-               "--discovery", discovery, "--grow-to", "3", "--out", str(out)]
+               "--discovery", discovery, "--grow-to", "3", "--out", str(out), "--log", str(runs)]
     job = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     seen: list[str] = []
@@ -66,7 +69,8 @@ def test_a_killed_ranks_host_comes_back_only_once_discovery_drops_it_and_lists_i
     reader.start()
     try:
         assert _wait_for(lambda: "rank 2 gone: 3 -> 2 ranks" in "".join(seen), job), "".join(seen)
-        time.sleep(1.0)   # still listed: localhost is left out, so nobody joins
+        since = len(_log(runs))   # still listed: localhost is left out, so the commits go on with 2 ranks
+        assert _wait_for(lambda: _kept_after_two_runs(_log(runs)[since:]), job), _log(runs)[since:]
         assert "joined" not in "".join(seen), "".join(seen)
         hosts.write_text("")
         ran = _runs(runs)
@@ -181,8 +185,19 @@ def _wait_for(condition, job: subprocess.Popen, seconds: float = 60) -> bool:
     return True
 
 
+def _kept_after_two_runs(lines: list[str]) -> bool:
+    """Whether a commit kept 2 ranks after the second discovery run in ``lines`` (the first run's
+    listing was in place by then: a run appends its line as it ends)."""
+    runs = [i for i, line in enumerate(lines) if line == "run"]
+    return len(runs) >= 2 and "commit 2" in lines[runs[1] + 1:]
+
+
+def _log(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def _runs(log) -> int:
-    return len(log.read_text().splitlines()) if log.exists() else 0
+    return _log(log).count("run")
 
 
 # The discovery logic, in-process (no MPI). Hosts are named by addresses: a name must resolve.

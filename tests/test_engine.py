@@ -88,14 +88,24 @@ def test_the_engine_thread_runs_what_nobody_waits_for():
     assert work.is_completed() and log[0][1] != threading.get_ident()
 
 
+def _until(condition, seconds: float = 30.0) -> bool:
+    give_up = time.monotonic() + seconds
+    while not condition() and time.monotonic() < give_up:
+        time.sleep(0.01)
+    return condition()
+
+
 def test_a_blocking_call_waits_while_the_engine_thread_runs_an_earlier_call():
     engine, log = _engine(), []
     gate = threading.Event()
     first = engine.submit(progress.Work("allreduce", _job(log, "a", gate), engine))
-    give_up = time.monotonic() + 30
-    while first.started_at is None and time.monotonic() < give_up:   # the engine thread has taken it
-        time.sleep(0.01)
-    threading.Timer(0.05, gate.set).start()
+    assert _until(lambda: first.started_at is not None), "the engine thread never took the call"
+
+    def open_once_the_blocking_call_waits():   # (its place queued behind the running call)
+        if _until(lambda: any(w.name == "(blocking call)" for w in list(engine._queue))):
+            gate.set()
+
+    threading.Thread(target=open_once_the_blocking_call_waits, daemon=True).start()
     assert engine.run_now(_job(log, "blocking"))[0] == "blocking"
     assert [name for name, _ in log] == ["a", "blocking"] and first.wait() == "a"
 

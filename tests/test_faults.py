@@ -1,7 +1,14 @@
 """Issue 6's and 12's fault suite, as users cause faults: absent, late, killed and departing ranks
 (an uncaught exception, sys.exit, Ctrl-C, a skipped step, a crash before the first collective),
 Ctrl-C inside a call, settings that differ, threads, MPI.Finalize by the program. Every world is
-bounded in time, and each test asserts what every rank printed."""
+bounded in time, and each test asserts what every rank printed.
+
+The ranks of a scenario wait for each other on cues (a message on MPI_COMM_WORLD, a process's
+end, the main thread inside a call: tests/programs/faults.py), never on a sleep that races the
+runtime. Where the time is the promise, the bounds hold on a loaded 2-core machine: a rank that
+left is heard within LEAVE_BOUND_S, by message: the runtime's timeout is far longer there (600 s
+unless the scenario sets one), so an error that names the rank that left and came at all came
+by message; a call with timeout=T raises at T at the earliest and within DEADLINE_SLACK_S after."""
 import json
 import os
 import re
@@ -12,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from ring.transport.base import ROLL_CALL_GRACE
 from ring.transport.polling import process_state as _process_state
 from tests.worlds import keep_survivors, mpi_name, run_world
 
 BOUND_S = 60   # "well under a minute": no scenario may take longer to end
-LEAVE_BOUND_S = 2.0   # a rank waiting for one that left must know within this
+LEAVE_BOUND_S = 10.0   # a rank waiting for one that left knows within this (by message: about 0.1 s when idle)
+DEADLINE_SLACK_S = 5.0   # how late past its deadline a timed-out call may raise on a loaded machine
 
 
 def _fault(n: int, *scenario: str, bound: float = BOUND_S):
@@ -35,7 +44,9 @@ def _errors(output: str, kind: str = "CollectiveError") -> dict[int, tuple[float
 
 
 def test_an_absent_rank_makes_the_others_time_out_naming_it():
-    """At the timeout, not a roll call's grace (1 s) after it: the waits ask who is where ahead."""
+    """At the timeout, not a roll call's grace (1 s) after it: the waits ask who is where ahead.
+    The time is the promise: the check allows the whole grace for a loaded machine's delays, so
+    only a wait that adds the grace fails it."""
     started = time.monotonic()
     result = run_world(3, ["-m", "tests.programs.faults", "absent"], BOUND_S)
     assert time.monotonic() - started < BOUND_S and result.returncode not in (0, -9), result.stdout
@@ -43,7 +54,7 @@ def test_an_absent_rank_makes_the_others_time_out_naming_it():
         assert re.search(f"rank {rank}: CollectiveError: allreduce #2 on rank {rank}: timed out after 2(\\.\\d+)? s",
                          result.stdout), result.stdout
         seconds = float(re.search(rf"rank {rank}: raised after ([\d.]+) s", result.stdout)[1])
-        assert 2 <= seconds < 2.6, result.stdout
+        assert 2 <= seconds < 2 + ROLL_CALL_GRACE, result.stdout
         assert f"rank {rank}: then: allreduce: the runtime stopped after an earlier failure" in result.stdout
     assert "rank(s) in no collective call (busy elsewhere, or gone): 2" in result.stdout, result.stdout
 
@@ -51,12 +62,15 @@ def test_an_absent_rank_makes_the_others_time_out_naming_it():
 @pytest.mark.parametrize("cleanup", [True, False])
 def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_at_exit(cleanup):
     """The others time out (2 s), end their programs, wait at exit at most COLLECTIVES_TIMEOUT (4 s)
-    for it, say so, and end with status 1 without MPI_Finalize: the launcher ends the job then. With
-    -disable-auto-cleanup MPICH's launcher lets the stuck rank run on (it sleeps 20 s here); when it
-    wakes, its next call fails at once, naming the others, and it ends without waiting at exit."""
+    for it, say so, and end with status 1 without MPI_Finalize: the launcher ends the job then (the
+    stuck rank sleeps an hour: if nothing ended it, the world's bound would). With
+    -disable-auto-cleanup MPICH's launcher lets the stuck rank run on (here until the others'
+    processes have ended); then its next call fails at once, naming the others, and it ends without
+    waiting at exit. The exit's wait is shown by what the others say (the timeout, 4 s); the wall
+    time only bounds it generously, far below the world's bound."""
     started = time.monotonic()
-    result = run_world(3, ["-m", "tests.programs.faults", "stuck", "120" if cleanup else "20"], BOUND_S,
-                       env={"COLLECTIVES_TIMEOUT": "4"}, launcher_args=() if cleanup else keep_survivors())
+    result = run_world(3, ["-m", "tests.programs.faults", "stuck", "for-ever" if cleanup else "until-alone"],
+                       BOUND_S, env={"COLLECTIVES_TIMEOUT": "4"}, launcher_args=() if cleanup else keep_survivors())
     wall = time.monotonic() - started
     assert result.returncode not in (0, -9), result.stdout
     if mpi_name() == "MPICH":   # (Open MPI's recoverable job ends the stuck rank once the others have ended)
@@ -68,7 +82,7 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_at_exit(cleanup):
     # (the first of the two to give up names rank 2; the other may hear first that the first will not finalize)
     assert "for rank(s) 2 (not at exit 4 s after this rank's failure, the timeout: still in its own code?)" \
         in result.stdout, result.stdout
-    assert wall < (20 if cleanup else 20 + 15), result.stdout
+    assert wall < 30, result.stdout
 
 
 def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeout():
@@ -76,8 +90,9 @@ def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeo
     errors = _errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < 30, output
     for seconds, message in errors.values():
-        assert 2 <= seconds < 4 and re.match(r"init: timed out after 2(\.\d+)? s waiting for every rank to make "
-                                             "the runtime's communicator", message), output
+        assert 2 <= seconds < 2 + DEADLINE_SLACK_S, output
+        assert re.match(r"init: timed out after 2(\.\d+)? s waiting for every rank to make the runtime's communicator",
+                        message), output
 
 
 def test_after_a_timeout_the_census_tells_a_late_rank_from_an_absent_one():
@@ -86,9 +101,9 @@ def test_after_a_timeout_the_census_tells_a_late_rank_from_an_absent_one():
     assert status not in (0, -9) and 0 in errors, output
     assert "waiting for rank 2; rank(s) in no collective call (busy elsewhere, or gone): 2; " \
            "rank(s) waiting in this call too: 1" in errors[0][1], errors[0][1]
-    # rank 1, which came and waits with a longer timeout, learns of rank 0's departure at once
-    assert 1 in errors and errors[1][0] < 5 and "rank 0 left: it stopped after a failure: allreduce #2 on rank 0: " \
-        "timed out" in errors[1][1], output
+    # rank 1, which came and waits with a longer timeout (30 s), learns of rank 0's departure by message
+    assert 1 in errors and errors[1][0] < LEAVE_BOUND_S and "rank 0 left: it stopped after a failure: allreduce #2 " \
+        "on rank 0: timed out" in errors[1][1], output
 
 
 def test_the_census_tells_a_rank_in_another_collective_of_the_same_number():
@@ -128,7 +143,7 @@ def test_an_async_call_times_out_from_wait_on_every_rank(bound):
     errors = _errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < 30, output
     for rank, (seconds, message) in errors.items():
-        assert 2 <= seconds < 4, output
+        assert 2 <= seconds < 2 + DEADLINE_SLACK_S, output
         if bound == "call":
             assert re.match(rf"allreduce #2 on rank {rank}: timed out after 2(\.\d+)? s", message), output
         else:
@@ -157,7 +172,10 @@ def test_a_late_rank_whose_call_differs_from_the_abandoned_one_does_not_hang_the
     errors = _errors(output)
     assert result.returncode not in (0, -9) and sorted(errors) == [0, 1, 2] and wall < 30, output
     for rank in (0, 2):
-        assert 2 <= errors[rank][0] < 5 and re.match(rf"allreduce #2 on rank {rank}: timed out after 2", errors[rank][1])
+        # (the message has the seconds the wait itself lasted: an async call's deadline runs from its issue, a
+        # little earlier, so it may read 1.99 s)
+        assert 2 <= errors[rank][0] < 2 + DEADLINE_SLACK_S and re.match(rf"allreduce #2 on rank {rank}: timed out "
+                                                                        r"after (1\.9\d|2(\.\d+)?) s", errors[rank][1])
     assert errors[1][0] < LEAVE_BOUND_S and re.match(r"allreduce #2 on rank 1: rank [02] left: it stopped after a "
                                                      r"failure: allreduce #2 on rank [02]: timed out", errors[1][1])
 
@@ -242,7 +260,8 @@ def test_a_rank_that_crashes_before_its_first_collective_is_named_at_setup():
 
 
 def test_a_rank_that_crashes_before_its_first_collective_is_named_to_a_rank_that_comes_later():
-    """Rank 2 comes 3 s after rank 1 raised: rank 1, at exit, still waits in the setup to say why (up to 10 s)."""
+    """Rank 2 comes 3 s after rank 1 raised: rank 1, at exit, still waits in the setup to say why (up to
+    10 s). The 3 s are the promise (longer than the 2 s a failed rank used to wait)."""
     status, output, _ = _fault(3, "crash-first-late")
     errors = _errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 2], output
@@ -357,7 +376,7 @@ def test_a_rank_absent_from_a_groups_call_is_named_by_its_world_rank():
     errors = _errors(output)
     assert status not in (0, -9) and sorted(errors) == [1] and wall < BOUND_S, output
     group_call = re.search(r"rank 1: CollectiveError after ([\d.]+) s in group call: (.*)", output)
-    assert group_call and 2 <= float(group_call[1]) < 5, output
+    assert group_call and 2 <= float(group_call[1]) < 2 + DEADLINE_SLACK_S, output
     assert re.match(r"allreduce #1 on rank 1 in group \[1, 2\]: timed out after 2(\.\d+)? s waiting for rank 2; "
                     r"rank\(s\) in no collective call on this group \(busy elsewhere, or gone\): 2$",
                     group_call[2]), output

@@ -26,7 +26,10 @@ def test_a_program_that_only_imports_the_package_gets_no_hooks_and_exits_at_once
     for rank in (0, 1):
         assert f"rank {rank}: after import: {NOTHING}" in result.stdout, result.stdout
         took = re.search(rf"rank {rank}: exit handlers after the program's end took ([\d.]+) s", result.stdout)
-        assert took and float(took.group(1)) < 0.5, result.stdout   # (rank 0 ends 1.5 s after rank 1)
+        # The time is the promise: rank 0 ends its program 1.5 s after rank 1, so an exit handler that
+        # waited for the other rank would take about that long on rank 1; none takes milliseconds. The
+        # bound leaves room for a loaded machine (and "exit handlers +0" above says none was installed).
+        assert took and float(took.group(1)) < 1.0, result.stdout
 
 
 @pytest.mark.parametrize("ending, last", [

@@ -1,10 +1,13 @@
 """The liveness watch across hosts (ring.transport.mpi.liveness), tier 1: no MPI, two "hosts" on the
 loopback ("127.0.0.1" and "localhost" are different host names to it, the same machine to TCP).
 Across emulated hosts, with real deaths and a host that vanishes: tests/test_hosts.py."""
+import fcntl
 import os
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -51,13 +54,18 @@ def test_the_watch_goes_both_ways(pair):
     assert _until(low.check) == {1: liveness.GONE}
 
 
+def _queued(watch: liveness.Liveness, request: int) -> int:
+    """Bytes in the kernel's queues of ``watch``'s connections: TIOCOUTQ, sent and not yet
+    acknowledged by the peer's kernel; FIONREAD, received and not yet read."""
+    return sum(struct.unpack("i", fcntl.ioctl(c.fileno(), request, b"\0" * 4))[0] for c in watch._watched.values())
+
+
 def test_a_rank_that_says_goodbye_is_not_taken_for_dead(pair):
     low, high = pair
     low.goodbye()
     low.close()
-    assert _until(lambda: high.check() == {} and 0 in high.left)
-    time.sleep(0.1)
-    assert high.check() == {}
+    assert _until(lambda: high.check() == {} and 0 in high.closed)   # (its end of file read: a death's cue)
+    assert 0 in high.left and high.check() == {}
 
 
 def test_pings_are_ignored_and_acknowledged(pair):
@@ -65,13 +73,19 @@ def test_pings_are_ignored_and_acknowledged(pair):
     _until(lambda: high.check() == {} and 0 in high._watched)
     low.ping()
     high.ping()
-    time.sleep(0.2)
+    assert _until(lambda: _queued(low, termios.TIOCOUTQ) == _queued(high, termios.TIOCOUTQ) == 0), \
+        "a peer's kernel never acknowledged a ping"
     assert low.silent() == [] and high.silent() == []
-    assert low.check() == {} and high.check() == {}
+    # each has read the other's ping (nothing left unread) and still watches it
+    assert _until(lambda: low.check() == {} == high.check() and _queued(low, termios.FIONREAD) == 0
+                  and _queued(high, termios.FIONREAD) == 0)
+    assert list(low._watched) == [1] and list(high._watched) == [0]
 
 
 def test_a_killed_process_is_gone_at_once():
-    """Rank 1 in another process, SIGKILLed: its kernel closes the connection."""
+    """Rank 1 in another process, SIGKILLed: its kernel closes the connection, so once the process
+    has ended the watch reads end-of-file: GONE. (A watch that had to wait for silence would say
+    UNREACHABLE, after keepalive's UNREACHABLE_SECONDS.)"""
     low = liveness.Liveness()
     child = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; from ring.transport.mpi import liveness\n"
@@ -87,10 +101,9 @@ def test_a_killed_process_is_gone_at_once():
         low.join(0, HOSTS, [low.port, port])
         assert child.stdout.readline() == "watching\n"
         assert low.check() == {}
-        started = time.monotonic()
         child.send_signal(signal.SIGKILL)
+        child.wait()
         assert _until(low.check) == {1: liveness.GONE}
-        assert time.monotonic() - started < 1.0
     finally:
         child.kill()
         child.wait()
@@ -101,15 +114,20 @@ def test_a_killed_process_is_gone_at_once():
 def test_a_forked_child_does_not_keep_a_rank_alive(pair):
     """A data loader's worker forked by rank 0 must not hold rank 0's connection open after it dies."""
     low, high = pair
+    hold, release = os.pipe()
     pid = os.fork()
-    if pid == 0:   # the child: outlives its parent's connection, then leaves without a word
-        time.sleep(3)
-        os._exit(0)
+    if pid == 0:   # the child: lives until the test has looked (its end of the pipe closes), then leaves
+        try:
+            os.close(release)
+            os.read(hold, 1)
+        finally:
+            os._exit(0)
+    os.close(hold)
     try:
         low.close()
-        assert _until(high.check, 2.0) == {0: liveness.GONE}
+        assert _until(high.check) == {0: liveness.GONE}
     finally:
-        os.kill(pid, signal.SIGKILL)
+        os.close(release)
         os.waitpid(pid, 0)
 
 

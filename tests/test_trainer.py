@@ -106,10 +106,11 @@ def test_two_runs_cannot_share_a_checkpoint_dir(tmp_path):
     first = subprocess.Popen([sys.executable, "-m", "trainer", *SYNTHETIC_LONG, "--checkpoint-dir", str(directory)],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not (directory / checkpoint.LOCK).exists() and time.monotonic() < deadline:
+        lock, deadline = directory / checkpoint.LOCK, time.monotonic() + 60
+        while time.monotonic() < deadline and first.poll() is None:   # until the first run holds the lock
+            if lock.exists() and lock.read_text() == f"pid {first.pid}":   # (written once the lock is taken)
+                break
             time.sleep(0.05)
-        time.sleep(0.2)
         second = run_world(2, ["-m", "trainer", *SMALL, "--checkpoint-dir", str(directory)], 60)
     finally:
         first.kill()

@@ -6,11 +6,13 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
 import collectives as col
-from tests.programs.faults import _report, _say
+from collectives.groups.group import Group
+from tests.programs.faults import _await_cues, _await_ended, _cue, _report, _say, _when_inside
 
 
 def p2p_mismatch() -> None:
@@ -29,25 +31,30 @@ def p2p_mismatch() -> None:
 
 
 def killed() -> None:
-    """Rank 1 (argv[3], if given) is killed (SIGKILL) after a first call; the others are in their
-    second call (argv[2] "waiting") or computing, outside the runtime, when it dies ("computing").
-    Each survivor prints its pid, its error if any, and when its program ended (time.monotonic())."""
+    """Rank 1 (argv[3], if given) is killed (SIGKILL) after a first call, once every other rank has
+    cued it: from inside its second call (argv[2] "waiting"), or from outside the runtime, where it
+    then computes until the victim's process has ended ("computing": one host only). Each survivor
+    prints its pid, its error if any, and when its program ended (time.monotonic())."""
+    from mpi4py import MPI
     victim = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     _say(f"rank {col.rank()}: pid {os.getpid()}")
+    pids = MPI.COMM_WORLD.allgather(os.getpid())
     x = np.ones(1000, np.float32)
     for _ in range(3):   # every pair connected before the death (a death during MPI's start is another story)
         col.allreduce(x)
         col.barrier()
     if col.rank() == victim:
-        time.sleep(0.3)
+        _await_cues(r for r in range(col.size()) if r != victim)
         os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[2] == "waiting":
+        _when_inside(Group.allreduce, lambda: _cue(victim))
         try:
             _report("call 2", col.allreduce, x, timeout=30)
         except SystemExit:
             pass
     else:
-        time.sleep(1.5)
+        _cue(victim)
+        _await_ended([pids[victim]])
     _say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
 
 
@@ -71,11 +78,19 @@ def killed_async() -> None:
 
 
 def terminated_before_setup() -> None:
-    """Rank 1 is terminated (SIGTERM, Python's default: the process ends at once) 1 s after its
-    start, before its first collective; the others wait in theirs (the runtime's setup)."""
-    if col.rank() == 1:
-        time.sleep(1.0)
+    """Rank 1 is terminated (SIGTERM, Python's default: the process ends at once) before its first
+    collective, once every other rank waits in theirs (the runtime's setup): each says so by a file
+    in the directory argv[2], so that rank 1 uses no MPI before it dies. (Cued from the call's
+    start instead, before the setup's wait, the launcher killed the survivors in most runs.)"""
+    cues, me = Path(sys.argv[2]), col.rank()
+    if me == 1:
+        others = [cues / f"inside.{r}" for r in range(col.size()) if r != 1]
+        give_up = time.monotonic() + 30
+        while not all(p.exists() for p in others) and time.monotonic() < give_up:
+            time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGTERM)
+    from ring.transport.mpi import setup   # (imported once MPI runs)
+    _when_inside(setup._wait_setup, lambda: (cues / f"inside.{me}").touch())
     _report("first call", col.allreduce, np.ones(10), timeout=30)
 
 

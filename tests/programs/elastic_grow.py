@@ -12,8 +12,9 @@ gradient depends on the weights, so a step applied twice or lost would show.
 ``--grow-to K``: after the last step, keep committing (one commit a ``--sleep``, at most
 ``--wait-commits``) until the world has K ranks, so that a slow machine cannot end the job
 before the newcomers came. ``--kill R:S``: the process that the launcher made rank R dies by
-SIGKILL at step S; ``--die-spawning R``: during the first spawn. Every rank prints one line at
-the end (``done``), rank 0 writes the weights.
+SIGKILL at step S; ``--die-spawning R``: during the first spawn. ``--log PATH``: rank 0 appends
+``commit N`` to PATH after each commit that did not grow the world, N ranks (the growth check of
+that commit passed). Every rank prints one line at the end (``done``), rank 0 writes the weights.
 """
 from __future__ import annotations
 
@@ -78,6 +79,9 @@ def main() -> int:
                 if args.timing and col.rank() == 0:
                     print(f"rank 0: left a commit at {time.time():.6f} (size {col.size()})", flush=True)
                 raise
+            if args.log and col.rank() == 0:
+                with open(args.log, "a") as log:
+                    log.write(f"commit {col.size()}\n")
         return state.w
 
     timed: list = []
@@ -91,15 +95,37 @@ def main() -> int:
 
 
 def _die_while_spawning() -> None:
-    """This process dies (SIGKILL) 0.1 s into the first spawn of newcomers (a newcomer takes longer
-    than that to start and join, so the other members are inside MPI's spawn then)."""
+    """This process dies (SIGKILL) inside MPI's spawn of the first newcomers: once the thread that
+    spawns is in the call (seen on its stack), not a time after the spawn began, which a busy
+    machine could let pass before the call (a newcomer takes far longer to start and join)."""
     import threading
     from collectives.process import changes
     spawn = changes.spawn_newcomers
 
-    def dying(*args, **kwargs):
-        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGKILL)).start()
-        return spawn(*args, **kwargs)
+    class DiesInSpawn:
+        """The members' communicator, whose Spawn kills this process once MPI's spawn runs."""
+
+        def __init__(self, comm):
+            self._comm = comm
+
+        def __getattr__(self, name):
+            return getattr(self._comm, name)
+
+        def Spawn(self, *args, **kwargs):  # noqa: N802 - (mpi4py's name)
+            spawning, code = threading.get_ident(), DiesInSpawn.Spawn.__code__
+
+            def watch():   # (this frame innermost on the spawning thread: it is inside MPI's call)
+                while True:
+                    frame = sys._current_frames().get(spawning)
+                    if frame is not None and frame.f_code is code:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    time.sleep(0.005)
+
+            threading.Thread(target=watch, daemon=True).start()
+            return self._comm.Spawn(*args, **kwargs)
+
+    def dying(comm, *args, **kwargs):
+        return spawn(DiesInSpawn(comm), *args, **kwargs)
 
     changes.spawn_newcomers = dying
 
@@ -118,6 +144,7 @@ def _arguments():
     p.add_argument("--die-spawning", type=int, help="the rank launched as this dies during the first spawn")
     p.add_argument("--timing", action="store_true", help="print when growth starts and a newcomer's first step ends")
     p.add_argument("--out", help="rank 0 writes the final weights here (.npy)")
+    p.add_argument("--log", help="rank 0 appends 'commit N' here after each commit that kept N ranks")
     return p.parse_args()
 
 

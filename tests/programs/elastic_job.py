@@ -8,7 +8,8 @@ every detail (who took part, in which order), so a bit-identical result means th
 computation. ``--kill R@S``: the process the launcher started as rank R SIGKILLs itself before
 step S (the state then holds the commit of step S); it prints ``killed at <time>`` first.
 ``--kill-at-exit R``: once the work is done (after ``final``) that process ends its program and
-SIGKILLs itself 0.5 s on, inside the runtime's exit, where it waits for the others (they come 1.5 s on).
+SIGKILLs itself inside the runtime's exit, once it waits there for the others (its exit barrier);
+they end their programs only once its process has ended.
 ``--die-agreeing R``: that process dies in the survivors' agreement after the first death (its
 message of the first round sent to the lowest survivor alone: the gap of ``ring.transport.mpi.survivors``).
 ``--raise R@S``: that process raises ValueError instead (an error of the program, which ends the
@@ -28,7 +29,6 @@ import hashlib  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -116,14 +116,22 @@ def main() -> None:
         np.savez(args.save_at[1], weights=state.weights, velocity=state.velocity, step=np.int64(state.step))
     if col.rank() == 0:
         print(f"final {digest} at step {state.step} on {col.size()} ranks", flush=True)
-    if args.kill_at_exit == launched_as:   # dies 0.5 s on, inside the runtime's exit (farewell said, waiting
-        # for the others there, which come 1.5 s on)
-        killer = threading.Timer(0.5, lambda: (print(f"killed at exit at {time.time():.6f}", flush=True),
-                                               os.kill(os.getpid(), signal.SIGKILL)))
-        killer.daemon = True
-        killer.start()
-    elif args.kill_at_exit >= 0:
-        time.sleep(1.5)
+    if args.kill_at_exit >= 0:
+        kill_at_exit(args.kill_at_exit, launched_as)
+
+
+def kill_at_exit(victim: int, launched_as: int) -> None:
+    """The process launched as ``victim`` dies inside the runtime's exit, once it waits there for
+    the others (its farewell said); the others end their programs only once it has died (cues,
+    not times: on a busy machine they could come first, or it could die before its farewell)."""
+    from ring.transport.mpi.exits import Exits
+    from tests.programs.faults import _await_ended, _when_inside
+    pids = col.allgather(np.array([[launched_as, os.getpid()]], np.int64))
+    if launched_as == victim:
+        _when_inside(Exits.exit_barrier, lambda: (print(f"killed at exit at {time.time():.6f}", flush=True),
+                                                  os.kill(os.getpid(), signal.SIGKILL)))
+    else:
+        _await_ended([int(pid) for launched, pid in pids if launched == victim])
 
 
 def die_in_the_agreement() -> None:

@@ -1,6 +1,7 @@
 """Fault scenarios for tests/test_faults.py, each run as a user's program:
 ``mpiexec -n N python -m tests.programs.faults SCENARIO``. Ranks print how they ended:
 ``rank R: CollectiveError after T s: message``, ``rank R: ok ...``, and so on."""
+import inspect
 import os
 import signal
 import sys
@@ -10,6 +11,9 @@ import time
 import numpy as np
 
 import collectives as col
+from collectives.groups.group import Group
+from collectives.calls import progress
+from ring.transport.polling import process_state
 
 
 def _say(line: str) -> None:
@@ -52,10 +56,13 @@ def _then_the_others_wait(victim: int) -> None:
 
 
 def absent() -> None:
-    """The last rank never comes to the allreduce; the others must time out naming it."""
+    """The last rank never comes to the allreduce (it stays away until every other rank's call has
+    ended: cued, so that no stall of theirs lets it end its program first); the others must time
+    out naming it."""
     col.barrier()
-    if col.rank() == col.size() - 1:
-        time.sleep(6)
+    last = col.size() - 1
+    if col.rank() == last:
+        _await_cues(range(last))
         _say(f"rank {col.rank()}: stayed away")
         return
     x = np.ones(1000, np.float32)
@@ -65,6 +72,8 @@ def absent() -> None:
     except col.CollectiveError as e:
         _say(f"rank {col.rank()}: CollectiveError: {e}")
         _say(f"rank {col.rank()}: raised after {time.monotonic() - started:.2f} s")
+    finally:
+        _cue(last)
     try:
         col.allreduce(x, timeout=2)
     except col.CollectiveError as e:
@@ -73,12 +82,17 @@ def absent() -> None:
 
 
 def stuck() -> None:
-    """The last rank is stuck in its own code (for the seconds in argv[2], default 120); the others
-    time out naming it, end their programs, and must not wait for it at exit beyond the runtime's
-    timeout (COLLECTIVES_TIMEOUT)."""
+    """The last rank is stuck in its own code: for ever (argv[2] "for-ever": only the launcher can
+    end it), or until every other process has ended ("until-alone"); the others time out naming
+    it, end their programs, and must not wait for it at exit beyond the runtime's timeout
+    (COLLECTIVES_TIMEOUT)."""
+    from mpi4py import MPI
+    pids = MPI.COMM_WORLD.allgather(os.getpid())
     col.barrier()
     if col.rank() == col.size() - 1:
-        time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 120)
+        if sys.argv[2] == "for-ever":
+            time.sleep(3600)
+        _await_ended(pids[:-1])
         _say(f"rank {col.rank()}: woke")
         col.allreduce(np.ones(10, np.float32))   # (the others are gone: raises at once)
         return
@@ -90,10 +104,14 @@ def stuck() -> None:
 
 def absent_at_setup() -> None:
     """The last rank never calls into the runtime; the others' first call sets up, bounded by its timeout."""
-    if col.rank() == col.size() - 1:
-        time.sleep(5)
+    last = col.size() - 1
+    if col.rank() == last:
+        _await_cues(range(last))   # (until the others' calls ended: then it may end its program)
         return
-    _report("first call", col.allreduce, np.ones(10, np.float32), timeout=2)
+    try:
+        _report("first call", col.allreduce, np.ones(10, np.float32), timeout=2)
+    finally:
+        _cue(last)
 
 
 def late() -> None:
@@ -130,14 +148,75 @@ def _cue(rank: int) -> None:
 def _await_cue(source: int) -> None:
     """Wait for ``source``'s cue, polling (a blocking receive could not be bounded); exit 4 after
     _CUE_BOUND_S, saying so."""
+    _await_cues([source])
+
+
+def _await_cues(sources) -> None:
+    """Wait for a cue from each of ``sources``, as _await_cue."""
     from mpi4py import MPI
-    request = MPI.COMM_WORLD.irecv(source=source, tag=_CUE_TAG)
+    waiting = {source: MPI.COMM_WORLD.irecv(source=source, tag=_CUE_TAG) for source in sources}
     give_up = time.monotonic() + _CUE_BOUND_S
-    while not request.test()[0]:
-        if time.monotonic() > give_up:
-            _say(f"rank {col.rank()}: no cue from rank {source} within {_CUE_BOUND_S} s")
+    while waiting:
+        waiting = {source: r for source, r in waiting.items() if not r.test()[0]}
+        if waiting and time.monotonic() > give_up:
+            _say(f"rank {col.rank()}: no cue from rank(s) {sorted(waiting)} within {_CUE_BOUND_S} s")
             raise SystemExit(4)
         time.sleep(0.01)
+
+
+def _await_ended(pids) -> None:
+    """Wait until the processes ``pids`` (on this host) have ended; exit 4 after _CUE_BOUND_S, saying so."""
+    give_up = time.monotonic() + _CUE_BOUND_S
+    while any(process_state(pid) is None for pid in pids):
+        if time.monotonic() > give_up:
+            _say(f"rank {col.rank()}: processes {list(pids)} still ran after {_CUE_BOUND_S} s")
+            raise SystemExit(4)
+        time.sleep(0.01)
+
+
+def _when_inside(function, then) -> None:
+    """Call ``then()``, from a thread of its own, once the main thread is inside ``function`` (its
+    code on the main thread's stack; a tuple: any of them): what must happen during a call waits
+    for the call, where a timer started before it could fire before the call began on a busy
+    machine. Exit 4 after _CUE_BOUND_S, saying so."""
+    functions = function if isinstance(function, tuple) else (function,)
+    codes = {inspect.unwrap(f).__code__ for f in functions}
+    main, rank = threading.main_thread().ident, col.rank()
+
+    def watch():
+        give_up = time.monotonic() + _CUE_BOUND_S
+        while time.monotonic() < give_up:
+            frame = sys._current_frames().get(main)
+            while frame is not None and frame.f_code not in codes:
+                frame = frame.f_back
+            if frame is not None:
+                then()
+                return
+            time.sleep(0.005)
+        _say(f"rank {rank}: the main thread was not inside {' or '.join(c.co_name for c in codes)} within "
+             f"{_CUE_BOUND_S} s")
+        os._exit(4)
+
+    threading.Thread(target=watch, name="cue watcher", daemon=True).start()
+
+
+def _cue_once_left(ranks) -> None:
+    """Cue ``ranks`` once this rank has left the runtime: its farewell said, it waits at exit for
+    the others (as a rank that comes a while after one that ended finds it)."""
+    from ring.transport.mpi.exits import Exits   # (imports MPI: here, not at import, so that "funneled" may start it)
+    _when_inside(Exits.exit_barrier, lambda: [_cue(r) for r in ranks])
+
+
+def _wait_for():
+    """The MPI transport's poll loop (ring.transport.mpi.waiting): a call waiting for another rank is in it."""
+    from ring.transport.mpi.waiting import wait_for   # (imports MPI: see _cue_once_left)
+    return wait_for
+
+
+def _ctrl_c() -> None:
+    """Ctrl-C, to the main thread (a signal to the process may land on another thread, and the
+    main thread then sees it only when its current wait ends)."""
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
 def crash_first() -> None:
@@ -165,23 +244,27 @@ def census_other_call() -> None:
 
 
 def crash_first_late() -> None:
-    """Rank 1 raises before its first collective while rank 2 still loads its data for 3 s (the
-    time is the property: longer than the 2 s a failed rank used to wait at exit to be heard)."""
+    """Rank 1 raises before its first collective while rank 2 still loads its data, for 3 s from
+    rank 1's raise (cued: the time is the property, longer than the 2 s a failed rank used to wait
+    at exit to be heard)."""
     if col.rank() == 1:
+        _cue(2)
         raise OSError("cannot read the training data")
     if col.rank() == 2:
+        _await_cue(1)
         time.sleep(3)
     _report("first call", col.allreduce, _ints(10, col.rank()))
 
 
 def killed_mid_allreduce() -> None:
-    """Rank 1 is SIGKILLed while a large allreduce is under way on every rank (argument: its
-    elements, default 16 Mi: 64 MiB, long enough per call to be hit in the middle)."""
+    """Rank 1 is SIGKILLed inside a large allreduce, after a first one (every pair connected), while
+    the others are in it or on their way (argument: its elements, default 16 Mi: 64 MiB)."""
     x = np.ones(int(sys.argv[2]) if len(sys.argv) > 2 else 16 << 20, np.float32)
     if col.rank() == 0:
         _say(f"algorithm: {col.algorithm_for('allreduce', x)}")
+    col.allreduce(x, out=x, op="max")
     if col.rank() == 1:
-        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        _when_inside(Group.allreduce, lambda: os.kill(os.getpid(), signal.SIGKILL))
     started = time.monotonic()
     try:
         while time.monotonic() - started < 60:
@@ -212,8 +295,7 @@ def ctrl_c() -> None:
     """Rank 1 is hit by Ctrl-C (SIGINT) outside any collective, after 3 collectives."""
     _three_calls()
     if col.rank() == 1:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(5)
+        signal.raise_signal(signal.SIGINT)   # (its handler runs before this returns: KeyboardInterrupt here)
     _then_the_others_wait(1)
 
 
@@ -233,12 +315,14 @@ def skipped_named() -> None:
 
 
 def interrupted() -> None:
-    """Ctrl-C lands on rank 1 inside a small allreduce (rank 0 comes late); rank 1 catches it,
-    finds the runtime stopped, and ends cleanly."""
+    """Ctrl-C lands on rank 1 inside a small allreduce, while it waits there for the others; they
+    come only once rank 1 has left (cued: the call cannot finish before); rank 1 catches it, finds
+    the runtime stopped, and ends cleanly."""
     _three_calls()
     x = _ints(100, col.rank())
     if col.rank() == 1:
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        _when_inside(_wait_for(), _ctrl_c)
+        _cue_once_left([r for r in range(col.size()) if r != 1])
         try:
             col.allreduce(x)
             _say("rank 1: the allreduce was not interrupted")
@@ -249,7 +333,7 @@ def interrupted() -> None:
         except col.CollectiveError as e:
             _say(f"rank 1: then CollectiveError: {e}")
         return   # a clean exit
-    time.sleep(1.5)
+    _await_cue(1)
     try:
         result = col.allreduce(x)
         right = np.array_equal(result, _expected_sum(100, col.size()))
@@ -360,10 +444,14 @@ def funneled() -> None:
 
 
 def idle() -> None:
-    """Rank 0 waits 4 s in an allreduce for rank 1: how much of a core does the wait take?"""
+    """Rank 0 waits in an allreduce for rank 1, which stays away 4 s from the start of that wait
+    (cued): how much of a core does the wait take?"""
     if col.rank() == 1:
+        _await_cue(0)
         time.sleep(4)
     cpu, wall = time.process_time(), time.monotonic()
+    if col.rank() == 0:
+        _cue(1)
     col.allreduce(np.ones(10, np.float32))
     if col.rank() == 0:
         _say(f"rank 0: waited {time.monotonic() - wall:.2f} s using {time.process_time() - cpu:.2f} s of CPU")
@@ -373,37 +461,49 @@ def async_absent() -> None:
     """The last rank never issues the call; the others' handles raise from wait, bounded by the
     call's timeout= or by wait(timeout=) (argv[2]: "call" or "wait"), and the next call refuses."""
     col.barrier()
-    if col.rank() == col.size() - 1:
-        time.sleep(6)
+    last = col.size() - 1
+    if col.rank() == last:
+        _await_cues(range(last))   # (until the others' waits ended)
         _say(f"rank {col.rank()}: stayed away")
         return
     bound = {"call": {"timeout": 2}, "wait": {}}[sys.argv[2]]
     work = col.allreduce(_ints(1000, col.rank()), async_op=True, **bound)
-    _report("wait", work.wait, **({"timeout": 2} if sys.argv[2] == "wait" else {}))
+    try:
+        _report("wait", work.wait, **({"timeout": 2} if sys.argv[2] == "wait" else {}))
+    finally:
+        _cue(last)
 
 
 def async_uncaught() -> None:
-    """Rank 1 raises an uncaught exception with handles in flight (rank 0 issues late, so they
-    cannot have finished); the others wait on theirs."""
+    """Rank 1 raises an uncaught exception with handles in flight (rank 0 issues its own only once
+    rank 1 is about to raise, cued, so they cannot have finished); the others wait on theirs."""
     _three_calls()
     if col.rank() == 0:
-        time.sleep(1)
+        _await_cue(1)
     works = [col.allreduce(_ints(300_000, col.rank()), async_op=True) for _ in range(3)]
     if col.rank() == 1:
+        _cue(0)
         raise RuntimeError("user bug on rank 1")
     for k, work in enumerate(works):
         _report(f"wait {k}", work.wait)
 
 
 def async_ctrl_c() -> None:
-    """Ctrl-C lands on rank 1 while it waits for a handle (rank 0 comes late): wait raises
-    KeyboardInterrupt, the runtime stops, and the other ranks hear why at once."""
+    """Ctrl-C lands on rank 1 while it waits for a handle: wait raises KeyboardInterrupt, the
+    runtime stops, and the other ranks hear why at once: rank 2, waiting since before; rank 0
+    issues its call only once rank 2's wait has ended (cued: with rank 0 there, rank 2 could
+    finish from what rank 1 sent before it stopped). 3 ranks."""
     _three_calls()
     if col.rank() == 0:
-        time.sleep(1.5)
+        _await_cue(2)
+    if col.rank() == 1:
+        # Ctrl-C lands in the call, run by the waiting thread (Engine.help) and waiting there for
+        # rank 0: kept from the engine thread, which takes a call 200 us old, since a call it ran
+        # went on there after the Ctrl-C and finished once rank 0 came, however late.
+        progress._PICKUP_SECONDS = 3600.0
+        _when_inside(_wait_for(), _ctrl_c)
     work = col.allreduce(_ints(1000, col.rank()), async_op=True)
     if col.rank() == 1:
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         try:
             work.wait()
             _say("rank 1: the wait was not interrupted")
@@ -414,7 +514,11 @@ def async_ctrl_c() -> None:
         except col.CollectiveError as e:
             _say(f"rank 1: then CollectiveError: {e}")
         return
-    right = np.array_equal(_report("wait", work.wait), _expected_sum(1000, col.size()))
+    try:
+        right = np.array_equal(_report("wait", work.wait), _expected_sum(1000, col.size()))
+    finally:
+        if col.rank() == 2:
+            _cue(0)
     _say(f"rank {col.rank()}: sum {'right' if right else 'WRONG'}")
 
 
@@ -432,16 +536,20 @@ def async_dropped_at_exit() -> None:
 
 def late_other_call() -> None:
     """Ranks 0 and 2 have async all-reduces in flight when they time out waiting for rank 1, which
-    then comes with a call of another size: it finds the others' abandoned messages disagree, and
-    the others have left. Every rank must still end (each rank's error, then exit), none hang."""
+    then (cued by both) comes with a call of another size: it finds the others' abandoned messages
+    disagree, and the others have left. Every rank must still end (each rank's error, then exit),
+    none hang. Rank 1's own timeout is long: an error that names a rank that left came by message."""
     col.barrier()
     if col.rank() == 1:
-        time.sleep(3)
-        _report("late call", col.allreduce, _ints(4, 1), timeout=2)
+        _await_cues([0, 2])
+        _report("late call", col.allreduce, _ints(4, 1), timeout=30)
         return
     works = [col.allreduce(_ints(1000, col.rank(), salt), async_op=True, timeout=2) for salt in (1, 2)]
-    for k, work in enumerate(works):
-        _report(f"wait {k}", work.wait)
+    try:
+        for k, work in enumerate(works):
+            _report(f"wait {k}", work.wait)
+    finally:
+        _cue(1)
 
 
 def timeline() -> None:
@@ -463,14 +571,19 @@ def timeline() -> None:
 
 def group_absent() -> None:
     """In group [1, 2] of 3 ranks, rank 2 never comes to the group's allreduce: rank 1 times out
-    naming world rank 2 (its rank 1 in the group) and the group; then its world call is refused."""
+    naming world rank 2 (its rank 1 in the group) and the group; then its world call is refused.
+    The others end their programs only once rank 1's group call has ended (cued)."""
     group = col.new_group([1, 2])
-    if col.rank() == 1:
-        try:
-            _report("group call", group.allreduce, _ints(1000, 1), timeout=2)
-        except SystemExit:
-            _report("world call after", col.barrier)   # the runtime has stopped on this rank, for every group
-    time.sleep(4)
+    if col.rank() != 1:
+        _await_cue(1)
+        return
+    try:
+        _report("group call", group.allreduce, _ints(1000, 1), timeout=2)
+    except SystemExit:
+        _report("world call after", col.barrier)   # the runtime has stopped on this rank, for every group
+    finally:
+        for other in (0, 2):
+            _cue(other)
 
 
 def group_member_dies() -> None:

@@ -17,8 +17,9 @@ accepted as gloo accepts them:
   bool                 all_reduce (SUM, MIN) of rank == 0: [True] and [False] everywhere
   noncontiguous        all_reduce of a transposed tensor on rank 1 only
 peers that fail (every survivor must raise naming rank 1):
-  exits, killed, late  rank 1 calls sys.exit / is SIGKILLed / sleeps past the timeout, then all_reduce
-  barrier_late         rank 1 reaches a barrier after the 2 s timeout
+  exits, killed, late  rank 1 calls sys.exit / is SIGKILLed / comes only once every other rank's call
+                       has timed out (each cues it after its error), then all_reduce
+  barrier_late         rank 1 reaches a barrier after the others' barriers timed out
   ddp_exits, ddp_killed, ddp_raises, ddp_late, ddp_uneven
                        the same inside DDP training (uneven: rank 1 has fewer batches, no Join)
 """
@@ -33,8 +34,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import collectives.torch  # noqa: F401 - registers "ring"
+from tests.programs.faults import _await_cues, _cue
 
 TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT", "4"))
+LATE = ("late", "barrier_late", "ddp_late")   # rank 1 comes after the others' calls timed out
 
 
 def refusal(name: str, rank: int, n: int):
@@ -85,8 +88,8 @@ def peer(name: str, rank: int, n: int):
         sys.exit(3)
     if rank == 1 and name in ("killed", "ddp_killed"):
         os.kill(os.getpid(), signal.SIGKILL)
-    if rank == 1 and name in ("late", "barrier_late", "ddp_late"):
-        time.sleep(TIMEOUT_S + 3)
+    if rank == 1 and name in LATE:
+        _await_cues(r for r in range(n) if r != 1)
     if name == "barrier_late":
         dist.barrier()
         return "passed"
@@ -124,6 +127,8 @@ def main(name: str) -> None:
     except Exception as error:   # noqa: BLE001 - the report is the point
         text = " ".join(str(error).split())
         print(f"rank {rank}: {type(error).__name__} after {time.monotonic() - started:.2f} s: {text}", flush=True)
+        if name in LATE and rank != 1:
+            _cue(1)
         sys.exit(1)
     print(f"rank {rank}: ok {result}", flush=True)
     dist.destroy_process_group()
