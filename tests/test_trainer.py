@@ -158,9 +158,21 @@ def test_keep_counts_only_this_runs_checkpoints(tmp_path):
     assert path.name == "checkpoint-epoch000003.npz" and saved["params"][0] == 3
 
 
-def test_resume_without_checkpoints_fails_cleanly(tmp_path):
-    result = run_world(2, ["-m", "trainer", "--checkpoint-dir", str(tmp_path / "empty"), "--resume"], TIMEOUT_S)
-    assert result.returncode != 0 and "no usable checkpoint" in result.stdout and "Traceback" not in result.stdout
+def test_resume_without_checkpoints_starts_from_the_beginning_and_says_so(tmp_path):
+    """One batch script for the first run and every requeue (issue 48): no checkpoint yet is a start."""
+    directory = tmp_path / "empty"
+    result = run_world(2, ["-m", "trainer", "--epochs", "2", "--checkpoint-dir", str(directory), "--resume"], TIMEOUT_S)
+    assert result.returncode == 0 and f"--resume: no checkpoint in {directory} yet: starting from the beginning" in \
+        result.stdout and "epoch   2/2" in result.stdout, result.stdout
+
+
+def test_resume_where_every_checkpoint_is_damaged_fails_cleanly(tmp_path):
+    """Checkpoints that none verifies are not "none yet": starting over would throw a run away silently."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "checkpoint-epoch000003.npz").write_bytes(b"PK\x03\x04 cut short")
+    result = run_world(2, ["-m", "trainer", "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume"], TIMEOUT_S)
+    assert result.returncode == 2 and "no usable checkpoint" in result.stdout and "Traceback" not in result.stdout, \
+        result.stdout
 
 
 def test_checkpoints_are_numbered_as_the_log_counts_epochs(tmp_path):

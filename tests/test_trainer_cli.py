@@ -81,14 +81,18 @@ def test_ctrl_c_stops_every_rank_at_the_same_step_with_one_line(tmp_path, who):
 
 
 def test_a_second_ctrl_c_stops_this_rank_at_once():
-    """The first Ctrl-C only raises the flag the ranks agree on; a second raises KeyboardInterrupt here."""
-    with interrupt_module.stop_on_ctrl_c():
+    """The first Ctrl-C only raises the flag the ranks agree on; a second raises KeyboardInterrupt here.
+    SIGTERM raises the preemption's flag, which wins over Ctrl-C's (its checkpoint must be written)."""
+    with interrupt_module.stop_together():
         signal.raise_signal(signal.SIGINT)   # (to this thread: its handler has run when this returns)
-        assert interrupt_module.requested()
+        assert interrupt_module.requested() == interrupt_module.CTRL_C
+        signal.raise_signal(signal.SIGTERM)
+        assert interrupt_module.requested() == interrupt_module.PREEMPTED
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
-    assert not interrupt_module.requested()   # leaving resets it, and restores the previous handler
+    assert not interrupt_module.requested()   # leaving resets it, and restores the previous handlers
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_ctrl_c_without_checkpoints_says_there_is_nothing_to_resume():
