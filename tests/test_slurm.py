@@ -183,3 +183,12 @@ def _wait_for(condition, out, state=lambda: "", bound: float = BOUND_S) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"not in time: {state()}\n" + (out.read_text() if out.exists() else "(no output yet)"))
         time.sleep(0.2)   # (a poll of the job's output file: the cue)
+
+
+def test_the_discovery_script_lists_the_allocations_hosts_and_growth_under_srun_is_refused(cluster):
+    listed = _slurm("salloc", "-N2", "-n4", sys.executable, str(ROOT / "scripts" / "slurm_hosts.py"))
+    assert listed.returncode == 0 and "slurmn1:2\nslurmn2:2\n" in listed.stdout, listed.stdout
+    grow = _slurm("srun", "-N2", "-n2", PMI, sys.executable, "-m", "trainer", "--elastic", "--host-discovery",
+                  f"{sys.executable} scripts/slurm_hosts.py")
+    assert grow.returncode == 2 and "Traceback" not in grow.stdout, grow.stdout
+    assert "error: elastic.run: host_discovery: growing is not supported under srun" in grow.stdout, grow.stdout

@@ -35,7 +35,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cmdline.interrupt import stop_together  # noqa: E402
-from cmdline.parser import FAULT, launch_note  # noqa: E402
+from cmdline.parser import FAULT, USAGE, launch_note  # noqa: E402
 from trainer import data  # noqa: E402
 from trainer.arguments import agree_on, check_outputs, parse_args  # noqa: E402
 from trainer.common import EpochLog, Interrupted, UsageExit, say, steps_per_epoch  # noqa: E402
@@ -165,6 +165,9 @@ def main(argv=None) -> int:
     except UsageExit as e:
         say(f"error: {e}")
         return e.status
+    except col.CollectiveUsageError as e:   # (raised alike on every rank: a flag the runtime refuses here)
+        say(f"error: {e}")
+        return USAGE
     except Interrupted as e:
         say(str(e))
         tell_outputs(args)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.process import changes, world as worlds
+from collectives.process import changes, launchers, world as worlds
 from collectives.elastic import outcome, supervisor
 from collectives.api import allgather, broadcast
 from collectives.process.changes import Change
@@ -165,6 +165,11 @@ def _check_arguments(min_ranks: Any, max_ranks: Any, host_discovery: Any, discov
     if host_discovery is not None and (not isinstance(host_discovery, str) or not host_discovery.strip()):
         raise CollectiveUsageError(f"elastic.run: host_discovery: expected None or a command (a string), "
                                    f"got {host_discovery!r}")
+    if host_discovery is not None and launchers.srun_directly():   # (newcomers are spawned by MPI's launcher)
+        raise CollectiveUsageError("elastic.run: host_discovery: growing is not supported under srun (MPI_Comm_spawn "
+                                   "through Slurm's PMI); grow inside an allocation under mpiexec (salloc or sbatch, "
+                                   "then mpiexec -disable-auto-cleanup ...), or leave host_discovery out: losing "
+                                   "ranks works under srun --kill-on-bad-exit=0 (docs/slurm.md)")
     if not isinstance(discovery_interval, (int, float)) or isinstance(discovery_interval, bool) \
             or not discovery_interval > 0:
         raise CollectiveUsageError(f"elastic.run: discovery_interval: expected seconds > 0, "
