@@ -213,11 +213,11 @@ def _check_start(min_ranks: int, max_ranks: int | None, announce: bool) -> None:
     if max_ranks is not None and size() > max_ranks and not joining():
         raise CollectiveUsageError(f"elastic.run: max_ranks={max_ranks} is below the {size()} ranks of the world "
                                    "at the start")
-    if rank() == 0 and announce and supervisor.under_hydra() and not supervisor.supervised:
+    if rank() == 0 and announce and launchers.mpich_pmi() and not supervisor.supervised:
         print("elastic: warning: this program did not call col.elastic.supervise() first: MPICH's launcher will "
               "kill every rank on the host of a rank killed by a signal (see docs/elastic.md)", file=sys.stderr,
               flush=True)
-    if rank() == 0 and announce and supervisor.under_hydra() and supervisor.launcher_kills_survivors():
+    if rank() == 0 and announce and launchers.mpich_pmi() and supervisor.launcher_kills_survivors():
         print("elastic: warning: mpiexec was started without -disable-auto-cleanup: it will end every rank at the "
               "first death, and the job cannot go on (mpiexec -disable-auto-cleanup -n N ...)", file=sys.stderr,
               flush=True)

@@ -17,7 +17,7 @@ import sys
 import time
 
 from collectives.elastic import outcome
-from collectives.process import changes
+from collectives.process import changes, launchers
 
 
 def supervise() -> None:
@@ -29,7 +29,7 @@ def supervise() -> None:
     kill would die at the proxy's next event (their next line of output). Under a supervisor the
     proxy sees a plain exit instead. Signals sent to the rank's process group (the launcher's
     Ctrl-C, its failure notices) reach the child directly; the supervisor ignores them. Only
-    under MPICH's launcher (PMI_FD or PMI_PORT set, no Open MPI); elsewhere it does nothing.
+    where MPICH's PMI started it (mpiexec, srun --mpi=pmi2: ``launchers.mpich_pmi``); else nothing.
 
     Where the rank dies by a signal inside ``col.elastic.run``, the supervisor waits for the
     survivors' word (``collectives.elastic.outcome``): 0 if they finished the job without it, else
@@ -43,7 +43,7 @@ def supervise() -> None:
     >>> col.elastic.supervise()       # the first line of the program          # doctest: +SKIP
     """
     global supervised
-    if not under_hydra() or "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized():
+    if not launchers.mpich_pmi() or "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized():
         return
     sys.stdout.flush()
     sys.stderr.flush()
@@ -103,11 +103,6 @@ def launcher_kills_survivors() -> bool:
         if pid <= 1:
             return False
     return False
-
-
-def under_hydra() -> bool:
-    """Whether MPICH's launcher (hydra) started this process (Open MPI's sets PMI_* too at times)."""
-    return "OMPI_COMM_WORLD_RANK" not in os.environ and bool({"PMI_FD", "PMI_PORT"} & os.environ.keys())
 
 
 class _Reasons:

@@ -33,6 +33,12 @@ def srun_directly(environment=os.environ) -> bool:
             and "OMPI_COMM_WORLD_SIZE" not in environment)
 
 
+def mpich_pmi(environment=os.environ) -> bool:
+    """Whether MPICH's PMI started this process: its mpiexec (hydra), or srun ``--mpi=pmi2``
+    (Open MPI's launcher sets ``PMI_*`` too at times, beside its own variables)."""
+    return "OMPI_COMM_WORLD_RANK" not in environment and bool({"PMI_FD", "PMI_PORT"} & environment.keys())
+
+
 def launcher(environment=os.environ) -> tuple[str, str, str] | None:
     """(launcher, variable, its value): who started this process and how many it said it
     started; None without a launcher."""
