@@ -263,6 +263,8 @@ class MPITransport(Subsets):
                 pending = [p for r, p in zip(requests, peers) if not r.Test()]
                 peer = (pending or peers)[0]
                 return None if peer < 0 else self.names[peer]
+            statuses = statuses or [MPI.Status() for _ in requests]   # (past the latency path they cost nothing
+            # that shows, and a request MPICH completes with an error keeps it only there: see _failure_text)
             wait_for(lambda: _testall(requests, statuses), bound, self.control, self.spin_seconds, waiting_for)
         except MPI.Exception as e:
             self.control.check_dead(peers, bound.seq)   # (MPI's own error about a dead peer says less than this)
