@@ -30,18 +30,21 @@ TRAINER = [sys.executable, "-m", "trainer"]
 
 
 def start(*command: str) -> subprocess.Popen:
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+                   "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}   # (as tests/test_slurm.py)
     return subprocess.Popen([*SLURM, *command], cwd=ROOT, env=environment, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def until(process: subprocess.Popen, pattern: str) -> re.Match:
     """Read the output until a line matches (the time it came is the caller's clock)."""
+    seen = []
     for line in process.stdout:
+        seen.append(line)
         found = re.search(pattern, line)
         if found:
             return found
-    raise RuntimeError(f"no line matched {pattern!r}")
+    raise RuntimeError(f"no line matched {pattern!r}:\n{''.join(seen)}")
 
 
 def to_first_step() -> float:

@@ -60,12 +60,27 @@ def _start(*command: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+#: What slurmstepd says when MPICH's MPI_Init sends it a malformed PMI-2 request (docs/slurm.md, "A bug
+#: at MPI_Init"): seen for one environment in 24 here, every time for that one, whatever the program.
+PMI2_BUG = "mpi/pmi2: value not properly terminated in client request"
+
+
+def _known_bug(output: str) -> None:
+    """A run that met the bug at MPI_Init is an expected failure, named, not a pass or a failure of ours."""
+    if PMI2_BUG in output:
+        pytest.xfail(f"MPICH's MPI_Init over UCX sent Slurm's pmi2 a malformed request ({PMI2_BUG!r}): an open bug "
+                     "below the runtime, docs/slurm.md")
+
+
 def _finish(process: subprocess.Popen, bound: float = BOUND_S) -> subprocess.CompletedProcess:
     try:
         output, _ = process.communicate(timeout=bound)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        return subprocess.CompletedProcess(process.args, -9, f"TIMED OUT after {bound} s\n{process.communicate()[0]}")
+        output = f"TIMED OUT after {bound} s\n{process.communicate()[0]}"
+        _known_bug(output)
+        return subprocess.CompletedProcess(process.args, -9, output)
+    _known_bug(output)
     return subprocess.CompletedProcess(process.args, process.returncode, output)
 
 
@@ -105,6 +120,7 @@ def test_mpiexec_inside_salloc_and_an_sbatch_job(cluster, tmp_path):
     out = tmp_path / "job.out"
     job = _batch(tmp_path, f"srun {PMI} {sys.executable} -m collectives")
     submitted = _slurm("sbatch", "--wait", "-N2", "-n4", "-o", str(out), str(job))
+    _known_bug(out.read_text())
     assert submitted.returncode == 0 and "every result equal to MPI's" in out.read_text(), \
         submitted.stdout + out.read_text()
 
@@ -131,6 +147,8 @@ def test_an_elastic_job_under_srun_loses_a_task_and_finishes_with_status_0(clust
             break
         lines.append(line)
     pids = re.search(r"ranks \(pid\): 0 \((\d+)\), 1 \((\d+)\), 2 \((\d+)\)", "".join(lines))
+    if not pids:
+        _known_bug(_finish(process).stdout + "".join(lines))
     assert pids, "".join(lines)
     os.kill(int(pids.group(3)), signal.SIGKILL)
     result = _finish(process)
@@ -180,6 +198,7 @@ def _state(job_id: str) -> str:
 def _wait_for(condition, out, state=lambda: "", bound: float = BOUND_S) -> None:
     deadline = time.monotonic() + bound
     while not condition():
+        _known_bug(out.read_text() if out.exists() else "")
         if time.monotonic() > deadline:
             pytest.fail(f"not in time: {state()}\n" + (out.read_text() if out.exists() else "(no output yet)"))
         time.sleep(0.2)   # (a poll of the job's output file: the cue)
