@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM in a program whose ranks must stop together (``python -m trainer``).
+"""Ctrl-C and SIGTERM in a program whose ranks must stop together (``python -m trainer``, ``python -m bench``).
 
 A rank must never leave a loop alone: the others would wait for it in their next collective.
 So while :func:`stop_together` is active, Ctrl-C (SIGINT: ``mpiexec`` forwards it to every rank,

@@ -2,13 +2,13 @@
 (hydra), Open MPI's mpirun (prterun), or Slurm's srun, directly (srun gives MPI its PMI) or as
 the way an mpiexec inside an allocation starts its proxies.
 
-=====================================  ============================================================
-started by                             what tells it
-=====================================  ============================================================
-srun, directly (``--mpi=pmi2|pmix``)   ``SLURM_STEP_NUM_TASKS``, and no launcher of MPI's own below it
-MPICH's mpiexec (also inside salloc)   ``PMI_SIZE`` with ``MPI_LOCALNRANKS`` (hydra's own)
+======================================  ===========================================================
+started by                              what tells it
+======================================  ===========================================================
+srun, directly (``--mpi=pmi2|pmix``)    ``SLURM_STEP_NUM_TASKS``, and no launcher of MPI's own below
+MPICH's mpiexec (also inside salloc)    ``PMI_SIZE`` with ``MPI_LOCALNRANKS`` (hydra's own)
 Open MPI's mpirun (also inside salloc)  ``OMPI_COMM_WORLD_SIZE``
-=====================================  ============================================================
+======================================  ===========================================================
 
 (srun sets ``PMI_SIZE`` and ``PMI_FD`` too under ``--mpi=pmi2``, and an mpiexec inside an
 allocation inherits ``SLURM_*`` of the step that started its proxies: the order above decides.)
@@ -46,7 +46,8 @@ def launcher(environment=os.environ) -> tuple[str, str, str] | None:
         pmi = environment.get("SLURM_MPI_TYPE", "")
         return f"Slurm's srun{' --mpi=' + pmi if pmi else ''}", "SLURM_STEP_NUM_TASKS", \
             environment["SLURM_STEP_NUM_TASKS"]
-    for variable, name in (("PMI_SIZE", "MPICH's or Intel MPI's mpiexec"), ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun")):
+    for variable, name in (("PMI_SIZE", "MPICH's or Intel MPI's mpiexec"),
+                           ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun")):
         if environment.get(variable):
             return name, variable, environment[variable]
     return None
@@ -67,10 +68,9 @@ def slurm_job(environment=os.environ) -> str:
     nodes = environment.get("SLURM_JOB_NODELIST") or environment.get("SLURM_NODELIST")
     if nodes:
         parts[0] += f" on {nodes}"
-    per_node = environment.get("SLURM_STEP_TASKS_PER_NODE") or environment.get("SLURM_TASKS_PER_NODE")
-    if per_node and srun_directly(environment):
-        parts.append(f"tasks per node {per_node}")
-    if srun_directly(environment):
+    if srun_directly(environment):   # (else the SLURM_* are of the step that started MPI's own launcher)
+        per_node = environment.get("SLURM_STEP_TASKS_PER_NODE") or environment.get("SLURM_TASKS_PER_NODE")
+        parts += [f"tasks per node {per_node}"] if per_node else []
         parts.append(f"PMI {environment.get('SLURM_MPI_TYPE') or 'the cluster default (MpiDefault)'}")
     return ", ".join(parts)
 
