@@ -29,9 +29,17 @@ def requested() -> int:
     return _heard[0]
 
 
+def agreed(asked: int) -> int:
+    """What the ranks agreed on (the largest any of them heard) becomes this rank's too, so that
+    every rank, not only those SIGTERM reached, leaves a preemption with late SIGTERMs ignored."""
+    _heard[0] = max(_heard[0], asked)
+    return asked
+
+
 @contextlib.contextmanager
 def stop_together():
-    """While inside: SIGINT and SIGTERM set :func:`requested`; a second SIGINT raises KeyboardInterrupt."""
+    """While inside: SIGINT and SIGTERM set :func:`requested`; a second SIGINT raises KeyboardInterrupt.
+    Leaving after a SIGTERM leaves SIGTERM ignored (the process is ending: see below)."""
     def ctrl_c(signum, frame):
         if _heard[0]:
             raise KeyboardInterrupt
@@ -45,5 +53,7 @@ def stop_together():
         yield
     finally:
         signal.signal(signal.SIGINT, previous[0])
-        signal.signal(signal.SIGTERM, previous[1])
+        # After a preemption a later SIGTERM is the same one, come late (the batch system signals every task,
+        # and the launcher too): the rank is on its way out with its checkpoint written, and must not die of it.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if _heard[0] == PREEMPTED else previous[1])
         _heard[0] = 0

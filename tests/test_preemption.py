@@ -85,3 +85,19 @@ def test_ctrl_c_still_reads_as_ctrl_c(tmp_path):
     output += finish(process)
     assert process.returncode == 130 and "interrupted at epoch" in output, output
     assert not list((tmp_path / "ckpt").glob("*_step*.npz")), output
+
+
+def test_a_late_sigterm_to_a_rank_on_its_way_out_does_not_change_the_status(tmp_path):
+    """The batch system signals every task, and not at one instant: a SIGTERM that reaches a rank
+    after the ranks agreed to stop (here, once rank 0 has said so) is the same preemption, come
+    late. Before, that rank died of it and the job exited 15 (an adversarial helper: 3 runs of 3)."""
+    process = start(2, [*LONG, "--checkpoint-dir", str(tmp_path / "ckpt")])
+    output = read_until(process, "epoch   2/")
+    os.kill(pid_of(output, 0), signal.SIGTERM)
+    output += read_until(process, "preempted (SIGTERM)")
+    try:
+        os.kill(pid_of(output, 1), signal.SIGTERM)
+    except ProcessLookupError:
+        pass   # (already gone: nothing late to test in this run)
+    output += finish(process)
+    assert process.returncode == 143 and "BAD TERMINATION" not in output, output

@@ -90,9 +90,14 @@ def test_a_second_ctrl_c_stops_this_rank_at_once():
         assert interrupt_module.requested() == interrupt_module.PREEMPTED
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
-    assert not interrupt_module.requested()   # leaving resets it, and restores the previous handlers
+    assert not interrupt_module.requested()   # leaving resets it, and restores Ctrl-C's handler
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    # after a preemption a late SIGTERM (another task's, the launcher's) must not kill the rank on its way out
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with interrupt_module.stop_together():
+        pass
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # (no preemption: the handler as it was)
 
 
 def test_ctrl_c_without_checkpoints_says_there_is_nothing_to_resume():

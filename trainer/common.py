@@ -58,8 +58,8 @@ def steps_per_epoch(dataset, batch_size: int) -> int:
 def stop_requested(group: col.Group | None = None) -> int:
     """What any rank of ``group`` (None: the world) was asked (``cmdline.interrupt.requested``: 0,
     CTRL_C or PREEMPTED, the largest): one small all-reduce."""
-    return int(col.allreduce(np.array([interrupt.requested()], np.int8), op="max", group=group,
-                             name="Ctrl-C?")[0])
+    return interrupt.agreed(int(col.allreduce(np.array([interrupt.requested()], np.int8), op="max", group=group,
+                                              name="Ctrl-C?")[0]))
 
 
 def accuracy(model: MLP, x: np.ndarray, y: np.ndarray, layout: Layout) -> float:

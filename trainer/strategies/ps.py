@@ -90,6 +90,7 @@ def train(args, dataset, config: dict, model, opt: SGD, start: int, step: int, l
     # whether Ctrl-C ended the run early reaches every rank in a collective: nobody leaves while another waits for it
     stopped, asked = (int(v) for v in col.allreduce(np.array([stopped_at, interrupt.requested()]), op="max",
                                                       name="parameter servers done"))
+    interrupt.agreed(asked)
     if stopped:
         raise Interrupted(f"the end of epoch {stopped}", f"epoch {stopped}" if args.checkpoint_dir else None,
                           args.checkpoint_dir, preempted=asked == interrupt.PREEMPTED)
