@@ -9,7 +9,8 @@ import pytest
 MODULES = ["ring.partition", "ring.schedule", "ring.personalized", "ring.doubling", "ring.cost", "ring.arrays", "collectives.calls.signature",
            "collectives.calls.sizes", "collectives.calls.validate", "collectives.groups.membership", "collectives.process.runtime", "collectives.process.config",
            "collectives.api", "collectives.calls.timeline", "trainer.model", "trainer.optim",
-           "trainer.buckets", "trainer.strategies.ps", "trainer.checkpoint", "trainer.resuming", "bench.sizes", "bench.model", "collectives.about", "cmdline.interrupt"]
+           "trainer.buckets", "trainer.strategies.ps", "trainer.strategies.periodic",
+           "trainer.strategies.local_sgd", "trainer.strategies.diloco", "trainer.compression", "trainer.strategies.allreduce", "trainer.checkpoint", "trainer.resuming", "bench.sizes", "bench.model", "collectives.about", "cmdline.interrupt"]
 MODULES += ["collectives.torch.tensors"] if importlib.util.find_spec("torch") else []   # (the extra [torch])
 
 

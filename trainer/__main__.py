@@ -12,7 +12,9 @@ gradient buffer gives every rank the exact mean gradient, so n ranks train the
 same model as 1 rank with the same global batch (up to float rounding). The buffer
 is all-reduced in buckets (--bucket-mb), each launched as soon as backward has
 produced it so that communication hides behind the rest of backward; --no-overlap
-all-reduces it in one call after backward instead.
+all-reduces it in one call after backward instead. --strategy local-sgd and diloco
+step each replica alone and meet every --sync-every steps; --strategy ps uses
+parameter servers (trainer/strategies/).
 Every epoch reshuffles with a seed all ranks share. Only rank 0 prints and writes.
 """
 from __future__ import annotations
@@ -43,7 +45,11 @@ from trainer.layout import make_layout  # noqa: E402
 from trainer.model import MLP, split_widths  # noqa: E402
 from trainer.optim import SGD  # noqa: E402
 from trainer.resuming import config_of, earlier_records, resume  # noqa: E402
+from trainer.compression import ErrorFeedback  # noqa: E402
 from trainer.strategies import allreduce, ps  # noqa: E402
+from trainer.strategies.diloco import DiLoCo  # noqa: E402
+from trainer.strategies.local_sgd import LocalSGD  # noqa: E402
+from trainer.strategies.periodic import Periodic  # noqa: E402
 
 
 def array_module(device: str):
@@ -90,6 +96,7 @@ def train(args) -> tuple[list[dict], list[dict]]:
     layout = make_layout(args.tensor_parallel)
     model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype), xp, layout.tp)
     opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
+    periodic, feedback, beyond = strategy_parts(args, model, opt, steps_per_epoch(dataset, args.batch_size))
     earlier = []
 
     def begin() -> tuple[int, int]:
@@ -97,8 +104,8 @@ def train(args) -> tuple[list[dict], list[dict]]:
         the epoch and global step to start at. With --elastic, inside the elastic run: a rank that
         dies here is a change of the world like any other."""
         model.load_full(col.broadcast(model.to_full(model.flat_params), root=0))   # rank 0's initialisation
-        start, step = resume(args, model, opt, config, steps_per_epoch(dataset, args.batch_size)) if args.resume \
-            else (0, 0)
+        start, step = resume(args, model, opt, config, steps_per_epoch(dataset, args.batch_size), *beyond) \
+            if args.resume else (0, 0)
         if args.resume and col.rank() == 0:
             earlier[:] = earlier_records(args.metrics, start)
         arrangement = ps.Roles(col.size(), args.servers, 1).describe() if args.strategy == "ps" else str(layout)
@@ -113,14 +120,29 @@ def train(args) -> tuple[list[dict], list[dict]]:
     log = EpochLog(args, args.resume)
     try:
         if args.elastic:
-            history = allreduce.train_elastic(args, dataset, config, model, opt, begin, log, layout)
+            history = allreduce.train_elastic(args, dataset, config, model, opt, begin, log, layout, periodic, feedback)
         elif args.strategy == "ps":
             history = ps.train(args, dataset, config, model, opt, *begin(), log)
         else:
-            history = allreduce.train(args, dataset, config, model, opt, *begin(), log, layout)
+            history = allreduce.train(args, dataset, config, model, opt, *begin(), log, layout, periodic, feedback)
     finally:
         log.close()
     return earlier, history
+
+
+def strategy_parts(args, model: MLP, opt: SGD, per_epoch: int) -> tuple[Periodic | None, ErrorFeedback | None,
+                                                                      tuple[dict, object]]:
+    """What the all-reduce loop is given beyond the model: for --strategy local-sgd or diloco, the
+    helper it asks for local steps and syncs; for --strategy allreduce --compression, the residual
+    of this rank's gradients (DiLoCo keeps its own, of its deltas); None where there is none. And
+    what a checkpoint holds beyond the model, for ``resume``: the strategy's arrays, the residual."""
+    feedback = ErrorFeedback(model.flat_grads, args.compression) \
+        if args.strategy == "allreduce" and args.compression != "none" else None
+    periodic = LocalSGD(model, opt, args.sync_every, per_epoch) if args.strategy == "local-sgd" else \
+        DiLoCo(model, opt, args.sync_every, per_epoch, args.outer_lr, args.outer_momentum, args.compression) \
+        if args.strategy == "diloco" else None
+    residual = feedback.residual if feedback else periodic.residual() if periodic else None
+    return periodic, feedback, (periodic.arrays() if periodic else {}, residual)
 
 
 def check_split(parts: int, sizes: list[int]) -> None:

@@ -12,8 +12,8 @@ import numpy as np
 
 import collectives as col
 from cmdline.memory import available_memory, gib, ranks_on_this_host
-from cmdline.parser import FAULT, USAGE, ArgumentParser, finite_non_negative, finite_positive
-from trainer import checkpoint, data
+from cmdline.parser import FAULT, USAGE, ArgumentParser, finite, finite_non_negative, finite_positive
+from trainer import checkpoint, compression, data
 from trainer.common import UsageExit
 
 
@@ -30,6 +30,27 @@ def _at_least(least: int):
 _positive_int = _at_least(1)
 
 
+#: The end of --help: which strategy and compression, when (docs/training.md says more).
+STRATEGY_NOTE = """\
+Which strategy: allreduce (the default) averages the gradients every step, the most accurate, and the fastest where \
+the links are fast (one host, a datacenter network). Where the all-reduce takes most of a step (the epoch line's \
+comm share near 100%: slow or shared links), --compression bf16 (or fp16, finer but of narrow range) puts half the \
+bytes on the wire, with error feedback so that rounding is delayed, not lost: a small cost in accuracy.
+Where the links are slow, --strategy local-sgd or diloco meet only every --sync-every H steps (2/H of the bytes: \
+parameters or deltas, and momentum): the replicas drift apart between syncs, which costs accuracy as H grows; \
+DiLoCo's outer Nesterov step (--outer-lr, --outer-momentum) wins much of it back, and compresses its deltas too.
+--strategy ps: parameter servers, the workers asynchronous (--max-staleness bounds it): slow workers hold \
+nobody up, at the cost of stale gradients and lower accuracy."""
+
+
+def _paragraphs(base: type) -> type:
+    """``base`` (a help formatter) that wraps each line of a description or epilog as a paragraph of its own."""
+    class Paragraphs(base):
+        def _fill_text(self, text, width, indent):
+            return "\n".join(super(Paragraphs, self)._fill_text(part, width, indent) for part in text.splitlines())
+    return Paragraphs
+
+
 MIN_SAMPLES = 5   # one sample in five is held out for testing: fewer leave no test set
 
 
@@ -40,7 +61,9 @@ SYNTHETIC_DEFAULTS: dict[str, int] = {}   # --samples, --features, --classes: fi
 def parse_args(argv=None) -> argparse.Namespace:
     """The flags of ``python -m trainer``, checked (a usage error exits on every rank with status 2)."""
     p = ArgumentParser(prog="python -m trainer", description="Synchronous data-parallel training of an MLP, "
-                                                             "gradients averaged by our ring all-reduce.")
+                                                             "gradients averaged by our ring all-reduce.",
+                       epilog=STRATEGY_NOTE)
+    p.formatter_class = _paragraphs(p.formatter_class)
     _model_flags(p)
     _run_flags(p)
     args = p.parse_args(argv)
@@ -48,13 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--resume needs --checkpoint-dir")
     if args.resume_changed and not args.resume:
         p.error("--resume-changed goes with --resume")
-    given = [flag for flag in ("--servers", "--max-staleness") if hasattr(args, flag[2:].replace("-", "_"))]
-    if given and args.strategy != "ps":
-        p.error(f"{', '.join(given)}: only for --strategy ps")
-    args.servers = getattr(args, "servers", 1)
-    args.max_staleness = getattr(args, "max_staleness", None)
-    if args.elastic and (args.strategy != "allreduce" or args.tensor_parallel != 1 or args.device != "cpu"):
-        p.error("--elastic: only with --strategy allreduce, --tensor-parallel 1 and --device cpu")
+    _check_strategy_flags(p, args)
+    if args.elastic and (args.strategy == "ps" or args.tensor_parallel != 1 or args.device != "cpu"):
+        p.error("--elastic: only with --strategy allreduce, local-sgd or diloco, --tensor-parallel 1 and "
+                "--device cpu")
     given = [flag for flag, value in (("--min-ranks", args.min_ranks != 1), ("--max-ranks", args.max_ranks),
                                       ("--commit-every", args.commit_every != 1),
                                       ("--host-discovery", args.host_discovery is not None)) if value]
@@ -64,8 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--host-discovery: expected a command that prints host:slots lines, got an empty one")
     if args.max_ranks is not None and args.max_ranks < args.min_ranks:
         p.error(f"--max-ranks {args.max_ranks} is below --min-ranks {args.min_ranks}")
-    if args.max_steps is not None and args.strategy != "allreduce":
-        p.error("--max-steps: only with --strategy allreduce")
+    if args.max_steps is not None and args.strategy == "ps":
+        p.error("--max-steps: not with --strategy ps")
     if args.strategy == "ps" and args.device != "cpu":
         p.error("--strategy ps: runs on the CPU (--device cpu)")
     given = [f"--{name}" for name in SYNTHETIC_DEFAULTS if hasattr(args, name)]
@@ -79,8 +99,45 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 #: Copies of the model each rank holds at once: parameters, gradients, momentum, the elastic
-#: commit, the checkpoint's host copy, and room for the activations of a batch.
+#: commit, the checkpoint's host copy, and room for the activations of a batch; and what each
+#: strategy or flag adds: the last sync's parameters and momentum (and DiLoCo's outer momentum),
+#: the residual of error feedback, and the fused buffer of a sync.
 _MODEL_COPIES = 6
+_MORE_COPIES = {"local-sgd": 3, "diloco": 4}
+
+
+#: Each strategy's flags, and their defaults (the DiLoCo paper's for the outer optimizer).
+STRATEGY_FLAGS = {"--servers": (("ps",), 1), "--max-staleness": (("ps",), None),
+                  "--sync-every": (("local-sgd", "diloco"), 16), "--outer-lr": (("diloco",), 0.7),
+                  "--outer-momentum": (("diloco",), 0.9)}
+
+
+def _check_strategy_flags(p: ArgumentParser, args: argparse.Namespace) -> None:
+    """Each strategy's flags only with it (then their defaults set), and --compression where there
+    is an all-reduce of gradients or deltas to compress."""
+    for flag, (strategies, default) in STRATEGY_FLAGS.items():
+        name = flag[2:].replace("-", "_")
+        if hasattr(args, name) and args.strategy not in strategies:
+            p.error(f"{flag}: only for --strategy {' or '.join(strategies)}")
+        setattr(args, name, getattr(args, name, default))
+    if args.compression != "none" and args.strategy not in ("allreduce", "diloco"):
+        why = "the servers take each gradient whole" if args.strategy == "ps" else \
+            "local SGD averages the parameters themselves, which rounding would move for good; --strategy diloco " \
+            "--outer-lr 1 --outer-momentum 0 is local SGD on deltas, which can be compressed"
+        p.error(f"--compression {args.compression}: only for --strategy allreduce or diloco ({why})")
+    if args.compression != "none" and not compression.available():
+        p.error(f"--compression {args.compression}: this build's col.allreduce has no compression= yet (issue 49 "
+                "adds it); run without --compression")
+    if args.elastic and args.commit_every != 1 and args.strategy in ("local-sgd", "diloco"):
+        p.error(f"--commit-every: not with --strategy {args.strategy}, which commits at every sync (--sync-every)")
+
+
+def _fraction(text: str) -> float:
+    """A float in [0, 1) (argparse type: a momentum)."""
+    value = finite(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
 
 
 def _check_memory(p: ArgumentParser, args: argparse.Namespace) -> None:
@@ -93,7 +150,8 @@ def _check_memory(p: ArgumentParser, args: argparse.Namespace) -> None:
     parameters = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
     samples = args.samples * (features * itemsize + 8) if args.dataset == "synthetic" else 0
     ranks = ranks_on_this_host()
-    need = (_MODEL_COPIES * parameters * itemsize + samples) * ranks
+    copies = _MODEL_COPIES + _MORE_COPIES.get(args.strategy, 0) + (args.compression != "none")
+    need = (copies * parameters * itemsize + samples) * ranks
     available = available_memory()
     if available is not None and need > available:
         p.error(f"--hidden {' '.join(map(str, args.hidden))}"
@@ -153,13 +211,7 @@ def _run_flags(p: ArgumentParser) -> None:
     p.add_argument("--tensor-parallel", type=_positive_int, default=1, metavar="T",
                    help="split each pair of layers across T consecutive ranks (Megatron-LM's tensor parallelism); "
                         "the n/T replicas train data-parallel. n must be a multiple of T")
-    p.add_argument("--strategy", choices=["allreduce", "ps"], default="allreduce",
-                   help="allreduce: synchronous data parallelism; ps: parameter servers (see trainer/strategies/ps.py)")
-    p.add_argument("--servers", type=_positive_int, default=argparse.SUPPRESS,
-                   help="--strategy ps: how many of the ranks (the last ones) are servers (default: 1)")
-    p.add_argument("--max-staleness", type=_at_least(0), default=argparse.SUPPRESS, metavar="K",
-                   help="--strategy ps: a worker's pull waits until every worker has pushed its step - K "
-                        "gradients; 0: synchronous (default: unbounded, fully asynchronous)")
+    _strategy_flags(p)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the model and data on each rank's GPU (cupy), gradients over NCCL")
     p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file; with --resume, "
@@ -191,9 +243,32 @@ def _run_flags(p: ArgumentParser) -> None:
                    help="--elastic: commit (keep in memory what a change rolls back to) every K steps, and at "
                         "every epoch's end (default: 1)")
     p.add_argument("--resume-changed", action="store_true",
-                   help="with --resume: continue even where --seed, --batch-size, --lr, --momentum or "
-                        "--weight-decay differ from the checkpoint's")
+                   help="with --resume: continue even where --seed, --batch-size, --lr, --momentum, "
+                        "--weight-decay, --sync-every, --outer-lr or --outer-momentum differ from the checkpoint's")
 
+
+
+def _strategy_flags(p: ArgumentParser) -> None:
+    """The strategy, each one's own flags, and compression (their defaults: ``STRATEGY_FLAGS``)."""
+    p.add_argument("--strategy", choices=["allreduce", "local-sgd", "diloco", "ps"], default="allreduce",
+                   help="allreduce: synchronous data parallelism; local-sgd, diloco: replicas that meet every "
+                        "--sync-every steps; ps: parameter servers (see trainer/strategies/ and the note below)")
+    p.add_argument("--servers", type=_positive_int, default=argparse.SUPPRESS,
+                   help="--strategy ps: how many of the ranks (the last ones) are servers (default: 1)")
+    p.add_argument("--max-staleness", type=_at_least(0), default=argparse.SUPPRESS, metavar="K",
+                   help="--strategy ps: a worker's pull waits until every worker has pushed its step - K "
+                        "gradients; 0: synchronous (default: unbounded, fully asynchronous)")
+    p.add_argument("--sync-every", type=_positive_int, default=argparse.SUPPRESS, metavar="H",
+                   help="--strategy local-sgd or diloco: local steps between two syncs (an epoch's last step "
+                        "always syncs) (default: 16)")
+    p.add_argument("--outer-lr", type=finite_positive, default=argparse.SUPPRESS, metavar="LR",
+                   help="--strategy diloco: the outer optimizer's learning rate (default: 0.7)")
+    p.add_argument("--outer-momentum", type=_fraction, default=argparse.SUPPRESS, metavar="M",
+                   help="--strategy diloco: the outer optimizer's Nesterov momentum, in [0, 1) (default: 0.9)")
+    p.add_argument("--compression", choices=["none", *compression.CODECS], default="none",
+                   help="--strategy allreduce or diloco: what the gradients (diloco: the deltas) cross the wire "
+                        "as, half the bytes for bf16 and fp16, with error feedback (each rank adds what rounding "
+                        "took from its last contribution to its next)")
 
 
 def agree_on(problem: str) -> None:

@@ -34,9 +34,13 @@ class GradientBuckets:
     [(1, 1001000, 1313340), (0, 0, 1001000)]
     """
 
-    def __init__(self, model, cap_bytes: float, group: col.Group | None = None):
+    def __init__(self, model, cap_bytes: float, group: col.Group | None = None, feedback=None):
         self.flat = model.flat_grads
         self.group = group   # the ranks that average these gradients (None: the world)
+        # --compression: each bucket's part of this rank's residual is added to it, and what the
+        # rounding to the wire type takes is kept, just before its all-reduce (trainer.compression)
+        self.feedback = feedback
+        self.options = {"compression": feedback.codec} if feedback is not None else {}
         itemsize = self.flat.dtype.itemsize
         self.plan: list[tuple[int, int, int]] = []   # (layer that completes it, start, stop), in launch order
         cap, stop = min(FIRST_BUCKET_BYTES, cap_bytes), None
@@ -55,11 +59,15 @@ class GradientBuckets:
         reduces it in the calling thread, which saves the hand-over to the progress thread."""
         k = self._launch_at.get(layer)
         if k is not None and k < len(self.plan) - 1:
-            self.works.append(col.allreduce(self._span(k), out=self._span(k), async_op=True, name=f"bucket {k}",
-                                            group=self.group))
+            span = self._span(k)
+            self.works.append(col.allreduce(span, out=span, async_op=True, name=f"bucket {k}", group=self.group,
+                                            **self.options))
 
     def _span(self, k: int):
+        """Bucket ``k``'s slice of the flat gradients, made ready to send (compressed: with its residual)."""
         _, start, stop = self.plan[k]
+        if self.feedback is not None:
+            self.feedback.contribute(self.flat[start:stop], start, stop)
         return self.flat[start:stop]
 
     def wait(self) -> tuple[float, float]:
@@ -70,7 +78,7 @@ class GradientBuckets:
         waiting = perf_counter()
         last = len(self.plan) - 1
         last_span = self._span(last)   # reduced after the others: the engine runs calls in issue order
-        col.allreduce(last_span, out=last_span, name=f"bucket {last}", group=self.group)
+        col.allreduce(last_span, out=last_span, name=f"bucket {last}", group=self.group, **self.options)
         done = perf_counter()
         for work in self.works:
             work.wait()

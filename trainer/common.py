@@ -69,10 +69,19 @@ def accuracy(model: MLP, x: np.ndarray, y: np.ndarray, layout: Layout) -> float:
     return float(col.allreduce(correct, group=layout.dp)[0]) / len(y)
 
 
-def save_checkpoint(args, model: MLP, opt: SGD, epoch: int, step: int, config: dict, partial: bool = False) -> None:
+def save_checkpoint(args, model: MLP, opt: SGD, epoch: int, step: int, config: dict, partial: bool = False,
+                    like_params: dict | None = None, residual=None) -> None:
     """Every rank: the whole model is gathered (over the tensor-parallel group, if any); rank 0 writes
-    it. ``partial``: at global ``step``, inside the epoch after ``epoch`` (``--max-steps``)."""
-    host = {"params": model.to_full(model.flat_params), "velocity": model.to_full(opt.velocity)}
+    it. ``partial``: at global ``step``, inside the epoch after ``epoch`` (``--max-steps``).
+    ``like_params``: more arrays laid out like the parameters (DiLoCo's outer momentum), gathered
+    alike. ``residual``: this rank's error-feedback residual (``--compression``): every rank's, in
+    rank order, as ``residuals`` with their sizes in ``residual_sizes`` (a resume on as many ranks
+    gives each its own back)."""
+    host = {"params": model.to_full(model.flat_params), "velocity": model.to_full(opt.velocity),
+            **{name: model.to_full(a) for name, a in (like_params or {}).items()}}
+    if residual is not None:   # (each rank's own: gathered from the whole world, whatever the layout)
+        host["residuals"] = col.allgather(residual)
+        host["residual_sizes"] = col.allgather(np.array([residual.size], np.int64))
     if col.rank() != 0:
         return
     host = {name: col.to_host(a) for name, a in host.items()}

@@ -18,14 +18,30 @@ from trainer.optim import SGD
 
 #: What a resumed run must share with the checkpoint unless --resume-changed: flag -> config key.
 RESUME_MUST_MATCH = {"--dataset": "dataset", "--seed": "seed", "--batch-size": "batch_size", "--lr": "lr",
-                     "--momentum": "momentum", "--weight-decay": "weight_decay"}
+                     "--momentum": "momentum", "--weight-decay": "weight_decay", "--sync-every": "sync_every",
+                     "--outer-lr": "outer_lr", "--outer-momentum": "outer_momentum"}
 
 
 
 def config_of(args, dataset) -> dict:
-    return {"sizes": [dataset.train_x.shape[1], *args.hidden, dataset.classes], "dtype": args.dtype,
-            "dataset": args.dataset, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
-            "momentum": args.momentum, "weight_decay": args.weight_decay}
+    """The settings a checkpoint records: the model, and what the training's arithmetic depends on
+    (local SGD's and DiLoCo's own only for them: a checkpoint of one strategy may go on with another,
+    every checkpoint being a sync point).
+
+    >>> from types import SimpleNamespace as S
+    >>> args = S(hidden=[8], dtype="float64", dataset="digits", seed=0, batch_size=64, lr=0.1, momentum=0.9,
+    ...          weight_decay=0.0, strategy="diloco", sync_every=4, outer_lr=0.7, outer_momentum=0.9)
+    >>> sorted(config_of(args, S(train_x=np.zeros((1, 64)), classes=10)))[-4:]
+    ['sizes', 'strategy', 'sync_every', 'weight_decay']
+    """
+    config = {"sizes": [dataset.train_x.shape[1], *args.hidden, dataset.classes], "dtype": args.dtype,
+              "dataset": args.dataset, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
+              "momentum": args.momentum, "weight_decay": args.weight_decay, "strategy": args.strategy}
+    if args.strategy in ("local-sgd", "diloco"):
+        config["sync_every"] = args.sync_every
+    if args.strategy == "diloco":
+        config.update(outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
+    return config
 
 
 def changed_settings(saved: dict, config: dict) -> list[str]:
@@ -35,16 +51,20 @@ def changed_settings(saved: dict, config: dict) -> list[str]:
     ['--dataset digits -> synthetic']
     """
     return [f"{flag} {saved[key]} -> {config[key]}" for flag, key in RESUME_MUST_MATCH.items()
-            if key in saved and saved[key] != config[key]]
+            if key in saved and key in config and saved[key] != config[key]]
 
 
-def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int) -> tuple[int, int]:
+def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int, like_params: dict | None = None,
+           residual=None) -> tuple[int, int]:
     """Load the newest valid checkpoint on rank 0 and broadcast it; returns the epoch to start at
     (0-based) and the global step it was written at (inside that epoch for ``--max-steps`` or a
     preemption). With none yet, (0, 0): one batch script serves the first run and every requeue. A
     checkpoint holds the whole model, whatever --tensor-parallel or number of ranks wrote it:
-    each rank takes its part, and the batches are split for this run's ranks."""
-    status, problem = np.zeros(3, np.int64), ""   # [found a usable one, epochs already done, step]
+    each rank takes its part, and the batches are split for this run's ranks. ``like_params``
+    (name -> this rank's array, laid out like the parameters: DiLoCo's outer momentum) and
+    ``residual`` (this rank's error feedback) are loaded where the checkpoint has them, else zeroed
+    (``load_extras``)."""
+    status, problem, saved = np.zeros(3, np.int64), "", {}   # [found a usable one, epochs already done, step]
     full_params, full_velocity = (model.xp.empty(model.full_size(), model.flat_params.dtype) for _ in range(2))
     if col.rank() == 0:
         found = checkpoint.newest_valid(args.checkpoint_dir, report=lambda m: print(m, file=sys.stderr))
@@ -63,7 +83,7 @@ def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int) -> tu
                 problem = (f"{USAGE}:--resume: this run changes the checkpoint's settings ({', '.join(changed)}); "
                            "give the same flags, or add --resume-changed to continue with the new ones")
             else:
-                full_params[...] = model.xp.asarray(saved["params"])
+                full_params[...] = model.xp.asarray(saved["params"])   # (``saved`` stays: load_extras reads it)
                 full_velocity[...] = model.xp.asarray(saved["velocity"])
                 done = checkpoint.epochs_done(saved)
                 step = int(saved["step"]) if "step" in saved else done * steps_per_epoch
@@ -76,7 +96,48 @@ def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int) -> tu
         return 0, 0   # (rank 0's initialisation, already on every rank)
     model.load_full(col.broadcast(full_params, root=0))
     model.load_full(col.broadcast(full_velocity, root=0), into=opt.velocity)
+    load_extras(model, saved, like_params or {}, residual)
     return int(status[1]), int(status[2])
+
+
+def load_extras(model: MLP, saved: dict, like_params: dict, residual) -> None:
+    """Every rank: the arrays beyond the parameters and momentum from rank 0's ``saved`` checkpoint
+    (the others pass {}), zeros where it has none (a checkpoint of another strategy). The residuals
+    come back only to as many ranks as wrote them, each its own (``common.save_checkpoint``); on
+    another number of ranks (or another layout) they start at zero: a residual is what one rank's
+    rounding has not yet delivered, at most one step's, and no rank of the new world owns it.
+
+    >>> load_extras(None, {}, {}, None)   # nothing asked, nothing done
+    """
+    for name in sorted(like_params):   # (the same order on every rank)
+        found = _broadcast_array(saved.get(name), model.flat_params.dtype)
+        if found is None:
+            like_params[name][...] = 0
+        else:
+            model.load_full(model.xp.asarray(found), into=like_params[name])
+    if residual is None:
+        return
+    residual[...] = 0
+    sizes = _broadcast_array(saved.get("residual_sizes"), np.int64)
+    fits = sizes is not None and len(sizes) == col.size() and int(sizes[col.rank()]) == residual.size
+    if int(col.allreduce(np.array([fits], np.int64), op="min")[0]):
+        rows = _broadcast_array(saved["residuals"] if col.rank() == 0 else None, residual.dtype)
+        start = int(sizes[:col.rank()].sum())
+        residual[...] = model.xp.asarray(rows[start:start + residual.size])
+    elif col.rank() == 0 and sizes is not None:
+        print(f"--resume: the checkpoint's error-feedback residuals are of {len(sizes)} rank(s) laid out "
+              "otherwise: they start at zero here (at most one step's rounding is dropped)", flush=True)
+
+
+def _broadcast_array(found, dtype):
+    """Rank 0's 1-d array ``found`` (None: none) on every rank, as a numpy array of ``dtype``; None
+    on every rank where rank 0 has none."""
+    length = np.array([-1 if found is None else np.asarray(found).size], np.int64)
+    col.broadcast(length, root=0)
+    if length[0] < 0:
+        return None
+    array = np.asarray(found, dtype).reshape(-1).copy() if col.rank() == 0 else np.empty(int(length[0]), dtype)
+    return col.broadcast(array, root=0)
 
 
 def earlier_records(path: Path | None, epochs_done: int) -> list[dict]:

@@ -1,12 +1,14 @@
 """The all-reduce strategy: synchronous data parallelism. Every rank holds the whole model (or its
 tensor-parallel part); each step its gradients are averaged across the replicas by all-reduce,
 in buckets launched as backward produces them (``trainer.buckets``), and every rank applies the
-same update. Its twin is ``trainer.strategies.ps`` (parameter servers)."""
+same update. Its twin is ``trainer.strategies.ps`` (parameter servers). Its loop also runs local
+SGD and DiLoCo (``trainer.strategies.periodic``: local steps, and a sync every H)."""
 from __future__ import annotations
 
 import hashlib
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -16,56 +18,105 @@ from cmdline.parser import FAULT
 from trainer.buckets import GradientBuckets
 from trainer.common import EpochLog, Interrupted, UsageExit, epoch_record, save_checkpoint, say, \
     steps_per_epoch, stop_requested
+from trainer.compression import ErrorFeedback
 from trainer.layout import Layout, make_layout
 from trainer.model import MLP
 from trainer.optim import SGD
+from trainer.strategies.periodic import Periodic
+
+
+@dataclass
+class Loop:
+    """What the steps of a run use: fixed for the run, but for ``layout`` (remade after a change of
+    the world) and ``saved`` (the epochs the newest checkpoint covers; None: none yet)."""
+    args: Any
+    dataset: Any
+    config: dict
+    model: MLP
+    opt: SGD
+    log: EpochLog
+    layout: Layout
+    saved: int | None = None
+    periodic: Periodic | None = None   # local SGD or DiLoCo: local steps, a sync every H (None: all-reduce each step)
+    feedback: ErrorFeedback | None = None   # --compression: this rank's gradient residual (None: uncompressed)
+    buckets: GradientBuckets | None = None
+
+    def residual(self):
+        """This rank's error-feedback residual, which checkpoints keep (None: no compression)."""
+        return self.feedback.residual if self.feedback is not None else \
+            self.periodic.residual() if self.periodic is not None else None
+
+    def save(self, epoch: int, step: int, partial: bool = False) -> None:
+        """Every rank: a checkpoint of the model as it stands (``common.save_checkpoint``), with the
+        strategy's own arrays and the ranks' residuals."""
+        save_checkpoint(self.args, self.model, self.opt, epoch, step, self.config, partial,
+                        self.periodic.arrays() if self.periodic is not None else {}, self.residual())
 
 
 def train(args, dataset, config: dict, model: MLP, opt: SGD, start: int, step: int, log: EpochLog,
-          layout: Layout) -> list[dict]:
+          layout: Layout, periodic: Periodic | None = None, feedback: ErrorFeedback | None = None) -> list[dict]:
     """Epochs ``start``..``args.epochs`` of synchronous data-parallel training, from global step
     ``step`` (a checkpoint written by ``--max-steps`` may leave off inside epoch ``start``);
     returns their records (as ``ps.train``). Ends by checking that every rank holds the very same
     parameters. Ctrl-C or SIGTERM on any rank stops every rank before the same step (``Interrupted``);
-    after SIGTERM (a preemption) rank 0 first writes a checkpoint of that step, with --checkpoint-dir."""
-    state = training_state(args, dataset, model, opt, start, step)
-    return run_epochs(args, dataset, config, model, opt, state, log, layout, {"saved": start if args.resume else None})
+    after SIGTERM (a preemption) rank 0 first writes a checkpoint of that step, with --checkpoint-dir.
+    With ``periodic`` (local SGD, DiLoCo) each step is a replica's own and the replicas meet every
+    ``--sync-every`` steps; what a stop writes is then the last sync. ``feedback``: the gradients go
+    compressed (--compression), with this rank's residual."""
+    if periodic is not None:
+        periodic.mark(model, opt, step)   # (the start, or a checkpoint, is a sync point)
+    state = training_state(args, dataset, model, opt, start, step, periodic=periodic)
+    loop = Loop(args, dataset, config, model, opt, log, layout, start if args.resume else None, periodic, feedback)
+    return run_epochs(loop, state)
 
 
 def train_elastic(args, dataset, config: dict, model: MLP, opt: SGD, begin: Callable[[], tuple[int, int]],
-                  log: EpochLog, layout: Layout) -> list[dict]:
+                  log: EpochLog, layout: Layout, periodic: Periodic | None = None,
+                  feedback: ErrorFeedback | None = None) -> list[dict]:
     """``train`` under ``--elastic``: what a step changes is a ``col.elastic.State``, committed
-    every ``--commit-every`` steps and at each epoch's end; when a rank dies the survivors go on
-    from the last commit in a world of their own, and ranks that ``--host-discovery`` finds join
-    at a commit (``col.elastic.run``). ``begin()`` (the start's collectives: rank 0's model or
-    checkpoint, returning the epoch and step to start at) runs inside, once: a death there is a
-    change like any other, and a newcomer, which takes the state from rank 0, never runs it."""
-    state = training_state(args, dataset, model, opt, 0, 0, begun=False)
-    progress, current = {"saved": None}, {"layout": layout}   # (the newest checkpoint's epochs; this world's layout)
+    every ``--commit-every`` steps and at each epoch's end (with ``periodic``: at each sync); when
+    a rank dies the survivors go on from the last commit in a world of their own, and ranks that
+    ``--host-discovery`` finds join at a commit (``col.elastic.run``). ``begin()`` (the start's
+    collectives: rank 0's model or checkpoint, returning the epoch and step to start at) runs
+    inside, once: a death there is a change like any other, and a newcomer, which takes the state
+    from rank 0, never runs it. The residuals of compression are each rank's own, not the state's:
+    a change clears them (the rounding lost in at most one step)."""
+    state = training_state(args, dataset, model, opt, 0, 0, begun=False, periodic=periodic)
+    loop = Loop(args, dataset, config, model, opt, log, layout, None, periodic, feedback)
 
     def remake_layout(state: col.elastic.State, change: col.elastic.Change) -> None:
-        current["layout"] = make_layout(args.tensor_parallel)   # (the groups of the world before raise
-        log.reopen()                                             # MembershipChanged; rank 0 may be another process)
+        loop.layout = make_layout(args.tensor_parallel)   # (the groups of the world before raise
+        log.reopen()                                       # MembershipChanged; rank 0 may be another process)
+        if periodic is not None:
+            periodic.mark(model, opt, state.step)   # (the commit rolled back to is a sync)
+        residual = loop.residual()
+        if residual is not None:
+            residual[...] = 0
 
     def epochs(state: col.elastic.State) -> list[dict]:
         if not state.begun:
             start, step = begin()
+            if periodic is not None:
+                periodic.mark(model, opt, step)   # (the start, or a checkpoint, is a sync point)
             state.epoch, state.step, state.first = start, step, first_sample(args, dataset, start, step)
-            progress["saved"], state.begun = start if args.resume else None, True
+            loop.saved, state.begun = start if args.resume else None, True
             state.commit()
-        return run_epochs(args, dataset, config, model, opt, state, log, current["layout"], progress)
+        return run_epochs(loop, state)
 
     state.on_change(remake_layout)
     return col.elastic.run(epochs, state, min_ranks=args.min_ranks, max_ranks=args.max_ranks,
                            host_discovery=args.host_discovery)
 
 
-def training_state(args, dataset, model: MLP, opt: SGD, start: int, step: int, begun: bool = True) -> col.elastic.State:
-    """What a step changes: the parameters and momentum (in place), where the run stands (epoch,
-    global step, first sample of the epoch's order) and the epoch's running sums."""
+def training_state(args, dataset, model: MLP, opt: SGD, start: int, step: int, begun: bool = True,
+                   periodic: Periodic | None = None) -> col.elastic.State:
+    """What a step changes: the parameters and momentum (in place; with ``periodic``, its arrays
+    too: DiLoCo's outer momentum), where the run stands (epoch, global step, first sample of the
+    epoch's order) and the epoch's running sums."""
     return col.elastic.State(params=model.flat_params, velocity=opt.velocity, epoch=start, step=step,
                              first=first_sample(args, dataset, start, step), loss_sum=0.0, comm_s=0.0,
-                             exposed_s=0.0, elapsed_s=0.0, steps=0, history=[], begun=begun)
+                             exposed_s=0.0, elapsed_s=0.0, steps=0, history=[], begun=begun,
+                             **(periodic.arrays() if periodic is not None else {}))
 
 
 def first_sample(args, dataset, epoch: int, step: int) -> int:
@@ -73,71 +124,108 @@ def first_sample(args, dataset, epoch: int, step: int) -> int:
     return (step - epoch * steps_per_epoch(dataset, args.batch_size)) * args.batch_size
 
 
-def run_epochs(args, dataset, config: dict, model: MLP, opt: SGD, state, log: EpochLog, layout: Layout,
-               progress: dict) -> list[dict]:
-    buckets = None if args.no_overlap else GradientBuckets(model, args.bucket_mb * 1e6, layout.dp)
+def run_epochs(loop: Loop, state) -> list[dict]:
+    args = loop.args
+    overlap = not args.no_overlap and loop.periodic is None
+    loop.buckets = GradientBuckets(loop.model, args.bucket_mb * 1e6, loop.layout.dp, loop.feedback) if overlap \
+        else None
     while state.epoch < args.epochs:
-        if run_epoch(args, dataset, config, model, opt, state, buckets, layout, log, progress):
+        if run_epoch(loop, state):
             break   # (--max-steps)
-    check_replicas(model)
+    check_replicas(loop.model)
     return state.history
 
 
-def run_epoch(args, dataset, config: dict, model: MLP, opt: SGD, state, buckets, layout: Layout, log: EpochLog,
-              progress: dict) -> bool:
+def run_epoch(loop: Loop, state) -> bool:
     """The rest of epoch ``state.epoch`` from sample ``state.first`` of its order, then its record
-    and checkpoint (``progress["saved"]``: the epochs the newest one covers). Returns whether the
-    run stopped at ``--max-steps`` instead (with a checkpoint of that step)."""
-    xp, n_train, epoch = model.xp, len(dataset.train_y), state.epoch
-    order = np.random.default_rng([args.seed, epoch]).permutation(n_train)
+    and checkpoint. Returns whether the run stopped at ``--max-steps`` instead (with a checkpoint
+    of that step, or of the last sync)."""
+    args, dataset, layout = loop.args, loop.dataset, loop.layout
+    n_train = len(dataset.train_y)
+    order = np.random.default_rng([args.seed, state.epoch]).permutation(n_train)
     while state.first < n_train:
-        asked = stop_requested()
-        if asked:
-            where = f"epoch {epoch + 1}, step {state.first // args.batch_size + 1} of " \
-                    f"{steps_per_epoch(dataset, args.batch_size)}"
-            saved = progress["saved"] and f"epoch {progress['saved']}"
-            if asked == interrupt.PREEMPTED and args.checkpoint_dir:   # (at once: the batch system's grace is short)
-                save_checkpoint(args, model, opt, epoch - 1, state.step, config, partial=True)
-                saved = f"step {state.step} (inside epoch {epoch + 1})"
-            raise Interrupted(where, saved, args.checkpoint_dir, preempted=asked == interrupt.PREEMPTED)
-        if args.max_steps is not None and state.step >= args.max_steps:
-            if args.checkpoint_dir:
-                save_checkpoint(args, model, opt, epoch - 1, state.step, config, partial=True)
-            say(f"stopped at step {state.step} (--max-steps)")
+        if stopping(loop, state):
             return True
         began = time.perf_counter()
         batch = order[state.first: state.first + args.batch_size]
-        shard = xp.asarray(np.array_split(batch, layout.dp_size)[layout.dp_rank])
-        loss, in_flight, exposed = train_step(model, opt, buckets, dataset.train_x[shard],
-                                              dataset.train_y[shard], 1.0 / len(batch), layout.dp)
-        state.loss_sum, state.comm_s, state.exposed_s = state.loss_sum + loss, state.comm_s + in_flight, \
-            state.exposed_s + exposed
-        state.steps, state.step, state.first = state.steps + 1, state.step + 1, state.first + len(batch)
-        if args.elastic and state.step % args.commit_every == 0:
-            state.commit()
+        shard = loop.model.xp.asarray(np.array_split(batch, layout.dp_size)[layout.dp_rank])
+        step(loop, state, dataset.train_x[shard], dataset.train_y[shard], len(batch))
         state.elapsed_s += time.perf_counter() - began   # (in the state: a change keeps the epoch's time so far)
+    end_epoch(loop, state)
+    return False
+
+
+def step(loop: Loop, state, x, y, batch: int) -> None:
+    """One global step of ``batch`` samples (this rank's shard ``x``, ``y``), and what follows it:
+    the sync that is due (``periodic``), the commit (``--elastic``)."""
+    args, model, opt, layout, periodic = loop.args, loop.model, loop.opt, loop.layout, loop.periodic
+    if periodic is None:
+        loss, in_flight, exposed = train_step(model, opt, loop.buckets, x, y, 1.0 / batch, layout.dp, loop.feedback)
+    else:
+        loss, in_flight, exposed = periodic.local_step(model, opt, x, y, layout.dp_size / batch), 0.0, 0.0
+    state.loss_sum, state.steps, state.step = state.loss_sum + loss, state.steps + 1, state.step + 1
+    state.first += batch
+    if periodic is not None and periodic.due(state.step):
+        in_flight = exposed = periodic.sync(model, opt, state.step, layout.dp)
+    state.comm_s, state.exposed_s = state.comm_s + in_flight, state.exposed_s + exposed
+    if args.elastic and (state.step % args.commit_every == 0 if periodic is None else periodic.due(state.step)):
+        state.commit()
+
+
+def stopping(loop: Loop, state) -> bool:
+    """Before each step: Ctrl-C or SIGTERM on any rank (raise ``Interrupted`` on every rank; after
+    SIGTERM, first a checkpoint), or ``--max-steps`` reached (a checkpoint; True). Local SGD and
+    DiLoCo go back to the last sync first: between syncs the replicas differ, and a resumed run
+    must replay the uninterrupted one's steps from a state every replica holds."""
+    args, model, per_epoch = loop.args, loop.model, steps_per_epoch(loop.dataset, loop.args.batch_size)
+    asked = stop_requested()
+    at_max = not asked and args.max_steps is not None and state.step >= args.max_steps
+    if not asked and not at_max:
+        return False
+    kept, written = state.step, None
+    if at_max or asked == interrupt.PREEMPTED:   # (at once: the batch system's grace is short)
+        kept = loop.periodic.roll_back(model, loop.opt) if loop.periodic is not None else state.step
+        if args.checkpoint_dir:
+            loop.save(kept // per_epoch - 1, kept, partial=True)
+            written = f"step {kept} (inside epoch {kept // per_epoch + 1}" + \
+                (", the last sync)" if loop.periodic is not None else ")")
+    if asked:
+        where = f"epoch {state.epoch + 1}, step {state.first // args.batch_size + 1} of {per_epoch}"
+        saved = written or (loop.saved and f"epoch {loop.saved}")
+        raise Interrupted(where, saved, args.checkpoint_dir, preempted=asked == interrupt.PREEMPTED)
+    say(f"stopped at step {state.step} (--max-steps)" +
+        (f"; back at the last sync, step {kept}" if kept != state.step else ""))
+    return True
+
+
+def end_epoch(loop: Loop, state) -> None:
+    """The epoch's record (the loss summed over the replicas, the model scored), its checkpoint, and
+    the state set at the next epoch's start (committed, under ``--elastic``)."""
+    args, layout, epoch = loop.args, loop.layout, state.epoch
     elapsed, steps = state.elapsed_s, max(state.steps, 1)
-    loss = float(col.allreduce(np.array([state.loss_sum]), group=layout.dp)[0]) / n_train
-    record = {**epoch_record(epoch, state.step, loss, model, dataset, layout, elapsed, steps, state.comm_s,
+    loss = float(col.allreduce(np.array([state.loss_sum]), group=layout.dp)[0]) / len(loop.dataset.train_y)
+    record = {**epoch_record(epoch, state.step, loss, loop.model, loop.dataset, layout, elapsed, steps, state.comm_s,
                              state.exposed_s, str(layout)), "dp": layout.dp_size, "tp": layout.tp_size}
+    if loop.periodic is not None:
+        record.update(strategy=loop.periodic.name, sync_every=loop.periodic.every)
     state.history = state.history + [record]
-    log.write(record)
+    loop.log.write(record)
     if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or epoch + 1 == args.epochs):
-        save_checkpoint(args, model, opt, epoch, state.step, config)
-        progress["saved"] = epoch + 1
+        loop.save(epoch, state.step)
+        loop.saved = epoch + 1
     state.epoch, state.first, state.loss_sum, state.comm_s, state.exposed_s, state.elapsed_s, state.steps = \
         epoch + 1, 0, 0.0, 0.0, 0.0, 0.0, 0
     if args.elastic:
         state.commit()
-    return False
 
 
 def train_step(model: MLP, opt: SGD, buckets: GradientBuckets | None, x, y, scale: float,
-               dp: col.Group | None = None) -> tuple[float, float, float]:
+               dp: col.Group | None = None, feedback: ErrorFeedback | None = None) -> tuple[float, float, float]:
     """One step: gradients, averaged across the replicas (the ranks of ``dp``; None: the world), then
     the update. Returns the loss sum of this rank's shard, the seconds gradients were being
     all-reduced, and the seconds the step waited for that (exposed). With ``buckets``, each bucket's all-reduce runs while backward goes on;
-    without, one all-reduce of the whole flat buffer follows backward (nothing hidden)."""
+    without, one all-reduce of the whole flat buffer follows backward (nothing hidden), compressed
+    with ``feedback`` (which the buckets hold themselves)."""
     if buckets is not None:
         loss = model.loss_and_grads(x, y, scale, layer_done=buckets.layer_done)
         with col.timeline.span("wait for gradients"):
@@ -146,12 +234,23 @@ def train_step(model: MLP, opt: SGD, buckets: GradientBuckets | None, x, y, scal
         loss = model.loss_and_grads(x, y, scale)
         col.synchronize(model.flat_grads)   # (on a GPU: so that the time below is the all-reduce's own)
         began = time.perf_counter()
-        col.allreduce(model.flat_grads, op="sum", out=model.flat_grads, group=dp)
+        if feedback is not None:
+            feedback.contribute(model.flat_grads)
+        col.allreduce(model.flat_grads, op="sum", out=model.flat_grads, group=dp, **compressed(feedback))
         col.synchronize(model.flat_grads)
         in_flight = exposed = time.perf_counter() - began
     with col.timeline.span("optimizer step"):
         opt.step(model.flat_grads)
     return loss, in_flight, exposed
+
+
+def compressed(feedback: ErrorFeedback | None) -> dict:
+    """The keyword of a compressed all-reduce (none without ``feedback``: the call stays as it was).
+
+    >>> compressed(None)
+    {}
+    """
+    return {"compression": feedback.codec} if feedback is not None else {}
 
 
 def check_replicas(model: MLP) -> None:

@@ -1,0 +1,103 @@
+"""Error feedback for a compressed all-reduce (``--compression bf16|fp16``): each rank keeps what
+compression took from its contribution and adds it to its next one, so that nothing is lost for
+good, only late (1-bit SGD's and DDP's compression hooks' rule, here on the trainer's side: the
+ring compresses, the trainer remembers).
+
+The rank rounds its buffer to the wire type itself, before the all-reduce (``contribute``), so
+that what it sends is exactly representable on the wire: what compression changed of its
+contribution is then known here, to the bit, whatever the ring's codec does on the next hops
+(those sums are the ring's own rounding, which no single rank owns).
+
+>>> import numpy as np
+>>> fb = ErrorFeedback(np.zeros(2, np.float32), "bf16")
+>>> g = np.array([1 + 3 * 2 ** -10, 3.0], np.float32)
+>>> fb.contribute(g); g, fb.residual * 2 ** 10        # bf16 keeps 8 bits: 1 + 3/1024 goes down to 1
+(array([1., 3.], dtype=float32), array([3., 0.], dtype=float32))
+>>> g = np.array([1 + 3 * 2 ** -10, 3.0], np.float32)
+>>> fb.contribute(g); g, fb.residual * 2 ** 10        # the next step carries what the last lost: up
+(array([1.0078125, 3.       ], dtype=float32), array([-2.,  0.], dtype=float32))
+"""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+import collectives as col
+
+#: The wire types of ``--compression`` (besides "none").
+CODECS = ("bf16", "fp16")
+
+_FP16_MAX = 65504.0   # float16's largest finite value: larger magnitudes saturate (see wire_roundtrip)
+
+
+def available() -> bool:
+    """Whether this build's ``col.allreduce`` takes ``compression=`` (another part of issue 49
+    adds it; until it does, ``--compression`` is refused by name).
+
+    >>> isinstance(available(), bool)
+    True
+    """
+    return "compression" in inspect.signature(col.Group.allreduce).parameters
+
+
+def wire_roundtrip(x, codec: str):
+    """``x`` (float32 or float64, numpy or cupy) rounded to the wire type ``codec`` and back, as a
+    new array of ``x``'s dtype: "bf16" keeps the top 16 bits of each float32, rounding to nearest,
+    ties to even (float64 goes through float32 first); "fp16" is ``astype(float16)``, with
+    magnitudes beyond float16's range saturated at its largest finite value instead of becoming
+    inf (an inf would make the residual -inf, and the next step NaN; saturated, the excess waits
+    in the residual).
+
+    >>> wire_roundtrip(np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -2.5], np.float32), "bf16")   # ties to even
+    array([ 1.      ,  1.015625, -2.5     ], dtype=float32)
+    >>> wire_roundtrip(np.array([0.1, 7e4]), "fp16")
+    array([9.99755859e-02, 6.55040000e+04])
+    """
+    xp = np if isinstance(x, np.ndarray) else _xp(x)
+    if codec == "fp16":
+        return xp.clip(x, -_FP16_MAX, _FP16_MAX).astype(xp.float16).astype(x.dtype)
+    if codec != "bf16":
+        raise ValueError(f"codec: expected one of {CODECS}, got {codec!r}")
+    bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+    # Round to nearest even on the 16 bits dropped: add 0x7FFF, plus 1 where the kept part is odd;
+    # a carry into the exponent is the right rounding up to the next binade (or to inf).
+    rounded = (bits + (xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1)))) & xp.uint32(0xFFFF0000)
+    return rounded.view(xp.float32).astype(x.dtype)
+
+
+def _xp(x):
+    """numpy or cupy, by the array's own kind (cupy is imported only by a run on the GPU)."""
+    import cupy   # (lazy: only a --device cuda run holds cupy arrays)
+    return cupy.get_array_module(x)
+
+
+class ErrorFeedback:
+    """This rank's residual: what compression took from its contributions so far, added back to
+    the next one. One per buffer that is all-reduced compressed (the flat gradients of the
+    all-reduce strategy, DiLoCo's delta), laid out like it; ``contribute`` works on slices too
+    (a gradient bucket), each with its own part of the residual.
+
+    >>> fb = ErrorFeedback(np.zeros(3, np.float32), "fp16")
+    >>> g = np.array([1e-8, 1.0, 2049.0], np.float32); fb.contribute(g); g, fb.residual
+    (array([0.000e+00, 1.000e+00, 2.048e+03], dtype=float32), array([1.e-08, 0.e+00, 1.e+00], dtype=float32))
+    """
+
+    def __init__(self, like, codec: str):
+        self.codec = codec
+        self.residual = like * 0   # (numpy or cupy, as the buffer)
+
+    def contribute(self, buffer, start: int = 0, stop: int | None = None) -> None:
+        """Turn ``buffer`` (the span ``start:stop`` of the whole buffer, or all of it) into what this
+        rank sends: buffer + residual, rounded to the wire type; the residual keeps the rest."""
+        residual = self.residual[start:stop if stop is not None else start + buffer.size]
+        buffer += residual
+        sent = wire_roundtrip(buffer, self.codec)
+        residual[...] = buffer
+        residual -= sent   # (exact: a float minus its rounding to fewer bits fits the float)
+        buffer[...] = sent
+
+    def clear(self) -> None:
+        """Forget the residual (a change of the world, or a checkpoint of another world: the lost
+        bits of at most one step are dropped, where otherwise they would belong to no rank)."""
+        self.residual[...] = 0
