@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import gloo, model
-from bench.cases import DTYPES, IMPLEMENTATIONS, OPS, REDOPS, nccl_supports
+from bench.cases import COMPRESSED, DTYPES, IMPLEMENTATIONS, OPS, REDOPS, nccl_supports
 from bench.sizes import parse_size
 from cmdline.parser import ArgumentParser
 
@@ -58,8 +58,9 @@ def _flags(p: ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: numpy arrays; cuda: cupy arrays on each rank's GPU (default: cpu)")
     p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=None,
-                   help="implementations to time: ring (ours), mpi (the MPI library's own, host arrays), "
-                        "gloo (torch.distributed's gloo, host arrays), nccl (NCCL's own, GPU arrays) "
+                   help="implementations to time: ring (ours), ring-bf16 and ring-fp16 (ours with "
+                        "compression=: a float32 or float64 allreduce by sum or avg, host arrays), mpi (the MPI "
+                        "library's own, host arrays), gloo (torch.distributed's gloo, host arrays), nccl (NCCL's own, GPU arrays) "
                         "(default: ring mpi gloo, gloo where torch is installed; with --device cuda: ring nccl)")
     p.add_argument("--gloo", action=argparse.BooleanOptionalAction, default=None,
                    help="time torch.distributed's gloo beside them, or not (default: on the host, when torch "
@@ -105,6 +106,11 @@ def _check_together(p: ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--impl mpi times host arrays; with --device cuda compare ring and nccl")
     if args.plant_error is not None and args.plant_error not in args.impl:
         p.error(f"--plant-error {args.plant_error}: not among --impl {' '.join(args.impl)}")
+    compressed = [impl for impl in args.impl if impl in COMPRESSED]
+    if compressed and (args.op != "allreduce" or args.dtype not in ("float32", "float64")
+                       or args.redop not in ("sum", "avg") or args.device != "cpu"):
+        p.error(f"--impl {compressed[0]}: compression= is the host all-reduce's, of float32 or float64 by sum "
+                "or avg (--op allreduce --dtype float32 --redop sum)")
     if "nccl" in args.impl and not nccl_supports(args.dtype):
         p.error(f"--impl nccl: NCCL has no {args.dtype}")
     if args.device == "cuda":

@@ -36,6 +36,8 @@ OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 REDOPS = ("sum", "avg", "min", "max", "prod")
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
           "uint8", "uint16", "uint32", "uint64")
+#: Our all-reduce with ``compression=`` (see IMPLEMENTATIONS), each a column of its own.
+COMPRESSED = ("ring-bf16", "ring-fp16")
 PERIOD = 8
 
 
@@ -157,6 +159,14 @@ def _ring_allreduce(c: Case) -> np.ndarray:
     return col.allreduce(c.x, c.redop, out=c.out, group=c.group, algorithm=c.algorithm)
 
 
+def _ring_allreduce_compressed(codec: str) -> Callable[[Case], np.ndarray]:
+    """Our all-reduce with ``compression=codec``: the inputs are small integers, whose sums a
+    2-byte float holds exactly (bfloat16 up to 256), so its results are checked exactly too."""
+    def allreduce(c: Case) -> np.ndarray:
+        return col.allreduce(c.x, c.redop, out=c.out, group=c.group, algorithm=c.algorithm, compression=codec)
+    return allreduce
+
+
 def _ring_reduce_scatter(c: Case) -> np.ndarray:
     return col.reduce_scatter(c.x, c.redop, out=c.out, group=c.group, algorithm=c.algorithm)
 
@@ -273,6 +283,8 @@ def _gloo_broadcast(c: Case) -> np.ndarray:
 IMPLEMENTATIONS: dict[str, dict[str, Callable[[Case], Any]]] = {
     "ring": {"allreduce": _ring_allreduce, "reduce_scatter": _ring_reduce_scatter,
              "allgather": _ring_allgather, "broadcast": _ring_broadcast},
+    "ring-bf16": {"allreduce": _ring_allreduce_compressed("bf16")},   # (compression=: the all-reduce only)
+    "ring-fp16": {"allreduce": _ring_allreduce_compressed("fp16")},
     "mpi": {"allreduce": _mpi_allreduce, "reduce_scatter": _mpi_reduce_scatter,
             "allgather": _mpi_allgather, "broadcast": _mpi_broadcast},
     "gloo": {"allreduce": _gloo_allreduce, "reduce_scatter": _gloo_reduce_scatter,

@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from bench.cases import Case, bus_factor
+from bench.cases import COMPRESSED, Case, bus_factor
 from bench.sizes import format_size
 from bench.timing import Timing
 
@@ -57,6 +57,9 @@ def table_header(impls: list[str], n: int = 2) -> list[str]:
     for native in _natives(impls):
         first += f" | {'ring/' + native:>9}"
         second += f" | {'busbw' if n > 1 else 'speed':>9}"
+    for compressed in _compressed(impls):
+        first += f" | {compressed[5:] + '/ring':>9}"
+        second += f" | {'busbw' if n > 1 else 'speed':>9}"
     return [first, second]
 
 
@@ -69,12 +72,20 @@ def table_line(rows: list[Row]) -> str:
     by_impl = {row.impl: row for row in rows}
     for native in _natives(list(by_impl)):
         line += f" | {by_impl[native].time_us / by_impl['ring'].time_us:>9.2f}"   # same bytes: busbw ratio
+    for compressed in _compressed(list(by_impl)):
+        line += f" | {by_impl['ring'].time_us / by_impl[compressed].time_us:>9.2f}"
     return line
 
 
 def _natives(impls: list[str]) -> list[str]:
     """The library implementations ours is compared with (mpi, gloo, nccl), when ours is timed."""
-    return [impl for impl in impls if impl != "ring"] if "ring" in impls else []
+    return [impl for impl in impls if impl != "ring" and impl not in COMPRESSED] if "ring" in impls else []
+
+
+def _compressed(impls: list[str]) -> list[str]:
+    """Our compressed all-reduces (``ring-bf16``...), compared with our plain one when it is timed:
+    their busbw over its (above 1, compression pays)."""
+    return [impl for impl in impls if impl in COMPRESSED] if "ring" in impls else []
 
 
 def write_json(path: str, environment: dict, rows: list[Row]) -> None:

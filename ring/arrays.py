@@ -115,22 +115,25 @@ def copy_(dst, src) -> None:
 _scratch_pools = threading.local()   # per thread: two callers never share a receive buffer
 
 
-def scratch(like, elems: int, slot: int):
-    """A reusable receive buffer of ``elems`` elements of ``like``'s dtype, one per ``slot``.
+def scratch(like, elems: int, slot: int, dtype=None):
+    """A reusable receive buffer of ``elems`` elements of ``dtype`` (default: ``like``'s), in
+    ``like``'s array module, one per ``slot``.
 
     Kept between calls (a fresh multi-MiB buffer per call costs page faults every
     time). The pool holds at most one buffer per (module, slot), as large as the
     largest asked for, so memory stays at two of the largest transfers (at most two
-    segments) per thread however large the tensors are.
+    segments) per thread however large the tensors are; a compressed call uses a few
+    more slots (``ring.execute``), each at most a segment.
     """
     xp = xp_of(like)
-    nbytes = elems * like.dtype.itemsize
+    dtype = like.dtype if dtype is None else dtype
+    nbytes = elems * dtype.itemsize
     pool = _scratch_pools.__dict__
     key = (xp.__name__, slot)
     buf = pool.get(key)
     if buf is None or buf.nbytes < nbytes:
         buf = pool[key] = xp.empty(max(nbytes, 1), dtype=xp.uint8)
-    return buf[:nbytes].view(like.dtype)
+    return buf[:nbytes].view(dtype)
 
 
 def _errstate_enter() -> Any:

@@ -18,6 +18,7 @@ from collectives.calls import validate
 from collectives.calls.call import Call
 from collectives.errors import CollectiveError, CollectiveUsageError
 from ring import algorithms
+from ring.compression import CODECS, Codec
 from ring.arrays import is_array, transportable, xp_of
 from ring.partition import chunk_bounds
 from ring.transport.gpu import device as device_transports, nccl as nccl_transport
@@ -54,13 +55,16 @@ def widened(x: Any) -> tuple[Any, bool]:
     return x, False
 
 
-def choose(call: Call, collective: str, nbytes: int, host: bool) -> str:
+def choose(call: Call, collective: str, nbytes: int, host: bool, wire: float = 1.0) -> str:
     """The algorithm of ``collective`` (as ``ring.cost`` names it) this call runs for ``nbytes``:
     the runtime's choice, or the one it forces, which must be able to carry the call (a usage
-    error otherwise); kept as ``call.algorithm``."""
+    error otherwise); kept as ``call.algorithm``. ``wire``: a compressed all-reduce's bytes on
+    the wire per byte of data (``ring.cost``)."""
     g, forced = call.group, call.forced
     if forced is None:
         key = (collective, g.transport.size, nbytes, host, host and g.levels is not None)
+        if wire != 1.0:
+            key += (wire,)
         found = call.runtime.chosen(key) or call.runtime.algorithm_for(*key)
     else:
         found = forced
@@ -111,28 +115,64 @@ def _cannot_carry(call: Call, forced: str, nbytes: int, host: bool) -> str:
     return ""
 
 
-def allreduce(call: Call, x: Any, op: Any, out: Any) -> Any:
+_COMPRESSIBLE = frozenset(np.dtype(t) for t in ("float32", "float64"))
+
+
+def wire_codec(collective: str, value: Any, x: Any, op: str, argument: str = "x") -> Codec | None:
+    """The codec of ``compression=`` (``value``) for an all-reduce of ``x`` (checked already) by
+    ``op``: None for None, else one of ``ring.compression.CODECS`` for float32, float64 or bfloat16
+    host data that is summed or averaged; anything else is a usage error that names it.
+
+    >>> wire_codec("allreduce", "bf16", np.zeros(2, np.int32), "sum")     # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    collectives.errors.CollectiveUsageError: allreduce: compression: 'bf16' needs float32, ..., x is int32 (...)
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in CODECS:
+        validate.fail(collective, "compression", f"unknown compression {value!r}; expected None, "
+                                                 f"{', '.join(map(repr, CODECS))}")
+    if op not in ("sum", "avg"):
+        validate.fail(collective, "compression", f"{value!r} carries 'sum' and 'avg' only, op is {op!r} "
+                                                 "(pass compression=None)")
+    if not isinstance(x, np.ndarray):
+        validate.fail(collective, "compression", f"{value!r} is not implemented for GPU (cupy) arrays, "
+                                                 f"{argument} is one (pass compression=None)")
+    if x.dtype not in _COMPRESSIBLE and not validate.is_bfloat16(x.dtype):
+        why = "integers would lose digits" if x.dtype.kind in "iub" else "it has two bytes already"
+        validate.fail(collective, "compression", f"{value!r} needs float32, float64 or bfloat16 data, "
+                                                 f"{argument} is {x.dtype} ({why}: pass compression=None)")
+    return CODECS[value]
+
+
+def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None) -> Any:
     x, out, in_place = validate.reduction(call.name, x, op, out)
+    wire = wire_codec(call.name, compression, x, op) if compression is not None else None
     host = type(x) is np.ndarray
-    sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu")
+    sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu", compression=compression or "")
     call.nbytes = x.nbytes
     result = out if out is not None else (np if host else xp_of(x)).empty(x.shape, x.dtype)
     if x.dtype.isbuiltin == 2:   # (bfloat16: see widened)
         source, _ = widened(flat(x))
-        allreduce_flat(call, source, source, op, sig, host)
+        allreduce_flat(call, source, source, op, sig, host, wire=wire)
         result[...] = source.reshape(result.shape)
         return result
     source = flat(x)
     target = source if in_place else flat_target(result)
-    allreduce_flat(call, source, target, op, sig, host)
+    allreduce_flat(call, source, target, op, sig, host, wire=wire)
     return result if target is result else write_back(result, target)   # (is: nothing to write back)
 
 
 def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, host: bool,
-                   checked: bool = False) -> None:
+                   checked: bool = False, wire: Codec | None = None) -> None:
     """All-reduce flat contiguous ``source`` into ``target``: recursive doubling carries the check
-    along; the others run after the check (unless ``checked`` already)."""
-    algorithm = choose(call, "allreduce", source.nbytes, host)
+    along; the others run after the check (unless ``checked`` already). ``wire``: the codec of a
+    compressed call (``ring.compression``), which the ring, halving and the step across hosts of
+    two levels carry; recursive doubling's few small messages run uncompressed, which leaves the
+    exact sum, the same on every rank."""
+    ratio = 1.0 if wire is None else wire.wire.itemsize / source.dtype.itemsize
+    algorithm = choose(call, "allreduce", source.nbytes, host, ratio)
     g = call.group
     if algorithm == "doubling":
         if not algorithms.allreduce_small(g.transport, call, source, target, op, sig):
@@ -144,17 +184,21 @@ def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, ho
     if algorithm == "hierarchical":
         local, across = g.levels
         algorithms.allreduce_two_level(local, across, call, source, target, op, segment(source.dtype, local),
-                                       segment(source.dtype, across))
+                                       segment(source.dtype, across), wire)
     elif algorithm == "halving":
         algorithms.allreduce_halving_doubling(g.transport, call, source, target, op,
-                                              segment(source.dtype, g.transport))
+                                              segment(source.dtype, g.transport), wire)
     else:
         transport = transport_for(call, source)
-        algorithms.allreduce(transport, call, source, target, op, segment(source.dtype, transport))
+        algorithms.allreduce(transport, call, source, target, op, segment(source.dtype, transport), wire)
 
 
-def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
+def allreduce_many(call: Call, arrays: Any, op: Any, compression: Any = None) -> list:
     plain = validate.array_list(call.name, "arrays", arrays, op)
+    wire = None
+    if compression is not None:
+        for i, a in enumerate(plain or [np.empty(0, np.float32)]):   # (no arrays: the name and op still)
+            wire = wire_codec(call.name, compression, a, op, f"arrays[{i}]")
     host = not plain or type(plain[0]) is np.ndarray
     by_dtype: dict = {}
     layout, nbytes = [], 0
@@ -162,16 +206,17 @@ def allreduce_many(call: Call, arrays: Any, op: Any) -> list:
         by_dtype.setdefault(a.dtype, []).append(a)
         layout.append(f"{a.dtype.str}{a.shape}")
         nbytes += a.nbytes
-    sig = call.signature(op, shape=tuple(layout), memory=("host" if host else "gpu") if plain else "")
+    sig = call.signature(op, shape=tuple(layout), memory=("host" if host else "gpu") if plain else "",
+                         compression=compression or "")
     call.nbytes = nbytes
     checked = False
     for members in by_dtype.values():
         if len(members) == 1 and members[0].flags.c_contiguous and members[0].dtype.isbuiltin != 2:
             alone = flat(members[0])
-            allreduce_flat(call, alone, alone, op, sig, host, checked)
+            allreduce_flat(call, alone, alone, op, sig, host, checked, wire)
         else:
             fused, _ = widened(xp_of(members[0]).concatenate([m.reshape(-1) for m in members]))
-            allreduce_flat(call, fused, fused, op, sig, host, checked)
+            allreduce_flat(call, fused, fused, op, sig, host, checked, wire)
             offset = 0
             for m in members:
                 m[...] = fused[offset:offset + m.size].reshape(m.shape)

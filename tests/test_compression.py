@@ -1,0 +1,289 @@
+"""Tier 1: the wire codecs (ring.compression) and the compressed all-reduce simulated in one process.
+
+The simulated ranks run the real algorithms and executor (ring.algorithms, ring.execute) over
+in-process transports. Their results are compared bit for bit with :func:`ring_model`, a plain
+numpy model of what the compressed ring computes: per chunk, per hop, decode the partial sum,
+add this rank's own contribution in the data's dtype, encode once; the owner rounds the
+finished chunk through the wire type. And with a float64 reference, within the documented bound.
+"""
+import numpy as np
+import pytest
+
+from ring import algorithms, arrays
+from ring.compression import BLOCK, CODECS, bf16_bits
+from ring.partition import chunk_bounds
+from tests.test_simulated_ring import BOUND, simulate
+from tests.test_two_level import simulate_hosts
+
+pytestmark = pytest.mark.quick
+
+def _ml_dtypes():
+    return pytest.importorskip("ml_dtypes")
+
+
+def _through(codec, x):
+    """``x`` rounded through ``codec``'s wire type (a new array)."""
+    wire = np.empty(x.size, codec.wire)
+    codec.encode(x, wire)
+    back = np.empty_like(x)
+    codec.decode(wire, back)
+    return back
+
+
+# The codecs.
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")   # (ml_dtypes, on the NaNs)
+def test_bf16_matches_ml_dtypes_on_every_kind_of_float32():
+    """Random bit patterns (every sign, exponent and payload: subnormals, infinities, NaNs), the
+    ties exactly halfway, and the values next to the largest finite bfloat16."""
+    ml = _ml_dtypes()
+    rng = np.random.default_rng(1)
+    bits = rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    ties = (rng.integers(0, 1 << 16, 4096, dtype=np.uint64).astype(np.uint32) << 16) | 0x8000
+    edges = np.array([0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x00000001, 0x80008000,
+                      0x7F800001, 0xFF800001, 0xFFFFFFFF, 0x7FC00000], np.uint32)
+    x = np.concatenate([bits, ties, edges]).view(np.float32)
+    ours = np.empty(x.size, np.uint16)
+    CODECS["bf16"].encode(x, ours)
+    theirs = x.astype(ml.bfloat16).view(np.uint16)
+    nan = np.isnan(x)
+    assert np.array_equal(ours[~nan], theirs[~nan])
+    decoded = (ours.astype(np.uint32) << 16).view(np.float32)
+    assert np.isnan(decoded[nan]).all(), "a NaN must stay NaN"
+    assert np.array_equal(np.isnan(decoded), nan)
+
+
+def test_bf16_rounds_to_nearest_even():
+    one = 0x3F80   # bfloat16 1.0; its last kept bit is even, 0x3F81's odd
+    halfway = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8)]          # ties: down to even, up to even, symmetric
+    past = [1 + 2**-8 + 2**-20, 1 + 2**-8 - 2**-20]             # just above and below a tie
+    out = np.empty(5, np.uint16)
+    bf16_bits(np.array(halfway + past, np.float32), out)
+    assert out.tolist() == [one, one + 2, 0x8000 | one, one + 1, one]
+
+
+def test_nan_and_infinities_survive_and_overflow_goes_to_infinity():
+    for codec in CODECS.values():
+        big = 3.4e38 if codec.name == "bf16" else 7e4   # past the largest finite wire value, by more than half a unit
+        x = np.array([np.nan, -np.nan, np.inf, -np.inf, big, -big, 0.0, -0.0], np.float32)
+        back = _through(codec, x)
+        assert np.isnan(back[:2]).all(), codec
+        assert back[2:6].tolist() == [np.inf, -np.inf, np.inf, -np.inf], codec
+        assert np.signbit(back[6:]).tolist() == [False, True], codec
+    # a NaN whose payload lies only in the low bits would round into the exponent: an infinity
+    sneaky = np.array([0x7F800001, 0xFF800001, 0xFFFFFFFF], np.uint32).view(np.float32)
+    assert np.isnan(_through(CODECS["bf16"], sneaky)).all()
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_every_wire_value_round_trips_exactly(name):
+    """Every one of the 65536 wire values decodes and encodes back to itself (NaNs to a NaN), so
+    forwarding a decoded chunk re-encodes it exactly, in float32 and in float64."""
+    codec = CODECS[name]
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(codec.wire)
+    for dtype in (np.float32, np.float64):
+        decoded = np.empty(every.size, dtype)
+        codec.decode(every, decoded)
+        again = np.empty_like(every)
+        codec.encode(decoded, again)
+        nan = np.isnan(decoded)
+        assert np.array_equal(again.view(np.uint16)[~nan], every.view(np.uint16)[~nan]), dtype
+        assert np.isnan(np.asarray(again[nan], np.float32) if name == "fp16" else
+                        (again[nan].astype(np.uint32) << 16).view(np.float32)).all()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")   # (numpy's own casts, the reference)
+def test_fp16_is_numpys_float16_and_float64_goes_through_the_same_rounding():
+    ml = _ml_dtypes()
+    rng = np.random.default_rng(2)
+    x64 = rng.standard_normal(BLOCK * 2 + 3) * 10.0 ** rng.integers(-6, 6, BLOCK * 2 + 3)   # (several blocks)
+    assert np.array_equal(_through(CODECS["fp16"], x64), x64.astype(np.float16).astype(np.float64))
+    assert np.array_equal(_through(CODECS["fp16"], x64.astype(np.float32)),
+                          x64.astype(np.float32).astype(np.float16).astype(np.float32))
+    expected = x64.astype(np.float32).astype(ml.bfloat16).astype(np.float64)   # float64: via float32, documented
+    assert np.array_equal(_through(CODECS["bf16"], x64), expected)
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_round_in_place_is_encode_then_decode(name):
+    x = np.random.default_rng(3).standard_normal(BLOCK + 17).astype(np.float32)
+    expected = _through(CODECS[name], x)
+    CODECS[name].round_(x)
+    assert np.array_equal(x, expected)
+    empty = np.empty(0, np.float32)
+    CODECS[name].round_(empty)
+    CODECS[name].encode(empty, np.empty(0, CODECS[name].wire))
+
+
+# The model of the compressed ring, in one process.
+
+def ring_model(inputs, op, codec):
+    """What the ring all-reduce computes with ``codec`` (None: uncompressed) over ``inputs`` (one
+    flat array per rank, float32 or float64), element for element: chunk c (``chunk_bounds``)
+    starts on rank c + 1 and picks up ranks c + 2, ..., c in turn. Each hop rounds the partial sum
+    through the wire type (it is encoded to be sent) and adds the next rank's contribution exactly
+    as that rank holds it, in the data's dtype; "avg" divides each contribution by n first over a
+    float16 wire, else the finished sum once; the owner then rounds the finished chunk."""
+    n, count = len(inputs), inputs[0].size
+    hop = (lambda v: v) if codec is None else (lambda v: _through(codec, v))
+    prescale = op == "avg" and codec is not None and codec.wire == np.float16
+    if prescale:
+        inputs = [np.true_divide(x, n, out=np.empty_like(x)) for x in inputs]
+    out = np.empty(count, inputs[0].dtype)
+    for c, (start, stop) in enumerate(chunk_bounds(count, n)):
+        acc = inputs[(c + 1) % n][start:stop].copy()
+        for j in range(2, n + 1):
+            acc = hop(acc) + inputs[(c + j) % n][start:stop]
+        if op == "avg" and not prescale and n > 1:
+            np.true_divide(acc, n, out=acc, casting="unsafe")
+        out[start:stop] = hop(acc)
+    return out
+
+
+def _inputs(n, count, dtype, scale=100.0, seed=0):
+    """Rank-dependent values of mixed signs and magnitudes (1e-3 .. 1e2 times ``scale``/100), not
+    integers: rounding to 2 bytes changes most of them."""
+    rng = np.random.default_rng([seed, n, count])
+    return [(rng.standard_normal(count) * scale * 10.0 ** rng.integers(-5, 1, count) + r).astype(dtype)
+            for r in range(n)]
+
+
+def _compressed(inputs, op, name, segment, in_place, reduce=algorithms.allreduce):
+    def body(t):
+        x = inputs[t.rank].copy()
+        out = x if in_place else np.empty_like(x)
+        reduce(t, BOUND, x, out, op, segment, wire=CODECS[name])
+        if not in_place:
+            assert np.array_equal(x, inputs[t.rank]), "input modified"
+        return out
+    return simulate(len(inputs), body)
+
+
+def _same_bits(results):
+    assert all(r.tobytes() == results[0].tobytes() for r in results), "ranks differ"
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_the_simulated_compressed_ring_is_the_model_bit_for_bit(n, name, op):
+    """Every size class (0 elements, fewer than ranks, uneven chunks, several segments per chunk), in
+    place and not, float32 and float64: identical bits on every rank, equal to the model."""
+    for count, dtype, in_place in [(0, np.float32, False), (1, np.float32, True), (max(n - 1, 1), np.float64, False),
+                                   (n + 1, np.float32, False), (1001, np.float32, True), (517, np.float64, True)]:
+        inputs = _inputs(n, count, dtype)
+        results = _compressed(inputs, op, name, segment=7, in_place=in_place)
+        _same_bits(results)
+        expected = ring_model(inputs, op, CODECS[name])
+        assert results[0].dtype == dtype
+        np.testing.assert_array_equal(results[0], expected, err_msg=f"count {count}, {np.dtype(dtype)}")
+
+
+def test_the_model_is_not_the_uncompressed_sum():
+    """(So that the comparisons above can fail: the rounding shows in most elements.)"""
+    inputs = _inputs(4, 1000, np.float32)
+    compressed = ring_model(inputs, "sum", CODECS["bf16"])
+    assert np.mean(compressed != ring_model(inputs, "sum", None)) > 0.9
+    one_rounding = _through(CODECS["bf16"], ring_model(inputs, "sum", None))   # rounding the sum once is not it
+    assert np.mean(compressed != one_rounding) > 0.2   # (0.28 with these inputs)
+
+
+def bound(inputs, op, codec):
+    """The documented bound on |compressed result - exact|, per element: (n u + (2n + 1) 2**-24)
+    times the sum of the contributions' magnitudes (divided by n for "avg"), u = 2**-digits, 1% more
+    for the second-order terms, plus n times the wire's ``tiny`` (float16's subnormals: 2**-25)."""
+    n = len(inputs)
+    magnitude = np.sum(np.abs(np.stack(inputs).astype(np.float64)), axis=0) / (n if op == "avg" else 1)
+    return 1.01 * (n * 2.0 ** -codec.digits + (2 * n + 1) * 2.0 ** -24) * magnitude + n * codec.tiny
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_the_error_against_float64_is_within_the_documented_bound(n, name, op):
+    inputs = _inputs(n, 3001, np.float32, seed=5)
+    exact = np.sum(np.stack(inputs).astype(np.float64), axis=0) / (n if op == "avg" else 1)
+    result = _compressed(inputs, op, name, segment=256, in_place=False)[0]
+    error = np.abs(result - exact)
+    limit = bound(inputs, op, CODECS[name])
+    assert np.all(error <= limit), f"worst: {np.max(error / limit):.3f} of the bound"
+    assert np.max(error / limit) > 0.01   # (the bound is not vacuous here: the error is seen)
+
+
+@pytest.mark.parametrize("n", [4, 5])
+def test_fp16_avg_does_not_overflow_where_the_average_fits(n):
+    """30000 on every rank: the sum (120000 and up) is past float16's 65504, the average is not."""
+    inputs = [np.full(9, 30000.0 + r, np.float32) for r in range(n)]
+    results = _compressed(inputs, "avg", "fp16", segment=4, in_place=True)
+    _same_bits(results)
+    assert np.all(np.isfinite(results[0])) and np.allclose(results[0], 30000 + (n - 1) / 2, rtol=2**-10)
+    np.testing.assert_array_equal(results[0], ring_model(inputs, "avg", CODECS["fp16"]))
+    # the sum does overflow on the wire (documented): so prescaling is what keeps the average finite
+    assert np.isinf(_compressed(inputs, "sum", "fp16", segment=4, in_place=False)[0]).all()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_halving_doubling_carries_compression(n, name):
+    """Rabenseifner's algorithm adds in another order than the ring (no model here): identical bits
+    on every rank, the wire's rounding visible, within the ring's bound."""
+    for count in (0, 1, n + 1, 1001):
+        inputs = _inputs(n, count, np.float32, seed=7)
+        results = _compressed(inputs, "avg", name, segment=64, in_place=count % 2 == 1,
+                              reduce=algorithms.allreduce_halving_doubling)
+        _same_bits(results)
+        exact = np.sum(np.stack(inputs).astype(np.float64), axis=0) / n
+        assert np.all(np.abs(results[0] - exact) <= bound(inputs, "avg", CODECS[name]))
+        if count > 100:
+            assert np.array_equal(results[0], _through(CODECS[name], results[0])), "not rounded to the wire type"
+
+
+@pytest.mark.parametrize("hosts, per_host", [(2, 2), (3, 2), (2, 3)])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_two_levels_compress_across_hosts_as_the_model_says(hosts, per_host, op):
+    """Within a host the ring adds uncompressed; across hosts each place's chunk takes the
+    compressed ring: the model is the uncompressed ring per host, then the compressed ring over the
+    hosts' sums for each chunk."""
+    n, count, codec = hosts * per_host, 1003, CODECS["bf16"]
+    inputs = _inputs(n, count, np.float32, seed=11)
+
+    def body(local, across, rank):
+        out = np.empty(count, np.float32)
+        algorithms.allreduce_two_level(local, across, BOUND, inputs[rank], out, op, segment_elems=50,
+                                       wire=codec)
+        return out
+
+    results = simulate_hosts(hosts, per_host, body)
+    _same_bits(results)
+    per_host_sums = [ring_model(inputs[h * per_host:(h + 1) * per_host], op, None) for h in range(hosts)]
+    expected = np.empty(count, np.float32)
+    for start, stop in chunk_bounds(count, per_host):
+        expected[start:stop] = ring_model([s[start:stop] for s in per_host_sums], op, codec)
+    np.testing.assert_array_equal(results[0], expected)
+
+
+def test_temporary_memory_stays_within_a_few_segments():
+    """A compressed call of 200 segments keeps its scratch buffers at one segment each (wire or data)."""
+    segment, count = 64, 64 * 200
+
+    def body(t):
+        x = np.arange(count, dtype=np.float32) * (t.rank + 1)
+        algorithms.allreduce(t, BOUND, x, x, "sum", segment, wire=CODECS["bf16"])
+        return {slot: buf.nbytes for slot, buf in arrays._scratch_pools.__dict__.items()}
+
+    for pools in simulate(3, body):
+        assert pools and max(pools.values()) <= segment * 4, pools
+        assert len(pools) <= 7, pools
+
+
+def test_uncompressed_calls_are_unchanged():
+    """wire=None is the plain ring: the exact sum, not the model's rounding."""
+    inputs = _inputs(3, 500, np.float32)
+    results = simulate(3, lambda t: _plain(t, inputs[t.rank]))
+    np.testing.assert_array_equal(results[0], ring_model(inputs, "sum", None))
+
+
+def _plain(t, x):
+    out = np.empty_like(x)
+    algorithms.allreduce(t, BOUND, x, out, "sum", 7)
+    return out
