@@ -10,6 +10,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Every Python block of the pages, by (page, the heading it follows): each is run by a test below.
 RUN = {("README.md", "## Quick start"), ("docs/api.md", "# The collective API"),
        ("docs/api.md", "## To one rank, from one rank, to each rank: reduce, gather, scatter, alltoall; bfloat16"),
+       ("docs/api.md", '## Compression on the wire: `compression="bf16"` or `"fp16"`'),
        ("docs/overlap.md", "# Overlap: nonblocking calls, fused all-reduce, a timeline"),
        ("docs/groups.md", "# Groups: collectives on subsets of the ranks"),
        ("docs/pytorch.md", "# PyTorch: the `ring` backend"), ("docs/elastic.md", "## In your own program")}
@@ -123,6 +124,14 @@ def test_the_rooted_and_personalized_example_runs_and_shows_its_results(tmp_path
                    "uneven [0 1 2]"}
     for rank, line in expected.items():
         assert result.stdout.count(f"rank {rank}: {line}") == 1, result.stdout
+
+
+def test_the_compression_example_runs_and_every_rank_gets_the_same_bits(tmp_path):
+    result = run_example("docs/api.md", '## Compression on the wire: `compression="bf16"` or `"fp16"`', 3, tmp_path)
+    import re
+    found = re.findall(r"rank (\d): mean\[:2\] (.*?), same as in place: True", result.stdout)
+    reports = {int(r): rest for r, rest in found}
+    assert sorted(reports) == [0, 1, 2] and len(set(reports.values())) == 1, result.stdout
 
 
 def test_the_pytorch_example_trains_identical_replicas(tmp_path):
