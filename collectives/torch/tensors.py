@@ -6,6 +6,7 @@ does not leave the others waiting.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -35,10 +36,41 @@ def as_array(t: torch.Tensor) -> Any:
         return cupy.from_dlpack(t)
     if t.dtype == torch.bfloat16:
         import ml_dtypes
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return _shared(t.view(torch.int16)).view(ml_dtypes.bfloat16)
     if t.dtype == torch.bool:
-        return t.view(torch.uint8).numpy()
-    return t.numpy()
+        return _shared(t.view(torch.uint8))
+    return _shared(t)
+
+
+class _Memory:
+    """A CPU tensor's memory as numpy's array interface describes it. The array numpy makes of it
+    holds it, and so the tensor, alive. Not ``Tensor.numpy()``: that marks the tensor's storage
+    not resizable for good, and torch code resizes tensors a collective went through (gloo leaves
+    them resizable): batched_powerSGD_hook pads DDP's bucket with ``resize_``."""
+
+    __slots__ = ("tensor", "__array_interface__")
+
+    def __init__(self, t: torch.Tensor):
+        self.tensor = t
+        size = t.element_size()
+        self.__array_interface__ = {"version": 3, "shape": tuple(t.shape), "typestr": _typestr(t.dtype),
+                                    "data": (t.data_ptr(), False), "strides": tuple(s * size for s in t.stride())}
+
+
+@functools.cache
+def _typestr(dtype: torch.dtype) -> str:
+    return torch.empty(0, dtype=dtype).numpy().dtype.str   # (a tensor of its own: nobody resizes it)
+
+
+def _shared(t: torch.Tensor) -> np.ndarray:
+    """The numpy array over CPU tensor ``t``'s memory (its strides too), writable; ``t`` stays resizable.
+
+    >>> t = torch.zeros(2); _shared(t)[1] = 5; t.resize_(3)[:2].tolist()
+    [0.0, 5.0]
+    """
+    if t.is_conj() or t.is_neg():   # (lazy bits an array cannot carry: refused, as Tensor.numpy() refuses them)
+        raise ValueError("its conjugate or negative bit is set; call resolve_conj() or resolve_neg() first")
+    return np.asarray(_Memory(t))
 
 
 def flat(t: torch.Tensor) -> Any:

@@ -20,6 +20,7 @@ itself, so :meth:`RingWork.get_future` returns such a child.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -144,8 +145,8 @@ class RingWork(dist.Work):
             self._future = source.then(_value_or_raise)
         if self._settled or not hasattr(self._call, "add_done_callback"):
             self._complete(source)
-        else:
-            self._call.add_done_callback(lambda _: self._complete(source))
+        else:   # (not in the thread that finished the call: see _Completions)
+            self._call.add_done_callback(lambda _: _COMPLETIONS.submit(lambda: self._complete(source)))
         return self._future
 
     def _complete(self, source: Future) -> None:
@@ -180,6 +181,44 @@ class RingWork(dist.Work):
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else "done" if self._settled else "running"
         return f"<RingWork {state}: {self._call!r}>"
+
+
+class _Completions:
+    """The threads that complete torch futures, off the runtime's engine thread.
+
+    A future's ``then`` callbacks run in the thread that completes it, and torch's code issues
+    calls there and waits for them: powerSGD_hook's callback all-reduces P and waits for that
+    future (``.get_future().wait()``). Completed by the engine thread, as the call's own
+    done-callback, the nested call waits for the engine, held by that callback: a deadlock.
+    So a finished call hands its future to these threads; one whose callback is blocked in a
+    nested wait leaves the next completion to another, started when none is idle (as many as
+    callbacks wait at once, each kept for later: two for PowerSGD's P and Q)."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._idle = 0   # threads waiting for a job and not yet woken for one
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._ready:
+            self._jobs.append(job)
+            if self._idle:
+                self._idle -= 1
+                self._ready.notify()
+                return
+        threading.Thread(target=self._serve, name="ring-futures", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            with self._ready:
+                while not self._jobs:
+                    self._idle += 1
+                    self._ready.wait()
+                job = self._jobs.popleft()
+            job()   # (never raises: _complete keeps the call's error for the future)
+
+
+_COMPLETIONS = _Completions()
 
 
 def _value_or_raise(future: Future) -> Any:

@@ -189,6 +189,38 @@ def test_async_work_and_its_future(groups):
     agree(torch.equal(t, expected) and torch.equal(doubled, expected * 2), "async all_reduce and future")
 
 
+def test_a_future_callback_may_issue_a_call_and_wait_for_it(groups):
+    """PowerSGD's pattern (powerSGD_hook: a ``then`` callback all-reduces P and waits for its
+    future, then another does Q): two levels of calls issued and waited inside callbacks, as on
+    gloo. Before the fix the callback ran on the runtime's engine thread, which the nested call
+    needs: a deadlock, ended here by pytest's timeout."""
+    def nested(g):
+        t, p, q = (values((50,), torch.float32, offset=k) for k in range(3))
+
+        def then_p(f):
+            return f.value()[0] + dist.all_reduce(p, group=g, async_op=True).get_future().wait()[0]
+
+        def then_q(f):
+            return f.value() + dist.all_reduce(q, group=g, async_op=True).get_future().wait()[0]
+        return dist.all_reduce(t, group=g, async_op=True).get_future().then(then_p).then(then_q).wait()
+    agree(same(*both(groups, nested)), "calls issued and waited in future callbacks")
+
+
+def test_a_tensor_the_backend_reduced_can_still_be_resized(groups):
+    """batched_powerSGD_hook resizes DDP's bucket buffer (``input_tensor.resize_``) after the
+    vanilla all-reduces of its first steps went through it. ``Tensor.numpy()`` marks a storage
+    not resizable for good; before the fix every tensor the ring backend had touched raised
+    ``Trying to resize storage that is not resizable``, where gloo's stay resizable."""
+    def resized(g):
+        t = values((6,), torch.float32)
+        dist.all_reduce(t, group=g)
+        dist.broadcast(t, src=0, group=g)
+        t.resize_(9)[6:] = 0
+        dist.all_reduce(t, group=g)
+        return t.resize_(4).clone()
+    agree(same(*both(groups, resized)), "resize_ after the backend's calls")
+
+
 def test_subgroups_and_point_to_point(groups):
     evens = dist.new_group(list(range(0, N, 2)), backend="ring")
     ok = True
