@@ -14,8 +14,8 @@
 # directory: srun passes the environment on to the tasks (--export=ALL), so activate the venv and set
 # PYTHONPATH before `run`. Jobs run as root. The daemons' logs: $dir/ctld/slurmctld.log and
 # $dir/slurmnI/slurmd.log, $dir being /tmp/emulated-slurm (EMULATED_SLURM_DIR). `up` takes about 1.3 s
-# (the nodes idle about 1.2 s after the daemons start); a job, 0.5-2 s. A requeued job waits 2 minutes
-# (squeue's reason: BeginTime): `scontrol update JobId=N StartTime=now` releases it. EMULATED_SLURM_PREFIX
+# (the nodes idle about 1.2 s after the daemons start); a job, 0.5-2 s. A requeued job waits 10 s
+# (squeue's reason: BeginTime; AuthInfo=cred_expire below, 120 s by default). EMULATED_SLURM_PREFIX
 # and EMULATED_SLURM_SUBNET give a second cluster beside this one (other namespaces, addresses, directory).
 #
 # Why not `ip netns exec`: it remounts /sys, and slurmd then dies; each daemon is started with
@@ -86,6 +86,11 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/none
 CredType=cred/none
+# A requeued job waits out this lifetime of its old credentials before it starts again (default 120 s):
+# released sooner, its batch script is refused ("Job credential revoked") and the job ends.
+AuthInfo=cred_expire=10
+# (and the scheduler looks for jobs whose time has come every 2 s instead of 60)
+SchedulerParameters=sched_interval=2
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
