@@ -192,7 +192,13 @@ class _Completions:
     done-callback, the nested call waits for the engine, held by that callback: a deadlock.
     So a finished call hands its future to these threads; one whose callback is blocked in a
     nested wait leaves the next completion to another, started when none is idle (as many as
-    callbacks wait at once, each kept for later: two for PowerSGD's P and Q)."""
+    callbacks wait at once, each kept for later: two for PowerSGD's P and Q).
+
+    The threads' name is empty, as the runtime leaves the main thread's in its cross-rank check:
+    torch pairs a process group's calls by the order they are issued in, whatever the thread, and
+    a callback runs in whichever thread completes its future, or in the caller's where the future
+    was done before the callback was attached: one of these threads on one rank, the main thread
+    on another, for the same call of the same program."""
 
     def __init__(self) -> None:
         self._ready = threading.Condition()
@@ -206,7 +212,9 @@ class _Completions:
                 self._idle -= 1
                 self._ready.notify()
                 return
-        threading.Thread(target=self._serve, name="ring-futures", daemon=True).start()
+        thread = threading.Thread(target=self._serve, daemon=True)
+        thread.name = ""   # (the constructor would name it Thread-N; see the class's docstring)
+        thread.start()
 
     def _serve(self) -> None:
         while True:
