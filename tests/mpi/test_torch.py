@@ -206,6 +206,19 @@ def test_a_future_callback_may_issue_a_call_and_wait_for_it(groups):
     agree(same(*both(groups, nested)), "calls issued and waited in future callbacks")
 
 
+def test_a_callback_issues_the_same_call_whichever_thread_runs_it(groups):
+    """On rank 0 the future is done before the callback is attached, so torch runs it at once in
+    the main thread; on the others it runs in the thread that completes the future. The calls it
+    issues must pair, as on gloo (before, the runtime refused: 'calling thread differs')."""
+    ring, _ = groups
+    future = dist.all_reduce(values((8,), torch.float32), group=ring, async_op=True).get_future()
+    if RANK == 0:
+        future.wait()
+    nested = future.then(lambda f: dist.all_reduce(f.value()[0] * 2, group=ring, async_op=True).get_future()
+                         .wait()[0]).wait()
+    expected = sum(values((8,), torch.float32, rank=r) for r in range(N)) * 2 * N
+    agree(torch.equal(nested, expected), "a nested call from the main thread and from a future's thread")
+
 def test_a_tensor_the_backend_reduced_can_still_be_resized(groups):
     """batched_powerSGD_hook resizes DDP's bucket buffer (``input_tensor.resize_``) after the
     vanilla all-reduces of its first steps went through it. ``Tensor.numpy()`` marks a storage
