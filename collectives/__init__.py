@@ -20,8 +20,8 @@ from collectives.calls import timeline
 from collectives.about import VERSION as __version__
 from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many, alltoall, barrier, block_bounds,
                              broadcast, destroy, gather, gpu_transport, nccl_communicator, new_group, reduce,
-                             reduce_scatter, refuse, scatter, split, synchronize, to_host, use_local_gpu,
-                             world_group)
+                             reduce_scatter, refuse, round_to_wire, scatter, split, synchronize, to_host,
+                             use_local_gpu, world_group)
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.groups.group import Group
 from collectives.groups.membership import NonMember
@@ -36,5 +36,5 @@ __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "setting
            "alltoall", "gather", "scatter", "reduce", "refuse",
            "new_group", "split", "destroy", "world_group", "Group", "NonMember", "algorithm_for", "block_bounds",
            "send", "recv", "isend", "irecv", "wait_all", "Request",
-           "Work", "timeline", "about", "to_host", "synchronize", "parse_size", "format_size",
+           "Work", "timeline", "about", "round_to_wire", "to_host", "synchronize", "parse_size", "format_size",
            "CollectiveError", "CollectiveUsageError", "MembershipChanged", "elastic"]

@@ -133,6 +133,23 @@ def block_bounds(count: int, size: int | None = None) -> tuple[tuple[int, int], 
     return chunk_bounds(count, worlds.size() if size is None else size)
 
 
+def round_to_wire(x: np.ndarray, compression: str) -> np.ndarray:
+    """A new array: ``x`` rounded to the type ``compression`` puts on the wire, and back (what a
+    rank receiving ``x`` from ``allreduce(..., compression=compression)`` decodes). Error
+    feedback uses it to know, to the bit, what compression takes from a contribution rounded
+    before it is sent. The same checks as the all-reduce's: float32, float64 or bfloat16 host data.
+
+    >>> round_to_wire(np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1e5], np.float32), "bf16")   # ties to even
+    array([1.000000e+00, 1.015625e+00, 9.984000e+04], dtype=float32)
+    >>> round_to_wire(np.array([0.1, 7e4]), "fp16")                                         # past 65504: inf
+    array([0.09997559,        inf])
+    """
+    codec = dispatch.wire_codec("round_to_wire", compression, x, "sum")
+    result = np.array(dispatch.widened(x)[0])   # (bfloat16 data: rounded through float32)
+    codec.round_(result)
+    return result.astype(x.dtype, copy=False)
+
+
 def to_host(x) -> np.ndarray:
     """A numpy copy of array ``x`` (a cupy array is copied from its GPU, once the work queued on
     its stream is done; a numpy array is copied too, so the result is always the caller's own).

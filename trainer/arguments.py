@@ -125,9 +125,8 @@ def _check_strategy_flags(p: ArgumentParser, args: argparse.Namespace) -> None:
             "local SGD averages the parameters themselves, which rounding would move for good; --strategy diloco " \
             "--outer-lr 1 --outer-momentum 0 is local SGD on deltas, which can be compressed"
         p.error(f"--compression {args.compression}: only for --strategy allreduce or diloco ({why})")
-    if args.compression != "none" and not compression.available():
-        p.error(f"--compression {args.compression}: this build's col.allreduce has no compression= yet (issue 49 "
-                "adds it); run without --compression")
+    if args.compression != "none" and args.device != "cpu":
+        p.error(f"--compression {args.compression}: runs on the CPU (--device cpu): the ring compresses host arrays only")
     if args.elastic and args.commit_every != 1 and args.strategy in ("local-sgd", "diloco"):
         p.error(f"--commit-every: not with --strategy {args.strategy}, which commits at every sync (--sync-every)")
 

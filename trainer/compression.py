@@ -19,8 +19,6 @@ contribution is then known here, to the bit, whatever the ring's codec does on t
 """
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 
 import collectives as col
@@ -31,45 +29,20 @@ CODECS = ("bf16", "fp16")
 _FP16_MAX = 65504.0   # float16's largest finite value: larger magnitudes saturate (see wire_roundtrip)
 
 
-def available() -> bool:
-    """Whether this build's ``col.allreduce`` takes ``compression=`` (another part of issue 49
-    adds it; until it does, ``--compression`` is refused by name).
-
-    >>> isinstance(available(), bool)
-    True
-    """
-    return "compression" in inspect.signature(col.Group.allreduce).parameters
-
-
-def wire_roundtrip(x, codec: str):
-    """``x`` (float32 or float64, numpy or cupy) rounded to the wire type ``codec`` and back, as a
-    new array of ``x``'s dtype: "bf16" keeps the top 16 bits of each float32, rounding to nearest,
-    ties to even (float64 goes through float32 first); "fp16" is ``astype(float16)``, with
-    magnitudes beyond float16's range saturated at its largest finite value instead of becoming
-    inf (an inf would make the residual -inf, and the next step NaN; saturated, the excess waits
-    in the residual).
+def wire_roundtrip(x: np.ndarray, codec: str) -> np.ndarray:
+    """``x`` rounded to the wire type ``codec`` and back, as a new array (``col.round_to_wire``,
+    the ring's own codec), but for "fp16" with magnitudes beyond float16's range saturated at its
+    largest finite value instead of becoming inf: an inf would make the residual -inf and the
+    next step NaN; saturated, the excess waits in the residual.
 
     >>> wire_roundtrip(np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -2.5], np.float32), "bf16")   # ties to even
     array([ 1.      ,  1.015625, -2.5     ], dtype=float32)
     >>> wire_roundtrip(np.array([0.1, 7e4]), "fp16")
     array([9.99755859e-02, 6.55040000e+04])
     """
-    xp = np if isinstance(x, np.ndarray) else _xp(x)
     if codec == "fp16":
-        return xp.clip(x, -_FP16_MAX, _FP16_MAX).astype(xp.float16).astype(x.dtype)
-    if codec != "bf16":
-        raise ValueError(f"codec: expected one of {CODECS}, got {codec!r}")
-    bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
-    # Round to nearest even on the 16 bits dropped: add 0x7FFF, plus 1 where the kept part is odd;
-    # a carry into the exponent is the right rounding up to the next binade (or to inf).
-    rounded = (bits + (xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1)))) & xp.uint32(0xFFFF0000)
-    return rounded.view(xp.float32).astype(x.dtype)
-
-
-def _xp(x):
-    """numpy or cupy, by the array's own kind (cupy is imported only by a run on the GPU)."""
-    import cupy   # (lazy: only a --device cuda run holds cupy arrays)
-    return cupy.get_array_module(x)
+        x = np.clip(x, -_FP16_MAX, _FP16_MAX)
+    return col.round_to_wire(x, codec)
 
 
 class ErrorFeedback:
@@ -85,7 +58,7 @@ class ErrorFeedback:
 
     def __init__(self, like, codec: str):
         self.codec = codec
-        self.residual = like * 0   # (numpy or cupy, as the buffer)
+        self.residual = np.zeros_like(like)
 
     def contribute(self, buffer, start: int = 0, stop: int | None = None) -> None:
         """Turn ``buffer`` (the span ``start:stop`` of the whole buffer, or all of it) into what this
