@@ -108,7 +108,7 @@ _MORE_COPIES = {"local-sgd": 3, "diloco": 4}
 
 #: Each strategy's flags, and their defaults (the DiLoCo paper's for the outer optimizer).
 STRATEGY_FLAGS = {"--servers": (("ps",), 1), "--max-staleness": (("ps",), None),
-                  "--sync-every": (("local-sgd", "diloco"), 16), "--outer-lr": (("diloco",), 0.7),
+                  "--sync-every": (("local-sgd", "diloco"), 16), "--outer-lr": (("diloco",), 0.5),
                   "--outer-momentum": (("diloco",), 0.9)}
 
 
@@ -261,7 +261,8 @@ def _strategy_flags(p: ArgumentParser) -> None:
                    help="--strategy local-sgd or diloco: local steps between two syncs (an epoch's last step "
                         "always syncs) (default: 16)")
     p.add_argument("--outer-lr", type=finite_positive, default=argparse.SUPPRESS, metavar="LR",
-                   help="--strategy diloco: the outer optimizer's learning rate (default: 0.7)")
+                   help="--strategy diloco: the outer optimizer's learning rate (default: 0.5; the DiLoCo paper's 0.7 "
+                        "lost 2 points of accuracy on the digits: docs/slow-links.md)")
     p.add_argument("--outer-momentum", type=_fraction, default=argparse.SUPPRESS, metavar="M",
                    help="--strategy diloco: the outer optimizer's Nesterov momentum, in [0, 1) (default: 0.9)")
     p.add_argument("--compression", choices=["none", *compression.CODECS], default="none",
