@@ -161,7 +161,7 @@ def test_only_the_runtime_writes_the_failure_state():
 
 
 #: A group's counters and state, and their one owner (issue 47).
-GROUP_STATE, GROUP_OWNER = {"seq", "completed", "destroyed"}, "collectives.groups.group"
+GROUP_STATE, GROUP_OWNER = {"seq", "last", "destroyed"}, "collectives.groups.group"
 
 
 def test_only_the_group_writes_its_counters():

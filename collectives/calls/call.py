@@ -56,7 +56,8 @@ class Call(Bound):
     what it runs (``algorithm``) and the bytes this rank brings (``nbytes``). A value of this
     call alone: its body fills in what it ran, the frame returns it with the result."""
 
-    __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes", "signed")
+    __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes", "signed",
+                 "in_step")
 
     def __init__(self, group, name: str, timeout: object, call_name: object = None, forced: object = None,
                  thread: str = "", background: bool = False):
@@ -69,7 +70,8 @@ class Call(Bound):
         self.algorithm = ""    # the algorithm it runs, once chosen
         self.nbytes = 0        # the bytes this rank brings (for the timeline)
         self.signed = False    # the body has made its signature (its arguments are checked)
-        self.seq = group.next_call()
+        self.in_step = False   # it returned, or raised alike on every member (the group's ``completed``)
+        self.seq = group.next_call(self)
         self.until = monotonic() + (runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout)
                                     else timeout)
         self.stop = runtime.stopped   # (set by runtime.stop: a wait in flight ends at its next look)
@@ -196,7 +198,7 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
             call.reject(error)   # (the arguments' checks: every rank hears of this rank's refusal, and raises)
     except CollectiveUsageError:
         if runtime.failure is None:
-            g.completed_in_step(call.seq)   # raised alike on every rank: still in step
+            call.in_step = True   # (raised alike on every rank)
         raise
     except TransportError as e:
         g.transports.abandon()
@@ -208,7 +210,7 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
         runtime.stop(f"{name} #{call.seq} on {g.where()} was interrupted by {named(e)}")
         raise
     else:
-        g.completed_in_step(call.seq)
+        call.in_step = True
         return result, call
     finally:
         if quiet is not None:

@@ -65,7 +65,7 @@ class Group:
         self.is_world = world
         self.label = "" if world else describe(self.ranks)   # "": the world (messages say nothing more)
         self.seq = 0                 # collectives called on this group so far, the same on every member in step
-        self.completed = 0           # of those, the ones that returned (or raised in step on every member)
+        self.last = None             # the last of them (a Call: whether it ended in step is its own to say)
         self.destroyed = False       # by destroy(): its communicators are freed
         runtime.groups.append(self)
 
@@ -82,17 +82,21 @@ class Group:
         me = f"rank {self.ranks[self.transport.rank]}"
         return f"{me} in {self.label}" if self.label else me
 
-    # The group's counters and state have one owner, this class: a call takes its number here,
-    # and says here that it ended in step (tests/test_layout.py keeps it so).
+    # The group's counters and state have one owner, this class: a call takes its number here
+    # (tests/test_layout.py keeps it so); whether it ended in step, the call itself says.
 
-    def next_call(self) -> int:
-        """The number of the call being made on this group (1, 2, ...: the same on every member in step)."""
+    def next_call(self, call) -> int:
+        """The number of ``call``, now made on this group (1, 2, ...: the same on every member in step)."""
         self.seq += 1
+        self.last = call
         return self.seq
 
-    def completed_in_step(self, seq: int) -> None:
-        """Call ``seq`` returned, or raised alike on every member: the members are still in step."""
-        self.completed = seq
+    @property
+    def completed(self) -> int:
+        """The calls on this group that returned, or raised alike on every member: the members are
+        in step after the last of them (what a farewell tells the others)."""
+        last = self.last
+        return 0 if last is None else last.seq if last.in_step else last.seq - 1
 
     def destroyed_now(self) -> None:
         """``destroy`` freed the group: its communicators go, its calls refuse."""

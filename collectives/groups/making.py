@@ -108,7 +108,7 @@ def _joined(call: Call, split: Callable, members: tuple[int, ...]) -> Any:
     except CommunicatorsExhausted as e:
         if made is not None:
             made.close()
-        parent.completed_in_step(call.seq)
+        call.in_step = True   # (MPI refused alike on every rank)
         alive = len(call.runtime.groups) - 1
         raise CollectiveError(f"{call.name}: MPI has no communicators left ({alive} groups alive); destroy groups "
                               f"you no longer use (Group.destroy()) [{e}]") from e
