@@ -1,16 +1,11 @@
-"""Tier 2 launcher for ``compression=``: tests/mpi/test_compression.py in real worlds of 1 to 4 ranks,
-and at 4 ranks on 2 declared hosts (the two-level all-reduce, compressed across them). tests/test_worlds.py
-runs the same file among all of tests/mpi at 1 to 5 ranks."""
+"""Tier 2 for ``compression=`` beyond tests/test_worlds.py (which runs tests/mpi/test_compression.py
+among all of tests/mpi in real worlds of 1 to 5 ranks): the same file at 4 ranks on 2 declared hosts
+(the two-level all-reduce, compressed across them), and the bench's compressed column."""
 import pytest
 
 from tests.test_bench import bench, rows_of
 
 PATHS = ["tests/mpi/test_compression.py"]
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_compression_in_a_real_world(n, world_tests):
-    world_tests(n, PATHS)
 
 
 def test_compression_across_two_declared_hosts(world_tests):
