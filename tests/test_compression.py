@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ring import algorithms, arrays
-from ring.compression import BLOCK, CODECS, bf16_bits
+from ring.compression import BLOCK, CODECS, bf16_bits, fp16_bits, fp16_to_float32
 from ring.partition import chunk_bounds
 from tests.test_simulated_ring import BOUND, simulate
 from tests.test_two_level import simulate_hosts
@@ -102,6 +102,85 @@ def test_fp16_is_numpys_float16_and_float64_goes_through_the_same_rounding():
                           x64.astype(np.float32).astype(np.float16).astype(np.float32))
     expected = x64.astype(np.float32).astype(ml.bfloat16).astype(np.float64)   # float64: via float32, documented
     assert np.array_equal(_through(CODECS["bf16"], x64), expected)
+
+
+def _assert_fp16_encode_is_numpys_cast(x):
+    """The fp16 codec's encode of float32 ``x`` against numpy's ``astype(np.float16)``: the same
+    bits except on NaNs, which stay NaN, keep their sign and come out quiet (numpy keeps a
+    signalling NaN signalling; for a quiet one the bits agree too)."""
+    ours = np.empty(x.size, np.float16)
+    CODECS["fp16"].encode(x, ours)
+    with np.errstate(all="ignore"):
+        theirs = x.astype(np.float16)
+    ours, theirs, nan = ours.view(np.uint16), theirs.view(np.uint16), np.isnan(x)
+    differ = (ours != theirs) & ~nan
+    assert not differ.any(), [(hex(b), hex(o), hex(t)) for b, o, t in
+                              zip(x.view(np.uint32)[differ][:5], ours[differ][:5], theirs[differ][:5])]
+    assert np.array_equal(np.isnan(ours.view(np.float16)), nan)
+    assert np.all(ours[nan] & 0x0200), "a NaN must come out quiet"
+    assert np.array_equal(ours[nan] >> 15, x.view(np.uint32)[nan] >> 31), "a NaN keeps its sign"
+    quiet = nan & (x.view(np.uint32) & 0x00400000 != 0)
+    assert np.array_equal(ours[quiet], theirs[quiet])
+
+
+def test_fp16_encode_is_numpys_cast_for_every_upper_half_and_the_ties():
+    """Every float32 upper half (sign, exponent, top 7 significand bits) with low halves that put
+    the value exactly halfway between two float16 neighbours, odd and even, in the normal range
+    (bit 12) and in the subnormal one (bits 13..15; higher ones come with the upper half), and
+    just beside: every kind of float32, every float16 result, overflow and underflow included."""
+    lows = [0x0000, 0x0001, 0x0FFF, 0x1000, 0x1001, 0x1FFF, 0x2000, 0x2001, 0x3000, 0x3FFF, 0x4000,
+            0x6000, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFF]
+    upper = np.arange(1 << 16, dtype=np.uint32) << 16
+    x = np.concatenate([upper | low for low in lows]).view(np.float32)
+    _assert_fp16_encode_is_numpys_cast(x)
+    # (the cases are there: subnormal and normal ties in both directions, overflow, NaNs)
+    with np.errstate(all="ignore"):
+        wire = x.astype(np.float16)
+    assert np.sum((np.abs(wire) < 2**-14) & (wire != 0)) > 10_000 and np.isinf(wire[np.isfinite(x)]).any()
+
+
+def test_fp16_encode_is_numpys_cast_on_random_bit_patterns():
+    x = np.random.default_rng(4).integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    _assert_fp16_encode_is_numpys_cast(x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fp16_decode_is_numpys_cast_for_every_wire_value(dtype):
+    """All 65536 float16 patterns, bit for bit, NaN payloads included (numpy does not quiet a
+    signalling NaN, and neither does the decode), in float32 and float64."""
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    ours = np.empty(every.size, dtype)
+    CODECS["fp16"].decode(every.view(np.float16), ours)
+    theirs = every.view(np.float16).astype(dtype)
+    assert ours.tobytes() == theirs.tobytes()
+    out = np.empty(4, np.float32)
+    assert fp16_to_float32(every[[0x7BFF, 0x8001, 0x7E01, 0]], out) and not fp16_to_float32(every[:3], out[:3])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_fp16_encode_of_float64_is_numpys_cast_unchanged():
+    """float64 rounds straight to float16 (numpy's cast, as before): random bit patterns and
+    values about float16's subnormal range, where rounding to float32 first would differ on ties."""
+    rng = np.random.default_rng(6)
+    x = np.concatenate([rng.integers(0, 1 << 63, 1 << 17, dtype=np.uint64).view(np.float64),
+                        rng.standard_normal(1 << 17) * 10.0 ** rng.integers(-9, 6, 1 << 17),
+                        (rng.integers(0, 1 << 12, 4096) + 0.5) * 2.0 ** -24 * (1 + 2.0 ** -40)])
+    ours = np.empty(x.size, np.float16)
+    CODECS["fp16"].encode(x, ours)
+    theirs = x.astype(np.float16)
+    nan = np.isnan(x)
+    assert np.array_equal(ours.view(np.uint16)[~nan], theirs.view(np.uint16)[~nan])
+    assert np.isnan(ours[nan]).all()
+
+
+def test_fp16_bits_on_more_than_a_block():
+    x = (np.random.default_rng(8).standard_normal(BLOCK * 2 + 5) * 1e-5).astype(np.float32)
+    out = np.empty(x.size, np.uint16)
+    fp16_bits(x, out)
+    assert np.array_equal(out, x.astype(np.float16).view(np.uint16))
+    back = np.empty_like(x)
+    assert not fp16_to_float32(out, back)
+    assert np.array_equal(back, x.astype(np.float16).astype(np.float32))
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
