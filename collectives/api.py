@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collectives.calls import validate
 from collectives.ops import dispatch
 from collectives.process import world as worlds
 from collectives.calls.call import issue
@@ -137,16 +138,19 @@ def round_to_wire(x: np.ndarray, compression: str) -> np.ndarray:
     """A new array: ``x`` rounded to the type ``compression`` puts on the wire, and back (what a
     rank receiving ``x`` from ``allreduce(..., compression=compression)`` decodes). Error
     feedback uses it to know, to the bit, what compression takes from a contribution rounded
-    before it is sent. The same checks as the all-reduce's: float32, float64 or bfloat16 host data.
+    before it is sent. The same checks as the all-reduce's: float32, float64 or bfloat16 host data;
+    ``compression=None`` rounds nothing (a copy of ``x``).
 
     >>> round_to_wire(np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1e5], np.float32), "bf16")   # ties to even
     array([1.000000e+00, 1.015625e+00, 9.984000e+04], dtype=float32)
     >>> round_to_wire(np.array([0.1, 7e4]), "fp16")                                         # past 65504: inf
     array([0.09997559,        inf])
     """
+    x, _, _ = validate.reduction("round_to_wire", x, "sum", None)
     codec = dispatch.wire_codec("round_to_wire", compression, x, "sum")
     result = np.array(dispatch.widened(x)[0])   # (bfloat16 data: rounded through float32)
-    codec.round_(result)
+    if codec is not None:
+        codec.round_(result.reshape(-1))
     return result.astype(x.dtype, copy=False)
 
 

@@ -13,7 +13,8 @@ RUN = {("README.md", "## Quick start"), ("docs/api.md", "# The collective API"),
        ("docs/api.md", '## Compression on the wire: `compression="bf16"` or `"fp16"`'),
        ("docs/overlap.md", "# Overlap: nonblocking calls, fused all-reduce, a timeline"),
        ("docs/groups.md", "# Groups: collectives on subsets of the ranks"),
-       ("docs/pytorch.md", "# PyTorch: the `ring` backend"), ("docs/elastic.md", "## In your own program")}
+       ("docs/pytorch.md", "# PyTorch: the `ring` backend"), ("docs/pytorch.md", "## Compression hooks"),
+       ("docs/elastic.md", "## In your own program")}
 #: Blocks that cannot run here, and why.
 NOT_RUN = {("docs/gpu.md", "# GPU arrays (CuPy over NCCL)"): "needs a GPU (tests/test_gpu.py runs its calls there)",
            ("docs/pytorch.md", "## Elastic DDP: the survivors of a death go on"):
@@ -142,6 +143,20 @@ def test_the_pytorch_example_trains_identical_replicas(tmp_path):
     result = run_example("docs/pytorch.md", "# PyTorch: the `ring` backend", 2, tmp_path)
     sums = re.findall(r"rank \d: parameters sum (-?[\d.]+)", result.stdout)
     assert len(sums) == 2 and sums[0] == sums[1], result.stdout
+
+
+def test_the_compression_hooks_example_keeps_replicas_identical(tmp_path):
+    """Each hook's parameters end alike on every rank (the model differs by rank before DDP
+    broadcasts it, and the data by rank every step)."""
+    import re
+
+    import pytest
+    pytest.importorskip("torch")
+    result = run_example("docs/pytorch.md", "## Compression hooks", 3, tmp_path)
+    sums = re.findall(r"rank (\d): (\w+): parameters sum (-?[\d.]+)", result.stdout)
+    assert len(sums) == 9, result.stdout
+    for hook in ("fp16_compress_hook", "bf16_hook", "powerSGD_hook"):
+        assert len({s for _, h, s in sums if h == hook}) == 1, result.stdout
 
 
 def test_the_elastic_example_runs_as_the_page_shows(tmp_path):

@@ -140,7 +140,8 @@ def wire_codec(collective: str, value: Any, x: Any, op: str, argument: str = "x"
         validate.fail(collective, "compression", f"{value!r} is not implemented for GPU (cupy) arrays, "
                                                  f"{argument} is one (pass compression=None)")
     if x.dtype not in _COMPRESSIBLE and not validate.is_bfloat16(x.dtype):
-        why = "integers would lose digits" if x.dtype.kind in "iub" else "it has two bytes already"
+        why = ("integers would lose digits" if x.dtype.kind in "iub" else
+               "it has two bytes already" if x.dtype == np.float16 else "only real floating-point data is compressed")
         validate.fail(collective, "compression", f"{value!r} needs float32, float64 or bfloat16 data, "
                                                  f"{argument} is {x.dtype} ({why}: pass compression=None)")
     return CODECS[value]
