@@ -56,7 +56,7 @@ def test_replicas_end_identical_and_local_sgd_every_step_is_the_allreduce_traini
     assert n == 1 or other != digest, "H = 4 trained the same model as H = 1: the comparison could not fail"
 
 
-def reference_diloco(n: int, h: int, syncs: int, lr=0.05, momentum=0.9, decay=1e-4, outer_lr=0.5, outer_m=0.9):
+def reference_diloco(n: int, h: int, syncs: int, lr=0.05, momentum=0.9, decay=1e-4, outer_lr=0.5, outer_m=0.5):
     """DiLoCo in one process: n replicas of SMALL's model, each H inner steps on its shard of each
     global batch (scaled by n / batch, as Periodic.local_step), then the deltas and momenta averaged
     ((a + b) / n: the all-reduce's "avg") and the outer Nesterov step; ``syncs`` times."""

@@ -109,7 +109,7 @@ _MORE_COPIES = {"local-sgd": 3, "diloco": 4}
 #: Each strategy's flags, and their defaults (the DiLoCo paper's for the outer optimizer).
 STRATEGY_FLAGS = {"--servers": (("ps",), 1), "--max-staleness": (("ps",), None),
                   "--sync-every": (("local-sgd", "diloco"), 16), "--outer-lr": (("diloco",), 0.5),
-                  "--outer-momentum": (("diloco",), 0.9)}
+                  "--outer-momentum": (("diloco",), 0.5)}
 
 
 def _check_strategy_flags(p: ArgumentParser, args: argparse.Namespace) -> None:
@@ -262,9 +262,9 @@ def _strategy_flags(p: ArgumentParser) -> None:
                         "always syncs) (default: 16)")
     p.add_argument("--outer-lr", type=finite_positive, default=argparse.SUPPRESS, metavar="LR",
                    help="--strategy diloco: the outer optimizer's learning rate (default: 0.5; the DiLoCo paper's 0.7 "
-                        "lost 2 points of accuracy on the digits: docs/slow-links.md)")
+                        "with momentum 0.9 diverged on --dataset synthetic: docs/slow-links.md)")
     p.add_argument("--outer-momentum", type=_fraction, default=argparse.SUPPRESS, metavar="M",
-                   help="--strategy diloco: the outer optimizer's Nesterov momentum, in [0, 1) (default: 0.9)")
+                   help="--strategy diloco: the outer optimizer's Nesterov momentum, in [0, 1) (default: 0.5)")
     p.add_argument("--compression", choices=["none", *compression.CODECS], default="none",
                    help="--strategy allreduce or diloco: what the gradients (diloco: the deltas) cross the wire "
                         "as, half the bytes for bf16 and fp16, with error feedback (each rank adds what rounding "
