@@ -76,7 +76,8 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_at_exit(cleanup):
     if mpi_name() == "MPICH":   # (Open MPI's recoverable job ends the stuck rank once the others have ended)
         assert ("rank 2: woke" in result.stdout) != cleanup, result.stdout
     for rank in (0, 1):
-        assert f"rank {rank}: CollectiveError: allreduce #2 on rank {rank}: timed out after 2" in result.stdout
+        assert f"rank {rank}: CollectiveError: allreduce #2 on rank {rank}: timed out after 2" in result.stdout, \
+            result.stdout
         assert f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever " \
                "for rank(s) " in result.stdout, result.stdout
     # (the first of the two to give up names rank 2; the other may hear first that the first will not finalize)
