@@ -226,7 +226,11 @@ def test_with_the_launchers_cleanup_the_survivors_are_killed_and_mpiexec_names_t
     outputs = {r: _read(tmp_path, r) for r in range(4)}
     victim = re.search(r"rank 3: pid (\d+)", outputs[3]).group(1)
     assert result.returncode not in (0, -9) and time.monotonic() - started < 20, result.stdout
-    assert f"PID {victim} RUNNING AT ringh2" in result.stdout and "EXIT CODE: 9" in result.stdout, result.stdout
+    # (the banner names the first process on host 2 that hydra's proxy saw end: the victim, or, 1 run in
+    # about 10 from a fresh clone, pid victim - 1, the victim's host mate killed in the cleanup)
+    named = re.search(r"PID (\d+) RUNNING AT ringh2", result.stdout)
+    assert named and int(named.group(1)) in (int(victim), int(victim) - 1) and "EXIT CODE: 9" in result.stdout, \
+        result.stdout
     assert all("CollectiveError" not in output for output in outputs.values()), outputs
 
 
