@@ -13,7 +13,8 @@ The layers, each importing only those below it (docs/architecture.md draws them)
 ``groups/`` (a Group runs collectives; making and membership) -> ``ops/`` (each collective's
 body) -> ``calls/`` (the frame: turn, check, progress, errors) -> ``ring`` (schedule and
 transports). ``elastic/`` and ``torch/`` sit on the public face; importing the package installs
-nothing.
+nothing (but for srun ``--mpi=pmi2``, where it picks MPICH's network module before MPI starts:
+``collectives.process.launchers.choose_network``).
 """
 from collectives import about, elastic
 from collectives.calls import timeline
@@ -28,6 +29,7 @@ from collectives.groups.membership import NonMember
 from collectives.p2p import Request, irecv, isend, recv, send, wait_all
 from collectives.calls.progress import Work
 from collectives.calls.sizes import format_size, parse_size
+from collectives.process import launchers
 from collectives.process.config import Settings
 from collectives.process.world import abort, init, local_rank, local_size, rank, settings, size
 
@@ -38,3 +40,5 @@ __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "setting
            "send", "recv", "isend", "irecv", "wait_all", "Request",
            "Work", "timeline", "about", "round_to_wire", "to_host", "synchronize", "parse_size", "format_size",
            "CollectiveError", "CollectiveUsageError", "MembershipChanged", "elastic"]
+
+launchers.choose_network()   # (at import: a program's own ``from mpi4py import MPI`` may come next)

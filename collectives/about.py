@@ -14,7 +14,7 @@ from importlib import metadata
 
 import numpy as np
 
-from collectives.process import config
+from collectives.process import config, launchers
 from collectives.process.launchers import launcher, slurm_job  # noqa: F401 - (part of this module's words)
 from collectives.calls.sizes import format_size
 from ring.transport.gpu import device
@@ -37,9 +37,11 @@ def mpi_library() -> str:
     library = " ".join(MPI.Get_library_version().split("\n")[0].split())
     levels = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED", MPI.THREAD_SERIALIZED: "SERIALIZED",
               MPI.THREAD_MULTIPLE: "MULTIPLE"}
-    netmod = os.environ.get("MPIR_CVAR_CH4_NETMOD")
+    netmod, provider = os.environ.get("MPIR_CVAR_CH4_NETMOD"), os.environ.get("FI_PROVIDER")
+    network = f"{netmod}{f' provider {provider}' if netmod == 'ofi' and provider else ''}"
+    why = ", chosen for srun --mpi=pmi2: docs/slurm.md" if launchers.chosen_network else ""
     return (f"{library}; threads MPI_THREAD_{levels.get(MPI.Query_thread(), '?')}"
-            + (f"; network module {netmod} (MPIR_CVAR_CH4_NETMOD)" if netmod else ""))
+            + (f"; network module {network} (MPIR_CVAR_CH4_NETMOD{why})" if netmod else ""))
 
 
 #: How ``python -m collectives`` shows a setting's value (the others: ``str``).

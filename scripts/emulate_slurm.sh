@@ -112,6 +112,8 @@ SlurmctldLogFile=$dir/ctld/slurmctld.log
 SlurmdSpoolDir=$dir/%n
 SlurmdPidFile=$dir/%n/slurmd.pid
 SlurmdLogFile=$dir/%n/slurmd.log
+# (debug3: each PMI request a step's tasks send is logged, with its length: tests/test_slurm.py reads them)
+SlurmdDebug=debug3
 # One path, a directory of its own on each node (bind-mounted in the node's mount namespace).
 TmpFS=$dir/tmp
 EOF

@@ -23,6 +23,7 @@ True
 from __future__ import annotations
 
 import os
+import sys
 
 from collectives.errors import CollectiveUsageError
 
@@ -37,6 +38,50 @@ def mpich_pmi(environment=os.environ) -> bool:
     """Whether MPICH's PMI started this process: its mpiexec (hydra), or srun ``--mpi=pmi2``
     (Open MPI's launcher sets ``PMI_*`` too at times, beside its own variables)."""
     return "OMPI_COMM_WORLD_RANK" not in environment and bool({"PMI_FD", "PMI_PORT"} & environment.keys())
+
+
+#: What this runtime set for MPICH before MPI started (empty where it set nothing): see ``network_under_srun``.
+chosen_network: dict[str, str] = {}
+
+
+def network_under_srun(environment=os.environ) -> dict[str, str]:
+    """The environment MPICH needs where srun ``--mpi=pmi2`` started this process and nobody chose
+    its network module (``MPIR_CVAR_CH4_NETMOD``): libfabric's module over its ``tcp`` provider
+    (unless ``FI_PROVIDER`` names another); elsewhere nothing (MPICH's default, UCX).
+
+    Slurm's pmi2 plugin reads each PMI-1 request in one ``read`` of at most 1024 bytes (22.05,
+    Debian's: ``handle_pmi1_cmd``), and MPICH's PMI over srun is PMI-1. MPICH over UCX puts its
+    ranks' addresses in segments of 511 bytes, hex-encoded with runs of zeros shortened: a request of
+    up to 1078 bytes, whose length depends on the bytes of the addresses. One over 1024 is cut in two
+    (slurmstepd: ``value not properly terminated``, then ``request not begin with 'cmd='``), and
+    MPI_Init fails or hangs. Over UCX the longest request measured 784-875 bytes, so most runs pass
+    and some, at random, do not. libfabric's address is 16 bytes a rank: the longest request is 65
+    bytes at 2 and at 16 ranks per node. (MPICH's PMI-2, whose requests carry their length, is not
+    built into the mpich wheel.) The provider is ``tcp``: libfabric's default here (``tcp;ofi_rxm``)
+    ended the survivors of a SIGKILLed rank (``OFI poll failed``).
+
+    >>> network_under_srun({"SLURM_STEP_NUM_TASKS": "4", "SLURM_MPI_TYPE": "pmi2", "PMI_FD": "5"})
+    {'MPIR_CVAR_CH4_NETMOD': 'ofi', 'FI_PROVIDER': 'tcp'}
+    >>> network_under_srun({"SLURM_STEP_NUM_TASKS": "4", "PMI_FD": "5", "FI_PROVIDER": "verbs"})
+    {'MPIR_CVAR_CH4_NETMOD': 'ofi'}
+    >>> network_under_srun({"SLURM_STEP_NUM_TASKS": "4", "PMI_FD": "5", "MPIR_CVAR_CH4_NETMOD": "ucx"})
+    {}
+    >>> network_under_srun({"SLURM_STEP_NUM_TASKS": "4", "PMI_PORT": "n1:5", "MPI_LOCALNRANKS": "2"})   # hydra
+    {}
+    """
+    chosen = "MPIR_CVAR_CH4_NETMOD" in environment or "MPICH_CH4_NETMOD" in environment
+    if chosen or not srun_directly(environment) or "PMI_FD" not in environment:
+        return {}
+    return {"MPIR_CVAR_CH4_NETMOD": "ofi", **({} if "FI_PROVIDER" in environment else {"FI_PROVIDER": "tcp"})}
+
+
+def choose_network(environment=os.environ) -> None:
+    """Set what ``network_under_srun`` says, if MPI has not started (MPICH and libfabric read it
+    at MPI_Init). The one thing importing ``collectives`` changes: a program that imports mpi4py's
+    MPI first must set it itself (docs/slurm.md)."""
+    if "mpi4py.MPI" not in sys.modules:
+        chosen_network.update(network_under_srun(environment))
+        environment.update(chosen_network)
 
 
 def launcher(environment=os.environ) -> tuple[str, str, str] | None:
