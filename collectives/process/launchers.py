@@ -103,7 +103,7 @@ def slurm_job(environment=os.environ) -> str:
     tasks per node and the PMI srun gave MPI.
 
     >>> slurm_job({"SLURM_JOB_ID": "24", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n[1-2]",
-    ...            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_MPI_TYPE": "pmi2"})
+    ...            "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_MPI_TYPE": "pmi2"})
     'Slurm job 24 step 0 on n[1-2], tasks per node 2(x2), PMI pmi2'
     """
     if "SLURM_JOB_ID" not in environment:
