@@ -61,16 +61,32 @@ REFUSALS = {
 }
 
 
+@pytest.fixture(scope="module")
+def refusals_world() -> tuple[int, str]:
+    """Every refusal in turn in one world of 3 (a refusal leaves the world in step: one launch, not seven)."""
+    result = run_world(3, ["-m", "tests.programs.torch_faults", "refusals"], BOUND_S,
+                       env={"COLLECTIVES_TIMEOUT": str(TIMEOUT_S)})
+    return result.returncode, result.stdout
+
+
 @pytest.mark.parametrize("name", sorted(REFUSALS))
-def test_a_refusal_raises_the_same_error_on_every_rank(name):
-    status, lines, output = scenario(3, name)
-    assert status != 0 and sorted(lines) == [0, 1, 2], output
+def test_a_refusal_raises_the_same_error_on_every_rank(name, refusals_world):
+    status, output = refusals_world
+    start = r"rank \d: (?:\w+: \w+Error after |ok )"   # (lines of two ranks may run together)
+    lines = {int(r): line for r, line in re.findall(rf"rank (\d): {name}: (.*?)(?={start}|\n|$)", output)}
+    assert sorted(lines) == [0, 1, 2], output
     for rank, line in lines.items():   # (a refusal, not a timeout: its type says so; the time, that it came at once)
         took = re.match(r"RingUsageError after ([\d.]+) s", line)
         assert took and float(took.group(1)) < LEAVE_BOUND_S and re.search(REFUSALS[name], line), (rank, output)
     messages = {re.sub(r" \(on rank \d; this call was abandoned on every rank\)", "", line.split(": ", 1)[1])
                 for line in lines.values()}
     assert len(messages) == 1, output
+
+
+def test_after_every_refusal_the_world_still_reduces_right(refusals_world):
+    status, output = refusals_world
+    assert status == 0 and output.count("ok after the refusals [3.0, 3.0]") == 3, output
+    assert set(re.findall(r"rank 0: (\w+): ", output)) == set(REFUSALS), output   # (the program runs each of these)
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -4,7 +4,7 @@
 Every rank prints one line: ``rank R: ok <result>`` or ``rank R: <ErrorType> after <s> s: <message>``,
 and exits 1 on an error. Rank 1 is the odd one out where a scenario needs one.
 
-refusals (every rank must raise the same error):
+refusals (every rank must raise the same error; ``refusals`` runs them all in one world):
   count_differs        all_reduce of 3 + rank elements
   gather_uneven        all_gather of 2 + rank elements into lists of their own sizes
   scatter_short        scatter into an output one element shorter on rank 1
@@ -116,9 +116,35 @@ def ddp(name: str, rank: int, n: int):
     return f"{steps} steps"
 
 
+REFUSALS = ("count_differs", "gather_uneven", "scatter_short", "reduce_scatter_list", "splits_wrong",
+            "gather_list_wrong", "sparse_max")
+
+
+def refusals(rank: int, n: int) -> None:
+    """Every refusal in turn in one world, each line ``rank R: NAME: <ErrorType> after <s> s: <message>``
+    (a refusal is raised alike on every rank, so the world goes on), then an all_reduce that must
+    still be right: ``rank R: ok after the refusals <result>``."""
+    for name in REFUSALS:
+        started = time.monotonic()
+        try:
+            refusal(name, rank, n)
+            print(f"rank {rank}: {name}: no error", flush=True)
+        except Exception as error:   # noqa: BLE001 - the report is the point
+            text = " ".join(str(error).split())
+            print(f"rank {rank}: {name}: {type(error).__name__} after {time.monotonic() - started:.2f} s: {text}",
+                  flush=True)
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t)
+    print(f"rank {rank}: ok after the refusals {t.tolist()}", flush=True)
+
+
 def main(name: str) -> None:
     dist.init_process_group("ring", timeout=timedelta(seconds=TIMEOUT_S))
     rank, n = dist.get_rank(), dist.get_world_size()
+    if name == "refusals":
+        refusals(rank, n)
+        dist.destroy_process_group()
+        return
     scenario = ddp if name.startswith("ddp_") else peer if name in ("exits", "killed", "late", "barrier_late") \
         else refusal
     started = time.monotonic()
