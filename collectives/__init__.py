@@ -13,9 +13,11 @@ The layers, each importing only those below it (docs/architecture.md draws them)
 ``groups/`` (a Group runs collectives; making and membership) -> ``ops/`` (each collective's
 body) -> ``calls/`` (the frame: turn, check, progress, errors) -> ``ring`` (schedule and
 transports). ``elastic/`` and ``torch/`` sit on the public face; importing the package installs
-nothing (but for srun ``--mpi=pmi2``, where it picks MPICH's network module before MPI starts:
-``collectives.process.launchers.choose_network``).
+nothing (but under srun, before MPI starts: it picks MPICH's network module for ``--mpi=pmi2``,
+and refuses ``--mpi=pmix`` for MPICH, in ``collectives.process.launchers``).
 """
+import sys
+
 from collectives import about, elastic
 from collectives.calls import timeline
 from collectives.about import VERSION as __version__
@@ -41,4 +43,7 @@ __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "setting
            "Work", "timeline", "about", "round_to_wire", "to_host", "synchronize", "parse_size", "format_size",
            "CollectiveError", "CollectiveUsageError", "MembershipChanged", "elastic"]
 
-launchers.choose_network()   # (at import: a program's own ``from mpi4py import MPI`` may come next)
+# (at import: a program's own ``from mpi4py import MPI`` may come next)
+if "mpi4py.MPI" not in sys.modules:
+    launchers.refuse_pmix_for_mpich()
+    launchers.choose_network()

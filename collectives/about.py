@@ -39,7 +39,7 @@ def mpi_library() -> str:
               MPI.THREAD_MULTIPLE: "MULTIPLE"}
     netmod, provider = os.environ.get("MPIR_CVAR_CH4_NETMOD"), os.environ.get("FI_PROVIDER")
     network = f"{netmod}{f' provider {provider}' if netmod == 'ofi' and provider else ''}"
-    why = ", chosen for srun --mpi=pmi2: docs/slurm.md" if launchers.chosen_network else ""
+    why = ", set for srun --mpi=pmi2: docs/slurm.md" if launchers.chosen_network else ""
     return (f"{library}; threads MPI_THREAD_{levels.get(MPI.Query_thread(), '?')}"
             + (f"; network module {network} (MPIR_CVAR_CH4_NETMOD{why})" if netmod else ""))
 

@@ -232,6 +232,15 @@ def test_srun_without_the_mpi_flag_is_refused_on_every_task_naming_it(cluster):
     assert result.stdout.count(refusal) == 4, result.stdout
 
 
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="the mpich wheel's MPICH speaks no PMIx; Open MPI runs over it")
+def test_srun_with_pmix_for_mpich_is_refused_on_every_task_before_mpi_starts(cluster):
+    """MPICH would abort inside MPI_Init ("unsupported PMI version PMIx", status 16, no word of the flag)."""
+    result = _slurm("srun", "-N2", "-n2", "--mpi=pmix", sys.executable, "-m", "collectives")
+    refusal = ("init: srun --mpi=pmix started this task, but mpi4py's MPI is MPICH (the mpich wheel), which speaks "
+               "no PMIx: launch with srun --mpi=pmi2")
+    assert result.returncode not in (0, -9) and result.stdout.count(refusal) == 2, result.stdout
+
+
 def test_the_trainer_under_srun_keeps_identical_replicas(cluster):
     result = _slurm("srun", "-N2", "-n4", PMI, sys.executable, "-m", "trainer", "--epochs", "3")
     assert result.returncode == 0 and DIGEST.search(result.stdout) and "epoch   3/3" in result.stdout, result.stdout
@@ -286,9 +295,11 @@ def test_a_preempted_job_requeues_itself_and_ends_as_one_that_never_was(cluster,
     cluster (``AuthInfo=cred_expire``, 120 s by default), and then starts it again by itself."""
     out, ckpt = tmp_path / "job.out", tmp_path / "ckpt"
     trainer = f"{sys.executable} -m trainer --epochs 30 --checkpoint-dir {ckpt} --resume"
-    job = _batch(tmp_path, f"srun {PMI} {trainer}\ncode=$?\necho \"trainer exit $code\"\n"
-                           "if [ $code = 143 ]; then scontrol requeue $SLURM_JOB_ID; echo \"requeue said $?\"; fi\n"
-                           "exit $code")
+    log = tmp_path / "trainer.log"   # (docs/slurm.md's script: requeue on the trainer's word, not on 143 alone)
+    job = _batch(tmp_path, f"set -o pipefail\nsrun {PMI} {trainer} | tee -a {log}\ncode=$?\n"
+                           "echo \"trainer exit $code\"\n"
+                           f"if [ $code = 143 ] && tail -n 20 {log} | grep -q 'preempted (SIGTERM) at epoch'; then\n"
+                           "    scontrol requeue $SLURM_JOB_ID; echo \"requeue said $?\"\nfi\nexit $code")
     submitted = _slurm("sbatch", "--parsable", "--requeue", "--open-mode=append", "-N2", "-n4", "-o", str(out), str(job))
     assert submitted.returncode == 0, submitted.stdout
     job_id = submitted.stdout.strip().split(";")[0].splitlines()[-1]

