@@ -287,6 +287,23 @@ def test_an_elastic_job_under_srun_loses_a_task_and_finishes_with_status_0(clust
     assert "elastic: rank 2 gone: 3 -> 2 ranks" in output and "on 2 rank(s)" in output, output
 
 
+@pytest.mark.skipif(mpi_name() == "Open MPI", reason="under srun --mpi=pmix Slurm cancels the whole step when a "
+                    "task dies (see the elastic test below)")
+def test_a_task_that_dies_before_mpi_starts_ends_the_others_at_the_timeout_not_never(cluster):
+    """``--kill-on-bad-exit=0`` (as elastic jobs run): task 2 ends itself before MPI starts; the others,
+    inside MPI_Init, wait on Slurm's PMI, which never tells them. Before ``launchers.watch_mpi_init``
+    they waited for ever; now each ends at the runtime's timeout (10 s here), saying why."""
+    program = ("import os, signal\n"
+               "if os.environ['SLURM_PROCID'] == '2': os.kill(os.getpid(), signal.SIGKILL)\n"
+               "import numpy as np, collectives as col\nprint('sum', col.allreduce(np.ones(1)))")
+    started = time.monotonic()
+    result = _slurm("env", "COLLECTIVES_TIMEOUT=10", "srun", "--kill-on-bad-exit=0", "-N2", "-n3", PMI,
+                    sys.executable, "-c", program, bound=90)
+    said = "collectives: MPI_Init has not returned after 10 s (COLLECTIVES_TIMEOUT) under srun"
+    assert "TIMED OUT" not in result.stdout and result.stdout.count(said) == 2, result.stdout
+    assert time.monotonic() - started < 60, result.stdout   # (the bound of 10 s, generously: the promise is an end)
+
+
 def test_a_preempted_job_requeues_itself_and_ends_as_one_that_never_was(cluster, tmp_path):
     """One batch script for the first run and the requeued one: the trainer with ``--resume``
     (nothing to resume the first time), and ``scontrol requeue`` of itself when the trainer says it

@@ -22,10 +22,16 @@ True
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import select
+import signal
+import sys
 from importlib import metadata
+from typing import Iterator
 
 from collectives.errors import CollectiveUsageError
+from collectives.process import config
 
 
 def srun_directly(environment=os.environ) -> bool:
@@ -162,3 +168,34 @@ def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
         f"init: srun started {tasks} tasks (SLURM_STEP_NUM_TASKS={tasks}), but MPI sees a world of 1 rank in each: "
         f"srun --mpi={given or 'none'} gave MPI no way to find the others; mpi4py's MPI "
         f"is {ours}: launch with srun {flag} (or with mpiexec inside salloc or sbatch)")
+
+
+@contextlib.contextmanager
+def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
+    """Under srun, around MPI's start: bound MPI_Init by the runtime's timeout (COLLECTIVES_TIMEOUT).
+    A task that dies before every task has started MPI leaves the others inside MPI_Init for ever,
+    waiting on Slurm's PMI, which says nothing of the death (mpiexec's proxies see it and end the
+    job; srun ``--kill-on-bad-exit=0``, which an elastic job needs, does not). A child process
+    forked here (before MPI starts: the fork is safe) waits on a pipe; if MPI_Init has not returned
+    in time, it says why on stderr and SIGKILLs this process, which Python cannot do from inside
+    MPI_Init. Elsewhere, or once MPI has started, nothing."""
+    if not srun_directly(environment) or "mpi4py.MPI" in sys.modules:
+        yield
+        return
+    seconds = config.read({}, from_environment=True)[0].get("timeout", config.DEFAULT_TIMEOUT)
+    told, tell = os.pipe()
+    child = os.fork()
+    if child == 0:   # (the watch: only system calls from here, then _exit)
+        os.close(tell)
+        if not select.select([told], [], [], seconds)[0]:
+            os.write(2, f"[task {environment.get('SLURM_PROCID', '?')}] collectives: MPI_Init has not returned after "
+                        f"{seconds:g} s (COLLECTIVES_TIMEOUT) under srun: a task of this step most likely ended "
+                        "before every task started MPI, and srun's PMI never says so; ending this task\n".encode())
+            os.kill(os.getppid(), signal.SIGKILL)
+        os._exit(0)
+    os.close(told)
+    try:
+        yield
+    finally:
+        os.close(tell)
+        os.waitpid(child, 0)

@@ -255,17 +255,17 @@ started_mpi = False   # this runtime started MPI (the program had told mpi4py no
 
 
 def mpi():
-    """mpi4py's MPI module, with MPI started (if the program has not, as with
-    ``mpi4py.rc.initialize = False``; then this runtime also finalizes it at exit). Every use of the
-    runtime that needs MPI comes here first: the first installs the hooks that see the process
-    out (``collectives.process.hooks``); a program that only imports ``collectives`` never gets them."""
-    from mpi4py import MPI   # (imported here: importing it starts MPI, unless the program told mpi4py not to)
-    if MPI.Is_finalized():
-        raise CollectiveError("MPI was already finalized in this process; the runtime cannot start")
-    if not MPI.Is_initialized():
-        global started_mpi
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
-        started_mpi = True
+    """mpi4py's MPI module, MPI started (by this runtime where the program told mpi4py not to: it then also
+    finalizes it at exit). Every use of the runtime that needs MPI comes here first: the first installs the
+    hooks that see the process out (``collectives.process.hooks``); importing ``collectives`` alone does not."""
+    global started_mpi
+    with launchers.bounded_mpi_init():   # (under srun: MPI_Init bounded by the runtime's timeout)
+        from mpi4py import MPI   # (imported here: importing it starts MPI, unless the program told mpi4py not to)
+        if MPI.Is_finalized():
+            raise CollectiveError("MPI was already finalized in this process; the runtime cannot start")
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+            started_mpi = True
     changes.mpi_started()
     notices.hear_failure_notices()   # (from now, not from the setup; not before MPI starts: MPICH's handler ends us)
     hooks.install(_at_exit)
