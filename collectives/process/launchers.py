@@ -182,7 +182,7 @@ def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
     if not srun_directly(environment) or "mpi4py.MPI" in sys.modules:
         yield
         return
-    seconds = config.read({}, from_environment=True)[0].get("timeout", config.DEFAULT_TIMEOUT)
+    seconds = config.parse_text("timeout", environment.get("COLLECTIVES_TIMEOUT", "")) or config.DEFAULT_TIMEOUT
     told, tell = os.pipe()
     child = os.fork()
     if child == 0:   # (the watch: only system calls from here, then _exit)
