@@ -8,7 +8,6 @@ that differs across ranks; CUDA tensors through the torch backend; the bench and
 """
 import json
 import os
-import re
 
 import numpy as np
 import pytest
@@ -125,16 +124,3 @@ def test_the_default_training_run_reaches_the_cpus_accuracy_on_the_gpu(tmp_path)
         print(device, done)
         accuracy[device] = float(done[-1].rpartition("test accuracy ")[2].rstrip("%"))
     assert abs(accuracy["cuda"] - accuracy["cpu"]) <= 0.5, accuracy
-
-
-def test_the_elastic_trainer_on_the_gpu_loses_a_rank_and_ends_with_the_bits_of_a_restart(tmp_path):
-    """``python -m trainer --elastic --device cuda`` at n = 4 (the ranks share what GPUs there are):
-    rank 2's process is SIGKILLed during epoch 3; the survivors go on, and end with the parameters
-    of 4 ranks to the step they went back to, then 3 ranks resumed from it, on the GPU too."""
-    from tests.test_elastic import _ends_as_a_restart, _trainer_killing
-    train = ["-m", "trainer", "--device", "cuda", "--epochs", "6", "--dtype", "float64"]
-    out, status = _trainer_killing(train, "epoch   2/", 2)
-    print(out[-3000:])
-    found = re.search(r"elastic: rank 2 gone: 4 -> 3 ranks; back to step (\d+)", out)
-    assert status == 0 and found and "done: " in out, out[-3000:]
-    _ends_as_a_restart(out, train, 4, int(found.group(1)), 3, tmp_path)
