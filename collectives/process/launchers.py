@@ -86,12 +86,35 @@ def network_under_srun(environment=os.environ) -> dict[str, str]:
     return chosen
 
 
+def ucx_across_nodes(environment=os.environ) -> str:
+    """The warning for a user who chose UCX under srun ``--mpi=pmi2`` across nodes, where Slurm may
+    cut MPI_Init's requests (``network_under_srun``); "" elsewhere.
+
+    >>> print(ucx_across_nodes({"SLURM_STEP_NUM_TASKS": "4", "PMI_FD": "5", "SLURM_STEP_NUM_NODES": "2",
+    ...                         "MPIR_CVAR_CH4_NETMOD": "ucx"}))      # doctest: +ELLIPSIS
+    collectives: MPIR_CVAR_CH4_NETMOD=ucx under srun --mpi=pmi2 across 2 nodes: ... docs/slurm.md
+    >>> ucx_across_nodes({"SLURM_STEP_NUM_TASKS": "4", "PMI_FD": "5", "SLURM_STEP_NUM_NODES": "1",
+    ...                   "MPIR_CVAR_CH4_NETMOD": "ucx"})
+    ''
+    """
+    nodes = environment.get("SLURM_STEP_NUM_NODES", "1")
+    given = environment.get("MPIR_CVAR_CH4_NETMOD") or environment.get("MPICH_CH4_NETMOD") or ""
+    if not srun_directly(environment) or "PMI_FD" not in environment or given.lower() != "ucx" or nodes == "1":
+        return ""
+    return (f"collectives: MPIR_CVAR_CH4_NETMOD=ucx under srun --mpi=pmi2 across {nodes} nodes: Slurm's pmi2 "
+            "cuts a PMI request over 1024 bytes and UCX's addresses can make one, so MPI_Init may fail or hang "
+            "at random; unset it (this runtime then chooses libfabric over tcp): docs/slurm.md")
+
+
 def choose_network(environment=os.environ) -> None:
     """Set what ``network_under_srun`` says (MPICH and libfabric read it at MPI_Init: called before
     MPI starts, at ``import collectives``; a program that imports mpi4py's MPI first must set it
-    itself, docs/slurm.md)."""
+    itself, docs/slurm.md); task 0 warns of a choice of UCX across nodes (``ucx_across_nodes``)."""
     chosen_network.update(network_under_srun(environment))
     environment.update(chosen_network)
+    warning = ucx_across_nodes(environment)
+    if warning and environment.get("SLURM_PROCID") == "0":
+        print(warning, file=sys.stderr, flush=True)
 
 
 def launcher(environment=os.environ) -> tuple[str, str, str] | None:
