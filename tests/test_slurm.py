@@ -288,19 +288,26 @@ def test_an_elastic_job_under_srun_loses_a_task_and_finishes_with_status_0(clust
 
 
 @pytest.mark.skipif(mpi_name() == "Open MPI", reason="under srun --mpi=pmix Slurm cancels the whole step when a "
-                    "task dies (see the elastic test below)")
-def test_a_task_that_dies_before_mpi_starts_ends_the_others_at_the_timeout_not_never(cluster):
-    """``--kill-on-bad-exit=0`` (as elastic jobs run): task 2 ends itself before MPI starts; the others,
-    inside MPI_Init, wait on Slurm's PMI, which never tells them. Before ``launchers.watch_mpi_init``
-    they waited for ever; now each ends at the runtime's timeout (10 s here), saying why."""
+                    "task dies, and Open MPI's mpiexec ends the job at a death (see the elastic test above)")
+@pytest.mark.parametrize("door", ["srun", "salloc-mpiexec"])
+def test_a_process_that_dies_before_mpi_starts_ends_the_others_at_the_timeout_not_never(cluster, door):
+    """As elastic jobs run (srun ``--kill-on-bad-exit=0``; or MPICH's mpiexec ``-disable-auto-cleanup``
+    inside salloc, its proxies started by srun on both nodes): rank 2, alone on the second node, ends
+    itself before MPI starts; the others, inside MPI_Init, wait on a PMI that never tells them. Before
+    ``launchers.bounded_mpi_init`` they waited for ever; now they end at the runtime's timeout (10 s
+    here), saying why."""
     program = ("import os, signal\n"
-               "if os.environ['SLURM_PROCID'] == '2': os.kill(os.getpid(), signal.SIGKILL)\n"
+               "rank = os.environ['PMI_RANK' if 'MPI_LOCALNRANKS' in os.environ else 'SLURM_PROCID']\n"
+               "if rank == '2': os.kill(os.getpid(), signal.SIGKILL)\n"
                "import numpy as np, collectives as col\nprint('sum', col.allreduce(np.ones(1)))")
+    launch = (["srun", "--kill-on-bad-exit=0", "-N2", "-n3", PMI] if door == "srun" else
+              ["salloc", "-N2", "-n3", *mpiexec(), "-disable-auto-cleanup", "-n", "3"])
     started = time.monotonic()
-    result = _slurm("env", "COLLECTIVES_TIMEOUT=10", "srun", "--kill-on-bad-exit=0", "-N2", "-n3", PMI,
-                    sys.executable, "-c", program, bound=90)
-    said = "collectives: MPI_Init has not returned after 10 s (COLLECTIVES_TIMEOUT) under srun"
-    assert "TIMED OUT" not in result.stdout and result.stdout.count(said) == 2, result.stdout
+    result = _slurm("env", "COLLECTIVES_TIMEOUT=10", *launch, sys.executable, "-c", program, bound=90)
+    said = "collectives: MPI_Init has not returned after 10 s (COLLECTIVES_TIMEOUT) under "
+    assert "TIMED OUT" not in result.stdout and said in result.stdout and "sum" not in result.stdout, result.stdout
+    if door == "srun":   # (each task ends by its own watch; hydra ends the job once the first has)
+        assert result.stdout.count(said) == 2, result.stdout
     assert time.monotonic() - started < 60, result.stdout   # (the bound of 10 s, generously: the promise is an end)
 
 

@@ -195,25 +195,30 @@ def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
 
 @contextlib.contextmanager
 def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
-    """Under srun, around MPI's start: bound MPI_Init by the runtime's timeout (COLLECTIVES_TIMEOUT).
-    A task that dies before every task has started MPI leaves the others inside MPI_Init for ever,
-    waiting on Slurm's PMI, which says nothing of the death (mpiexec's proxies see it and end the
-    job; srun ``--kill-on-bad-exit=0``, which an elastic job needs, does not). A child process
-    forked here (before MPI starts: the fork is safe) waits on a pipe; if MPI_Init has not returned
-    in time, it says why on stderr and SIGKILLs this process, which Python cannot do from inside
-    MPI_Init. Elsewhere, or once MPI has started, nothing."""
-    if not srun_directly(environment) or "mpi4py.MPI" in sys.modules:
+    """Under a launcher, around MPI's start: bound MPI_Init by the runtime's timeout
+    (COLLECTIVES_TIMEOUT). A process that dies before every process has started MPI can leave the
+    others inside MPI_Init for ever: srun ``--kill-on-bad-exit=0`` (which an elastic job needs) says
+    nothing of the death to Slurm's PMI, nor does MPICH's mpiexec across the nodes of an allocation
+    (its proxies started by srun) under ``-disable-auto-cleanup``. A child process forked here
+    (before MPI starts: the fork is safe) waits on a pipe; if MPI_Init has not returned in time, it
+    says why on stderr and SIGKILLs this process, which Python cannot do from inside MPI_Init.
+    Without a launcher (a singleton), or once MPI has started, nothing."""
+    started_by = launcher(environment)
+    if started_by is None or "mpi4py.MPI" in sys.modules:
         yield
         return
     seconds = config.parse_text("timeout", environment.get("COLLECTIVES_TIMEOUT", "")) or config.DEFAULT_TIMEOUT
+    rank = (environment.get("SLURM_PROCID") if srun_directly(environment) else
+            environment.get("PMI_RANK") or environment.get("OMPI_COMM_WORLD_RANK")) or "?"
+    said = (f"[rank {rank}] collectives: MPI_Init has not returned after {seconds:g} s (COLLECTIVES_TIMEOUT) under "
+            f"{started_by[0]}: a process of this job most likely ended before every process started MPI, and "
+            "the launcher never said so; ending this process\n").encode()
     told, tell = os.pipe()
     child = os.fork()
     if child == 0:   # (the watch: only system calls from here, then _exit)
         os.close(tell)
         if not select.select([told], [], [], seconds)[0]:
-            os.write(2, f"[task {environment.get('SLURM_PROCID', '?')}] collectives: MPI_Init has not returned after "
-                        f"{seconds:g} s (COLLECTIVES_TIMEOUT) under srun: a task of this step most likely ended "
-                        "before every task started MPI, and srun's PMI never says so; ending this task\n".encode())
+            os.write(2, said)
             os.kill(os.getppid(), signal.SIGKILL)
         os._exit(0)
     os.close(told)

@@ -259,7 +259,7 @@ def mpi():
     finalizes it at exit). Every use of the runtime that needs MPI comes here first: the first installs the
     hooks that see the process out (``collectives.process.hooks``); importing ``collectives`` alone does not."""
     global started_mpi
-    with launchers.bounded_mpi_init():   # (under srun: MPI_Init bounded by the runtime's timeout)
+    with launchers.bounded_mpi_init():   # (MPI_Init bounded by the runtime's timeout)
         from mpi4py import MPI   # (imported here: importing it starts MPI, unless the program told mpi4py not to)
         if MPI.Is_finalized():
             raise CollectiveError("MPI was already finalized in this process; the runtime cannot start")
