@@ -55,6 +55,7 @@ from pathlib import Path
 GATED_AS = "gloo"                      # the name the suite's gating sees, whatever the backend
 BACKENDS = ("gloo", "ring")
 DEFAULT_BOUND_S = 60.0
+BARRIER_POLL_S = 0.002                 # how often torch's file barrier looks for its peers (it: 0.1 s)
 TEST_ERROR_EXIT_CODE = 10              # MultiProcessTestCase.TEST_ERROR_EXIT_CODE
 # TestDistBackend.setUp (distributed_test.py:581): torch checks no exit code for these tests.
 SKIP_RETURN_CODE_CHECKS = frozenset({"test_ddp_has_finalized"})
@@ -138,6 +139,32 @@ def _init_as(backend: str, suite) -> None:
     dist.init_process_group = init_process_group
 
 
+def _poll_barrier_every(seconds: float, suite) -> None:
+    """torch's file barrier (``Barrier.sync``: ``_DistTestBase._barrier`` at each test's start and
+    end, and in some bodies) looks for its peers' files every 100 ms, which was a fifth of a quick
+    test's time here. The same barrier (its files, its lock, its ids and timeout), looking every
+    ``seconds``: a test then waits for its peers, not for the next look."""
+    import torch.distributed as dist
+
+    def sync(cls, wait_for=None, timeout=10):
+        expected = dist.get_world_size() if wait_for is None else wait_for
+        cls.barrier_id += 1
+        folder = Path(os.environ["TEMP_DIR"]) / "barrier"
+        with suite._lock():
+            (folder / str(os.getpid())).write_text(str(cls.barrier_id))
+        deadline = time.monotonic() + timeout
+        while True:
+            with suite._lock():
+                arrived = sum(int((folder / peer).read_text()) >= cls.barrier_id for peer in os.listdir(folder))
+            if arrived == expected:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("barrier timeout")
+            time.sleep(seconds)
+
+    suite.Barrier.sync = classmethod(sync)
+
+
 def _run_one(case, rank: int, name: str, init_file: Path, log: _Log) -> tuple[int, str]:
     """torch's ``TestDistBackend._run(rank, name, file_name, pipe)`` in this process: its exit code
     and the error it reported (run_test sends the traceback through the pipe) or raised."""
@@ -183,6 +210,7 @@ def run_rank(backend: str, names: list[str]) -> int:
     from torch.testing._internal.common_distributed import TEST_SKIPS
     skip_codes = {s.exit_code: s.message for s in TEST_SKIPS.values()}
     _init_as(backend, suite)
+    _poll_barrier_every(BARRIER_POLL_S, suite)
     case, log = _case_class(suite), _Log()
     codes = []
     for name in names:
@@ -260,6 +288,7 @@ def serve(path: str, world_size: int) -> int:
     _die_with_parent()
     catalogue_now = list_rank(world_size)
     import torch.multiprocessing  # noqa: F401 - (what every child needs, imported once)
+    import collectives.torch  # noqa: F401 - (ring's children need it: 0.15 s each; it starts no MPI, no thread)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
@@ -267,7 +296,7 @@ def serve(path: str, world_size: int) -> int:
     print(json.dumps(catalogue_now), flush=True)
     children: dict[socket.socket, int] = {}      # a client's connection: the pid of the child serving it
     while True:
-        readable = select.select([listener, *children], [], [], 0.05)[0]
+        readable = select.select([listener, *children], [], [], 0.01)[0]   # (0.01: how soon an exit is seen)
         for ready in readable:
             if ready is listener:
                 conn, _ = listener.accept()
