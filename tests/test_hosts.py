@@ -370,7 +370,7 @@ def test_an_elastic_job_loses_a_whole_host_and_goes_on(cluster, tmp_path):
     the test ends it once the job has printed its result."""
     env = {"OWN_OUTPUT": str(tmp_path / "out")}
     process = _launch("2,2", ["-disable-auto-cleanup", str(OWN_OUTPUT), sys.executable, "-m",
-                              "tests.programs.elastic_job", "--steps", "400", "--step-seconds", "0.05"], env,
+                              "tests.programs.elastic_job", "--steps", "160", "--step-seconds", "0.05"], env,
                       python=False)
     try:
         _wait_for_lines(tmp_path, "step 20 on 4 ranks", 1, process, 60)
