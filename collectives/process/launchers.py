@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
-import signal
+import subprocess
 import sys
 from importlib import metadata
 from typing import Iterator
@@ -193,15 +192,24 @@ def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
         f"is {ours}: launch with srun {flag} (or with mpiexec inside salloc or sbatch)")
 
 
+#: The watch of ``bounded_mpi_init``, run by ``python -S -c`` with the seconds, the pid to end and
+#: the line to say: it ends quietly when its standard input closes (MPI_Init returned, or the
+#: process it watches died), else, at the timeout, it says the line and SIGKILLs that process.
+_WATCH = ("import os, select, signal, sys\n"
+          "if not select.select([0], [], [], float(sys.argv[1]))[0]:\n"
+          "    os.write(2, sys.argv[3].encode()); os.kill(int(sys.argv[2]), signal.SIGKILL)\n")
+
+
 @contextlib.contextmanager
 def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
     """Under a launcher, around MPI's start: bound MPI_Init by the runtime's timeout
     (COLLECTIVES_TIMEOUT). A process that dies before every process has started MPI can leave the
     others inside MPI_Init for ever: srun ``--kill-on-bad-exit=0`` (which an elastic job needs) says
     nothing of the death to Slurm's PMI, nor does MPICH's mpiexec across the nodes of an allocation
-    (its proxies started by srun) under ``-disable-auto-cleanup``. A child process forked here
-    (before MPI starts: the fork is safe) waits on a pipe; if MPI_Init has not returned in time, it
-    says why on stderr and SIGKILLs this process, which Python cannot do from inside MPI_Init.
+    (its proxies started by srun) under ``-disable-auto-cleanup``. A small process started here
+    (``_WATCH``) waits on a pipe; if MPI_Init has not returned in time, it says why on stderr and
+    SIGKILLs this process, which Python cannot do from inside MPI_Init. (A started program, not a
+    fork: a fork of a process whose other threads hold locks can deadlock in the child.)
     Without a launcher (a singleton), or once MPI has started, nothing."""
     started_by = launcher(environment)
     if started_by is None or "mpi4py.MPI" in sys.modules:
@@ -212,18 +220,11 @@ def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
             environment.get("PMI_RANK") or environment.get("OMPI_COMM_WORLD_RANK")) or "?"
     said = (f"[rank {rank}] collectives: MPI_Init has not returned after {seconds:g} s (COLLECTIVES_TIMEOUT) under "
             f"{started_by[0]}: a process of this job most likely ended before every process started MPI, and "
-            "the launcher never said so; ending this process\n").encode()
-    told, tell = os.pipe()
-    child = os.fork()
-    if child == 0:   # (the watch: only system calls from here, then _exit)
-        os.close(tell)
-        if not select.select([told], [], [], seconds)[0]:
-            os.write(2, said)
-            os.kill(os.getppid(), signal.SIGKILL)
-        os._exit(0)
-    os.close(told)
+            "the launcher never said so; ending this process\n")
+    watch = subprocess.Popen([sys.executable, "-S", "-c", _WATCH, str(seconds), str(os.getpid()), said],
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     try:
         yield
     finally:
-        os.close(tell)
-        os.waitpid(child, 0)
+        watch.stdin.close()
+        watch.wait()
