@@ -288,6 +288,21 @@ def test_an_elastic_job_under_srun_loses_a_task_and_finishes_with_status_0(clust
 
 
 @pytest.mark.skipif(mpi_name() == "Open MPI", reason="under srun --mpi=pmix Slurm cancels the whole step when a "
+                    "task dies (see the elastic test above)")
+def test_an_elastic_job_whose_task_dies_at_its_exit_ends_with_status_0(cluster):
+    """The work done (``final`` printed), task 2, alone on the second node, dies inside the runtime's
+    exit, after its farewell: under srun no launcher tells the others, and they must not wait for it
+    (``Exits.gone_at_exit``). (An adversarial pass saw survivors wait for ever when the trainer's
+    task died at its last epoch, 4 runs in 7, beside other load; not reproduced here, 0 in 6.)"""
+    result = _slurm("env", "COLLECTIVES_TIMEOUT=30", "srun", "--kill-on-bad-exit=0", "-N2", "-n3", PMI,
+                    sys.executable, "-m", "tests.programs.elastic_job", "--steps", "20", "--kill-at-exit", "2",
+                    bound=90)
+    out = result.stdout
+    assert "TIMED OUT" not in out and "final " in out and "killed at exit" in out, out[-3000:]
+    assert result.returncode == 0, out[-3000:]
+
+
+@pytest.mark.skipif(mpi_name() == "Open MPI", reason="under srun --mpi=pmix Slurm cancels the whole step when a "
                     "task dies, and Open MPI's mpiexec ends the job at a death (see the elastic test above)")
 @pytest.mark.parametrize("door", ["srun", "salloc-mpiexec"])
 def test_a_process_that_dies_before_mpi_starts_ends_the_others_at_the_timeout_not_never(cluster, door):

@@ -15,6 +15,7 @@ from ring.transport.polling import pause, process_state
 
 _testall = MPI.Request.Testall
 _SETTLE_SECONDS = 0.02   # how long the exit barrier reads on once every rank is there (see exit_barrier)
+_CLOSED_GRACE_SECONDS = 1.0   # a departed rank's connection closed this long, and no word it came: it ended
 
 
 class Exits:
@@ -23,6 +24,7 @@ class Exits:
     def __init__(self, control: Control):
         self.control = control
         self.kept: list = []   # messages handed at exit that did not leave in time, kept with their buffers
+        self._closed_since: dict[int, float] = {}   # departed ranks on other hosts: when their connection closed
 
     def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
                  finalizing: bool = True, dead: int | None = None, patience: float = 1.0) -> None:
@@ -92,12 +94,28 @@ class Exits:
 
     def gone_at_exit(self) -> list[int]:
         """At exit: the ranks that will never call MPI_Finalize, as far as this rank knows (dead, said
-        so in their farewell, or, on this host, ended after their farewell: MPI_Finalize keeps a
-        process that calls it until every rank has), as ``names`` gives them."""
+        so in their farewell, or ended after their farewell: MPI_Finalize keeps a process that calls
+        it until every rank has, so one that ended will not), as ``names`` gives them. An end after
+        the farewell is seen by the pid on this host, and on another by the liveness connection,
+        closed (a rank killed between its farewell and the exit barrier: no launcher says so under
+        srun, and the others waited for it for ever)."""
         c = self.control
         c.read()
-        ended = {c.names[p] for p in c.departed if p in c.local_pids and process_state(c.local_pids[p]) is not None}
+        ended = {c.names[p] for p in c.departed if self._ended(p)}
         return sorted(set(c.known_dead()) | {c.names[p] for p in c.unfinalized} | ended)
+
+    def _ended(self, peer: int) -> bool:
+        """Whether ``peer``'s process has ended (or is ending), by its pid here; on another host, by
+        its connection, closed before it came to the exit barrier (a rank that passed the barrier
+        closes it on its way into MPI_Finalize), for _CLOSED_GRACE_SECONDS, in which its word that
+        it came would have surfaced."""
+        c = self.control
+        if peer in c.local_pids:
+            return process_state(c.local_pids[peer]) is not None
+        if peer in c.at_exit or peer not in c.remote or c.liveness is None or not c.liveness.gone(c.names[peer]):
+            return False
+        seen = self._closed_since.setdefault(peer, time.monotonic())
+        return time.monotonic() - seen >= _CLOSED_GRACE_SECONDS
 
     def await_farewells(self, seconds: float) -> None:
         """Wait up to ``seconds`` until every other rank has said farewell or is dead: a launcher may
