@@ -65,6 +65,8 @@ def launch_note(command: str) -> str | None:
     if started is None:
         return f"running 1 rank: no MPI launcher started this process (mpirun -n 4 {command} runs 4)"
     name, variable, value = started
+    if name.startswith("Slurm's srun"):
+        return None   # (the runtime refuses a lone srun task itself, naming the --mpi to use)
     if value.isdigit() and int(value) > 1:
         return (f"running 1 rank, but {name} started {value} ({variable}={value}): mpi4py uses another MPI "
                 f"than that launcher's, so each process is a world of its own; use the mpiexec of mpi4py's MPI "
