@@ -76,13 +76,23 @@ def network_under_srun(environment=os.environ) -> dict[str, str]:
     >>> network_under_srun({"SLURM_STEP_NUM_TASKS": "4", "PMI_PORT": "n1:5", "MPI_LOCALNRANKS": "2"})   # hydra
     {}
     """
-    if not srun_directly(environment) or "PMI_FD" not in environment:
+    if not _srun_pmi2(environment):
         return {}
-    given = environment.get("MPIR_CVAR_CH4_NETMOD") or environment.get("MPICH_CH4_NETMOD")
+    given = _netmod_given(environment)
     chosen = {} if given else {"MPIR_CVAR_CH4_NETMOD": "ofi"}
     if (given or "ofi") == "ofi" and "FI_PROVIDER" not in environment:
         chosen["FI_PROVIDER"] = "tcp"
     return chosen
+
+
+def _srun_pmi2(environment) -> bool:
+    """Whether srun started this process itself and gave MPICH its PMI (``--mpi=pmi2``)."""
+    return srun_directly(environment) and "PMI_FD" in environment
+
+
+def _netmod_given(environment) -> str:
+    """The network module the user chose for MPICH ("" where none)."""
+    return environment.get("MPIR_CVAR_CH4_NETMOD") or environment.get("MPICH_CH4_NETMOD") or ""
 
 
 def ucx_across_nodes(environment=os.environ) -> str:
@@ -97,8 +107,7 @@ def ucx_across_nodes(environment=os.environ) -> str:
     ''
     """
     nodes = environment.get("SLURM_STEP_NUM_NODES", "1")
-    given = environment.get("MPIR_CVAR_CH4_NETMOD") or environment.get("MPICH_CH4_NETMOD") or ""
-    if not srun_directly(environment) or "PMI_FD" not in environment or given.lower() != "ucx" or nodes == "1":
+    if not _srun_pmi2(environment) or _netmod_given(environment).lower() != "ucx" or nodes == "1":
         return ""
     return (f"collectives: MPIR_CVAR_CH4_NETMOD=ucx under srun --mpi=pmi2 across {nodes} nodes: Slurm's pmi2 "
             "cuts a PMI request over 1024 bytes and UCX's addresses can make one, so MPI_Init may fail or hang "
