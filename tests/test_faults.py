@@ -86,10 +86,15 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_at_exit(cleanup):
     assert wall < 30, result.stdout
 
 
-def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeout():
-    status, output, wall = _fault(3, "absent-at-setup")
+@pytest.mark.parametrize("absent", ["until-cued", "for-ever"])
+def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeout(absent):
+    """The others then end without MPI_Finalize, so that the launcher ends the job even where the
+    absent rank never ends (for-ever: MPICH's launcher waited for it for ever after their finalize)."""
+    status, output, wall = _fault(3, "absent-at-setup", absent)
     errors = _errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < 30, output
+    assert "exiting with status 1 without MPI_Finalize: a rank of this job never came to the runtime's setup" \
+        in output, output
     for seconds, message in errors.values():
         assert 2 <= seconds < 2 + DEADLINE_SLACK_S, output
         assert re.match(r"init: timed out after 2(\.\d+)? s waiting for every rank to make the runtime's communicator",

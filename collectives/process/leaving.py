@@ -76,13 +76,20 @@ def leave(w: Group, finishing: bool = True) -> None:
 
 
 
-def end_unset(rank: int) -> None:
+def end_unset(rank: int, missed: bool = False, grace: float = 2.0) -> None:
     """At exit of a process whose runtime was never set up, after the launcher's failure notice
-    (a process of the job died before the setup): MPI_Finalize would wait for it for ever, so
-    end now, with status 1."""
-    print(f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize: a process of this job died "
-          "before the runtime was set up, and MPI_Finalize would wait for it for ever", file=sys.stderr, flush=True)
+    (a process of the job died before the setup) or, ``missed``, a setup that timed out (a rank
+    never came): MPI_Finalize, or the launcher after it, would wait for that process for ever, so
+    end now, with status 1; after a missed setup only ``grace`` seconds after this process's
+    program ended, as ``abort`` does: the other ranks that timed out with it report theirs before
+    MPICH's launcher kills them for this process's end."""
+    why = ("a rank of this job never came to the runtime's setup" if missed else
+           "a process of this job died before the runtime was set up")
+    print(f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize: {why}, and after MPI_Finalize the "
+          "job would wait for it for ever", file=sys.stderr, flush=True)
     sys.stdout.flush()
+    if missed:
+        time.sleep(grace)
     os._exit(1)
 
 

@@ -20,10 +20,11 @@ from collectives.groups.group import Group
 from collectives.groups.making import make_group
 from collectives.process.runtime import Runtime, hosts_of, two_level_layout
 from ring.transport.mpi import notices
-from ring.transport.base import Bound, TransportError
+from ring.transport.base import Bound, TransportError, TransportTimeout
 
 the_world: Group | None = None   # the world group, once set up (read it through world() to set it up)
 joined_setup = False   # this process took part in a setup (see set_up)
+setup_missed = False   # that setup timed out: a rank of the job never came (see _finalize_if_nobody_will)
 _finalize_watched = False   # MPI.Finalize() tells the runtime first (once: see set_up)
 
 
@@ -207,7 +208,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     ``left``: this process is ending before it ever set up; it takes part only to tell the
     others why (see :func:`_leave_unset`). ``outlived``: MPI's world has processes that are gone
     or were not there at the start (see ``Runtime.outlived``)."""
-    global joined_setup, _finalize_watched
+    global joined_setup, setup_missed, _finalize_watched
     joined_setup = True   # (a rank that took part in a setup never joins another at exit)
     MPI = mpi()
     from ring.transport.mpi import setup as mpi_setup   # (imported here: importing it starts MPI)
@@ -217,6 +218,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
                                                    config.record(found, problem, left), comm, heeded)
     except TransportError as e:
+        setup_missed = isinstance(e, TransportTimeout)
         raise CollectiveError(f"init: {e}") from None   # (its words are all in the message: no chained traceback)
     try:
         config.check_records(records)
@@ -325,9 +327,12 @@ def _leave_unset() -> None:
 def _finalize_if_nobody_will() -> None:
     """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told
     mpi4py not to (``mpi4py.rc.finalize = False``) and did not itself (a process that ends without
-    it makes MPICH's launcher kill the others), but not after a death before the setup."""
-    if mpi_running() and the_world is None and notices.failure_notices():
-        leaving.end_unset(sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank())
+    it makes MPICH's launcher kill the others), but not after a death before the setup, nor after a
+    setup that timed out: the launcher waits for every finalized process's mates, so a rank that never
+    came and never ends (stuck in its own code) would hold the job for ever; without MPI_Finalize the
+    launcher ends it (or, under -disable-auto-cleanup, tells it, and its farewell ends at once)."""
+    if mpi_running() and the_world is None and (notices.failure_notices() or setup_missed):
+        leaving.end_unset(sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank(), setup_missed)
     if mpi_running() and (started_mpi or sys.modules["mpi4py"].rc.finalize is False):
         sys.modules["mpi4py.MPI"].Finalize()
 

@@ -103,9 +103,13 @@ def stuck() -> None:
 
 
 def absent_at_setup() -> None:
-    """The last rank never calls into the runtime; the others' first call sets up, bounded by its timeout."""
+    """The last rank never calls into the runtime; the others' first call sets up, bounded by its
+    timeout. The last rank then ends its program once the others' calls have ended, or (argv[2]
+    "for-ever") never: only the launcher can end it."""
     last = col.size() - 1
     if col.rank() == last:
+        if sys.argv[2:] == ["for-ever"]:
+            time.sleep(3600)
         _await_cues(range(last))   # (until the others' calls ended: then it may end its program)
         return
     try:
