@@ -132,5 +132,5 @@ def test_a_world_killed_at_its_bound_fails_the_test_it_hung_in_and_every_test_af
     hanging = f"{OUTER}test_a_world_where_a_rank_hangs"
     assert summary[hanging] == "FAILED" and summary[f"{hanging}{INNER}test_rank_1_hangs_here"] == "FAILED"
     assert summary[f"{hanging}{INNER}test_runs_last"] == "FAILED", result.stdout
-    assert "world of 2: the world was killed at its time bound (20 s): 2 test(s) not reported" in result.stdout
+    assert "world of 2: the world was killed at its time bound (10 s): 2 test(s) not reported" in result.stdout
     assert "ranks 0, 1 started this test and never finished it: the world was killed at its time bound" in result.stdout

@@ -2,7 +2,7 @@
 tests/test_worlds.py launches tests/mpi; run by tests/test_world_outcomes.py in a pytest of its own,
 whose report of each planted test it checks. Not collected by the suite itself (its name has no test_)."""
 PLANTED = ["tests/programs/planted_world_tests.py"]
-BOUND_S = 20   # the hanging world's time bound (its other tests take a few seconds)
+BOUND_S = 10   # the hanging world's time bound (its other tests take a few seconds)
 
 
 def test_a_world_with_a_failure_on_one_rank(world_tests):

@@ -13,7 +13,7 @@ refusals (every rank must raise the same error; ``refusals`` runs them all in on
   splits_wrong         all_to_all_single whose output_split_sizes disagree with what is sent
   gather_list_wrong    gather whose gather_list on the root has a tensor of the wrong size
   sparse_max           all_reduce (MAX) of a sparse tensor: gloo, and ring, reduce those by SUM only
-accepted as gloo accepts them:
+accepted as gloo accepts them (``accepted`` runs both in one world, each line ``rank R: NAME: ok <result>``):
   bool                 all_reduce (SUM, MIN) of rank == 0: [True] and [False] everywhere
   noncontiguous        all_reduce of a transposed tensor on rank 1 only
 peers that fail (every survivor must raise naming rank 1):
@@ -143,6 +143,11 @@ def main(name: str) -> None:
     rank, n = dist.get_rank(), dist.get_world_size()
     if name == "refusals":
         refusals(rank, n)
+        dist.destroy_process_group()
+        return
+    if name == "accepted":
+        for each in ("bool", "noncontiguous"):
+            print(f"rank {rank}: {each}: ok {refusal(each, rank, n)}", flush=True)
         dist.destroy_process_group()
         return
     scenario = ddp if name.startswith("ddp_") else peer if name in ("exits", "killed", "late", "barrier_late") \
