@@ -14,7 +14,7 @@ import pytest
 
 from tests.test_edges import OWN_OUTPUT, _read
 from tests.test_hosts import DEATH, HOSTS, SCRIPT, _finish, _kill_host, _tx_bytes, emulated_hosts
-from tests.worlds import ROOT, keep_survivors
+from tests.worlds import ROOT, WORLD_PYTEST, keep_survivors
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,8 @@ def test_every_collective_matches_mpi4py_across_2x2_hosts(cluster):
     """tests/mpi (every collective, op and dtype against mpi4py's own, async handles, groups,
     point-to-point, each algorithm forced) with 2 ranks on each of 2 hosts."""
     # (as in tests/test_hosts.py: the torch tests put gloo's rendezvous on 127.0.0.1, one host's own)
-    result = _run("2,2", ["-m", "pytest", "tests/mpi", "--with-mpi", "-q", "-x", "-p", "no:cacheprovider",
-                          "--timeout", "240", "--ignore", "tests/mpi/test_torch.py"], 540)
+    result = _run("2,2", [*WORLD_PYTEST, "tests/mpi", "-x", "--timeout", "240", "--ignore", "tests/mpi/test_torch.py"],
+                  540)
     assert result.returncode == 0, result.stdout[-6000:]
     assert " passed" in result.stdout and " failed" not in result.stdout, result.stdout[-3000:]
 

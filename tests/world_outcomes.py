@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.worlds import run_world
+from tests.worlds import WORLD_PYTEST, run_world
 
 WORLD_TIMEOUT_S = 480   # (5 ranks on 2 cores beside a CPU hog: the torch tests train DDP twice)
 TEST_TIMEOUT_S = 240    # each test inside a world (pytest-timeout, on every rank)
@@ -74,7 +74,7 @@ def run_tests_in_world(n: int, paths: list[str], directory: Path, timeout: float
                        env: dict | None = None) -> World:
     """``mpiexec -n n python -m pytest PATHS --with-mpi`` with each rank's record in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    result = run_world(n, ["-m", "pytest", *paths, "--with-mpi", "-q", "-p", "no:cacheprovider", "--timeout",
+    result = run_world(n, [*WORLD_PYTEST, *paths, "--timeout",
                            str(TEST_TIMEOUT_S), "--continue-on-collection-errors",
                            "-p", "tests.world_report", "--world-report", str(directory)], timeout, env)
     if result.returncode == -9 and result.stdout.startswith("TIMED OUT"):
