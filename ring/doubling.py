@@ -81,7 +81,7 @@ def doubling_steps(rank: int, n: int) -> tuple[Step, ...]:
 
 
 def agree(transport: Transport, bound: Bound, signature: bytes, payload: Any = None,
-          combine: np.ufunc | None = None, out: Any = None) -> bool:
+          combine: np.ufunc | None = None, out: Any = None, *, _reported: bool = False) -> bool:
     """True on every rank if every rank passed the same ``signature``, False on every rank otherwise.
 
     With a ``payload`` (a small flat numpy array, at most MAX_PAYLOAD_BYTES), it is
@@ -92,20 +92,16 @@ def agree(transport: Transport, bound: Bound, signature: bytes, payload: Any = N
     >>> agree(transport, call, b"allreduce float32 x1024")   # (a call is its waits' bound)  # doctest: +SKIP
     True
 
-    Reported to ``ring.execute.observer`` as phase "small" (with a payload) or "check".
+    Reported to ``ring.execute.observer`` as phase "small" (with a payload) or "check" (the report
+    makes the call again, ``_reported``: the latency path, unobserved, is one function call).
     """
-    if execute.observer is None:
-        return _agree(transport, bound, signature, payload, combine, out)
-    started = perf_counter()
-    try:
-        return _agree(transport, bound, signature, payload, combine, out)
-    finally:
-        execute.observer("check" if payload is None else "small", started, perf_counter(),
-                         0 if payload is None else payload.nbytes)
-
-
-def _agree(transport: Transport, bound: Bound, signature: bytes, payload: Any, combine: np.ufunc | None,
-           out: Any) -> bool:
+    if execute.observer is not None and not _reported:
+        started = perf_counter()
+        try:
+            return agree(transport, bound, signature, payload, combine, out, _reported=True)
+        finally:
+            execute.observer("check" if payload is None else "small", started, perf_counter(),
+                             0 if payload is None else payload.nbytes)
     nbytes = 0 if payload is None else payload.nbytes
     if nbytes > MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload of {nbytes} bytes; at most {MAX_PAYLOAD_BYTES}")

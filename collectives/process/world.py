@@ -23,8 +23,7 @@ from ring.transport.mpi import notices
 from ring.transport.base import Bound, TransportError, TransportTimeout
 
 the_world: Group | None = None   # the world group, once set up (read it through world() to set it up)
-joined_setup = False   # this process took part in a setup (see set_up)
-setup_missed = False   # that setup timed out: a rank of the job never came (see _finalize_if_nobody_will)
+joined_setup = setup_missed = False   # this process took part in a setup (see set_up); it timed out: a rank never came
 _finalize_watched = False   # MPI.Finalize() tells the runtime first (once: see set_up)
 
 
@@ -123,8 +122,7 @@ def rank() -> int:
 
 
 def size() -> int:
-    """The number of ranks in the world. Local: never waits for other ranks (but a newcomer joins
-    first, as for ``rank``)."""
+    """The number of ranks in the world. Local: never waits (but a newcomer joins first, as for ``rank``)."""
     if the_world is None and changes.joining():
         world()
     return the_world.size() if the_world is not None else mpi().COMM_WORLD.Get_size()
@@ -325,12 +323,9 @@ def _leave_unset() -> None:
 
 
 def _finalize_if_nobody_will() -> None:
-    """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told
-    mpi4py not to (``mpi4py.rc.finalize = False``) and did not itself (a process that ends without
-    it makes MPICH's launcher kill the others), but not after a death before the setup, nor after a
-    setup that timed out: the launcher waits for every finalized process's mates, so a rank that never
-    came and never ends (stuck in its own code) would hold the job for ever; without MPI_Finalize the
-    launcher ends it (or, under -disable-auto-cleanup, tells it, and its farewell ends at once)."""
+    """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told mpi4py
+    not to (``mpi4py.rc.finalize = False``) and did not itself (without it MPICH's launcher kills the
+    others); not after a death before the setup or a setup that timed out (``leaving.end_unset``)."""
     if mpi_running() and the_world is None and (notices.failure_notices() or setup_missed):
         leaving.end_unset(sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank(), setup_missed)
     if mpi_running() and (started_mpi or sys.modules["mpi4py"].rc.finalize is False):
