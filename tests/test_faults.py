@@ -93,7 +93,7 @@ def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeo
     status, output, wall = _fault(3, "absent-at-setup", absent)
     errors = _errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < 30, output
-    assert "exiting with status 1 without MPI_Finalize: a rank of this job never came to the runtime's setup" \
+    assert "exiting with status 1 without MPI_Finalize: a rank of this job did not come to the runtime's setup" \
         in output, output
     for seconds, message in errors.values():
         assert 2 <= seconds < 2 + DEADLINE_SLACK_S, output

@@ -11,6 +11,8 @@ that died; the timeline, if recorded, is written between the two (``collectives.
 """
 from __future__ import annotations
 
+import gc
+import io
 import json
 import math
 import os
@@ -78,19 +80,32 @@ def leave(w: Group, finishing: bool = True) -> None:
 
 def end_unset(rank: int, missed: bool = False, grace: float = 2.0) -> None:
     """At exit of a process whose runtime was never set up, after the launcher's failure notice
-    (a process of the job died before the setup) or, ``missed``, a setup that timed out (a rank
-    never came): MPI_Finalize, or the launcher after it, would wait for that process for ever, so
-    end now, with status 1; after a missed setup only ``grace`` seconds after this process's
-    program ended, as ``abort`` does: the other ranks that timed out with it report theirs before
-    MPICH's launcher kills them for this process's end."""
-    why = ("a rank of this job never came to the runtime's setup" if missed else
-           "a process of this job died before the runtime was set up")
-    print(f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize: {why}, and after MPI_Finalize the "
-          "job would wait for it for ever", file=sys.stderr, flush=True)
-    sys.stdout.flush()
+    (a process of the job ended before the setup), or, ``missed``, after a setup that timed out (a
+    rank did not come; the runtime cannot be set up again on this job): MPI_Finalize would wait for
+    that process for ever, or MPICH's launcher after it, as long as that process runs (stuck in its
+    own code: for ever). So end now, with status 1; after a missed setup ``grace`` seconds after
+    this process's program ended, as ``abort`` does, so that the ranks that timed out with it report
+    theirs before the launcher kills them for this process's end. The program's open files are
+    flushed first (``os._exit`` skips Python's own end; the exit handlers registered before the
+    runtime's first use do not run)."""
+    why = ("a rank of this job did not come to the runtime's setup, and after MPI_Finalize the launcher would wait "
+           "for it as long as it runs" if missed else
+           "a process of this job ended before the runtime was set up, and MPI_Finalize would wait for it for ever")
+    print(f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize: {why}", file=sys.stderr, flush=True)
+    _flush_open_files()
     if missed:
         time.sleep(grace)
     os._exit(1)
+
+
+def _flush_open_files() -> None:
+    """Write out what the program's open files still buffer, as Python's own end would."""
+    for thing in gc.get_objects():
+        if isinstance(thing, io.IOBase) and not thing.closed:
+            try:
+                thing.flush()
+            except (OSError, ValueError):
+                pass
 
 
 def work_finished() -> None:
@@ -120,11 +135,7 @@ def _end_without_finalize(w: Group, status: int = 1) -> None:
     the other ranks have said farewell too (at most _LEAVE_TOGETHER_SECONDS): MPICH's launcher kills
     every process as soon as one ends after a death, which would cut the others' reports short."""
     w.transport.exits.await_farewells(_LEAVE_TOGETHER_SECONDS)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    _flush_open_files()
     os._exit(status)
 
 
