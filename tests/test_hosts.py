@@ -362,12 +362,15 @@ def _elastic_final(output: str) -> str:
 
 def test_an_elastic_job_loses_a_rank_on_another_host_and_ends_with_the_bits_of_a_restart(cluster, tmp_path):
     """Issue 38: 2 x 2, rank 3 (host 2) SIGKILLs itself before step 30; the three survivors, on
-    two hosts, go on from that commit, and end with the bits of 2 x 2 to step 30, then 2 + 1."""
+    two hosts, go on from their last commit, and end with the bits of 2 x 2 to that step, then 2 + 1.
+    The commit is of step 30, or of step 29 where a survivor had not yet received all of step 29's
+    all-reduce from rank 3 (seen once beside a CPU hog): rank 3 had its result, not every peer."""
     job = ["-m", "tests.programs.elastic_job", "--steps", "80"]
     result = _run("2,2", ["-disable-auto-cleanup", sys.executable, *job, "--kill", "3@30"], python=False)
-    assert "elastic: rank 3 gone: 4 -> 3 ranks; back to step 30" in result.stdout, result.stdout[-3000:]
-    saved = tmp_path / "at30.npz"
-    assert _run("2,2", [*job, "--save-at", "30", str(saved)]).returncode == 0
+    back = re.search(r"elastic: rank 3 gone: 4 -> 3 ranks; back to step (30|29)\b", result.stdout)
+    assert back, result.stdout[-3000:]
+    saved = tmp_path / "at.npz"
+    assert _run("2,2", [*job, "--save-at", back.group(1), str(saved)]).returncode == 0
     resumed = _run("2,1", [*job, "--load", str(saved)])
     assert _elastic_final(result.stdout) == _elastic_final(resumed.stdout), (result.stdout[-2000:], resumed.stdout)
 

@@ -115,12 +115,14 @@ def test_a_non_contiguous_tensor_on_one_rank_is_reduced_like_the_others(accepted
 
 
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("name, why", [("exits", r"rank 1 ended its program"),
-                                       ("late", rf"timed out after {TIMEOUT_S}(\.\d+)? s waiting for rank")])
+@pytest.mark.parametrize("name, why", [
+    ("exits", r"rank 1 ended its program"),
+    ("late", rf"timed out after ({TIMEOUT_S}(\.\d+)?|{TIMEOUT_S - 1}\.9\d) s waiting for rank")])
 def test_a_peer_that_exits_or_is_late_fails_every_survivors_call(n, name, why):
     """A peer that exits is heard by message (the timeout is long: an error naming it came by its
     farewell); a late one, at the timeout (the time is the promise there), the late rank coming
-    only once every survivor's call has ended."""
+    only once every survivor's call has ended. (The message gives the time its wait waited, which
+    began a few milliseconds into the call: 3.99 s, seen beside a CPU hog, for the 4 s timeout.)"""
     status, lines, output = scenario(n, name, timeout=LONG_TIMEOUT_S if name == "exits" else TIMEOUT_S)
     survivors = [r for r in range(n) if r != 1]
     assert status != 0, output
