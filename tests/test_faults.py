@@ -101,6 +101,15 @@ def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeo
                         message), output
 
 
+def test_a_farewell_setup_that_nobody_joins_still_ends_with_mpi_finalize_and_status_0():
+    """A setup at exit that only says farewell and times out is not a setup the program missed: the
+    process finalizes as usual (it ended with status 1 for a session, which killed healthy jobs
+    whose ranks ended more than 10 s apart)."""
+    status, output, _ = _fault(2, "farewell-alone")
+    assert status == 0 and "rank 0: done" in output and "rank 1: done after rank 0's farewell" in output, output
+    assert "without MPI_Finalize" not in output, output
+
+
 def test_after_a_timeout_the_census_tells_a_late_rank_from_an_absent_one():
     status, output, _ = _fault(3, "late")
     errors = _errors(output)

@@ -216,7 +216,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
                                                    config.record(found, problem, left), comm, heeded)
     except TransportError as e:
-        setup_missed = isinstance(e, TransportTimeout)
+        setup_missed = isinstance(e, TransportTimeout) and not left   # (a farewell's setup that nobody joined ends well)
         raise CollectiveError(f"init: {e}") from None   # (its words are all in the message: no chained traceback)
     try:
         config.check_records(records)

@@ -1,10 +1,12 @@
 """Fault scenarios for tests/test_faults.py, each run as a user's program:
 ``mpiexec -n N python -m tests.programs.faults SCENARIO``. Ranks print how they ended:
 ``rank R: CollectiveError after T s: message``, ``rank R: ok ...``, and so on."""
+import atexit
 import inspect
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -100,6 +102,29 @@ def stuck() -> None:
         col.allreduce(np.ones(10, np.float32), timeout=2)
     except col.CollectiveError as e:
         _say(f"rank {col.rank()}: CollectiveError: {e}")
+
+
+def farewell_alone() -> None:
+    """Two ranks. Rank 0 uses the runtime (asks its rank) and ends; rank 1 uses mpi4py only, so nobody
+    joins the setup rank 0's exit holds to say farewell: its 10 s wait ends, and it must finalize as
+    usual (MPI_Finalize then waits for rank 1). Rank 1 ends once rank 0 is past that wait: a file
+    written by rank 0's exit handler registered before its first use of the runtime, which therefore
+    runs after the runtime's (and never, where the runtime ends the process itself)."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    cue = os.path.join(tempfile.gettempdir(), f"collectives-farewell-alone.{comm.allgather(os.getpid())[0]}")
+    if comm.Get_rank() == 0:
+        atexit.register(lambda: open(cue, "w").close())
+        _say(f"rank {col.rank()}: done")
+        return
+    give_up = time.monotonic() + _CUE_BOUND_S
+    while not os.path.exists(cue):
+        if time.monotonic() > give_up:
+            _say(f"rank {comm.Get_rank()}: rank 0's exit did not come past the runtime's within {_CUE_BOUND_S} s")
+            raise SystemExit(4)
+        time.sleep(0.01)
+    os.remove(cue)
+    _say(f"rank {comm.Get_rank()}: done after rank 0's farewell")
 
 
 def absent_at_setup() -> None:
@@ -651,7 +676,7 @@ if __name__ == "__main__":
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "idle": idle, "crash-first": crash_first, "crash-first-late": crash_first_late,
      "census-other-call": census_other_call,
-     "absent-at-setup": absent_at_setup, "unchecked": unchecked,
+     "absent-at-setup": absent_at_setup, "farewell-alone": farewell_alone, "unchecked": unchecked,
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
      "late-other-call": late_other_call,
