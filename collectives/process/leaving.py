@@ -78,12 +78,17 @@ def leave(w: Group, finishing: bool = True) -> None:
 
 
 
-def end_unset(rank: int, missed: bool = False, grace: float = 2.0) -> None:
+#: How long a process that ends after a failure gives the other ranks to report theirs before its end
+#: lets MPICH's launcher kill them (``end_unset``; ``collectives.process.world.abort``'s default).
+REPORT_GRACE_SECONDS = 2.0
+
+
+def end_unset(rank: int, missed: bool = False) -> None:
     """At exit of a process whose runtime was never set up, after the launcher's failure notice
     (a process of the job ended before the setup), or, ``missed``, after a setup that timed out (a
     rank did not come; the runtime cannot be set up again on this job): MPI_Finalize would wait for
     that process for ever, or MPICH's launcher after it, as long as that process runs (stuck in its
-    own code: for ever). So end now, with status 1; after a missed setup ``grace`` seconds after
+    own code: for ever). So end now, with status 1; after a missed setup REPORT_GRACE_SECONDS after
     this process's program ended, as ``abort`` does, so that the ranks that timed out with it report
     theirs before the launcher kills them for this process's end. The program's open files are
     flushed first (``os._exit`` skips Python's own end; the exit handlers registered before the
@@ -94,7 +99,7 @@ def end_unset(rank: int, missed: bool = False, grace: float = 2.0) -> None:
     print(f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize: {why}", file=sys.stderr, flush=True)
     _flush_open_files()
     if missed:
-        time.sleep(grace)
+        time.sleep(REPORT_GRACE_SECONDS)
     os._exit(1)
 
 

@@ -332,7 +332,7 @@ def _finalize_if_nobody_will() -> None:
         sys.modules["mpi4py.MPI"].Finalize()
 
 
-def abort(code: int = 1, grace: float = 2.0) -> None:
+def abort(code: int = 1, grace: float = leaving.REPORT_GRACE_SECONDS) -> None:
     """End the whole job after a failure: tell every other rank that this one leaves and why (its
     farewell), give them ``grace`` seconds to report it, then abort every process of the job, so
     that a rank stuck outside the runtime (a stalled loop) cannot keep it alive for ever.
