@@ -36,6 +36,13 @@ def _lines(output: str) -> dict[int, str]:
     return {int(r): line for r, line in found}
 
 
+def _named(output: str, name: str) -> dict[int, str]:
+    """Each rank's line of scenario ``name`` in a world that runs several in turn: what follows
+    ``rank R: NAME: ``."""
+    start = r"rank \d: (?:\w+: (?:\w+Error after |ok )|ok )"   # (lines of two ranks may run together)
+    return {int(r): line for r, line in re.findall(rf"rank (\d): {name}: (.*?)(?={start}|\n|$)", output)}
+
+
 def killed_scenario(tmp_path) -> tuple[dict[int, str], str]:
     """``killed`` at n=3, the survivors kept by the launcher (keep_survivors), each rank's output in a file of its own (the
     launcher drops what survivors print once it has seen a death)."""
@@ -72,8 +79,7 @@ def refusals_world() -> tuple[int, str]:
 @pytest.mark.parametrize("name", sorted(REFUSALS))
 def test_a_refusal_raises_the_same_error_on_every_rank(name, refusals_world):
     status, output = refusals_world
-    start = r"rank \d: (?:\w+: \w+Error after |ok )"   # (lines of two ranks may run together)
-    lines = {int(r): line for r, line in re.findall(rf"rank (\d): {name}: (.*?)(?={start}|\n|$)", output)}
+    lines = _named(output, name)
     assert sorted(lines) == [0, 1, 2], output
     for rank, line in lines.items():   # (a refusal, not a timeout: its type says so; the time, that it came at once)
         took = re.match(r"RingUsageError after ([\d.]+) s", line)
@@ -97,21 +103,16 @@ def accepted_world(request) -> tuple[int, int, str]:
     return request.param, result.returncode, result.stdout
 
 
-def _accepted(output: str, name: str) -> dict[int, str]:
-    found = re.findall(rf"rank (\d): {name}: ok (.*?)(?=rank \d: \w+: ok |\n|$)", output)   # (lines may run together)
-    return {int(r): line for r, line in found}
-
-
 def test_bool_reductions_give_glooss_any_and_all(accepted_world):
     n, status, output = accepted_world
-    assert status == 0 and _accepted(output, "bool") == {r: "[[True], [False]]" for r in range(n)}, output
+    assert status == 0 and _named(output, "bool") == {r: "ok [[True], [False]]" for r in range(n)}, output
 
 
 def test_a_non_contiguous_tensor_on_one_rank_is_reduced_like_the_others(accepted_world):
     n, status, output = accepted_world
     total = sum(range(1, n + 1))
     expected = [[float(i + 3 * j) * total for j in range(2)] for i in range(3)]
-    assert status == 0 and _accepted(output, "noncontiguous") == {r: f"{expected}" for r in range(n)}, output
+    assert status == 0 and _named(output, "noncontiguous") == {r: f"ok {expected}" for r in range(n)}, output
 
 
 @pytest.mark.parametrize("n", [2, 3])
