@@ -124,3 +124,21 @@ def test_the_default_training_run_reaches_the_cpus_accuracy_on_the_gpu(tmp_path)
         print(device, done)
         accuracy[device] = float(done[-1].rpartition("test accuracy ")[2].rstrip("%"))
     assert abs(accuracy["cuda"] - accuracy["cpu"]) <= 0.5, accuracy
+
+
+@pytest.mark.parametrize("scenario", ["absent", "killed"])
+def test_a_rank_absent_or_killed_over_nccl_ends_the_others_call_with_an_error_not_a_hang(scenario):
+    """Two ranks on one NCCL communicator: the one that waits gets CollectiveError (from the call, or
+    from the watchdog's abort at the call's deadline), and the job ends well inside the launch's bound."""
+    if not nccl_fits(2):
+        pytest.skip(f"NCCL {nccl_version()} cannot put 2 ranks on {GPUS} GPU(s)")
+    result = run_world(2, ["-m", "tests.programs.gpu_faults", scenario], 120,
+                       env={"COLLECTIVES_GPU_TRANSPORT": "nccl"})
+    print(result.stdout[-4000:])
+    assert "TIMED OUT" not in result.stdout and "never noticed" not in result.stdout, result.stdout[-4000:]
+    assert result.stdout.count("over NCCLTransport") == 2, result.stdout[-4000:]
+    assert "rank 0: CollectiveError after" in result.stdout, result.stdout[-4000:]
+    if scenario == "absent":
+        assert "rank 1: stayed away" in result.stdout, result.stdout[-4000:]
+    else:
+        assert result.returncode != 0, result.stdout[-4000:]
