@@ -49,6 +49,7 @@ def leave(w: Group, finishing: bool = True) -> None:
     gone = w.transport.exits.gone_at_exit()
     if gone:   # said before the farewell: the launcher may end this process once the others have left
         _say_no_finalize(w, gone, status=after_a_death)
+    ended_well = False   # (whether every rank did: the transports' teardown must be the same on all, see close)
     try:
         for g in reversed(runtime.groups):   # each group's members count their calls on it; the world's
             # last: a rank that will not finalize ends once it has every world farewell, so none may follow
@@ -70,9 +71,10 @@ def leave(w: Group, finishing: bool = True) -> None:
             _end_without_finalize(w, status=1 if late else after_a_death)
         elif finishing and runtime.outlived:   # MPI's world holds processes that died (see Runtime.outlived):
             _end_without_finalize(w, status=1 if why else 0)   # no MPI_Finalize, so no exit barrier before it
+        ended_well = not why and w.transport.exits.all_left_well()
     finally:
         for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
-            g.transports.close(failure is not None)
+            g.transports.close(failed=not ended_well)
         notices.ignore_failure_notices()
 
 

@@ -19,6 +19,7 @@ after it, instead of leaving a later stream synchronization waiting forever.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
 
 from ring import arrays
@@ -27,6 +28,10 @@ from ring.transport.base import Bound, OverHost, Transport, TransportError
 from ring.transport.gpu.watchdog import Watchdog
 
 _UNIQUE_ID_BYTES = 128
+#: How long a process waits at its end for NCCL's teardown of the communicator. NCCL may wait there
+#: for the other ranks on the node (destroy, and since 2.16 abort too: they share memory), which a
+#: failed job cannot promise (a rank dead, or stuck in its own code).
+TEARDOWN_SECONDS = 10.0
 
 
 def _cupy():
@@ -159,11 +164,18 @@ class NCCLTransport(OverHost):
         self.comm.abort()
 
     def close(self, failed: bool = False) -> None:
-        """Destroy the communicator at exit; after a failure abort it instead (a peer may never come)."""
+        """Release the communicator at exit: destroy it where every rank of the job ended well,
+        abort it otherwise (``failed``: the caller tells every rank alike, since NCCL's teardown
+        pairs across ranks). On a thread of its own, for at most TEARDOWN_SECONDS: past that this
+        process goes on to its end, which frees what the communicator held on the GPU anyway."""
         self.watchdog.stop()
         if self.watchdog.expired:
             return   # already aborted
-        if failed:
-            self.comm.abort()
-        else:
-            self.comm.destroy()
+        release = self.comm.abort if failed else self.comm.destroy
+        teardown = threading.Thread(target=release, name="NCCL teardown", daemon=True)
+        teardown.start()
+        teardown.join(TEARDOWN_SECONDS)
+        if teardown.is_alive():
+            print(f"rank {self.rank}: NCCL's {'abort' if failed else 'destroy'} of the communicator did not end in "
+                  f"{TEARDOWN_SECONDS:g} s (a rank gone, or stuck?); this process ends without it",
+                  file=sys.stderr, flush=True)

@@ -104,6 +104,14 @@ class Exits:
         ended = {c.names[p] for p in c.departed if self._ended(p)}
         return sorted(set(c.known_dead()) | {c.names[p] for p in c.unfinalized} | ended)
 
+    def all_left_well(self) -> bool:
+        """After the exit barrier: whether every other rank said in its farewell that its program
+        ended normally (no failure, no reason), so that every rank can release what it shares with
+        the others the healthy way (NCCL's destroy, where a failed job aborts)."""
+        c = self.control
+        return all(p in c.departed and not c.departed[p][0] and not c.departed[p][2]
+                   for p in range(c.size) if p != c.rank)
+
     def _ended(self, peer: int) -> bool:
         """Whether ``peer``'s process has ended (or is ending), by its pid here; on another host, by
         its connection, closed before it came to the exit barrier (a rank that passed the barrier
