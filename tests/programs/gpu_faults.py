@@ -10,7 +10,7 @@
 
 On the GPU a call may return once its work is queued, so each call here is followed by a stream
 synchronization: the error may come from the call, from the synchronization's bound (the watchdog
-aborts the communicator at the call's deadline), or from the next call. Each rank prints how it ended; one still running after 60 s prints its threads' stacks and exits.
+aborts the communicator at the call's deadline), or from the next call. Each rank prints how it ended; one that crashes, or still runs after 60 s, prints its threads' stacks.
 """
 import faulthandler
 import os
@@ -67,6 +67,7 @@ def killed() -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()   # (a crash inside CUDA or NCCL shows where)
     faulthandler.dump_traceback_later(60, exit=True)   # (a hang shows where: every thread's stack, then exit 1)
     col.use_local_gpu()
     col.init(timeout=20)
