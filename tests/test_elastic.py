@@ -68,6 +68,17 @@ def test_a_death_after_the_work_ended_does_not_hang_the_survivors(victim):
                      f"ever for rank(s) {victim} ") == 3, out[-3000:]
 
 
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="the supervisor runs under MPICH's launcher only")
+def test_a_death_inside_mpi_finalize_does_not_hang_the_others():
+    """Rank 2 dies as it goes into MPI_Finalize, its exit barrier passed: the others, in MPI_Finalize
+    or about to leave without it, waited for ever (1 run in 12 of the trainer killed after its
+    ``done:`` line). Their supervisors end them 3 s after it ended; the job finished: status 0."""
+    result = run_world(4, [*JOB, "--kill-in-finalize", "2"], 60, launcher_args=CLEANUP)
+    out = result.stdout
+    assert "final " in out and "killed in MPI_Finalize" in out, out[-3000:]
+    assert result.returncode == 0, out[-3000:]
+
+
 def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_for_ever():
     """Rank 1 sleeps in its own code at step 20: the others time out naming it and end their
     programs; under -disable-auto-cleanup nothing else would end rank 1, so mpiexec never returned.

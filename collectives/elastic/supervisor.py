@@ -114,10 +114,13 @@ class _Reasons:
         self.siblings: dict[int, str] = {}   # the other processes of the launcher's proxy here: pid -> rank
         self.next_sibling_look = 0.0
         self.local_ranks = _local_ranks()    # how many the proxy started here (0: unknown)
+        self.sibling_ended_at, self.ended_rank = math.inf, "?"   # (see _held_in_finalize)
 
     def to_end(self, said: bytes) -> str:
         self.others.look(0)
         now, started = time.monotonic(), b"m" in said
+        if b"f" in said:
+            return self._held_in_finalize(now)
         self.alone_since = min(self.alone_since, now) if self.others.all_gone_after_a_failure() else math.inf
         if now - self.alone_since > _ALONE_GRACE:
             return (f"every other rank of this elastic job ended after a failure {_ALONE_GRACE:g} s ago, and this "
@@ -140,6 +143,24 @@ class _Reasons:
         if changes.joining() and b"1" not in said and now - self.began > changes.JOIN_SECONDS:
             return (f"this newcomer could not join the running job within {changes.JOIN_SECONDS:.0f} s (the members "
                     "gave up its spawn)")
+        return ""
+
+    def _held_in_finalize(self, now: float) -> str:
+        """The child said it went into MPI_Finalize, its elastic job finished (b"f"): MPI_Finalize
+        waits for every rank, for ever for one that died in there, or that saw that death first and
+        left without it. Once a process of this host's that was in the job has ended, the child has
+        _FINALIZE_GRACE seconds to end too."""
+        if now >= self.next_sibling_look:
+            self.next_sibling_look = now + _SIBLING_LOOK_SECONDS
+            here = _siblings()
+            ended = sorted(set(self.siblings) - here)
+            self.siblings.update({pid: _rank_of(pid) for pid in here - self.siblings.keys()})
+            if ended and self.sibling_ended_at == math.inf:
+                self.sibling_ended_at, self.ended_rank = now, self.siblings[ended[0]]
+        if now - self.sibling_ended_at > _FINALIZE_GRACE:
+            return (f"this rank's elastic job finished, but MPI_Finalize has not returned {_FINALIZE_GRACE:g} s after "
+                    f"rank {self.ended_rank} of this host ended (it waits for ever for a rank that died in there, or "
+                    "left without it)")
         return ""
 
 
@@ -193,7 +214,12 @@ def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOther
       while the members spawned it leaves it waiting in its MPI_Init or the merge;
     - an elastic rank still running _ALONE_GRACE seconds after every other rank has ended, one
       of them saying the job failed: stuck in its own code (the others timed out naming it),
-      it would hold the launcher for ever (``mpiexec -disable-auto-cleanup`` kills nobody)."""
+      it would hold the launcher for ever (``mpiexec -disable-auto-cleanup`` kills nobody);
+    - a rank of a finished elastic job still in MPI_Finalize (it said b"f") _FINALIZE_GRACE
+      seconds after a rank of this host ended: a rank killed after the exit barrier, or one that
+      saw that death before this one and left without MPI_Finalize, holds it there for ever (1 in
+      12 runs of the trainer killed after its ``done:`` line, beside a CPU hog). It ends with
+      status 0: the work was done."""
     said, reading, reasons = b"", True, _Reasons(noticed, others)
     while True:
         ended, status = os.waitpid(child, os.WNOHANG)
@@ -216,7 +242,7 @@ def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOther
                   flush=True)
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
-            return 1, said
+            return (0 if b"f" in said else 1), said   # (b"f": the job finished; only MPI_Finalize held it)
 
 
 _LOOK_SECONDS = 0.05   # between the supervisor's looks at its child
@@ -224,6 +250,7 @@ _START_GRACE = 0.5     # seconds MPI may still take to start in the child after 
 _SIBLING_LOOK_SECONDS = 0.25   # between looks at the other processes here, until MPI has started
 _FORK_GRACE = 5.0      # seconds the proxy may take to start every process of this host (then one unseen has ended)
 _ALONE_GRACE = 5.0     # seconds a rank may still take to end once every other rank ended after a failure
+_FINALIZE_GRACE = 3.0  # seconds MPI_Finalize may still take once another rank of this host has ended
 #: In a job that spawned processes (the child said b"1"), the supervisor outlives its child by this
 #: much. MPICH's launcher (hydra 5, under -disable-auto-cleanup) answers every process's end, even a
 #: normal one, with a notice to the proxy of each other process group on its host (the newcomers of

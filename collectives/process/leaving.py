@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from collectives.process import hooks
+from collectives.process import changes, hooks
 from collectives.calls import timeline as timelines
 from collectives.groups.group import Group
 from ring.transport.mpi import notices
@@ -71,6 +71,8 @@ def leave(w: Group, finishing: bool = True) -> None:
             _end_without_finalize(w, status=1 if late else after_a_death)
         elif finishing and runtime.outlived:   # MPI's world holds processes that died (see Runtime.outlived):
             _end_without_finalize(w, status=1 if why else 0)   # no MPI_Finalize, so no exit barrier before it
+        if finishing and _work_finished and not why:   # (into MPI_Finalize, the elastic job done: a rank that
+            changes.tell_supervisor(b"f")               # dies in there now would hold this one: its supervisor ends it)
         ended_well = not why and w.transport.exits.all_left_well()
     finally:
         for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)

@@ -9,7 +9,9 @@ computation. ``--kill R@S``: the process the launcher started as rank R SIGKILLs
 step S (the state then holds the commit of step S); it prints ``killed at <time>`` first.
 ``--kill-at-exit R``: once the work is done (after ``final``) that process ends its program and
 SIGKILLs itself inside the runtime's exit, once it waits there for the others (its exit barrier);
-they end their programs only once its process has ended.
+they end their programs only once its process has ended. ``--kill-in-finalize R``: that process
+SIGKILLs itself once its exit barrier has passed, as it goes into MPI_Finalize (the others are
+at exit too, most of them past their barrier).
 ``--die-agreeing R``: that process dies in the survivors' agreement after the first death (its
 message of the first round sent to the lowest survivor alone: the gap of ``ring.transport.mpi.survivors``).
 ``--raise R@S``: that process raises ValueError instead (an error of the program, which ends the
@@ -47,6 +49,7 @@ def main() -> None:
     p.add_argument("--kill", type=cue, action="append", default=[])
     p.add_argument("--die-agreeing", type=int, default=-1)
     p.add_argument("--kill-at-exit", type=int, default=-1, help="this launched rank SIGKILLs itself at the end")
+    p.add_argument("--kill-in-finalize", type=int, default=-1, help="this launched rank SIGKILLs itself in MPI_Finalize")
     p.add_argument("--raise", dest="raise_", type=cue, action="append", default=[])
     p.add_argument("--stuck", type=cue, action="append", default=[])
     p.add_argument("--die-before-mpi", type=int, default=-1, help="this launched rank SIGKILLs itself first thing")
@@ -118,6 +121,8 @@ def main() -> None:
         print(f"final {digest} at step {state.step} on {col.size()} ranks", flush=True)
     if args.kill_at_exit >= 0:
         kill_at_exit(args.kill_at_exit, launched_as)
+    if args.kill_in_finalize == launched_as:
+        kill_in_finalize()
 
 
 def kill_at_exit(victim: int, launched_as: int) -> None:
@@ -132,6 +137,21 @@ def kill_at_exit(victim: int, launched_as: int) -> None:
                                                   os.kill(os.getpid(), signal.SIGKILL)))
     else:
         _await_ended([int(pid) for launched, pid in pids if launched == victim])
+
+
+def kill_in_finalize() -> None:
+    """Die the moment the runtime tells this process's supervisor that it goes into MPI_Finalize,
+    the elastic job finished (after the exit barrier: cued by the runtime's own word, not a time)."""
+    from collectives.process import changes
+    tell = changes.tell_supervisor
+
+    def tell_then_die(what: bytes, last: bool = False) -> None:
+        tell(what, last)
+        if what == b"f":
+            print(f"killed in MPI_Finalize at {time.time():.6f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    changes.tell_supervisor = tell_then_die
 
 
 def die_in_the_agreement() -> None:

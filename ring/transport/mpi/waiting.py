@@ -19,11 +19,16 @@ import math
 import time
 from typing import Any, Callable
 
-from ring.transport.base import ROLL_CALL_GRACE, Bound
+from ring.transport.base import ROLL_CALL_GRACE, Bound, PeerLost
 from ring.transport.mpi.control import COLLECTIVE, Control
 from ring.transport.polling import pause
 
 CHECK_INTERVAL = 0.5   # seconds between looks at the control channel and the local peers' processes
+#: How long a wait goes on polling once a rank it needs is found gone, before it raises: a rank that
+#: died right after doing its part of a call has sent its messages, and this rank's part can still
+#: finish, as it did on the ranks that were quicker. Without it the ranks split on whether the call
+#: happened (an elastic job's ranks went back to different steps).
+DRAIN_SECONDS = 0.2
 
 
 def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seconds: float,
@@ -39,14 +44,20 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     # Near the deadline a collective asks who is in which call, so that a timeout's roll call is
     # answered by the deadline, not a grace period after it (a short wait asks half way).
     ask_at = max(bound.until - ROLL_CALL_GRACE, (started + bound.until) / 2) if seq else math.inf
-    next_check, notices = started + CHECK_INTERVAL, control.checked_notices   # (a notice that came while
-    # this rank computed, before the wait, is looked into at once: else it waited CHECK_INTERVAL)
+    next_check, notices = started + (0.0 if control.dead else CHECK_INTERVAL), control.checked_notices
+    # (a notice that came while this rank computed, before the wait, is looked into at once: else it
+    # waited CHECK_INTERVAL; so is a death already seen, by a wait that drained after it)
     while not done():
         now = time.monotonic()
         pause(now - started, spin_seconds, bound.background)
         if now >= next_check or notices != control.notices():
             notices = control.notices()
-            control.check_peers(seq, expecting)
+            try:
+                control.check_peers(seq, expecting)
+            except PeerLost:
+                if not _finishes_by(done, time.monotonic() + DRAIN_SECONDS):
+                    raise
+                return
             next_check = now + min(CHECK_INTERVAL, control.look_again_in())
         if now >= ask_at:
             control.ask(seq)
@@ -56,3 +67,12 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
             if peer is None:
                 raise bound.expired(now - started, -1, "a message from any rank")
             raise bound.expired(now - started, peer)
+
+
+def _finishes_by(done: Callable[[], bool], until: float) -> bool:
+    """Poll ``done()`` until it is true (True) or ``until`` passes (False)."""
+    while not done():
+        if time.monotonic() >= until:
+            return False
+        time.sleep(1e-3)
+    return True
