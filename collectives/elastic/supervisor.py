@@ -150,16 +150,18 @@ class _Reasons:
         waits for every rank, for ever for one that died in there, or that saw that death first and
         left without it. Once a process of this host's that was in the job has ended, the child has
         _FINALIZE_GRACE seconds to end too."""
-        if now >= self.next_sibling_look:
+        if now >= self.next_sibling_look and self.sibling_ended_at == math.inf:
             self.next_sibling_look = now + _SIBLING_LOOK_SECONDS
             here = _siblings()
             ended = sorted(set(self.siblings) - here)
             self.siblings.update({pid: _rank_of(pid) for pid in here - self.siblings.keys()})
-            if ended and self.sibling_ended_at == math.inf:
-                self.sibling_ended_at, self.ended_rank = now, self.siblings[ended[0]]
+            if ended:
+                self.sibling_ended_at, self.ended_rank = now, f"rank {self.siblings[ended[0]]}"
+            elif len(here) < self.local_ranks - 1:   # (one that ended before this supervisor ever saw it: a
+                self.sibling_ended_at, self.ended_rank = now, "a rank"   # busy machine, a quick death)
         if now - self.sibling_ended_at > _FINALIZE_GRACE:
             return (f"this rank's elastic job finished, but MPI_Finalize has not returned {_FINALIZE_GRACE:g} s after "
-                    f"rank {self.ended_rank} of this host ended (it waits for ever for a rank that died in there, or "
+                    f"{self.ended_rank} of this host ended (it waits for ever for a rank that died in there, or "
                     "left without it)")
         return ""
 

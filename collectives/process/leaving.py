@@ -31,11 +31,10 @@ def leave(w: Group, finishing: bool = True) -> None:
     """Say farewell to every other rank and release the transports of the world ``w`` and its
     groups; once (a later call does nothing), at exit or at ``MPI.Finalize()``, whichever comes first.
 
-    ``finishing``: MPI_Finalize follows, which waits for every rank, for ever if one died (MPICH
-    under ``-disable-auto-cleanup``). So first every rank waits for the others at exit in a
-    barrier it polls (``exit_barrier``); if a rank is known dead, or said it will not finalize,
-    this process prints one line and ends at once with status 1, without MPI_Finalize and
-    without the exit handlers registered before the program first used ``collectives``."""
+    ``finishing``: MPI_Finalize follows, which waits for every rank, for ever if one died (MPICH under
+    ``-disable-auto-cleanup``). So first every rank waits for the others at exit in a barrier it polls (``exit_barrier``);
+    if a rank is known dead, or said it will not finalize, this process prints one line and ends at once with
+    status 1, without MPI_Finalize and the exit handlers registered before the program first used ``collectives``."""
     runtime = w.runtime
     if runtime.closed:
         return
