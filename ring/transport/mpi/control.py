@@ -224,10 +224,10 @@ class Control:
 
     def guard(self, peer: int, seq: int | None) -> None:
         """Before a message to ``peer``, a rank on another host (see ``MPITransport.sending_to``):
-        raise PeerLost if its process has ended or is ending, naming it as every rank should
-        hear it (or the root cause, when a farewell gave one)."""
-        if self.liveness is not None and self.liveness.gone(self.names[peer]):
-            self.dead.add(peer)
+        raise PeerLost if it is known dead or its process has ended or is ending, naming it as every
+        rank should hear it (or the root cause, when a farewell gave one)."""
+        if peer in self.dead or self.liveness is not None and self.liveness.gone(self.names[peer]):
+            self.dead.add(peer)   # (known dead already: a wait that drained after seeing it went on to this send)
             self.check_peers(seq)
             name = self.names[peer]
             if peer in self.departed:   # it said farewell, and its process has ended since
