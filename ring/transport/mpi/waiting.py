@@ -70,9 +70,13 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
 
 
 def _finishes_by(done: Callable[[], bool], until: float) -> bool:
-    """Poll ``done()`` until it is true (True) or ``until`` passes (False)."""
-    while not done():
-        if time.monotonic() >= until:
-            return False
-        time.sleep(1e-3)
+    """Poll ``done()`` until it is true (True), or ``until`` passes or it raises (False: Open MPI
+    reports the dead peer on a request, and the PeerLost found first says it better)."""
+    try:
+        while not done():
+            if time.monotonic() >= until:
+                return False
+            time.sleep(1e-3)
+    except Exception:
+        return False
     return True
