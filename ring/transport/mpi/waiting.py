@@ -34,7 +34,8 @@ DRAIN_SECONDS = 0.2
 def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seconds: float,
              waiting_for: Callable[[], int | None], expecting: Any = COLLECTIVE) -> None:
     """Poll ``done()`` until it is true; raise PeerLost (a peer that ``expecting`` needs is gone:
-    see ``Control.check_peers``; COLLECTIVE: the ranks of collective ``bound.seq``) or, once
+    see ``Control.check_peers``; COLLECTIVE: the ranks of collective ``bound.seq``; DRAIN_SECONDS
+    after it is found, unless ``done()`` comes true meanwhile) or, once
     ``bound`` passes, its error naming ``waiting_for()``, the rank (as the control plane names
     it) still pending (None: any rank)."""
     seq = bound.seq if expecting is COLLECTIVE else None
@@ -47,17 +48,21 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     next_check, notices = started + (0.0 if control.dead else CHECK_INTERVAL), control.checked_notices
     # (a notice that came while this rank computed, before the wait, is looked into at once: else it
     # waited CHECK_INTERVAL; so is a death already seen, by a wait that drained after it)
-    while not done():
+    lost, drain_until = None, math.inf   # (a PeerLost found, held DRAIN_SECONDS while this rank's part may finish)
+    while not _done(done, lost):
         now = time.monotonic()
         pause(now - started, spin_seconds, bound.background)
+        if lost is not None:
+            if now >= drain_until:
+                raise lost
+            continue
         if now >= next_check or notices != control.notices():
             notices = control.notices()
             try:
                 control.check_peers(seq, expecting)
-            except PeerLost:
-                if not _finishes_by(done, time.monotonic() + DRAIN_SECONDS):
-                    raise
-                return
+            except PeerLost as e:
+                lost, drain_until = e, now + DRAIN_SECONDS
+                continue
             next_check = now + min(CHECK_INTERVAL, control.look_again_in())
         if now >= ask_at:
             control.ask(seq)
@@ -69,14 +74,12 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
             raise bound.expired(now - started, peer)
 
 
-def _finishes_by(done: Callable[[], bool], until: float) -> bool:
-    """Poll ``done()`` until it is true (True), or ``until`` passes or it raises (False: Open MPI
-    reports the dead peer on a request, and the PeerLost found first says it better)."""
+def _done(done: Callable[[], bool], lost: PeerLost | None) -> bool:
+    """``done()``; while a wait drains after finding a rank gone (``lost``), an error it raises gives
+    way to that PeerLost, which says it better (Open MPI reports the dead peer on a request)."""
+    if lost is None:
+        return done()
     try:
-        while not done():
-            if time.monotonic() >= until:
-                return False
-            time.sleep(1e-3)
+        return done()
     except Exception:
-        return False
-    return True
+        raise lost from None
