@@ -129,9 +129,7 @@ class _Reasons:
             return "a process of this job died while MPI was starting here, and MPI_Init would wait for it for ever"
         if not started and now >= self.next_sibling_look:
             self.next_sibling_look = now + _SIBLING_LOOK_SECONDS
-            here = _siblings()
-            ended = sorted(pid for pid in self.siblings if pid not in here)
-            self.siblings.update({pid: _rank_of(pid) for pid in here - self.siblings.keys()})
+            ended, _ = self._look_at_siblings()
             if ended:
                 return (f"rank {self.siblings[ended[0]]} of this job (its supervisor's pid {ended[0]}, on this host) "
                         "ended before MPI started here, and MPI_Init would wait for it for ever")
@@ -145,6 +143,14 @@ class _Reasons:
                     "gave up its spawn)")
         return ""
 
+    def _look_at_siblings(self) -> tuple[list[int], set[int]]:
+        """The host's other processes now (``_siblings``), each one newly seen noted with its rank;
+        returns those seen before that have ended, and those here now."""
+        here = _siblings()
+        ended = sorted(set(self.siblings) - here)
+        self.siblings.update({pid: _rank_of(pid) for pid in here - self.siblings.keys()})
+        return ended, here
+
     def _held_in_finalize(self, now: float) -> str:
         """The child said it went into MPI_Finalize, its elastic job finished (b"f"): MPI_Finalize
         waits for every rank, for ever for one that died in there, or that saw that death first and
@@ -152,9 +158,7 @@ class _Reasons:
         _FINALIZE_GRACE seconds to end too."""
         if now >= self.next_sibling_look and self.sibling_ended_at == math.inf:
             self.next_sibling_look = now + _SIBLING_LOOK_SECONDS
-            here = _siblings()
-            ended = sorted(set(self.siblings) - here)
-            self.siblings.update({pid: _rank_of(pid) for pid in here - self.siblings.keys()})
+            ended, here = self._look_at_siblings()
             if ended:
                 self.sibling_ended_at, self.ended_rank = now, f"rank {self.siblings[ended[0]]}"
             elif len(here) < self.local_ranks - 1:   # (one that ended before this supervisor ever saw it: a
