@@ -20,9 +20,11 @@ setup(
         # the trainer's TensorBoard files, written and read back
         # torch and ml-dtypes: the torch backend's tests, against gloo (2.13.0: the version tested, whose CPU
         # build pip finds on the project's machines; a newer one from PyPI brings several GB of CUDA);
-        # expecttest: torch.testing._internal imports it (tests/test_torch_suite.py runs torch's own suite)
-        "test": ["pytest>=8", "pytest-mpi>=0.6", "pytest-timeout>=2.3", "hypothesis>=6.100", "matplotlib>=3.7",
-                 "tensorboardX>=2.6", "tensorboard>=2.14", "torch==2.13.0", "ml-dtypes>=0.4", "expecttest>=0.2"],
+        # expecttest: torch.testing._internal imports it (tests/test_torch_suite.py runs torch's own suite);
+        # pytest-xdist: the suite runs in two streams (-n 2, README): run serially, a third of its time the cores
+        # wait on timeouts and launches
+        "test": ["pytest>=8", "pytest-mpi>=0.6", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "hypothesis>=6.100",
+                 "matplotlib>=3.7", "tensorboardX>=2.6", "tensorboard>=2.14", "torch==2.13.0", "ml-dtypes>=0.4", "expecttest>=0.2"],
         # import collectives.torch: the torch.distributed backend "ring" (bfloat16 tensors need ml-dtypes)
         "torch": ["torch>=2.4", "ml-dtypes>=0.4"],
         # numpy bfloat16 arrays (ml_dtypes.bfloat16, as JAX uses) in the collectives

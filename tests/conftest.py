@@ -1,13 +1,13 @@
 """tests/mpi runs only inside MPI worlds (launched by tests/test_worlds.py with --with-mpi); each test of a
 world is reported as a test of the run that launched it (tests/world_outcomes.py)."""
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from tests.world_outcomes import WORLD_TIMEOUT_S, report_each_test, run_tests_in_world
+from tests.world_outcomes import WORLD_OUTCOMES, WORLD_TIMEOUT_S, WorldReports, run_tests_in_world
 
 MPI_TESTS = Path(__file__).parent / "mpi"
-WORLDS = pytest.StashKey()   # the worlds a test ran, whose tests are reported after it
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -20,11 +20,12 @@ def pytest_ignore_collect(collection_path, config):
 def world_tests(request, tmp_path):
     """``world_tests(n, paths)``: run those tests in a world of n ranks, bounded by ``timeout`` seconds;
     fail if the world did not end as a pytest run ends; each of its tests is then reported on its own."""
-    worlds = request.node.stash.setdefault(WORLDS, [])
+    worlds = []
 
     def run(n: int, paths: list[str], env: dict | None = None, timeout: float = WORLD_TIMEOUT_S):
         world = run_tests_in_world(n, paths, tmp_path / f"world-{len(worlds)}-of-{n}", timeout, env)
         worlds.append(world)
+        request.node.user_properties.append((WORLD_OUTCOMES, [dataclasses.asdict(o) for o in world.outcomes]))
         # The world's tests join the count that pytest's progress ("[ 42%]") is a share of.
         request.session.testscollected += len(world.outcomes)
         if world.problem is not None:
@@ -33,13 +34,15 @@ def world_tests(request, tmp_path):
     return run
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """After a test that ran worlds (and its own report), report the worlds' tests, one by one."""
-    result = yield
-    for world in item.stash.get(WORLDS, []):
-        report_each_test(item, world)
-    return result
+def pytest_configure(config):
+    """``-n N`` (pytest-xdist, as the README runs the suite: ``-n 2``) deals the tests out to N
+    streams one at a time, but for a file that names a group (``pytestmark =
+    pytest.mark.xdist_group(...)``), whose tests go to one stream in order: those sharing a
+    module fixture, and those making network namespaces (their names are the machine's)."""
+    if getattr(config.option, "dist", "no") == "load":   # (what -n alone chooses)
+        config.option.dist = "loadgroup"
+    if not hasattr(config, "workerinput"):   # (not an xdist worker: this session shows the reports)
+        config.pluginmanager.register(WorldReports(config), "world-reports")
 
 
 @pytest.hookimpl(trylast=True)

@@ -94,10 +94,10 @@ def test_the_world_itself_fails_unless_it_ended_as_a_pytest_run_ends(status, out
     assert (world.problem is None) if problem is None else problem in world.problem
 
 
-def planted(worlds: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+def planted(worlds: str, *options: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
     """Run the planted worlds named by ``worlds`` (a -k expression) in a pytest of their own: its
     output, and its short summary as {test id: PASSED or FAILED}."""
-    result = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-k", worlds,
+    result = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", *options, "-k", worlds,
                              "tests/programs/planted_worlds.py"], cwd=ROOT, capture_output=True, text=True,
                             timeout=300)
     return result, {nodeid: word for word, nodeid in re.findall(r"^(PASSED|FAILED) (\S+)", result.stdout, re.M)}
@@ -107,9 +107,12 @@ OUTER, INNER = "tests/programs/planted_worlds.py::", "::tests/programs/planted_w
 
 
 @pytest.mark.quick
-def test_each_planted_test_of_two_worlds_is_reported_on_its_own():
-    """A world with a failure on rank 1, a skip and passes; a world where rank 1 dies inside a test."""
-    result, summary = planted("failure_on_one_rank or rank_dies")
+@pytest.mark.parametrize("streams", [[], ["-n", "2"]], ids=["one-stream", "two-streams"])
+def test_each_planted_test_of_two_worlds_is_reported_on_its_own(streams):
+    """A world with a failure on rank 1, a skip and passes; a world where rank 1 dies inside a test.
+    In two streams (pytest-xdist) the worlds run in the workers and their tests are reported by the
+    controller."""
+    result, summary = planted("failure_on_one_rank or rank_dies", *streams)
     failing, dying = f"{OUTER}test_a_world_with_a_failure_on_one_rank", f"{OUTER}test_a_world_where_a_rank_dies"
     assert summary == {
         failing: "PASSED", f"{failing}{INNER}test_passes_on_every_rank": "PASSED",

@@ -176,18 +176,41 @@ class WorldFailure:
         return self.text
 
 
-def report_each_test(item: pytest.Item, world: World) -> None:
-    """Report every test of ``world`` to this session, as if each were a test of its own after ``item``."""
-    keywords = {name: 1 for name in item.keywords}
-    for outcome in world.outcomes:
-        nodeid = f"{item.nodeid}::{outcome.nodeid}"
-        path, line = outcome.location[:2] if outcome.location else (item.location[0], None)
-        # (the FAILURES section's heading; not the id's tail, which pytest's verbose line would rewrite)
-        location = (path, line, f"{outcome.nodeid} (in {item.name})")
-        item.ihook.pytest_runtest_logstart(nodeid=nodeid, location=location)
-        for report in phase_reports(nodeid, location, keywords, outcome):
-            item.ihook.pytest_runtest_logreport(report=report)
-        item.ihook.pytest_runtest_logfinish(nodeid=nodeid, location=location)
+#: The user property in which a test that ran worlds carries their outcomes (``Outcome`` as a dict) to
+#: the session that reports them: under pytest-xdist a worker's reports cross to the controller as data.
+WORLD_OUTCOMES = "world outcomes"
+
+
+class WorldReports:
+    """A plugin for the session that shows the reports: after a test that ran worlds, each test of
+    those worlds is reported as a test of its own. (Under pytest-xdist that is the controller: a
+    worker may report only the test it runs.)"""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.pending: dict[str, tuple[pytest.TestReport, list[Outcome]]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        outcomes = [Outcome(**o) for name, value in report.user_properties if name == WORLD_OUTCOMES for o in value]
+        if report.when == "teardown" and outcomes:
+            self.pending[report.nodeid] = (report, outcomes)
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        launcher, outcomes = self.pending.pop(nodeid, (None, []))
+        for outcome in outcomes:
+            report_one_test(self.config.hook, launcher, outcome)
+
+
+def report_one_test(hook, launcher: pytest.TestReport, outcome: Outcome) -> None:
+    """Report ``outcome`` as a test of its own after ``launcher``, the test that ran its world."""
+    nodeid = f"{launcher.nodeid}::{outcome.nodeid}"
+    path, line = outcome.location[:2] if outcome.location else (launcher.location[0], None)
+    # (the FAILURES section's heading; not the id's tail, which pytest's verbose line would rewrite)
+    location = (path, line, f"{outcome.nodeid} (in {launcher.location[2]})")
+    hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
+    for report in phase_reports(nodeid, location, dict(launcher.keywords), outcome):
+        hook.pytest_runtest_logreport(report=report)
+    hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)
 
 
 def phase_reports(nodeid: str, location: tuple, keywords: dict, outcome: Outcome) -> list[pytest.TestReport]:
