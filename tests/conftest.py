@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.streams import ByGroup
 from tests.world_outcomes import WORLD_OUTCOMES, WORLD_TIMEOUT_S, WorldReports, run_tests_in_world
 
 MPI_TESTS = Path(__file__).parent / "mpi"
@@ -35,14 +36,16 @@ def world_tests(request, tmp_path):
 
 
 def pytest_configure(config):
-    """``-n N`` (pytest-xdist, as the README runs the suite: ``-n 2``) deals the tests out to N
-    streams one at a time, but for a file that names a group (``pytestmark =
-    pytest.mark.xdist_group(...)``), whose tests go to one stream in order: those sharing a
-    module fixture, and those making network namespaces (their names are the machine's)."""
-    if getattr(config.option, "dist", "no") == "load":   # (what -n alone chooses)
-        config.option.dist = "loadgroup"
+    """The session that shows the reports reports each test of a world on its own (under -n: the
+    controller, whose workers send it the outcomes)."""
     if not hasattr(config, "workerinput"):   # (not an xdist worker: this session shows the reports)
         config.pluginmanager.register(WorldReports(config), "world-reports")
+
+
+@pytest.hookimpl(tryfirst=True)   # (ahead of pytest-xdist's own choice)
+def pytest_xdist_make_scheduler(config, log):
+    """Under -n N: the tests go out one at a time, a group of files in one stream (tests/streams.py)."""
+    return ByGroup(config, log)
 
 
 @pytest.hookimpl(trylast=True)

@@ -21,8 +21,6 @@ from collectives.elastic.discovery import Discovery
 from tests.programs.elastic_grow import reference
 from tests.worlds import ROOT, keep_survivors, mpi_name, mpiexec, run_world
 
-pytestmark = pytest.mark.xdist_group("network-namespaces")   # (one stream under -n: namespaces' names are the machine's)
-
 BOUND_S = 120
 PROGRAM = ["tests/programs/elastic_grow.py"]
 needs_mpich = pytest.mark.skipif(mpi_name() != "MPICH", reason="growth is tested under MPICH's launcher (hydra)")

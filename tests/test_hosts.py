@@ -19,8 +19,6 @@ from ring.transport.polling import process_state as _process_state
 from tests.test_edges import OWN_OUTPUT, _read
 from tests.worlds import ROOT, WORLD_PYTEST, mpi_name
 
-pytestmark = pytest.mark.xdist_group("network-namespaces")   # (one stream under -n: namespaces' names are the machine's)
-
 SCRIPT = ROOT / "scripts" / "emulate_hosts.sh"
 BOUND_S = 300
 OFI_TCP = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}

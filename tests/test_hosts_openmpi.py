@@ -16,8 +16,6 @@ from tests.test_edges import OWN_OUTPUT, _read
 from tests.test_hosts import DEATH, HOSTS, SCRIPT, _finish, _kill_host, _tx_bytes, emulated_hosts
 from tests.worlds import ROOT, WORLD_PYTEST, keep_survivors
 
-pytestmark = pytest.mark.xdist_group("network-namespaces")   # (one stream under -n: namespaces' names are the machine's)
-
 
 @pytest.fixture(scope="module")
 def cluster():

@@ -5,11 +5,13 @@ to dodge one), and the MPI and GPU transports not each other; the programs (``tr
 lines and no function over 50.
 """
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 import collectives
+from tests.streams import NAMESPACES, ONE_STREAM
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ring", "collectives", "trainer", "bench", "cmdline")
@@ -215,3 +217,18 @@ def test_importing_the_library_does_not_start_mpi():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                             cwd=Path(__file__).resolve().parent.parent)
     assert result.stdout.strip() == "False", result.stdout + result.stderr
+
+
+def test_files_whose_tests_share_state_run_in_one_stream():
+    """Under -n (tests/streams.py) a file whose tests share a module fixture, or which makes network
+    namespaces (emulated hosts, the emulated Slurm cluster), must be one stream's, in order; a file
+    named there must exist (a renamed file would otherwise go out test by test)."""
+    makes_namespaces = re.compile(r'"emulate_(hosts|slurm)\.sh"|from tests\.test_hosts import .*\b(SCRIPT|emulated_hosts)\b')
+    module_fixture = re.compile(r'@pytest\.fixture\([^)]*scope="module"')
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        name, text = f"tests/{path.name}", path.read_text()
+        if makes_namespaces.search(text):
+            assert ONE_STREAM.get(name) == NAMESPACES, name
+        elif module_fixture.search(text):
+            assert ONE_STREAM.get(name) == name, name
+    assert all((ROOT / name).is_file() for name in ONE_STREAM), ONE_STREAM

@@ -20,8 +20,6 @@ import pytest
 
 from tests.worlds import ROOT, mpi_name, mpiexec
 
-pytestmark = pytest.mark.xdist_group("network-namespaces")   # (one stream under -n: namespaces' names are the machine's)
-
 SCRIPT = ROOT / "scripts" / "emulate_slurm.sh"
 BOUND_S = 180
 LOGS = "/tmp/emulated-slurm"   # (emulate_slurm.sh's directory)

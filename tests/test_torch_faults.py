@@ -14,8 +14,6 @@ import pytest
 from tests.test_faults import DEADLINE_SLACK_S, LEAVE_BOUND_S
 from tests.worlds import ROOT, keep_survivors, mpiexec, run_world
 
-pytestmark = pytest.mark.xdist_group("torch-faults")   # (one stream under -n: the module's fixtures are shared)
-
 pytest.importorskip("torch")
 BOUND_S = 120
 TIMEOUT_S = 4   # the runtime's timeout in these programs (torch's timeout= is the same)

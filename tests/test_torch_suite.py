@@ -25,8 +25,6 @@ pytest.importorskip("expecttest", reason="torch.testing._internal needs expectte
 
 from tests.torch_suite import Outcome, Zygote, exception_line, judge, run_test  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("torch-suite")   # (one stream under -n: the module's zygote serves every test)
-
 N = 2
 BOUND_S = 60          # per world; the slowest test here takes under 12 s at n=2
 BUDGET_S = 720        # for the whole tier (3.5 min here, 8.5 beside a CPU hog): past it, the tests left fail at once

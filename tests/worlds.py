@@ -13,10 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 #: ``python`` arguments of a pytest run inside a world, before its paths: no cache (several ranks would write
-#: it at once), and neither hypothesis's plugin (tests/mpi has no use for it; importing it at the summary cost each
-#: rank 0.3 s) nor pytest-xdist's (a rank runs its tests itself).
-WORLD_PYTEST = ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
-                "-p", "no:xdist"]
+#: it at once), and not hypothesis's plugin (tests/mpi has no use for it; importing it at the summary cost each
+#: rank 0.3 s).
+WORLD_PYTEST = ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
 
 
 @functools.lru_cache(maxsize=None)
