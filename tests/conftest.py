@@ -27,8 +27,6 @@ def world_tests(request, tmp_path):
         world = run_tests_in_world(n, paths, tmp_path / f"world-{len(worlds)}-of-{n}", timeout, env)
         worlds.append(world)
         request.node.user_properties.append((WORLD_OUTCOMES, [dataclasses.asdict(o) for o in world.outcomes]))
-        # The world's tests join the count that pytest's progress ("[ 42%]") is a share of.
-        request.session.testscollected += len(world.outcomes)
         if world.problem is not None:
             pytest.fail(world.problem, pytrace=False)
         return world

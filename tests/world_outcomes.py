@@ -190,10 +190,15 @@ class WorldReports:
         self.config = config
         self.pending: dict[str, tuple[pytest.TestReport, list[Outcome]]] = {}
 
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         outcomes = [Outcome(**o) for name, value in report.user_properties if name == WORLD_OUTCOMES for o in value]
         if report.when == "teardown" and outcomes:
             self.pending[report.nodeid] = (report, outcomes)
+            # (they join the count that pytest's progress, "[ 42%]", is a share of)
+            self.session.testscollected += len(outcomes)
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         launcher, outcomes = self.pending.pop(nodeid, (None, []))
