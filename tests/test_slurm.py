@@ -166,9 +166,13 @@ def _slurmd_logs() -> str:
 
 
 def _cluster_state() -> str:
-    """The queue and the end of every daemon's log: what a test that timed out prints."""
+    """The queue, the end of every daemon's log, and the job's processes (where each waits in the
+    kernel): what a test that timed out prints."""
     tails = "".join(f"--- {log}:\n" + "".join(open(log, errors="replace").readlines()[-12:]) for log in _logs())
-    return f"squeue: {_queue()!r}\n{tails}"
+    table = subprocess.run(["ps", "-eo", "pid,ppid,stat,etimes,wchan:24,args"], capture_output=True, text=True,
+                           timeout=30).stdout.splitlines()
+    job = [line for line in table[1:] if re.search(r"python|hydra|mpiexec|\bsrun\b|\bsalloc\b", line)]
+    return f"squeue: {_queue()!r}\n{tails}--- processes:\n" + "\n".join([table[0], *job]) + "\n"
 
 
 def _slurm(*command: str, bound: float = BOUND_S) -> subprocess.CompletedProcess:
