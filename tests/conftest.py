@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.streams import ByGroup
 from tests.world_outcomes import WORLD_OUTCOMES, WORLD_TIMEOUT_S, WorldReports, run_tests_in_world
 
 MPI_TESTS = Path(__file__).parent / "mpi"
@@ -40,9 +39,13 @@ def pytest_configure(config):
         config.pluginmanager.register(WorldReports(config), "world-reports")
 
 
-@pytest.hookimpl(tryfirst=True)   # (ahead of pytest-xdist's own choice)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)   # (ahead of pytest-xdist's own choice; none without it)
 def pytest_xdist_make_scheduler(config, log):
-    """Under -n N: the tests go out one at a time, a group of files in one stream (tests/streams.py)."""
+    """Under -n N: the tests go out a few at a time, a group of files in one stream (tests/streams.py);
+    another --dist than -n's own (load) is left to pytest-xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from tests.streams import ByGroup   # (lazy: only pytest-xdist calls this, and tests.streams needs it)
     return ByGroup(config, log)
 
 

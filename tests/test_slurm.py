@@ -314,8 +314,9 @@ def test_a_process_that_dies_before_mpi_starts_ends_the_others_at_the_timeout_no
     inside salloc, its proxies started by srun on both nodes): rank 2, alone on the second node, ends
     itself before MPI starts; the others, inside MPI_Init, wait on a PMI that never tells them. Before
     ``launchers.bounded_mpi_init`` they waited for ever; now they end at the runtime's timeout (10 s
-    here; at 4 s, one run of the whole suite hung to the 90 s bound under salloc+mpiexec, not
-    understood, so the value that had held over many runs is kept), saying why."""
+    here), saying why. (Under salloc+mpiexec a rank's watch died of the SIGUSR1 with which MPICH's
+    proxy tells the rank's process group of the death, until the watch had a session of its own:
+    then the job hung to the 90 s bound, one rank silent, in about 1 run in 2 on a loaded machine.)"""
     program = ("import os, signal\n"
                "rank = os.environ['PMI_RANK' if 'MPI_LOCALNRANKS' in os.environ else 'SLURM_PROCID']\n"
                "if rank == '2': os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -193,8 +193,10 @@ class WorldReports:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.session = session
 
+    @pytest.hookimpl(tryfirst=True)   # (before JUnit's XML, which would write the property out)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         outcomes = [Outcome(**o) for name, value in report.user_properties if name == WORLD_OUTCOMES for o in value]
+        report.user_properties = [(name, value) for name, value in report.user_properties if name != WORLD_OUTCOMES]
         if report.when == "teardown" and outcomes:
             self.pending[report.nodeid] = (report, outcomes)
             # (they join the count that pytest's progress, "[ 42%]", is a share of)
