@@ -4,8 +4,8 @@ suite out to N streams, each a pytest process of its own.
 Run in one stream, the suite leaves a third of this machine's two cores idle: much of its time goes
 to timeouts and deaths the tests provoke, and to launches. So the tests go out a few at a time to
 whichever stream has two or fewer left to run, but for the files of ``ONE_STREAM``: each group there
-runs in one stream, in collection order, as it would serially. Groups go out first, the largest (most tests) first,
-so that none is left to run alone at the end. For instance::
+runs in one stream, in collection order, as it would serially. Groups go out first, the largest
+(most tests) first, so that none is left to run alone at the end. For instance::
 
     tests/test_hosts.py::test_x        -> "network-namespaces"   (with tests/test_slurm.py's tests)
     tests/test_torch_suite.py::test_y  -> "tests/test_torch_suite.py"
