@@ -195,9 +195,12 @@ class WorldReports:
 
     @pytest.hookimpl(tryfirst=True)   # (before JUnit's XML, which would write the property out)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        outcomes = [Outcome(**o) for name, value in report.user_properties if name == WORLD_OUTCOMES for o in value]
+        worlds = [value for name, value in report.user_properties if name == WORLD_OUTCOMES]
+        if not worlds:
+            return
         report.user_properties = [(name, value) for name, value in report.user_properties if name != WORLD_OUTCOMES]
-        if report.when == "teardown" and outcomes:
+        if report.when == "teardown":   # (the call's report carries it too: the last, the teardown's, is read)
+            outcomes = [Outcome(**o) for world in worlds for o in world]
             self.pending[report.nodeid] = (report, outcomes)
             # (they join the count that pytest's progress, "[ 42%]", is a share of)
             self.session.testscollected += len(outcomes)
