@@ -7,25 +7,64 @@ Rank 0 prints the versions, the MPI library and the launcher, the ranks on each 
 setting with where it came from, the optional packages and the GPU; then every rank runs a
 self-check of well under a second: each collective (each all-reduce algorithm forced in turn) and a
 ring of point-to-point messages on rank-dependent integers, compared with mpi4py's own results.
-Exit status 0 when every result matched, 1 otherwise (each wrong one is named).
+Exit status 0 when every result matched, 1 otherwise (each wrong one is named); 2 for an argument
+it does not take (it takes none but ``--help``), refused before MPI starts.
 """
 from __future__ import annotations
 
+import argparse
 import socket
 import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
 
 import collectives as col
 from collectives import about
 
+# (mpi4py's MPI is imported inside the functions: importing it starts MPI, which --help and a
+# refused argument must not wait for)
+
 SIZES = (3, 1 << 17)   # elements: the latency path and the bandwidth path
+
+
+_HELP = """\
+What this installation is and whether it works here, as ompi_info and horovodrun --check-build tell:
+rank 0 prints the versions, the MPI library and the launcher, the ranks on each host, every setting
+and where it came from, the optional packages and the GPU; then every rank runs a self-check of
+each collective and of point-to-point messages against mpi4py's own results.
+Exit status: 0 when every result matched, 1 when one did not (each is named), 2 for an argument."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, speaking from rank 0 alone (the launcher's numbering: MPI has not started),
+    an error in one line."""
+
+    def print_help(self, file=None) -> None:
+        if about.launched_rank() in (None, 0):
+            super().print_help(file)
+
+    def error(self, message: str):
+        if about.launched_rank() in (None, 0):
+            print(f"{self.prog}: error: {message} (it takes none but --help)", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, read before MPI starts. It takes no arguments: ``--help`` prints what the
+    command does, anything else is refused (exit status 2, as argparse's).
+
+    >>> parse_args([])
+    Namespace()
+    """
+    parser = _Parser(prog="python -m collectives", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     description=_HELP, epilog="Run it as the job will run:  mpiexec -n 4 python -m collectives")
+    return parser.parse_args(argv)
 
 
 def describe() -> list[str]:
     """The report's lines (every rank takes part: the hosts are gathered)."""
+    from mpi4py import MPI
     hosts = MPI.COMM_WORLD.allgather(socket.gethostname())
     by_host: dict[str, list[int]] = {}
     for rank, host in enumerate(hosts):
@@ -47,6 +86,7 @@ def describe() -> list[str]:
 
 def expected_and_ours(count: int) -> list[tuple[str, object, object]]:
     """(what, mpi4py's result, ours) for every collective on ``count`` rank-dependent integers."""
+    from mpi4py import MPI
     comm, r, n = MPI.COMM_WORLD, col.rank(), col.size()
 
     def mine(rank: int) -> np.ndarray:
@@ -87,7 +127,11 @@ def self_check() -> tuple[int, list[str]]:
     return compared, wrong
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``python -m collectives [--help]``: the report and the self-check; the exit status (0: every
+    result matched)."""
+    parse_args(argv)
+    from mpi4py import MPI   # (MPI starts here, once the command line is known good)
     try:
         lines = describe()
     except (col.CollectiveError, col.CollectiveUsageError) as e:   # the runtime could not be set up: say why

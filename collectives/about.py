@@ -24,6 +24,34 @@ try:
 except metadata.PackageNotFoundError:   # run from a checkout that was not installed
     VERSION = "unknown (not installed)"
 
+def launched_rank(environment=os.environ) -> int | None:
+    """This process's rank as its launcher numbered it, known before MPI starts (None without a
+    launcher, or where it does not say): lets a program speak once, from rank 0, before it starts MPI.
+
+    >>> launched_rank({"PMI_SIZE": "2", "PMI_RANK": "1"}), launched_rank({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"})
+    (1, 0)
+    >>> launched_rank({"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3", "PMI_RANK": "0"}), launched_rank({})
+    (3, None)
+    """
+    if launcher(environment) is None:
+        return None
+    variable = ("SLURM_PROCID" if launchers.srun_directly(environment) else
+                "PMI_RANK" if "PMI_SIZE" in environment else "OMPI_COMM_WORLD_RANK")
+    value = environment.get(variable, "")
+    return int(value) if value.isdigit() else None
+
+
+def launched_size(environment=os.environ) -> int | None:
+    """How many processes the launcher says it started, known before MPI starts (None without a launcher).
+    The world may still differ: a launcher of another MPI than mpi4py's starts worlds of one rank each.
+
+    >>> launched_size({"PMI_SIZE": "2", "PMI_RANK": "1"}), launched_size({})
+    (2, None)
+    """
+    started = launcher(environment)
+    return int(started[2]) if started and started[2].isdigit() else None
+
+
 def versions() -> str:
     """This package's version and those it runs on."""
     import mpi4py   # (lazy: importing it is cheap, but keeps this module free of MPI until asked)

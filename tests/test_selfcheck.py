@@ -45,3 +45,30 @@ def test_without_a_launcher_it_says_so():
                             timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("PMI")})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "launched by no launcher (a world of one rank): 1 rank(s) on 1 host(s)" in result.stdout, result.stdout
+
+
+
+def _without_mpi_start(*args, rank="0"):
+    """``python -m collectives ARGS`` as rank ``rank`` of a launcher's 2, whose MPI could never start
+    (the PMI port leads nowhere): a run that ends cleanly and at once never tried to start it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI_", "SLURM_"))}
+    env.update(PMI_SIZE="2", PMI_RANK=rank, PMI_PORT="127.0.0.1:1", COLLECTIVES_TIMEOUT="5")
+    return subprocess.run([sys.executable, "-m", "collectives", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def test_help_says_what_it_does_and_starts_nothing():
+    result = _without_mpi_start("--help")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("usage: python -m collectives"), result.stdout
+    assert "self-check" in result.stdout and "mpiexec -n 4 python -m collectives" in result.stdout, result.stdout
+    assert "self-check:" not in result.stdout and result.stderr == "", result.stderr
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_an_unknown_argument_is_refused_by_name_before_mpi_starts(rank):
+    result = _without_mpi_start("--bogus", rank=rank)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "", result.stdout
+    said = ["python -m collectives: error: unrecognized arguments: --bogus (it takes none but --help)"]
+    assert result.stderr.splitlines() == (said if rank == "0" else []), result.stderr   # rank 0 alone says it
