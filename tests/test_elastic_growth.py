@@ -129,15 +129,17 @@ GROWTH_HOSTS = "ringg"   # (a prefix of its own: tests/test_hosts.py's hosts, "r
 
 @pytest.fixture(scope="module")
 def two_hosts():
-    """Two emulated hosts, ringg1 and ringg2 (scripts/emulate_hosts.sh), removed whatever happens."""
-    from tests.test_hosts import SCRIPT, _why_not
+    """Two emulated hosts, ringg1 and ringg2 (scripts/emulate_hosts.sh), removed whatever happens, with the
+    hostfiles of the runs killed on them."""
+    from tests.test_hosts import SCRIPT, _why_not, hostfiles_removed
     why = _why_not("MPICH")
     if why:
         pytest.skip(why)
     env = {**os.environ, "EMULATED_HOSTS_PREFIX": GROWTH_HOSTS}
     subprocess.run([str(SCRIPT), "up", "2"], check=True, timeout=60, capture_output=True, env=env)
     try:
-        yield env
+        with hostfiles_removed():
+            yield env
     finally:
         subprocess.run([str(SCRIPT), "down"], timeout=60, capture_output=True, env=env)
 

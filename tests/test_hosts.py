@@ -4,6 +4,8 @@ suite (tests/mpi) run across them at 2 x 2 (MPICH over UCX, and over libfabric's
 an uneven 3 + 1; faults across hosts (a rank killed, a host that vanishes, MPICH's own cleanup, the
 trainer losing a host). Needs root and MPICH; skipped with the reason elsewhere. Every run is bounded in time,
 and the hosts are removed whatever happens (stale ones of a killed run first)."""
+import contextlib
+import glob
 import os
 import re
 import shutil
@@ -24,6 +26,9 @@ BOUND_S = 300
 OFI_TCP = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 NETMODS = {"ucx": {}, "ofi-tcp": OFI_TCP}
 HOSTS = ("ringh1", "ringh2", "ringh3")
+#: The hostfiles of ``emulate_hosts.sh run``: its exit trap removes each, but a run killed by SIGKILL
+#: (at a time bound, or by a test) never runs it.
+HOSTFILES = "/tmp/emulated-hosts.*"
 
 
 def _why_not(mpi: str) -> str:
@@ -45,6 +50,23 @@ def _rebuild() -> None:
     subprocess.run([str(SCRIPT), "up", "3"], check=True, timeout=60, capture_output=True)
 
 
+@contextlib.contextmanager
+def hostfiles_removed():
+    """Around runs of ``emulate_hosts.sh``: the hostfiles they leave in /tmp are removed on the way
+    out, whatever happened (those there before are left alone).
+
+    >>> with hostfiles_removed():        # doctest: +SKIP
+    ...     _finish(_launch("2,2", ["-c", "import time; time.sleep(60)"]), bound=1)   # SIGKILLed
+    """
+    before = set(glob.glob(HOSTFILES))
+    try:
+        yield
+    finally:
+        for path in set(glob.glob(HOSTFILES)) - before:
+            with contextlib.suppress(FileNotFoundError):   # (a run that ended meanwhile removed its own)
+                os.remove(path)
+
+
 def emulated_hosts(mpi: str):
     """A module's hosts (a fixture's body): made anew for ``mpi``'s launcher, removed whatever
     happens; the module is skipped with the reason where they cannot run."""
@@ -53,8 +75,9 @@ def emulated_hosts(mpi: str):
         pytest.skip(why)
     subprocess.run([str(SCRIPT), "down"], check=True, timeout=60)
     try:
-        _rebuild()
-        yield
+        with hostfiles_removed():
+            _rebuild()
+            yield
     finally:
         subprocess.run([str(SCRIPT), "down"], timeout=60)
 
@@ -106,6 +129,20 @@ def _kill_host(host: str) -> None:
 
 def _run(layout: str, args: list[str], env: dict | None = None, python: bool = True) -> subprocess.CompletedProcess:
     return _finish(_launch(layout, args, env, python))
+
+
+def test_a_run_killed_at_its_bound_leaves_no_hostfile_behind(cluster):
+    before = set(glob.glob(HOSTFILES))
+    with hostfiles_removed():
+        process = _launch("1,1", ["-c", "import time; time.sleep(60)"])
+        deadline = time.monotonic() + 30
+        while not set(glob.glob(HOSTFILES)) - before and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        made = set(glob.glob(HOSTFILES)) - before
+        assert made, "the run made no hostfile"
+        assert _finish(process, bound=1).returncode == -9
+        assert set(glob.glob(HOSTFILES)) - before == made   # (SIGKILLed: its own trap never ran)
+    assert set(glob.glob(HOSTFILES)) == before
 
 
 def _tx_bytes(host: str) -> int:
