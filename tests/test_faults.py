@@ -101,6 +101,23 @@ def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeo
                         message), output
 
 
+def test_a_retry_after_a_setup_timeout_times_out_too_and_every_rank_ends_with_status_1():
+    """The runtime is set up once in a job: a rank that catches the setup's timeout and calls again
+    waits for a setup the late rank never joins (the late rank's first call met the abandoned one, and
+    waits a step further on), so both calls time out and the job ends with status 1."""
+    status, output, wall = _fault(2, "retry-at-setup")
+    errors = _errors(output)
+    assert status == 1 and sorted(errors) == [0, 1] and wall < 30, output
+    assert "rank 0: caught init: timed out after 2" in output, output
+    assert re.match(r"init: timed out after 4(\.\d+)? s waiting for every rank to make the runtime's communicator",
+                    errors[0][1]), output
+    assert re.match(r"init: timed out after 4(\.\d+)? s waiting for every rank to exchange the settings", errors[1][1]), \
+        output
+    for rank in (0, 1):
+        assert f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize: a rank of this job did not " \
+               "come to the runtime's setup" in output, output
+
+
 def test_a_farewell_setup_that_nobody_joins_still_ends_with_mpi_finalize_and_status_0():
     """A setup at exit that only says farewell and times out is not a setup the program missed: the
     process finalizes as usual (it ended with status 1 for a session, which killed healthy jobs

@@ -143,6 +143,24 @@ def absent_at_setup() -> None:
         _cue(last)
 
 
+def retry_at_setup() -> None:
+    """Rank 0's first call times out in the setup (the last rank has not come); rank 0 catches the error,
+    cues the last rank to make its first call, and calls again with a longer timeout. Each rank says
+    how its call ended."""
+    last = col.size() - 1
+    x = _ints(10, col.rank())
+    if col.rank() == last:
+        _await_cue(0)
+        _report("first call", col.allreduce, x, timeout=4)
+        return
+    try:
+        col.allreduce(x, timeout=2)
+    except col.CollectiveError as e:
+        _say(f"rank {col.rank()}: caught {e}")
+    _cue(last)
+    _report("retry", col.allreduce, x, timeout=4)
+
+
 def late() -> None:
     """Rank 0 times out; rank 1 comes after rank 0 has set out (cued by it) and is in the call; rank 2
     never comes: it stays away until rank 1's call has ended too (so rank 1 hears of rank 0 leaving,
@@ -675,7 +693,7 @@ if __name__ == "__main__":
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "idle": idle, "crash-first": crash_first, "crash-first-late": crash_first_late,
-     "census-other-call": census_other_call,
+     "census-other-call": census_other_call, "retry-at-setup": retry_at_setup,
      "absent-at-setup": absent_at_setup, "farewell-alone": farewell_alone, "unchecked": unchecked,
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
