@@ -38,22 +38,40 @@ def preempt(flags: list[str], rank: int | None, after: str = "epoch   2/") -> st
     return output
 
 
-def stopped_at(output: str) -> tuple[int, int]:
-    """The epoch and the global step a preempted run's one line names as checkpointed."""
+def stopped_at(output: str) -> tuple[int, str]:
+    """The epoch a preempted run's one line says it stopped in, and the file of the checkpoint it
+    names: a step's (``step S (inside epoch E)``) or, at an epoch's end, that epoch's."""
     lines = [line for line in output.splitlines() if line.startswith("preempted (SIGTERM) at epoch ")]
     assert len(lines) == 1, output
-    found = re.search(r"; the last checkpoint is step (\d+) \(inside epoch (\d+)\): --resume continues from it$",
-                      lines[0])
+    found = re.search(r"^preempted \(SIGTERM\) at epoch (\d+), step \d+ of \d+; the last checkpoint is "
+                      r"(?:step (\d+) \(inside epoch (\d+)\)|epoch (\d+)): --resume continues from it$", lines[0])
     assert found, output
-    return int(found.group(2)), int(found.group(1))
+    stopped, step, inside, ended = found.groups()
+    if step:
+        return int(stopped), f"checkpoint-epoch{int(inside) - 1:06d}_step{int(step):09d}.npz"
+    return int(stopped), f"checkpoint-epoch{int(ended):06d}.npz"
+
+
+def preempt_after(step: int, flags: list[str]) -> str:
+    """Run the trainer on 2 ranks with ``flags``, rank 0 sending itself SIGTERM right after global
+    step ``step`` (``tests/programs/preempt_after_step.py``: a signal from outside lands anywhere)."""
+    result = run_world(2, ["tests/programs/preempt_after_step.py", str(step), *flags], TIMEOUT_S)
+    assert result.returncode == 143, result.stdout
+    return result.stdout
+
+
+def digest(flags: list[str]) -> str:
+    """The final parameter digest of a run of ``python -m trainer FLAGS`` on 2 ranks, which must finish."""
+    result = run_world(2, ["-m", "trainer", *flags], TIMEOUT_S)
+    assert result.returncode == 0, result.stdout
+    return DIGEST.search(result.stdout).group(1)
 
 
 @pytest.mark.skipif(mpi_name() == "Open MPI", reason="Open MPI's mpiexec kills the ranks on SIGTERM, as on "
                                                      "Ctrl-C (tests.worlds.killed_by_ctrl_c); one rank's is tested")
 def test_sigterm_to_mpiexec_stops_every_rank_at_one_step_with_its_checkpoint(tmp_path):
     output = preempt(["--checkpoint-dir", str(tmp_path / "ckpt")], None)
-    epoch, step = stopped_at(output)
-    assert (tmp_path / "ckpt" / f"checkpoint-epoch{epoch - 1:06d}_step{step:09d}.npz").exists(), output
+    assert (tmp_path / "ckpt" / stopped_at(output)[1]).exists(), output
     for noise in ("Traceback", "KeyboardInterrupt", "BAD TERMINATION", "error"):
         assert noise not in output, output
 
@@ -65,15 +83,50 @@ def test_preempted_twice_and_requeued_the_run_ends_as_one_that_never_was(tmp_pat
     directory = str(tmp_path / "ckpt")
     first = preempt(["--checkpoint-dir", directory, "--resume"], 1)
     assert f"--resume: no checkpoint in {directory} yet: starting from the beginning" in first, first
-    epoch, step = stopped_at(first)
     second = preempt(["--checkpoint-dir", directory, "--resume"], 0, after="ranks (pid)")
-    assert f"resuming from {directory}/checkpoint-epoch{epoch - 1:06d}_step{step:09d}.npz" in second, second
+    assert f"resuming from {directory}/{stopped_at(first)[1]}" in second, second
     epoch, _ = stopped_at(second)
     epochs = ["--epochs", str(epoch + 1)]
     last = run_world(2, ["-m", "trainer", *epochs, "--checkpoint-dir", directory, "--resume"], TIMEOUT_S)
     never = run_world(2, ["-m", "trainer", *epochs], TIMEOUT_S)
     assert last.returncode == 0 and never.returncode == 0, last.stdout + never.stdout
     assert DIGEST.search(last.stdout).group(1) == DIGEST.search(never.stdout).group(1), last.stdout + never.stdout
+
+
+@pytest.mark.parametrize("flags, after", [
+    ([], 23),                                                # epoch 1's last step, its checkpoint just written
+    (["--checkpoint-every", "2"], 23),                       # no checkpoint of epoch 1: the stop writes it
+    (["--strategy", "diloco", "--sync-every", "10"], 24),    # back to the last sync: epoch 1's end
+], ids=["checkpointed", "not-checkpointed", "diloco-back-to-it"])
+def test_a_preemption_at_an_epoch_boundary_names_that_epochs_checkpoint(tmp_path, flags, after):
+    """Issue 58: a SIGTERM right after an epoch's end wrote its state again as a step checkpoint and
+    called epoch 1's last step (23 of the digits' 23 an epoch) "inside epoch 2". The state there is
+    the epoch's: its checkpoint, written once, and named so; a resume ends as a run never stopped."""
+    directory, run = tmp_path / "ckpt", ["--epochs", "3", *flags]
+    output = preempt_after(after, [*run, "--checkpoint-dir", str(directory)])
+    assert (f"preempted (SIGTERM) at epoch 2, step {after - 22} of 23; the last checkpoint is epoch 1: --resume "
+            "continues from it") in output, output
+    assert [p.name for p in directory.glob("checkpoint-*.npz")] == ["checkpoint-epoch000001.npz"], output
+    assert digest([*run, "--checkpoint-dir", str(directory), "--resume"]) == digest(run)
+
+
+def test_keep_bounds_the_checkpoints_of_a_job_requeued_many_times(tmp_path):
+    """Issue 58: every preemption's step checkpoint stayed, whatever --keep said. With --keep 1 the
+    directory holds the newest epoch checkpoint and, while it is the newest, the last stop's; the
+    requeued job still ends as one never stopped."""
+    directory = tmp_path / "ckpt"
+    run = ["--epochs", "6", "--checkpoint-dir", str(directory), "--keep", "1"]
+
+    def held():
+        return sorted(p.name for p in directory.glob("checkpoint-*.npz"))
+
+    preempt_after(30, [*run, "--resume"])
+    preempt_after(40, [*run, "--resume"])   # inside epoch 2 again
+    assert held() == ["checkpoint-epoch000001.npz", "checkpoint-epoch000001_step000000040.npz"]
+    preempt_after(75, [*run, "--resume"])   # inside epoch 4
+    assert held() == ["checkpoint-epoch000003.npz", "checkpoint-epoch000003_step000000075.npz"]
+    assert digest([*run, "--resume"]) == digest(run[:2])
+    assert held() == ["checkpoint-epoch000006.npz"]
 
 
 def test_ctrl_c_still_reads_as_ctrl_c(tmp_path):

@@ -158,6 +158,49 @@ def test_keep_counts_only_this_runs_checkpoints(tmp_path):
     assert path.name == "checkpoint-epoch000003.npz" and saved["params"][0] == 3
 
 
+def test_keep_bounds_step_checkpoints_too(tmp_path):
+    """Issue 58: every preemption of a requeued job wrote a step checkpoint and --keep removed none.
+    --keep K keeps the newest K epoch checkpoints, and a step checkpoint only while it is the newest
+    of all; a checkpoint named for a later point (skipped when this run resumed) stays."""
+    later = tmp_path / "checkpoint-epoch000009_step000000095.npz"
+    later.write_bytes(b"PK\x03\x04 cut short")
+
+    def save(epochs, step, partial=False):
+        checkpoint.save(tmp_path, epochs, step, {"params": np.full(3, step)}, {"seed": 0}, keep=2, partial=partial)
+
+    def names():
+        return sorted(p.name for p in tmp_path.glob(checkpoint.PATTERN) if p != later)
+
+    for epochs in (1, 2, 3):
+        save(epochs, 10 * epochs)
+    for step in (31, 34, 38):   # preempted inside epoch 4, requeued, preempted again, ...
+        save(3, step, partial=True)
+    assert names() == ["checkpoint-epoch000002.npz", "checkpoint-epoch000003.npz",
+                       "checkpoint-epoch000003_step000000038.npz"]
+    save(4, 40)
+    assert names() == ["checkpoint-epoch000003.npz", "checkpoint-epoch000004.npz"] and later.exists()
+
+
+def test_resume_with_another_compression_is_refused_unless_asked(tmp_path):
+    """Issue 58: a resume with another --compression took the checkpoint's error-feedback residuals
+    (another codec's rounding) or dropped them without a word. It is refused as the other settings
+    are; with --resume-changed, or on another strategy (whose residual is of other numbers), rank 0
+    says once that they are dropped."""
+    directory, _ = train(2, tmp_path, "ckpt", "--epochs", "1", "--compression", "bf16")
+    for other in ("fp16", "none"):
+        result = run_world(2, ["-m", "trainer", *SMALL, "--checkpoint-dir", str(directory), "--resume",
+                               "--compression", other], TIMEOUT_S)
+        message = (f"error: --resume: this run changes the checkpoint's settings (--compression bf16 -> {other}); "
+                   "give the same flags, or add --resume-changed to continue with the new ones")
+        assert result.returncode == 2 and result.stdout.count(message) == 1, result.stdout
+    dropped = "--resume: the checkpoint's error-feedback residuals are dropped (they are of {}): at most one step's " \
+              "rounding is lost"
+    _, log = train(2, tmp_path, "ckpt", "--epochs", "2", "--resume", "--compression", "fp16", "--resume-changed")
+    assert log.count(dropped.format("--compression bf16 and this run has --compression fp16")) == 1, log
+    _, log = train(2, tmp_path, "ckpt", "--resume", "--compression", "fp16", "--strategy", "diloco")
+    assert log.count(dropped.format("--strategy allreduce and this run has --strategy diloco")) == 1, log
+
+
 def test_resume_without_checkpoints_starts_from_the_beginning_and_says_so(tmp_path):
     """One batch script for the first run and every requeue (issue 48): no checkpoint yet is a start."""
     directory = tmp_path / "empty"

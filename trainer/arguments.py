@@ -223,7 +223,8 @@ def _run_flags(p: ArgumentParser) -> None:
                                              "(needs matplotlib) (default: none)")
     p.add_argument("--checkpoint-dir", type=Path, help="save checkpoints here (rank 0) (default: none)")
     p.add_argument("--checkpoint-every", type=_positive_int, default=1, help="epochs between checkpoints")
-    p.add_argument("--keep", type=_positive_int, default=3, help="checkpoints to keep")
+    p.add_argument("--keep", type=_positive_int, default=3, help="epoch checkpoints to keep; a stop's step "
+                   "checkpoint (SIGTERM, --max-steps) stays only until the next checkpoint")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint (of any number "
                    "of ranks); with none yet, from the beginning (one batch script for the first run and each requeue)")
     p.add_argument("--max-steps", type=_positive_int, metavar="S",

@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -55,9 +56,10 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
 def save(directory: Path, epochs_done: int, step: int, arrays: dict[str, np.ndarray], config: dict,
          keep: int, partial: bool = False) -> Path:
     """Write ``checkpoint-epochNNNNNN.npz`` (NNNNNN: the epochs done, as the log counts them, from 1)
-    via a temporary file and a rename; keep the newest ``keep``. ``partial``: global ``step`` lies
-    inside the next epoch (``--max-steps``): ``checkpoint-epochNNNNNN_stepSSSSSSSSS.npz``, which
-    sorts between the epochs around it and is never removed by ``keep``.
+    via a temporary file and a rename. ``partial``: global ``step`` lies inside the next epoch (a
+    preemption, ``--max-steps``): ``checkpoint-epochNNNNNN_stepSSSSSSSSS.npz``, which sorts between
+    the epochs around it. Once it is written, ``keep`` bounds the directory (``_superseded``): the
+    newest ``keep`` epoch checkpoints stay, and a step checkpoint only while it is the newest.
 
     A crash at any moment leaves either the previous complete file or the new one, never half a file.
     There is no RNG state to store beyond ``config["seed"]``: each epoch's shuffle is drawn
@@ -79,31 +81,50 @@ def save(directory: Path, epochs_done: int, step: int, arrays: dict[str, np.ndar
     except BaseException:   # a full disk, say: leave nothing half-written behind
         Path(temporary).unlink(missing_ok=True)
         raise
-    for old in _this_runs(directory, epochs_done)[:-keep]:
+    _sync(directory)   # (the rename on disk before any older checkpoint goes: a crash keeps one of them)
+    for old in _superseded(directory, final, keep):
         old.unlink()
     return final
 
 
-def _this_runs(directory: Path, epochs_done: int) -> list[Path]:
-    """The checkpoints ``--keep`` counts, oldest first: archives named for ``epochs_done`` or fewer
-    epochs. A file named like a later one (it was skipped when this run resumed) or one that is no
-    archive at all (a note saved under that name) is neither counted nor removed.
+def _sync(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+_NAME = re.compile(r"checkpoint-epoch\d{6}(_step\d{9})?\.npz")
+
+
+def _superseded(directory: Path, newest: Path, keep: int) -> list[Path]:
+    """What ``--keep`` removes once ``newest`` is written: of this run's checkpoints, every epoch
+    checkpoint but the newest ``keep``, and every step checkpoint but ``newest`` itself (a step
+    checkpoint is a stop's, which the next checkpoint of either kind supersedes).
+
+    This run's are the archives named for no later a point of the training than ``newest``: names
+    sort as training goes (``checkpoint-epoch000002.npz``, then ``..._step000000050.npz`` inside
+    epoch 3, then ``checkpoint-epoch000003.npz``). A file named for a later point (skipped when this
+    run resumed) or one that is no archive at all (a note saved under that name) is neither counted
+    nor removed.
 
     >>> import tempfile; d = Path(tempfile.mkdtemp())
-    >>> for epochs in (1, 2, 3):
-    ...     _ = (d / f"checkpoint-epoch{epochs:06d}.npz").write_bytes(_ZIP_MAGIC)
-    >>> _ = (d / "checkpoint-epoch000009.npz").write_text("notes")
-    >>> [p.name for p in _this_runs(d, 2)]
-    ['checkpoint-epoch000001.npz', 'checkpoint-epoch000002.npz']
+    >>> for name in ("000001", "000001_step000000030", "000002", "000002_step000000050", "000009"):
+    ...     _ = (d / f"checkpoint-epoch{name}.npz").write_bytes(_ZIP_MAGIC)
+    >>> _ = (d / "checkpoint-epoch000003.npz").write_text("notes")
+    >>> [p.name for p in _superseded(d, d / "checkpoint-epoch000002_step000000050.npz", 1)]
+    ['checkpoint-epoch000001_step000000030.npz', 'checkpoint-epoch000001.npz']
     """
-    def counted(path: Path) -> bool:
-        number = path.name[len("checkpoint-epoch"):-len(".npz")]
+    def ours(path: Path) -> bool:
         try:
             with open(path, "rb") as f:
-                return number.isdigit() and int(number) <= epochs_done and f.read(4) == _ZIP_MAGIC
+                return bool(_NAME.fullmatch(path.name)) and path.name <= newest.name and f.read(4) == _ZIP_MAGIC
         except OSError:
             return False
-    return [path for path in sorted(directory.glob(PATTERN)) if counted(path)]
+    counted = [path for path in sorted(directory.glob(PATTERN)) if ours(path)]
+    epochs = [path for path in counted if "_step" not in path.name]
+    return [path for path in counted if "_step" in path.name and path != newest] + epochs[:-keep]
 
 
 _ZIP_MAGIC = b"PK\x03\x04"

@@ -19,24 +19,26 @@ from trainer.optim import SGD
 #: What a resumed run must share with the checkpoint unless --resume-changed: flag -> config key.
 RESUME_MUST_MATCH = {"--dataset": "dataset", "--seed": "seed", "--batch-size": "batch_size", "--lr": "lr",
                      "--momentum": "momentum", "--weight-decay": "weight_decay", "--sync-every": "sync_every",
-                     "--outer-lr": "outer_lr", "--outer-momentum": "outer_momentum"}
+                     "--outer-lr": "outer_lr", "--outer-momentum": "outer_momentum", "--compression": "compression"}
 
 
 
 def config_of(args, dataset) -> dict:
     """The settings a checkpoint records: the model, and what the training's arithmetic depends on
     (local SGD's and DiLoCo's own only for them: a checkpoint of one strategy may go on with another,
-    every checkpoint being a sync point).
+    every checkpoint being a sync point), --compression included: its residuals are of that codec.
 
     >>> from types import SimpleNamespace as S
     >>> args = S(hidden=[8], dtype="float64", dataset="digits", seed=0, batch_size=64, lr=0.1, momentum=0.9,
-    ...          weight_decay=0.0, strategy="diloco", sync_every=4, outer_lr=0.7, outer_momentum=0.9)
+    ...          weight_decay=0.0, strategy="diloco", sync_every=4, outer_lr=0.7, outer_momentum=0.9,
+    ...          compression="none")
     >>> sorted(config_of(args, S(train_x=np.zeros((1, 64)), classes=10)))[-4:]
     ['sizes', 'strategy', 'sync_every', 'weight_decay']
     """
     config = {"sizes": [dataset.train_x.shape[1], *args.hidden, dataset.classes], "dtype": args.dtype,
               "dataset": args.dataset, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
-              "momentum": args.momentum, "weight_decay": args.weight_decay, "strategy": args.strategy}
+              "momentum": args.momentum, "weight_decay": args.weight_decay, "strategy": args.strategy,
+              "compression": args.compression}
     if args.strategy in ("local-sgd", "diloco"):
         config["sync_every"] = args.sync_every
     if args.strategy == "diloco":
@@ -52,6 +54,22 @@ def changed_settings(saved: dict, config: dict) -> list[str]:
     """
     return [f"{flag} {saved[key]} -> {config[key]}" for flag, key in RESUME_MUST_MATCH.items()
             if key in saved and key in config and saved[key] != config[key]]
+
+
+def foreign_residuals(saved: dict, config: dict) -> str:
+    """Why the error-feedback residuals of a checkpoint with settings ``saved`` are not this run's
+    ("": they are): another --compression (a resume allows it only with --resume-changed) or
+    another strategy (the all-reduce's residual is of gradients, DiLoCo's of deltas). A residual is
+    the last step's rounding, not yet delivered: dropped, at most that is lost.
+
+    >>> foreign_residuals({"strategy": "allreduce", "compression": "bf16"},
+    ...                   {"strategy": "allreduce", "compression": "none"})
+    'they are of --compression bf16 and this run has --compression none'
+    """
+    for flag, key in (("--compression", "compression"), ("--strategy", "strategy")):
+        if key in saved and saved[key] != config[key]:
+            return f"they are of {flag} {saved[key]} and this run has {flag} {config[key]}"
+    return ""
 
 
 def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int, like_params: dict | None = None,
@@ -83,6 +101,9 @@ def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int, like_
                 problem = (f"{USAGE}:--resume: this run changes the checkpoint's settings ({', '.join(changed)}); "
                            "give the same flags, or add --resume-changed to continue with the new ones")
             else:
+                why = foreign_residuals(saved_config, config) if "residuals" in saved else ""
+                if why:
+                    saved = {name: a for name, a in saved.items() if name not in ("residuals", "residual_sizes")}
                 full_params[...] = model.xp.asarray(saved["params"])   # (``saved`` stays: load_extras reads it)
                 full_velocity[...] = model.xp.asarray(saved["velocity"])
                 done = checkpoint.epochs_done(saved)
@@ -90,6 +111,9 @@ def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int, like_
                 status[:] = (1, done, step)
                 inside = f", step {step}" if step != done * steps_per_epoch else ""
                 print(f"resuming from {path} (epoch {done} done{inside})", flush=True)
+                if why:
+                    print(f"--resume: the checkpoint's error-feedback residuals are dropped ({why}): at most one "
+                          "step's rounding is lost", flush=True)
     agree_on(problem)
     col.broadcast(status, root=0)
     if not status[0]:

@@ -28,7 +28,7 @@ from trainer.strategies.periodic import Periodic
 @dataclass
 class Loop:
     """What the steps of a run use: fixed for the run, but for ``layout`` (remade after a change of
-    the world) and ``saved`` (the epochs the newest checkpoint covers; None: none yet)."""
+    the world) and ``saved`` (the global step of the newest checkpoint; None or 0: none yet)."""
     args: Any
     dataset: Any
     config: dict
@@ -66,7 +66,7 @@ def train(args, dataset, config: dict, model: MLP, opt: SGD, start: int, step: i
     if periodic is not None:
         periodic.mark(model, opt, step)   # (the start, or a checkpoint, is a sync point)
     state = training_state(args, dataset, model, opt, start, step, periodic=periodic)
-    loop = Loop(args, dataset, config, model, opt, log, layout, start if args.resume else None, periodic, feedback)
+    loop = Loop(args, dataset, config, model, opt, log, layout, step if args.resume else None, periodic, feedback)
     return run_epochs(loop, state)
 
 
@@ -99,7 +99,7 @@ def train_elastic(args, dataset, config: dict, model: MLP, opt: SGD, begin: Call
             if periodic is not None:
                 periodic.mark(model, opt, step)   # (the start, or a checkpoint, is a sync point)
             state.epoch, state.step, state.first = start, step, first_sample(args, dataset, start, step)
-            loop.saved, state.begun = start if args.resume else None, True
+            loop.saved, state.begun = step if args.resume else None, True
             state.commit()
         return run_epochs(loop, state)
 
@@ -176,26 +176,39 @@ def stopping(loop: Loop, state) -> bool:
     """Before each step: Ctrl-C or SIGTERM on any rank (raise ``Interrupted`` on every rank; after
     SIGTERM, first a checkpoint), or ``--max-steps`` reached (a checkpoint; True). Local SGD and
     DiLoCo go back to the last sync first: between syncs the replicas differ, and a resumed run
-    must replay the uninterrupted one's steps from a state every replica holds."""
+    must replay the uninterrupted one's steps from a state every replica holds. A stop at an
+    epoch's end (or rolled back to one) is that epoch's checkpoint, written only if it was not."""
     args, model, per_epoch = loop.args, loop.model, steps_per_epoch(loop.dataset, loop.args.batch_size)
     asked = stop_requested()
     at_max = not asked and args.max_steps is not None and state.step >= args.max_steps
     if not asked and not at_max:
         return False
-    kept, written = state.step, None
+    kept = state.step
     if at_max or asked == interrupt.PREEMPTED:   # (at once: the batch system's grace is short)
         kept = loop.periodic.roll_back(model, loop.opt) if loop.periodic is not None else state.step
-        if args.checkpoint_dir:
-            loop.save(kept // per_epoch - 1, kept, partial=True)
-            written = f"step {kept} (inside epoch {kept // per_epoch + 1}" + \
-                (", the last sync)" if loop.periodic is not None else ")")
+        if args.checkpoint_dir and kept not in (0, loop.saved):   # (step 0 is --seed's: nothing to keep)
+            loop.save(kept // per_epoch - 1, kept, partial=kept % per_epoch != 0)
+            loop.saved = kept
     if asked:
         where = f"epoch {state.epoch + 1}, step {state.first // args.batch_size + 1} of {per_epoch}"
-        saved = written or (loop.saved and f"epoch {loop.saved}")
+        saved = covered(loop.saved, per_epoch, loop.periodic is not None) if loop.saved else None
         raise Interrupted(where, saved, args.checkpoint_dir, preempted=asked == interrupt.PREEMPTED)
     say(f"stopped at step {state.step} (--max-steps)" +
         (f"; back at the last sync, step {kept}" if kept != state.step else ""))
     return True
+
+
+def covered(step: int, per_epoch: int, synced: bool) -> str:
+    """What a checkpoint of global ``step`` covers, as rank 0 names it: an epoch, or a step inside
+    the next one (``synced``: local SGD's or DiLoCo's, whose checkpoints are all of a sync).
+
+    >>> covered(46, 23, False), covered(50, 23, False), covered(50, 23, True)
+    ('epoch 2', 'step 50 (inside epoch 3)', 'step 50 (inside epoch 3, the last sync)')
+    """
+    epochs, into = divmod(step, per_epoch)
+    if not into:
+        return f"epoch {epochs}"
+    return f"step {step} (inside epoch {epochs + 1}{', the last sync' if synced else ''})"
 
 
 def end_epoch(loop: Loop, state) -> None:
@@ -212,7 +225,7 @@ def end_epoch(loop: Loop, state) -> None:
     loop.log.write(record)
     if args.checkpoint_dir and ((epoch + 1) % args.checkpoint_every == 0 or epoch + 1 == args.epochs):
         loop.save(epoch, state.step)
-        loop.saved = epoch + 1
+        loop.saved = state.step
     state.epoch, state.first, state.loss_sum, state.comm_s, state.exposed_s, state.elapsed_s, state.steps = \
         epoch + 1, 0, 0.0, 0.0, 0.0, 0.0, 0
     if args.elastic:
