@@ -37,9 +37,16 @@ def agreed(asked: int) -> int:
 
 
 @contextlib.contextmanager
-def stop_together():
+def stop_together(finishing: bool = False):
     """While inside: SIGINT and SIGTERM set :func:`requested`; a second SIGINT raises KeyboardInterrupt.
-    Leaving after a SIGTERM leaves SIGTERM ignored (the process is ending: see below)."""
+    Leaving after a SIGTERM leaves SIGTERM ignored (the process is ending: see below).
+
+    ``finishing``: the block is the program's work, and the process ends after it (the last lines,
+    the runtime's exit barrier, MPI_Finalize): once the block returns, a SIGTERM that comes late (a
+    batch system's, to a job that just finished) is ignored, and a first Ctrl-C too, so that a
+    finished job is not reported failed by a signal during its exit; a second Ctrl-C raises
+    KeyboardInterrupt as usual. A block left by an exception puts the handlers back as without it.
+    """
     def ctrl_c(signum, frame):
         if _heard[0]:
             raise KeyboardInterrupt
@@ -49,11 +56,25 @@ def stop_together():
         _heard[0] = PREEMPTED
 
     previous = signal.signal(signal.SIGINT, ctrl_c), signal.signal(signal.SIGTERM, preempted)
+    done = False
     try:
         yield
+        done = finishing
     finally:
-        signal.signal(signal.SIGINT, previous[0])
-        # After a preemption a later SIGTERM is the same one, come late (the batch system signals every task,
-        # and the launcher too): the rank is on its way out with its checkpoint written, and must not die of it.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if _heard[0] == PREEMPTED else previous[1])
+        if done:
+            signal.signal(signal.SIGINT, _ctrl_c_again(previous[0]))
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            signal.signal(signal.SIGINT, previous[0])
+            # After a preemption a later SIGTERM is the same one, come late (the batch system signals every task,
+            # and the launcher too): the rank is on its way out with its checkpoint written, and must not die of it.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if _heard[0] == PREEMPTED else previous[1])
         _heard[0] = 0
+
+
+def _ctrl_c_again(previous):
+    """A SIGINT handler for a process whose work is done: the first Ctrl-C is let pass (mpiexec forwards
+    one to every rank, which may be in its exit already); the next one is handled as before (``previous``)."""
+    def first(signum, frame):
+        signal.signal(signal.SIGINT, previous)
+    return first

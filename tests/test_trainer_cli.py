@@ -190,3 +190,31 @@ def test_a_diverging_run_stops_on_every_rank_with_status_1(tmp_path):
     assert result.returncode == 1, result.stdout[-3000:]
     assert "error: the training loss is nan after epoch 1: the model diverged (try a smaller --lr)" in result.stdout
     assert "done:" not in result.stdout and not list(tmp_path.glob("*.npz")), result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("which", ["SIGTERM", "SIGINT"])
+def test_a_signal_that_comes_after_the_work_is_done_does_not_fail_the_finished_job(which):
+    """A batch system's late SIGTERM (or a Ctrl-C) reaching one rank during its exit (its last lines,
+    the exit barrier, MPI_Finalize) once training is done: the job still ends with status 0, and no
+    rank prints a traceback."""
+    result = run_world(2, ["-m", "tests.programs.late_signal", which, "1", "--epochs", "1"], TIMEOUT_S)
+    assert "rank 1: sent itself" in result.stdout and "done: 1 epoch(s)" in result.stdout, result.stdout
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout
+
+
+def test_after_the_work_a_second_ctrl_c_still_interrupts():
+    """``stop_together(finishing=True)``: once the block returns, SIGTERM is ignored and the first
+    Ctrl-C let pass; the next one raises KeyboardInterrupt, as Python's own handler would."""
+    found = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        with interrupt_module.stop_together(finishing=True):
+            pass
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is found[1]
+        if found[1] is signal.default_int_handler:
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, found[0])
+        signal.signal(signal.SIGINT, found[1])

@@ -182,7 +182,8 @@ def main(argv=None) -> int:
         say(f"note: {note}")
     began = time.perf_counter()
     try:
-        with stop_together():   # Ctrl-C or SIGTERM: every rank stops at the same step
+        with stop_together(finishing=True):   # Ctrl-C or SIGTERM: every rank stops at the same step; after
+            # the work, one that comes late does not fail the finished job
             earlier, history = train(args)
     except UsageExit as e:
         say(f"error: {e}")

@@ -72,8 +72,8 @@ class Call(Bound):
         self.signed = False    # the body has made its signature (its arguments are checked)
         self.in_step = False   # it returned, or raised alike on every member (the group's ``completed``)
         self.seq = group.next_call(self)
-        self.until = monotonic() + (runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout)
-                                    else timeout)
+        self.window = runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout) else timeout
+        self.until = monotonic() + self.window   # (moved on by every wait that completes: see Bound.progressed)
         self.stop = runtime.stopped   # (set by runtime.stop: a wait in flight ends at its next look)
         self.background = background
 
@@ -192,6 +192,8 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
             if timeout is not None or call_name is not None or algorithm is not None:
                 call.check_options(timeout, call_name, algorithm)
             result = body(call, *args)
+            if not g.destroyed:   # (a rank that gave this call up: this one fails it too)
+                g.transport.control.check_gave_up(call.seq)
         except CollectiveUsageError as error:
             if call.signed:
                 raise
@@ -280,7 +282,7 @@ def _failure(call: Call, error: TransportError) -> CollectiveError:
     if runtime.failure is not None:   # stopped from outside the call (runtime.stop: a wait ran out, Ctrl-C)
         return CollectiveError(f"{where} was stopped: {runtime.failure}")
     detail = f"{error}; {_census(g, call.seq, call.name)}" if isinstance(error, TransportTimeout) else str(error)
-    return CollectiveError(runtime.stop(f"{where}: {detail}", error, by_peer=True))
+    return CollectiveError(runtime.stop(f"{where}: {detail}", error, by_peer=True, patience=call.window))
 
 
 def _census(g, seq: int, name: str) -> str:
@@ -300,7 +302,8 @@ def _census(g, seq: int, name: str) -> str:
                      f"its link or the host is down): {', '.join(map(str, unreachable))}")
     if silent:
         on = "" if g.is_world else " on this group"
-        parts.append(f"rank(s) in no collective call{on} (busy elsewhere, or gone): {', '.join(map(str, silent))}")
+        parts.append(f"rank(s) not answering (in no collective call{on}, computing between two messages of "
+                     f"this one, or gone): {', '.join(map(str, silent))}")
     if elsewhere:
         parts.append(f"rank(s) in another call: {', '.join(elsewhere)}")
     if here:

@@ -104,6 +104,12 @@ class Group:
         self.runtime.groups.remove(self)
         self.transports.close()
 
+    def give_up(self, why: str, failed: bool = False, root: bool = False, dead: int | None = None) -> None:
+        """The runtime stopped on this rank (``Runtime.stop``): tell the other members after which call
+        of this group, and ``why``, so that none completes a later call alone (``Control.give_up``)."""
+        if not self.destroyed:
+            self.transport.control.give_up(self.completed, why, failed, root, dead)
+
     def lost(self) -> list[int]:
         """The ranks known dead (ended without a farewell, seen here or said in a farewell), as the
         world numbers them: what a change of the world leaves out (``col.elastic``)."""

@@ -59,7 +59,8 @@ def leave(w: Group, finishing: bool = True) -> None:
             _write_timeline(w, healthy=not why)
         late: list[int] = []
         if finishing and not gone and not runtime.outlived:
-            patience = runtime.settings.timeout if failure is not None else math.inf
+            patience = (math.inf if failure is None else   # (after a failed call, its own bound: the ranks
+                        failure.patience or runtime.settings.timeout)   # it timed out on need not hold this one longer)
             gone, late = w.transport.exits.exit_barrier(time.monotonic() + patience)
             if gone or late:
                 _say_no_finalize(w, gone, late, patience, status=1 if late else after_a_death)
@@ -132,7 +133,7 @@ def _say_no_finalize(w: Group, gone: list[int], late: list[int] = (), patience: 
     whom = " and ".join(([f"{', '.join(map(str, dead))} (gone)"] if dead else []) +
                         ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []) +
                         ([f"{', '.join(map(str, late))} (not at exit {patience:g} s after this rank's failure, "
-                          "the timeout: still in its own code?)"] if late else []))
+                          "its timeout: still in its own code?)"] if late else []))
     finished = " (the elastic job finished)" if status == 0 else ""
     print(f"[rank {w.rank()}] collectives: exiting with status {status}{finished} without MPI_Finalize, which would "
           f"wait for ever for rank(s) {whom}", file=sys.stderr, flush=True)

@@ -30,12 +30,15 @@ class Failure:
 
     ``text``: the failure as every later call names it; ``by_peer``: another rank caused it (a
     timeout, a peer gone); ``root_cause``: where a rank died, how every rank should hear of it
-    (see ``ring.transport.base.PeerLost``), and ``dead_rank``, which (world rank).
+    (see ``ring.transport.base.PeerLost``), and ``dead_rank``, which (world rank); ``patience``: the
+    failed call's own timeout, which bounds how long this rank's exit waits for the others
+    (``collectives.process.leaving``): a rank it timed out on need not hold it longer.
     """
     text: str
     by_peer: bool = False
     root_cause: str | None = None
     dead_rank: int | None = None
+    patience: float | None = None   # how long the exit waits for the others after it (None: the timeout)
 
 
 class Runtime:
@@ -98,12 +101,15 @@ class Runtime:
             self._choices[key] = found
         return found
 
-    def stop(self, failure: str, error: BaseException | None = None, by_peer: bool = False) -> str:
+    def stop(self, failure: str, error: BaseException | None = None, by_peer: bool = False,
+             patience: float | None = None, tell: bool = True) -> str:
         """Stop the runtime on this rank: it is out of step with some peers because of ``failure``
         (``by_peer``: another rank caused it; an ``error`` that says a rank died gives the root
-        cause and that rank, passed on at exit). The first failure stands: a later one (the same
-        failure seen again on its way out) changes nothing. Every wait in flight ends at its next
-        look, every later call raises. Returns the failure in force.
+        cause and that rank, passed on at exit; ``patience``: see Failure). The first failure stands:
+        a later one (the same failure seen again on its way out) changes nothing. Every wait in
+        flight ends at its next look, every later call raises, and (``tell``) every group's other
+        members hear after which of its calls this rank stopped (``Group.give_up``), so that a rank
+        that reaches one of them late fails it too. Returns the failure in force.
 
         >>> from collectives.process.config import defaults
         >>> r = Runtime(defaults())
@@ -111,25 +117,31 @@ class Runtime:
         ('allreduce #3 on rank 1: timed out', 'allreduce #3 on rank 1: timed out', True)
         """
         with self._stopping:   # (the engine's thread and a program thread may fail at once)
-            if self.stopped_by is None:
-                self.stopped_by = Failure(failure, by_peer, getattr(error, "root", None), getattr(error, "dead", None))
+            first = self.stopped_by is None
+            if first:
+                self.stopped_by = Failure(failure, by_peer, getattr(error, "root", None), getattr(error, "dead", None),
+                                          patience)
                 self.failure = failure   # (a plain attribute, read by every call: tests/test_layout.py checks
                 self.stopped.set()       # that no other module writes it)
-            return self.failure
+        if first and tell:
+            root = self.stopped_by.root_cause
+            for group in list(self.groups):
+                group.give_up(root or failure, by_peer, root is not None, self.stopped_by.dead_rank)
+        return self.failure
 
     def leave(self) -> Failure | None:
         """The process leaves the runtime (``collectives.process.leaving``): every later call is refused,
         as after a failure; returns the failure that came before, if any, to pass on."""
         before = self.stopped_by
         self.closed = True
-        self.stop("this process has left the runtime (at exit or MPI.Finalize())")
+        self.stop("this process has left the runtime (at exit or MPI.Finalize())", tell=False)   # (its farewell tells)
         return before
 
     def retire(self, change: str) -> None:
         """A new world replaced this runtime's (``collectives.process.world.rebuild``): ``change`` says how.
         Its groups and calls still in flight raise MembershipChanged from now on (its engine was
         closed before the change began)."""
-        self.stop(change, by_peer=True)
+        self.stop(change, by_peer=True, tell=False)   # (the new world's members agreed on it together)
         self.retired = change
 
     def segment_elems(self, dtype: np.dtype, transport=None) -> int:

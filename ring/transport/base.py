@@ -11,6 +11,7 @@ its control plane, apart from the data (``ring.transport.mpi.control``).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Protocol
 
 
@@ -31,7 +32,8 @@ class CommunicatorsExhausted(TransportError):
 
 
 class TransportTimeout(TransportError):
-    """The deadline passed while waiting on ``peer`` (which may itself be waiting on another)."""
+    """The deadline passed while waiting on ``peer`` (which may itself be waiting on another)
+    after ``waited`` seconds: for a collective, the time since its last progress (see ``Bound``)."""
 
     def __init__(self, peer: int, waited: float, waiting_for: str = ""):
         super().__init__(f"timed out after {waited:.3g} s waiting for {waiting_for or f'rank {peer}'}")
@@ -70,30 +72,48 @@ class Bound:
     set, every wait ends at its next look, whatever its deadline) and whether the call runs in the
     ``background`` (another thread of this process computes meanwhile: naps, never spins).
 
+    With a ``window`` (a collective's timeout), the deadline is ``window`` seconds after the call's
+    last progress: every wait that completes moves it (:meth:`progressed`), so a large call that
+    keeps moving data outlasts its timeout, and one that hears nothing for ``window`` seconds ends.
+    Without one (0), ``until`` is fixed: a whole operation's deadline (the setup, point-to-point).
+
     >>> bound = Bound(3, until=100.0, stop=threading.Event())
     >>> bound.passed(99.0), bound.passed(100.0)
     (False, True)
     >>> bound.stop.set(); bound.passed(0.0)
     True
+    >>> moving = Bound(1, until=time.monotonic() + 3.0, stop=threading.Event(), window=3.0)
+    >>> moving.until = 0.0; moving.progressed(); moving.passed(time.monotonic() + 2.9)
+    False
     """
 
-    __slots__ = ("seq", "until", "stop", "background")
+    __slots__ = ("seq", "until", "stop", "background", "window")
 
-    def __init__(self, seq: int | None, until: float, stop: threading.Event, background: bool = False):
+    def __init__(self, seq: int | None, until: float, stop: threading.Event, background: bool = False,
+                 window: float = 0.0):
         self.seq = seq   # (None: no collective, such as a point-to-point wait)
         self.until = until
         self.stop = stop
         self.background = background
+        self.window = window
 
     def passed(self, now: float) -> bool:
         """Whether a wait looking at the clock at ``now`` must give up."""
         return now >= self.until or self.stop.is_set()
 
+    def progressed(self) -> None:
+        """A wait of this call completed: with a ``window``, the deadline is ``window`` seconds from now."""
+        if self.window:
+            self.until = time.monotonic() + self.window
+
     def expired(self, waited: float, peer: int, waiting_for: str = "") -> TransportError:
         """The error of a wait that gave up after ``waited`` seconds, waiting for ``peer``: the
-        runtime's stop if that is what ended it, else the deadline's timeout."""
+        runtime's stop if that is what ended it, else the deadline's timeout, which names (with a
+        ``window``) the time since the call's last progress: what ran out."""
         if self.stop.is_set():
             return Stopped(waited)
+        if self.window:
+            waited = time.monotonic() - (self.until - self.window)
         return TransportTimeout(peer, waited, waiting_for)
 
 

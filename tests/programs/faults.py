@@ -181,6 +181,67 @@ def late() -> None:
             _cue(2)
 
 
+def late_after_timeout() -> None:
+    """Rank 1 comes to a call only after every other rank timed out of it (cued by each once its call
+    has raised): it must fail the call too, not complete it alone with the data the others had sent
+    before giving up. argv[2]: "allreduce" (small: recursive doubling), "ring" (large), "barrier";
+    argv[3]: "staying" (the others live on until rank 1's call has ended: their give-up message
+    tells it) or "gone" (they end their programs: their farewells tell it)."""
+    call, others = sys.argv[2], sys.argv[3]
+    col.barrier()
+    count = 1 << 20 if call == "ring" else 1000
+    x = _ints(count, col.rank())
+    late = 1
+    timeout = 30 if col.rank() == late else 2
+    do = (lambda: col.barrier(timeout=timeout)) if call == "barrier" else \
+        (lambda: col.allreduce(x, timeout=timeout, algorithm="ring" if call == "ring" else None))
+    if col.rank() == late:
+        _await_cues([r for r in range(col.size()) if r != late])
+        try:
+            _report("late call", do)
+        finally:
+            if others == "staying":
+                for r in range(col.size()):
+                    if r != late:
+                        _cue(r)
+        return
+    try:
+        _report("call", do)
+    finally:
+        _cue(late)
+        if others == "staying":
+            _await_cue(late)
+
+
+def slow_but_moving() -> None:
+    """A large all-reduce whose every message is slow (each send waits 0.1 s, as over a slow link) takes
+    longer than its timeout (1 s) in all, while data keeps moving: it must complete, right, on every
+    rank; then a call in which one rank never comes still times out, naming it."""
+    from ring.transport.mpi.transport import MPITransport
+    send = MPITransport.send_to_right
+
+    def slow_send(self, buf, bound):
+        time.sleep(0.1)
+        return send(self, buf, bound)
+    MPITransport.send_to_right = slow_send
+    x = _ints(1 << 18, col.rank())
+    col.barrier()
+    started = time.monotonic()
+    result = _report("slow call", col.allreduce, x, timeout=1.0, algorithm="ring")
+    took = time.monotonic() - started
+    right = np.array_equal(result, _expected_sum(1 << 18, col.size()))
+    _say(f"rank {col.rank()}: slow call {'right' if right else 'WRONG'}, longer than its timeout: {took > 1.0}")
+    MPITransport.send_to_right = send
+    col.barrier()
+    if col.rank() == col.size() - 1:
+        _await_cues(range(col.size() - 1))
+        return
+    try:
+        _report("absent call", col.allreduce, x, timeout=1.0)
+    finally:
+        _cue(col.size() - 1)
+
+
 #: Cues between ranks, on MPI_COMM_WORLD (the runtime works on its own duplicate, so they never meet
 #: its messages), for scenarios where one rank must act only after another has.
 _CUE_TAG = 3701
@@ -363,8 +424,8 @@ def skipped_named() -> None:
 
 def interrupted() -> None:
     """Ctrl-C lands on rank 1 inside a small allreduce, while it waits there for the others; they
-    come only once rank 1 has left (cued: the call cannot finish before); rank 1 catches it, finds
-    the runtime stopped, and ends cleanly."""
+    come only once rank 1 has left (cued: the call cannot finish before), and fail the call it gave
+    up; rank 1 catches it, finds the runtime stopped, and ends cleanly."""
     _three_calls()
     x = _ints(100, col.rank())
     if col.rank() == 1:
@@ -697,6 +758,7 @@ if __name__ == "__main__":
      "absent-at-setup": absent_at_setup, "farewell-alone": farewell_alone, "unchecked": unchecked,
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
-     "late-other-call": late_other_call,
+     "late-other-call": late_other_call, "late-after-timeout": late_after_timeout,
+     "slow-but-moving": slow_but_moving,
      "timeline": timeline, "group-absent": group_absent, "group-member-dies": group_member_dies,
      "group-partial": group_partial, "group-member-left": group_member_left, "group-comm": group_comm}[sys.argv[1]]()

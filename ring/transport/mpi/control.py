@@ -31,9 +31,11 @@ _testall = MPI.Request.Testall
 # Control messages: kind, a flag, then a number, then text. LEFT: "I left after completing <number>
 # collectives, because <text>" (flag: after a failure of the runtime, so probably not the cause);
 # ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>"; AT_EXIT: "I have said every
-# farewell and wait for the others before MPI_Finalize" (the exit barrier, ``ring.transport.mpi.exits``).
+# farewell and wait for the others before MPI_Finalize" (the exit barrier, ``ring.transport.mpi.exits``);
+# GAVE_UP: "my runtime stopped after I completed <number> collectives, because <text>" (flag ROOT and
+# the dead rank as in a farewell): the process lives on, but makes no further call.
 _CONTROL_BYTES = 512
-LEFT, _ASK, _HERE, AT_EXIT = 1, 2, 3, 4
+LEFT, _ASK, _HERE, AT_EXIT, GAVE_UP = 1, 2, 3, 4, 5
 FAILED, ROOT, NOT_FINALIZING = 1, 2, 4   # a farewell's flags
 _AFTER_NOTICE_SECONDS, _AFTER_NOTICE_LOOKS = 1.0, 0.02   # see look_again_in
 _FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
@@ -64,6 +66,7 @@ class Control:
         self.local_pids = {r: pids[r] for r in range(self.size) if hosts[r] == here and r != self.rank}
         self.remote = frozenset(r for r in range(self.size) if hosts[r] != here)   # ranks on other hosts
         self.departed: dict[int, tuple[bool, int, str]] = {}   # rank -> (after a failure?, completed, why)
+        self.gave_up: dict[int, tuple[bool, int, str]] = {}   # rank -> as departed: its runtime stopped (give_up)
         self.roots: set[int] = set()        # ranks whose farewell passes on a root cause (see PeerLost)
         self.dead: set[int] = set()         # ranks known dead: never sent anything again
         self.dead_names: dict[int, int] = {}   # rank -> the rank its farewell said died (as names gives it)
@@ -81,6 +84,7 @@ class Control:
         # A point-to-point wait in the program's thread may poll beside a collective in the
         # engine's: one of them at a time reads the control channel (a probe and its receive).
         self._control_lock = threading.Lock()
+        self._send_lock = threading.Lock()   # (a runtime stopped from another thread tells the peers: see give_up)
 
     def ask(self, seq: int) -> None:
         """Ask every rank which call it is in, for a roll call in call ``seq`` (see roll_call)."""
@@ -136,11 +140,23 @@ class Control:
         message[8:16] = np.frombuffer(np.int64(number).tobytes(), np.uint8)
         encoded = text.encode(errors="replace")[:_CONTROL_BYTES - 16]
         message[16:16 + len(encoded)] = np.frombuffer(encoded, np.uint8)
-        try:
-            self.outbox.append((self.comm.Isend(message, peer, _CONTROL_TAG), message))
-        except MPI.Exception:
-            pass   # a peer we cannot reach cannot be told either
-        self.outbox = [(r, m) for r, m in self.outbox if not r.Test()]
+        with self._send_lock:
+            try:
+                self.outbox.append((self.comm.Isend(message, peer, _CONTROL_TAG), message))
+            except MPI.Exception:
+                pass   # a peer we cannot reach cannot be told either
+            self.outbox = [(r, m) for r, m in self.outbox if not r.Test()]
+
+    def give_up(self, completed: int, why: str, failed: bool = False, root: bool = False,
+                dead: int | None = None) -> None:
+        """Tell every other rank that this rank's runtime stopped after it completed ``completed``
+        collectives on this transport's group, because of ``why`` (``failed``: another rank's failure
+        caused it; ``root``: a rank died, ``dead`` as ``names`` gives it), as a farewell says: a rank that comes to a later call, even after this one's data of that
+        call reached it, fails it too, instead of completing alone a call that failed here (see
+        ``check_gave_up``), and a rank waiting in one fails at its next look, naming this rank."""
+        for peer in range(self.size):
+            if peer != self.rank:
+                self.send(peer, GAVE_UP, completed, why, (FAILED if failed else 0) | (ROOT if root else 0), dead)
 
     def read(self, seq: int | None = None, name: str | None = None) -> None:
         """Take every control message that has arrived: note farewells, and answer roll calls with
@@ -156,14 +172,25 @@ class Control:
             self._control_lock.release()
 
     def _read_locked(self, seq: int | None) -> None:
-        while self.comm.Iprobe(MPI.ANY_SOURCE, _CONTROL_TAG, self._control_status):
+        # A probe that finds nothing may have just pulled a message in (MPICH moves one arrived message
+        # per probe into its queue, and says so at the next): the channel is read once two probes in a
+        # row find nothing.
+        misses = 0
+        while misses < 2:
+            if not self.comm.Iprobe(MPI.ANY_SOURCE, _CONTROL_TAG, self._control_status):
+                misses += 1
+                continue
+            misses = 0
             peer = self._control_status.Get_source()
             self.comm.Recv(self._control_in, peer, _CONTROL_TAG)   # arrived already: returns at once
             kind, flag = int(self._control_in[0]), int(self._control_in[1])
             number = int(np.frombuffer(self._control_in[8:16].tobytes(), np.int64)[0])
             text = self._control_in[16:].tobytes().rstrip(b"\0").decode(errors="replace")
-            if kind == LEFT:
-                self.departed[peer] = (bool(flag & FAILED), number, text)
+            if kind in (LEFT, GAVE_UP):
+                if kind == LEFT:
+                    self.departed[peer] = (bool(flag & FAILED), number, text)
+                else:
+                    self.gave_up.setdefault(peer, (bool(flag & FAILED), number, text))
                 if flag & ROOT:
                     self.roots.add(peer)
                 dead = int(np.frombuffer(self._control_in[4:8].tobytes(), np.int32)[0])
@@ -189,16 +216,7 @@ class Control:
         if self.watch is not None:
             self.watch.check_peers(seq, COLLECTIVE)
         self.read(seq)
-        gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
-                if (seq is not None and completed < seq if expecting is COLLECTIVE
-                    else expecting is None or peer in expecting)]
-        if gone:
-            _, completed, peer, why = min(gone)
-            name = self.names[peer]
-            if peer in self.roots:   # it failed because a rank died: name that one, as it was seen
-                raise PeerLost(name, why, root=why)
-            raise PeerLost(name, f"rank {name} left: {why} (after {completed} collective(s))" if why else
-                           f"rank {name} ended its program after {completed} collective(s)")
+        self._raise_if_left(seq, expecting)
         dead = self.dead_peers()
         if dead:
             time.sleep(_FAREWELL_GRACE)   # a rank that just left after seeing a death may have said so
@@ -213,6 +231,49 @@ class Control:
                 message = self.death_text(dead)
                 raise PeerLost(self.names[dead[0]], message, root=f"{message} (seen by rank {self.names[self.rank]})",
                                dead=self.names[dead[0]])
+        if expecting is COLLECTIVE:
+            self._raise_if_gave_up(seq)
+
+    def check_gave_up(self, seq: int) -> None:
+        """At the end of collective ``seq`` on this rank: raise PeerLost if a rank had given it up (its
+        runtime stopped before completing it: ``give_up``, or its farewell) by the time this rank
+        completed it, with the data that rank had sent before it gave up. One probe of the channel,
+        on every call: without it a rank that comes late to a call another rank timed out of returns
+        a result, and the two disagree on whether the call happened. (A rank that completes the call
+        within a message's latency of the other's timeout may still do so: no end of a call can
+        close that window without a round of messages of its own.)"""
+        self.read(seq)
+        if self.departed or self.gave_up:
+            self._raise_if_left(seq)
+            self._raise_if_gave_up(seq)
+
+    def _raise_if_left(self, seq: int | None, expecting: Any = COLLECTIVE) -> None:
+        """PeerLost for a rank whose farewell says it left before collective ``seq`` (a point-to-point
+        wait, ``expecting`` ranks: before this wait ended); a rank that left on its own account is named
+        before one that left after a failure (probably caused by it)."""
+        gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
+                if (seq is not None and completed < seq if expecting is COLLECTIVE
+                    else expecting is None or peer in expecting)]
+        if gone:
+            _, completed, peer, why = min(gone)
+            name = self.names[peer]
+            if peer in self.roots:   # it failed because a rank died: name that one, as it was seen
+                raise PeerLost(name, why, root=why)
+            raise PeerLost(name, f"rank {name} left: {why} (after {completed} collective(s))" if why else
+                           f"rank {name} ended its program after {completed} collective(s)")
+
+    def _raise_if_gave_up(self, seq: int | None) -> None:
+        """PeerLost for a rank whose runtime stopped before collective ``seq`` (see give_up), named as
+        _raise_if_left names one."""
+        gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.gave_up.items()
+                if seq is not None and completed < seq]
+        if gone:
+            _, completed, peer, why = min(gone)
+            name = self.names[peer]
+            if peer in self.roots:   # it failed because a rank died: name that one, as it was seen
+                raise PeerLost(name, why, root=why, dead=self.dead_names.get(peer))
+            raise PeerLost(name, f"rank {name} gave this call up (its runtime stopped after {completed} "
+                                 f"collective(s)): {why}")
 
     def look_again_in(self) -> float:
         """Seconds until a wait should look at the peers again (at most; its own interval otherwise):

@@ -257,6 +257,7 @@ class MPITransport(Subsets):
         try:
             for _ in range(self._quick_polls):   # a few microseconds, without the clock: the latency path
                 if _testall(requests, statuses):
+                    bound.progressed()
                     return
 
             def waiting_for() -> int:
@@ -266,6 +267,7 @@ class MPITransport(Subsets):
             statuses = statuses or [MPI.Status() for _ in requests]   # (past the latency path they cost nothing
             # that shows, and a request MPICH completes with an error keeps it only there: see _failure_text)
             wait_for(lambda: _testall(requests, statuses), bound, self.control, self.spin_seconds, waiting_for)
+            bound.progressed()
         except MPI.Exception as e:
             self.control.check_dead(peers, bound.seq)   # (MPI's own error about a dead peer says less than this)
             raise TransportError(self._failure_text(e, requests, peers, statuses)) from e
