@@ -132,10 +132,16 @@ def test_a_preempted_diloco_run_resumes_from_its_last_sync(tmp_path):
     os.kill(int(pids.split(", ")[1].split("(")[1].rstrip(")")), signal.SIGTERM)
     output += finish(process)
     assert process.returncode == 143, output[-3000:]
-    found = re.search(r"the last checkpoint is step (\d+) \(inside epoch (\d+), the last sync\)", output)
+    # the last sync: inside an epoch (a step checkpoint), or at an epoch's end (that epoch's checkpoint)
+    found = re.search(r"the last checkpoint is (?:step (\d+) \(inside epoch (\d+), the last sync\)|epoch (\d+))",
+                      output)
     assert found, output[-3000:]
-    step, epoch = int(found.group(1)), int(found.group(2))
-    assert step % PER_EPOCH % 7 == 0 and (directory / f"checkpoint-epoch{epoch - 1:06d}_step{step:09d}.npz").exists()
+    if found.group(3) is None:
+        step, epoch = int(found.group(1)), int(found.group(2))
+        assert step % PER_EPOCH % 7 == 0 and (directory / f"checkpoint-epoch{epoch - 1:06d}_step{step:09d}.npz").exists()
+    else:
+        epoch = int(found.group(3)) + 1
+        assert (directory / f"checkpoint-epoch{epoch - 1:06d}.npz").exists(), output[-3000:]
     epochs = ["--epochs", str(epoch + 1)]
     last = run_world(2, ["-m", "trainer", *flags, *epochs, "--resume"], TIMEOUT_S)
     never = run_world(2, ["-m", "trainer", *flags[:-2], *epochs], TIMEOUT_S)
