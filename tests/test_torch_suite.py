@@ -26,8 +26,7 @@ pytest.importorskip("expecttest", reason="torch.testing._internal needs expectte
 from tests.torch_suite import Outcome, Zygote, exception_line, judge, run_test  # noqa: E402
 
 N = 2
-BOUND_S = 60          # per world; the slowest test here takes under 12 s at n=2
-BUDGET_S = 720        # for the whole tier (3.5 min here, 8.5 beside a CPU hog): past it, the tests left fail at once
+BOUND_S = 60          # per world (the slowest test here takes under 12 s at n=2): a slow machine is let be slow
 
 # Tests that cannot pass on ring because torch ties them to gloo by name (the suite's gating is
 # evaluated as for gloo, so ring is offered them). Each names the torch source line.
@@ -53,7 +52,6 @@ EXCEPTIONS = {
 _zygote = Zygote(N)                     # (at collection: its catalogue names the tests)
 atexit.register(_zygote.close)
 CATALOGUE = _zygote.catalogue
-_began: list[float] = []
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,9 +69,6 @@ def test_ring_passes_what_gloo_passes(test):
     name = test["name"]
     if test["skip"] is not None:
         pytest.skip(f"torch's gating (as for gloo): {test['skip']}")
-    _began[:] = _began or [time.monotonic()]
-    if time.monotonic() - _began[0] > BUDGET_S:
-        pytest.fail(f"not run: the tier's budget of {BUDGET_S} s is spent (worlds hanging until their bound?)")
     ring = _run("ring", test)
     if ring.status == "PASS":
         return   # (whatever gloo does: the promise holds, and gloo's run, half the tier's time, is not needed)
