@@ -33,6 +33,14 @@ True
 
 float64 data is rounded to float32 first for bfloat16 (two roundings, which in rare ties
 differ from one by a unit in bfloat16's last place) and straight to float16 for ``"fp16"``.
+
+One rounding moves a value v by at most u |v| (u = 2**-``digits``) in the wire type's normal
+range, and below it by at most ``tiny``, half the smallest subnormal, however small v is: there
+the error is absolute, not relative. docs/api.md's error bound counts both, per algorithm.
+
+>>> x = np.array([2.0 ** -134, 3 * 2.0 ** -134], np.float32)   # bfloat16's subnormals are 2**-133 apart
+>>> CODECS["bf16"].round_(x); (x / 2.0 ** -134).tolist()       # ties to even: all of x, or half of it
+[0.0, 4.0]
 """
 from __future__ import annotations
 

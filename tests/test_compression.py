@@ -12,6 +12,7 @@ import pytest
 from ring import algorithms, arrays
 from ring.compression import BLOCK, CODECS, bf16_bits, fp16_bits, fp16_to_float32
 from ring.partition import chunk_bounds
+from tests.test_compression_bounds import bound
 from tests.test_simulated_ring import BOUND, simulate
 from tests.test_two_level import simulate_hosts
 
@@ -267,15 +268,6 @@ def test_the_model_is_not_the_uncompressed_sum():
     assert np.mean(compressed != one_rounding) > 0.2   # (0.28 with these inputs)
 
 
-def bound(inputs, op, codec):
-    """The documented bound on |compressed result - exact|, per element: (n u + (2n + 1) 2**-24)
-    times the sum of the contributions' magnitudes (divided by n for "avg"), u = 2**-digits, 1% more
-    for the second-order terms, plus n times the wire's ``tiny`` (float16's subnormals: 2**-25)."""
-    n = len(inputs)
-    magnitude = np.sum(np.abs(np.stack(inputs).astype(np.float64)), axis=0) / (n if op == "avg" else 1)
-    return 1.01 * (n * 2.0 ** -codec.digits + (2 * n + 1) * 2.0 ** -24) * magnitude + n * codec.tiny
-
-
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
 @pytest.mark.parametrize("op", ["sum", "avg"])
@@ -284,7 +276,7 @@ def test_the_error_against_float64_is_within_the_documented_bound(n, name, op):
     exact = np.sum(np.stack(inputs).astype(np.float64), axis=0) / (n if op == "avg" else 1)
     result = _compressed(inputs, op, name, segment=256, in_place=False)[0]
     error = np.abs(result - exact)
-    limit = bound(inputs, op, CODECS[name])
+    limit = bound(inputs, op, CODECS[name], "ring")
     assert np.all(error <= limit), f"worst: {np.max(error / limit):.3f} of the bound"
     assert np.max(error / limit) > 0.01   # (the bound is not vacuous here: the error is seen)
 
@@ -301,18 +293,38 @@ def test_fp16_avg_does_not_overflow_where_the_average_fits(n):
     assert np.isinf(_compressed(inputs, "sum", "fp16", segment=4, in_place=False)[0]).all()
 
 
+def test_fp16_avg_overflows_where_a_first_contribution_travels_alone():
+    """docs/api.md's example: -1e5 on rank 0, 1.5e5 on rank 1. Element 0 (rank 0's chunk) starts on
+    rank 1, whose 7.5e4 goes on the wire alone: inf. Element 1 starts on rank 0, whose -5e4 travels
+    as -49984; rank 1 adds 7.5e4 before sending, and 25016 rounds to 25024 (a tie, to even).
+    Recursive doubling (small calls) sends nothing compressed: 25000."""
+    inputs = [np.full(2, -1e5, np.float32), np.full(2, 1.5e5, np.float32)]
+    for reduce in (algorithms.allreduce, algorithms.allreduce_halving_doubling):
+        results = _compressed(inputs, "avg", "fp16", segment=4, in_place=False, reduce=reduce)
+        _same_bits(results)
+        assert results[0].tolist() == [np.inf, 25024.0], reduce.__name__
+    small = simulate(2, lambda t: _small(t, inputs[t.rank], "avg"))
+    assert small[0].tolist() == [25000.0, 25000.0]
+
+
+def _small(t, x, op):
+    out = np.empty_like(x)
+    assert algorithms.allreduce_small(t, BOUND, x, out, op, b"small")
+    return out
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
 def test_halving_doubling_carries_compression(n, name):
     """Rabenseifner's algorithm adds in another order than the ring (no model here): identical bits
-    on every rank, the wire's rounding visible, within the ring's bound."""
+    on every rank, the wire's rounding visible, within its own documented bound."""
     for count in (0, 1, n + 1, 1001):
         inputs = _inputs(n, count, np.float32, seed=7)
         results = _compressed(inputs, "avg", name, segment=64, in_place=count % 2 == 1,
                               reduce=algorithms.allreduce_halving_doubling)
         _same_bits(results)
         exact = np.sum(np.stack(inputs).astype(np.float64), axis=0) / n
-        assert np.all(np.abs(results[0] - exact) <= bound(inputs, "avg", CODECS[name]))
+        assert np.all(np.abs(results[0] - exact) <= bound(inputs, "avg", CODECS[name], "halving"))
         if count > 100:
             assert np.array_equal(results[0], _through(CODECS[name], results[0])), "not rounded to the wire type"
 

@@ -12,7 +12,8 @@ import collectives as col
 from ring.compression import CODECS
 from ring.partition import chunk_bounds
 from tests.mpi.test_collectives import COMM, N, RANK, agree, same_on_every_rank
-from tests.test_compression import bound, ring_model
+from tests.test_compression import ring_model
+from tests.test_compression_bounds import bound, errors
 
 pytestmark = pytest.mark.mpi
 
@@ -81,13 +82,63 @@ def test_few_elements_and_none(count):
 @pytest.mark.parametrize("algorithm", [None, "halving"])
 def test_the_runtimes_choice_and_halving_agree_within_the_bound(algorithm):
     """Whatever runs (the cost model's choice, or Rabenseifner's halving and doubling): identical bits
-    on every rank, within the documented bound of the float64 sum."""
+    on every rank, within the documented bound of the float64 sum (the ring's for the runtime's
+    choice: the loosest of the compressed algorithms')."""
     count = _ring_count(np.float32) * 3
     every = inputs(count, np.float32)
     result = col.allreduce(every[RANK], "avg", compression="bf16", algorithm=algorithm, timeout=BOUND_S)
     exact = np.sum(np.stack(every).astype(np.float64), axis=0) / N
     agree(same_on_every_rank(result), "ranks differ")
-    agree(bool(np.all(np.abs(result - exact) <= bound(every, "avg", CODECS["bf16"]))), "past the bound")
+    limit = bound(every, "avg", CODECS["bf16"], algorithm or "ring")
+    agree(bool(np.all(np.abs(result - exact) <= limit)), "past the bound")
+
+
+def tiny_and_mixed(count, dtype, name):
+    """Every rank's input for the bound's edges: zeros of both signs, values below the wire's normal
+    range (float32's subnormals among them), ties on the wire's subnormal grid, and normal values of
+    mixed signs and magnitudes, rank-dependent."""
+    codec = CODECS[name]
+    normal = 2.0 ** (-126 if name == "bf16" else -14)
+    largest = 3e4 / N if name == "fp16" else 1e30   # (no fp16 partial sum may pass 65504)
+    every = []
+    for r in range(N):
+        rng = np.random.default_rng([9, r, count])
+        kinds = [np.zeros(count), -np.zeros(count), rng.uniform(-normal, normal, count),
+                 rng.integers(-16, 17, count) * codec.tiny, rng.uniform(-1, 1, count) * 2.0 ** -149,
+                 rng.uniform(-largest, largest, count) * 10.0 ** -rng.integers(0, 8, count)]
+        every.append(np.choose(rng.integers(0, len(kinds), count), kinds).astype(dtype))
+    return every
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "halving", "doubling", "hierarchical"])
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_algorithm_keeps_the_documented_bound_below_the_normal_range(algorithm, name, op, dtype):
+    """docs/api.md's bound, element by element against the exact sum, on tiny and mixed inputs
+    (few enough elements for recursive doubling, which runs them uncompressed)."""
+    levels = col.world_group().levels
+    if algorithm == "hierarchical" and levels is None:
+        pytest.skip("the ranks are not on several hosts (run with COLLECTIVES_HOSTS)")
+    hosts = levels[1].size if algorithm == "hierarchical" else 1
+    every = tiny_and_mixed(64, dtype, name)
+    result = col.allreduce(every[RANK], op, compression=name, algorithm=algorithm, timeout=BOUND_S)
+    agree(same_on_every_rank(result), "ranks differ")
+    limit = bound(every, op, CODECS[name], algorithm, hosts)
+    past = [i for i, (e, most) in enumerate(zip(errors(every, op, result), limit)) if e > most]
+    agree(not past, f"past the bound at {past[:5]}")
+
+
+def test_fp16_avg_overflows_where_a_first_contribution_travels_alone():
+    """docs/api.md's example, on 2 ranks: [inf, 25024.] by the ring and by halving, 25000 by the
+    runtime's choice for 2 elements (a small call, uncompressed)."""
+    if N != 2:
+        pytest.skip("the example is on 2 ranks")
+    x = np.full(2, [-1e5, 1.5e5][RANK], np.float32)
+    for algorithm in ("ring", "halving"):
+        result = col.allreduce(x, "avg", compression="fp16", algorithm=algorithm, timeout=BOUND_S)
+        agree(result.tolist() == [np.inf, 25024.0], f"{algorithm}: {result}")
+    agree(col.allreduce(x, "avg", compression="fp16", timeout=BOUND_S).tolist() == [25000.0, 25000.0], "small call")
 
 
 def test_small_calls_run_uncompressed_and_exact():
