@@ -119,6 +119,21 @@ def test_a_retry_after_a_setup_timeout_times_out_too_and_every_rank_ends_with_st
                "come to the runtime's setup" in output, output
 
 
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="MPICH's launcher leaves the others inside MPI_Init")
+def test_every_rank_left_inside_mpi_init_by_one_that_never_starts_mpi_says_so():
+    """Under -disable-auto-cleanup, rank 1 never starts MPI: the others' MPI_Init waits for it, and
+    each one's watch must say so at COLLECTIVES_TIMEOUT (3 s) before the first of them ends its rank
+    (the first kill crashed the others' MPI_Init before their watches spoke: one line in 3 ranks)."""
+    started = time.monotonic()
+    result = run_world(3, ["-m", "tests.programs.faults", "never-starts-mpi"], BOUND_S,
+                       env={"COLLECTIVES_TIMEOUT": "3"}, launcher_args=keep_survivors())
+    output = result.stdout
+    assert result.returncode not in (0, -9) and time.monotonic() - started < 30, output
+    for rank in (0, 2):
+        assert f"[rank {rank}] collectives: MPI_Init has not returned after 3 s (COLLECTIVES_TIMEOUT)" in output, output
+    assert "MPI started after all" not in output, output
+
+
 def test_a_farewell_setup_that_nobody_joins_still_ends_with_mpi_finalize_and_status_0():
     """A setup at exit that only says farewell and times out is not a setup the program missed: the
     process finalizes as usual (it ended with status 1 for a session, which killed healthy jobs

@@ -203,14 +203,20 @@ def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
 
 #: The watch of ``bounded_mpi_init``, run by ``python -S -c`` with the seconds, the pid to end and
 #: the line to say: it ends quietly when its standard input closes (MPI_Init returned, or the
-#: process it watches died), else, at the timeout, it says the line and SIGKILLs that process.
+#: process it watches died), else, at the timeout, it says the line and SIGKILLs that process
+#: WATCH_GRACE_SECONDS later, so that every rank's watch, whose timeouts end within the ranks' start-up
+#: apart, has said its line before the first kill (MPICH's MPI_Init crashed on the others at once, before
+#: their watches spoke).
 #: It runs in a session of its own: MPICH's proxy signals a death to the rank's whole process group
 #: (SIGUSR1, whose default action ends a process; the rank inside MPI_Init survives it, seen),
 #: and a watch in that group died of it, leaving its rank in MPI_Init for ever (salloc + mpiexec
 #: -disable-auto-cleanup across nodes: about 1 run in 2 under load).
+WATCH_GRACE_SECONDS = 1.0
 _WATCH = ("import os, select, signal, sys\n"
           "if not select.select([0], [], [], float(sys.argv[1]))[0]:\n"
-          "    os.write(2, sys.argv[3].encode()); os.kill(int(sys.argv[2]), signal.SIGKILL)\n")
+          "    os.write(2, sys.argv[3].encode())\n"
+          f"    if not select.select([0], [], [], {WATCH_GRACE_SECONDS})[0]:\n"
+          "        os.kill(int(sys.argv[2]), signal.SIGKILL)\n")
 
 
 @contextlib.contextmanager
@@ -233,7 +239,7 @@ def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
             environment.get("PMI_RANK") or environment.get("OMPI_COMM_WORLD_RANK")) or "?"
     said = (f"[rank {rank}] collectives: MPI_Init has not returned after {seconds:g} s (COLLECTIVES_TIMEOUT) under "
             f"{started_by[0]}: a process of this job most likely ended before every process started MPI, and "
-            "the launcher never said so; ending this process\n")
+            f"the launcher never said so; ending this process in {WATCH_GRACE_SECONDS:g} s\n")
     watch = subprocess.Popen([sys.executable, "-S", "-c", _WATCH, str(seconds), str(os.getpid()), said],
                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -242,6 +242,30 @@ def slow_but_moving() -> None:
         _cue(col.size() - 1)
 
 
+def never_starts_mpi() -> None:
+    """Rank 1 (the launcher's PMI_RANK) imports the runtime but never starts MPI; it ends once it is
+    the last of the launcher's processes on this host (its parent's other children have ended). The
+    others' first call waits inside MPI_Init, which COLLECTIVES_TIMEOUT bounds: each must say so."""
+    if os.environ.get("PMI_RANK") == "1":
+        give_up = time.monotonic() + _CUE_BOUND_S
+        while _siblings() and time.monotonic() < give_up:
+            time.sleep(0.05)
+        _say(f"rank 1: alone, ending {'' if not _siblings() else 'though not alone'}")
+        return
+    col.allreduce(np.ones(4, np.float32))
+    _say(f"rank {col.rank()}: MPI started after all")
+
+
+def _siblings() -> list[int]:
+    """The other processes the launcher's proxy (this process's parent) started on this host."""
+    parent = os.getppid()
+    children = []
+    for task in os.listdir(f"/proc/{parent}/task"):
+        with open(f"/proc/{parent}/task/{task}/children") as listing:
+            children += [int(pid) for pid in listing.read().split()]
+    return [pid for pid in children if pid != os.getpid() and process_state(pid) is None]
+
+
 #: Cues between ranks, on MPI_COMM_WORLD (the runtime works on its own duplicate, so they never meet
 #: its messages), for scenarios where one rank must act only after another has.
 _CUE_TAG = 3701
@@ -759,6 +783,6 @@ if __name__ == "__main__":
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
      "late-other-call": late_other_call, "late-after-timeout": late_after_timeout,
-     "slow-but-moving": slow_but_moving,
+     "slow-but-moving": slow_but_moving, "never-starts-mpi": never_starts_mpi,
      "timeline": timeline, "group-absent": group_absent, "group-member-dies": group_member_dies,
      "group-partial": group_partial, "group-member-left": group_member_left, "group-comm": group_comm}[sys.argv[1]]()
