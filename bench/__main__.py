@@ -21,26 +21,32 @@ import datetime
 import os
 import platform
 import sys
+import time
 import traceback
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import mpi4py
-import numpy as np
-from mpi4py import MPI
 
-import collectives as col
-from cmdline.cores import THREAD_VARIABLES
-from cmdline.parser import INTERRUPTED, launch_note
-from bench import model
-from bench.arguments import parse_args
-from bench.cases import Case
-from bench.gloo import Gloo
-from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json
-from bench.sizes import format_size, sweep
-from bench.timing import copy_bandwidth, default_iterations, time_each
-from cmdline.interrupt import stop_together
-from cmdline.memory import available_memory, gib
+# The flags are checked before MPI starts (a usage error must not wait for it): importing mpi4py's
+# MPI, which the bench's modules do, then starts nothing; col.init() starts it, once they are good.
+mpi4py.rc.initialize = False
+
+import collectives as col  # noqa: E402  (first: under srun it chooses MPI's network before MPI's module loads)
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from cmdline.cores import THREAD_VARIABLES  # noqa: E402
+from cmdline.parser import INTERRUPTED, launch_note  # noqa: E402
+from bench import model  # noqa: E402
+from bench.arguments import check_root, parse_args  # noqa: E402
+from bench.cases import Case  # noqa: E402
+from bench.gloo import Gloo  # noqa: E402
+from bench.report import GB, Row, plot, table_header, table_line, write_csv, write_json  # noqa: E402
+from bench.sizes import format_size, sweep  # noqa: E402
+from bench.timing import copy_bandwidth, default_iterations, time_each  # noqa: E402
+from cmdline.interrupt import stop_together  # noqa: E402
+from cmdline.memory import available_memory, gib  # noqa: E402
 
 def _gpu(comm: MPI.Comm, impls: list[str]) -> tuple[ModuleType, Any, dict]:
     """For --device cuda: cupy with this rank's GPU current, NCCL's own communicator (if timed)
@@ -122,7 +128,6 @@ def _print_header(env: dict, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
-    col.init()
     rank0 = comm.Get_rank() == 0
     env = environment(comm, args.device)
     xp, nccl_comm = np, None
@@ -135,15 +140,17 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
     gloo = Gloo(comm) if "gloo" in args.impl else None
     if gloo:
         env.update(gloo=gloo.describe(), torch=gloo.version)
+    estimate = _estimate(args, comm, (xp, nccl_comm, gloo), sizes)
     if rank0:
         _print_header(env, args)
         note = launch_note("python -m bench")
         if note:
             print(f"# note: {note}")
-        print(_duration(sizes, args, env))
+        print(_duration(sizes, args, estimate))
         print("\n".join(table_header(args.impl, comm.Get_size())), flush=True)
     rows: list[Row] = []
     skipped: list[int] = []
+    began = time.perf_counter()
     try:
         with stop_together():
             _sweep(args, comm, sizes, (xp, nccl_comm, gloo), env, rows, skipped)
@@ -160,6 +167,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
         gloo.close()
     wrong = sum(r.wrong for r in rows)
     if rank0:
+        print(f"# sweep took {_minutes(time.perf_counter() - began)} (estimated {_minutes(estimate)})")
         _summarize(args, env, rows, skipped, wrong)
     return 1 if wrong else 0
 
@@ -186,8 +194,7 @@ def _sweep(args: argparse.Namespace, comm: MPI.Comm, sizes: list[int], libraries
         if case.count == 0:
             skipped.append(nbytes)
             continue
-        iters = args.iters or default_iterations(case.nbytes)
-        warmup = args.warmup if args.warmup is not None else max(1, iters // 10)
+        iters, warmup = _iterations(args, case.nbytes)
         timings = time_each(comm, case, args.impl, iters, warmup, args.plant_error)
         these = [Row.of(case, impl, timings[impl]) for impl in args.impl]
         rows += these
@@ -226,23 +233,84 @@ def _refuse_what_does_not_fit(comm: MPI.Comm, env: dict, largest: int) -> None:
         raise SystemExit(2)
 
 
-def _duration(sizes: list[int], args: argparse.Namespace, env: dict) -> str:
-    """A lower bound on the sweep's time: every byte the timed and warm-up calls move, at the
-    memory-copy rate of one process (collectives between processes are slower than that)."""
-    moved = 0
+#: The estimate times each implementation's calls at the sweep's smallest size and at its largest up
+#: to this one: past the per-call overheads, yet well under a second a call.
+_CALIBRATION_BYTES = 16 << 20
+_CALIBRATION_ITERS = 5
+
+
+def _iterations(args: argparse.Namespace, nbytes: int) -> tuple[int, int]:
+    """(timed, warm-up) iterations of each implementation at ``nbytes``."""
+    iters = args.iters or default_iterations(nbytes)
+    return iters, args.warmup if args.warmup is not None else max(1, iters // 10)
+
+
+def _per_iteration(args: argparse.Namespace, comm: MPI.Comm, libraries: tuple[ModuleType, Any, Any],
+                   nbytes: int) -> np.ndarray:
+    """The seconds the sweep spends at ``nbytes`` on: building the case; then for each implementation,
+    its first iteration (fresh buffers: page faults) and a later one (reset, barrier, call, check; the
+    median of a few, as a busy machine's stalls come and go). The slowest rank's."""
+    xp, nccl_comm, gloo = libraries
+
+    def timed(work: Callable[[], Any]) -> float:
+        began = time.perf_counter()
+        work()
+        return time.perf_counter() - began
+    case: list[Case] = []
+    seconds = [timed(lambda: case.append(Case(comm, args.op, args.dtype, args.redop, nbytes, args.root, xp,
+                                               nccl_comm, gloo=gloo)))]
+    for impl in args.impl:
+        def one() -> None:
+            time_each(comm, case[0], [impl], 1, 0)
+        seconds += [timed(one), float(np.median([timed(one) for _ in range(_CALIBRATION_ITERS)]))]
+    slowest = np.array(seconds)
+    comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
+    return slowest
+
+
+def _estimate(args: argparse.Namespace, comm: MPI.Comm, libraries: tuple[ModuleType, Any, Any],
+              sizes: list[int]) -> float:
+    """Seconds the sweep of ``sizes`` will take: every case built and every iteration run, each timed at
+    the smallest size and at the largest up to _CALIBRATION_BYTES, and taken as linear in the size
+    between and beyond them (a second or so of calls, on every rank)."""
+    small = max(sizes[0], np.dtype(args.dtype).itemsize * comm.Get_size())   # (at least an element per rank)
+    large = max([s for s in sizes if s <= _CALIBRATION_BYTES] + [small])
+    _per_iteration(args, comm, libraries, small)   # (untimed: what happens once, like gloo's connections)
+    at_small = _per_iteration(args, comm, libraries, small)
+    at_large = _per_iteration(args, comm, libraries, large) if large > small else at_small
+    total = 0.0
     for nbytes in sizes:
-        iters = args.iters or default_iterations(nbytes)
-        warmup = args.warmup if args.warmup is not None else max(1, iters // 10)
-        moved += (iters + warmup) * nbytes * len(args.impl)
-    seconds = moved / (env["memcpy_gbps"] * GB) if env["memcpy_gbps"] else 0
-    return (f"# sweep: {len(sizes)} sizes, {gib(moved)} moved in all; at the memcpy rate that takes at "
-            f"least {seconds:.0f} s (Ctrl-C stops it, keeping the rows so far)")
+        share = (nbytes - small) / (large - small) if large > small else 0.0
+        built, *calls = np.maximum(at_small + share * (at_large - at_small), 0.0)
+        total += built + sum(first + (sum(_iterations(args, nbytes)) - 1) * later
+                             for first, later in zip(calls[::2], calls[1::2]))
+    return total
+
+
+def _duration(sizes: list[int], args: argparse.Namespace, estimate: float) -> str:
+    """The header's line on the sweep: its sizes, the bytes its calls move, and how long it will take."""
+    moved = sum(sum(_iterations(args, nbytes)) * nbytes * len(args.impl) for nbytes in sizes)
+    return (f"# sweep: {len(sizes)} sizes, {gib(moved)} moved in all; about {_minutes(estimate)}, from calls "
+            "timed at two sizes as the sweep makes them (Ctrl-C stops it, keeping the rows so far)")
+
+
+def _minutes(seconds: float) -> str:
+    """``seconds`` for a reader.
+
+    >>> _minutes(2.345), _minutes(463.2)
+    ('2.3 s', '7 min 43 s')
+    """
+    return f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m bench [flags]``: the sweep (or the cost model's fit, with --model); the exit status
+    (0: every result exact; 1: a wrong one; 2: a usage error, said before MPI starts where it can be)."""
+    args = parse_args(argv, col.about.launched_size(), __doc__.split("\n\n")[0])
     comm = MPI.COMM_WORLD
-    args = parse_args(argv, comm.Get_size(), __doc__.split("\n\n")[0])
     try:
+        col.init()   # (MPI starts here, bounded by the runtime's timeout)
+        check_root(args, comm.Get_size())
         return model.run(args, comm) if args.model else run(args, comm)
     except KeyboardInterrupt:   # outside the sweep: nothing to keep
         return INTERRUPTED

@@ -1,5 +1,7 @@
 """The bench's command line: its flags, their defaults (which depend on --model and --device), and
-the checks of what goes together. Usage errors are said once, by rank 0 (``cmdline.parser``)."""
+the checks of what goes together, all made before MPI starts (but a --root that needs the world's
+size where the launcher does not say it: ``check_root``, once MPI has started). Usage errors are
+said once, by rank 0, in one line."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +10,27 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from mpi4py import MPI
 
+import collectives as col
 from bench import gloo, model
 from bench.cases import COMPRESSED, DTYPES, IMPLEMENTATIONS, OPS, REDOPS, nccl_supports
 from bench.sizes import parse_size
-from cmdline.parser import ArgumentParser
+from cmdline.parser import USAGE, ArgumentParser
+
+#: The collectives that reduce, for which --redop means something.
+REDUCING = ("allreduce", "reduce_scatter")
+
+
+class _Parser(ArgumentParser):
+    """cmdline's parser, whose errors come in one line naming the flag, and mostly before MPI starts:
+    rank 0 is then the launcher's rank 0 (asking MPI would start it)."""
+
+    def error(self, message: str):
+        started = MPI.Is_initialized() and not MPI.Is_finalized()
+        if (col.rank() if started else col.about.launched_rank()) in (None, 0):
+            print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(USAGE)
 
 
 def _size(text: str) -> int:
@@ -29,26 +47,57 @@ def _count(text: str) -> int:
     return value
 
 
-def parse_args(argv: list[str] | None, n: int, description: str = "") -> argparse.Namespace:
-    """The flags of ``python -m bench`` on ``n`` ranks, with their defaults filled in and checked."""
-    p = ArgumentParser(prog="python -m bench", description=description, formatter_class=argparse.HelpFormatter)
-    _flags(p)
+def parse_args(argv: list[str] | None, n: int | None, description: str = "") -> argparse.Namespace:
+    """The flags of ``python -m bench``, with their defaults filled in and checked, before MPI starts.
+    ``n``: the world's size where the launcher said it (None: ``check_root`` checks --root once it is known).
+
+    >>> parse_args(["--op", "broadcast", "--root", "1"], 2).root       # doctest: +SKIP
+    1
+    >>> parse_args(["--op", "allgather", "--redop", "avg"], 2)         # doctest: +SKIP
+    python -m bench: error: --redop avg: allgather does not reduce (--redop is for allreduce and reduce_scatter)
+    """
+    p = _parser(description)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.redop is not None and args.op is not None and args.op not in REDUCING:
+        p.error(f"--redop {args.redop}: {args.op} does not reduce (--redop is for {' and '.join(REDUCING)})")
+    args.redop = args.redop or "sum"
     args.model_ops = [args.op] if args.op else list(OPS)
     args.op = args.op or "allreduce"
     args.max_bytes = args.max_bytes if args.max_bytes is not None else parse_size("64M" if args.model else "256M")
     args.factor = args.factor if args.factor is not None else (4.0 if args.model else 2.0)
     _check_together(p, args)
-    _check_values(p, args, n)
+    _check_values(p, args)
+    if n is not None or args.root < 0:
+        check_root(args, n)
     return args
+
+
+def check_root(args: argparse.Namespace, n: int | None) -> None:
+    """Exit 2 (rank 0 says why) if --root is not a rank of a world of ``n`` (None: of any world):
+    before MPI starts where the launcher said how many it started, else as soon as MPI has, before
+    any timing.
+
+    >>> check_root(argparse.Namespace(root=5), 2)     # doctest: +SKIP
+    python -m bench: error: --root 5 is out of range for 2 ranks (0..1)
+    """
+    if args.root < 0 and n is None:
+        _parser().error(f"--root {args.root} is out of range: ranks count from 0")
+    if n is not None and not 0 <= args.root < n:
+        _parser().error(f"--root {args.root} is out of range for {n} ranks (0..{n - 1})")
+
+
+def _parser(description: str = "") -> _Parser:
+    p = _Parser(prog="python -m bench", description=description, formatter_class=argparse.HelpFormatter)
+    _flags(p)
+    return p
 
 
 def _flags(p: ArgumentParser) -> None:
     p.add_argument("--op", choices=OPS, default=None,
                    help="the collective (default: allreduce; with --model: all four)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="element type (default: float32)")
-    p.add_argument("--redop", choices=REDOPS, default="sum",
+    p.add_argument("--redop", choices=REDOPS, default=None,
                    help="reduction, for allreduce and reduce_scatter (default: sum)")
     p.add_argument("--min-bytes", type=_size, default="8",
                    help="smallest size: 8, 64K, 256M, 1G (binary units) (default: 8)")
@@ -138,15 +187,15 @@ def _choose_gloo(p: ArgumentParser, args: argparse.Namespace, default: bool) -> 
         args.impl += [] if args.gloo_note else ["gloo"]
 
 
-def _check_values(p: ArgumentParser, args: argparse.Namespace, n: int) -> None:
-    """The sizes, the root and the output paths make sense, and what --plot needs is installed."""
+def _check_values(p: ArgumentParser, args: argparse.Namespace) -> None:
+    """The sizes, the root's sign and the output paths make sense, and what --plot needs is installed."""
+    if args.min_bytes <= 0:
+        p.error(f"--min-bytes must be > 0, got {args.min_bytes}")
     if args.max_bytes < args.min_bytes:
         p.error(f"--max-bytes ({args.max_bytes}) is below --min-bytes ({args.min_bytes})")
-    if args.min_bytes <= 0 or args.factor <= 1:
-        p.error("--min-bytes must be > 0 and --factor > 1")
-    if not 0 <= args.root < n:
-        p.error(f"--root {args.root} is out of range for {n} ranks (0..{n - 1})")
-    if args.redop == "avg" and np.dtype(args.dtype).kind in "iu" and args.op in ("allreduce", "reduce_scatter"):
+    if args.factor <= 1:
+        p.error(f"--factor must be > 1, got {args.factor:g}")
+    if args.redop == "avg" and np.dtype(args.dtype).kind in "iu" and args.op in REDUCING:
         p.error(f"--redop avg needs a floating --dtype, not {args.dtype}")
     for option in ("json", "csv", "plot"):
         path = getattr(args, option)

@@ -89,11 +89,58 @@ def test_impl_picks_a_subset():
                                            (["--link", "25GB/s,5us"], "--link and --hosts describe the predictions"),
                                            (["--model", "--link", "fast"], "expected BANDWIDTH,LATENCY like 25GB/s,5us"),
                                            (["--model", "--hosts", "8"], "expected HOSTSxRANKS like 512x8"),
-                                           (["--model", "--impl", "mpi"], "--model times the host algorithms alone")])
+                                           (["--model", "--impl", "mpi"], "--model times the host algorithms alone"),
+                                           (["--op", "allgather", "--redop", "avg"], "--redop avg: allgather does not reduce")])
 def test_bad_arguments_are_named_once_and_exit_2(flags, message):
     result = bench(2, *flags, timeout=60)
     assert result.returncode == 2, result.stdout[-2000:]
     assert result.stdout.count(message) == 1, result.stdout[-2000:]
+
+
+def _before_mpi(*flags, rank="0"):
+    """``python -m bench FLAGS`` as rank ``rank`` of a launcher's 2, whose MPI could never start (the
+    PMI port leads nowhere): a run that ends cleanly and at once never tried to start it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI_", "SLURM_"))}
+    env.update(PMI_SIZE="2", PMI_RANK=rank, PMI_PORT="127.0.0.1:1", COLLECTIVES_TIMEOUT="5")
+    return subprocess.run([sys.executable, "-m", "bench", *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+@pytest.mark.parametrize("flags,message", [(["--factor", "1"], "--factor must be > 1, got 1"),
+                                           (["--root", "5"], "--root 5 is out of range for 2 ranks"),
+                                           (["--root", "-1"], "--root -1 is out of range for 2 ranks"),
+                                           (["--min-bytes", "1M", "--max-bytes", "4K"],
+                                            "--max-bytes (4096) is below --min-bytes (1048576)"),
+                                           (["--min-bytes", "0"], "--min-bytes must be > 0"),
+                                           (["--op", "allgather", "--redop", "avg"],
+                                            "--redop avg: allgather does not reduce"),
+                                           (["--op", "broadcast", "--redop", "sum"],
+                                            "--redop sum: broadcast does not reduce")])
+def test_what_can_be_checked_without_mpi_is_refused_before_it_starts(flags, message):
+    said = _before_mpi(*flags)
+    assert said.returncode == 2 and said.stdout == "", said.stdout + said.stderr
+    lines = said.stderr.splitlines()   # one line, naming the flag
+    assert len(lines) == 1 and lines[0].startswith(f"python -m bench: error: {message}"), said.stderr
+    quiet = _before_mpi(*flags, rank="1")
+    assert quiet.returncode == 2 and quiet.stdout + quiet.stderr == "", quiet.stderr
+
+
+def test_a_root_beyond_a_world_the_launcher_did_not_announce_is_refused_before_any_timing():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI_", "SLURM_"))}
+    said = subprocess.run([sys.executable, "-m", "bench", *QUICK, "--root", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert said.returncode == 2, said.stdout + said.stderr
+    assert said.stderr.count("--root 1 is out of range for 1 ranks") == 1 and "memcpy" not in said.stdout, said
+
+
+def test_the_sweeps_estimate_covers_what_it_does():
+    """The header's estimate against the sweep's own time, at sizes where moving bytes is a small
+    part of each iteration's work (resetting, calling, checking, the barriers)."""
+    result = bench(2, "--min-bytes", "256K", "--max-bytes", "16M", "--factor", "4", "--iters", "30", "--warmup", "3")
+    assert result.returncode == 0, result.stdout[-3000:]
+    estimate = float(re.search(r"^# sweep: 4 sizes, .*; about ([\d.]+) s", result.stdout, re.M)[1])
+    took = float(re.search(r"^# sweep took ([\d.]+) s", result.stdout, re.M)[1])
+    assert took / 3 <= estimate <= took * 3, result.stdout
 
 
 def test_plot_without_matplotlib_says_what_to_install_before_any_timing(tmp_path):
@@ -113,7 +160,7 @@ def test_the_header_counts_cpus_per_host_and_warns_of_oversubscription():
     cpus = len(os.sched_getaffinity(0))
     warned = crowded.stdout.count(f"# warning: 3 ranks share {cpus} usable cpus on a host")
     assert warned == (1 if cpus < 3 else 0), crowded.stdout
-    assert "# sweep: 4 sizes, " in crowded.stdout and "takes at least" in crowded.stdout
+    assert "# sweep: 4 sizes, " in crowded.stdout and "; about " in crowded.stdout and "# sweep took " in crowded.stdout
 
 
 def test_ranks_bound_to_a_core_each_are_not_called_oversubscribed():
