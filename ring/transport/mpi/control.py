@@ -242,7 +242,9 @@ class Control:
         a result, and the two disagree on whether the call happened. (A rank that completes the call
         within a message's latency of the other's timeout may still do so: no end of a call can
         close that window without a round of messages of its own.)"""
-        self.read(seq)
+        probe = self.comm.Iprobe   # (two probes, as _read_locked's rule; read only when they find a message)
+        if probe(MPI.ANY_SOURCE, _CONTROL_TAG) or probe(MPI.ANY_SOURCE, _CONTROL_TAG):
+            self.read(seq)
         if self.departed or self.gave_up:
             self._raise_if_left(seq)
             self._raise_if_gave_up(seq)
