@@ -162,3 +162,15 @@ def test_the_compression_hooks_example_keeps_replicas_identical(tmp_path):
 def test_the_elastic_example_runs_as_the_page_shows(tmp_path):
     result = run_example("docs/elastic.md", "## In your own program", 3, tmp_path)
     assert "trained 200 steps on 3 ranks" in result.stdout, result.stdout
+
+
+@pytest.mark.quick
+def test_the_front_page_fits_its_budget_and_names_every_test_dependency():
+    """150 lines at most (detail goes to docs/), and what the install line's `test` extra brings, every
+    package of it (setup.py's list), so that a reader knows what `pip install -e ".[test]"` installs."""
+    front = (ROOT / "README.md").read_text()
+    assert len(front.splitlines()) <= 150, f"README.md: {len(front.splitlines())} lines"
+    extra = re.search(r'"test": \[(.*?)\]', (ROOT / "setup.py").read_text(), re.S)[1]
+    packages = [re.split(r"[<>=]", name)[0] for name in re.findall(r'"([^"]+)"', extra)]
+    said = front.split("`test` brings", 1)[1].split("Smaller extras", 1)[0]
+    assert [p for p in packages if p not in said] == [], said
