@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.world_outcomes import WORLD_OUTCOMES, WORLD_TIMEOUT_S, WorldReports, run_tests_in_world
+from tests.worlds import remove_orphan_segments
 
 MPI_TESTS = Path(__file__).parent / "mpi"
 
@@ -30,6 +31,11 @@ def world_tests(request, tmp_path):
             pytest.fail(world.problem, pytrace=False)
         return world
     return run
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """After every test, the shared memory of the worlds it killed (tests/worlds.py: remove_orphan_segments)."""
+    remove_orphan_segments()
 
 
 def pytest_configure(config):

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,6 +17,49 @@ ROOT = Path(__file__).resolve().parent.parent
 #: it at once), and not hypothesis's plugin (tests/mpi has no use for it; importing it at the summary cost each
 #: rank 0.3 s).
 WORLD_PYTEST = ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+
+
+#: MPICH's shared-memory segments (``/dev/shm/mpich_shm_*``) are unlinked once every rank of a host has
+#: attached; a world killed before that (inside MPI_Init: a rank that never came, a world past its bound)
+#: leaves them, a few MB each, until the machine restarts (6.3 GB after one suite).
+SHM = Path("/dev/shm")
+ORPHAN_AGE_S = 30.0   # (a segment this old that no process maps is no world's: a world maps it as it makes it)
+
+
+def remove_orphan_segments(now: float | None = None) -> list[Path]:
+    """Remove MPICH's shared-memory segments that no live process maps and that are older than
+    ORPHAN_AGE_S; return them. Cheap where there are none (one directory listing)."""
+    now = time.time() if now is None else now
+    try:
+        old = [p for p in SHM.glob("mpich_shm_*") if now - p.stat().st_mtime > ORPHAN_AGE_S]
+    except OSError:
+        return []
+    if not old:
+        return []
+    mapped = _mapped_files()
+    removed = []
+    for path in old:
+        if str(path) not in mapped:
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
+def _mapped_files() -> set[str]:
+    """Every file some process on this machine maps (read from /proc/*/maps)."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            for line in maps.read_text().splitlines():
+                fields = line.split(None, 5)
+                if len(fields) == 6:
+                    mapped.add(fields[5].removesuffix(" (deleted)"))
+        except OSError:
+            pass
+    return mapped
 
 
 @functools.lru_cache(maxsize=None)
