@@ -14,7 +14,6 @@ from __future__ import annotations
 import gc
 import io
 import json
-import math
 import os
 import sys
 import time
@@ -59,8 +58,7 @@ def leave(w: Group, finishing: bool = True) -> None:
             _write_timeline(w, healthy=not why)
         late: list[int] = []
         if finishing and not gone and not runtime.outlived:
-            patience = (math.inf if failure is None else   # (after a failed call, its own bound: the ranks
-                        failure.patience or runtime.settings.timeout)   # it timed out on need not hold this one longer)
+            patience = runtime.exit_patience()
             gone, late = w.transport.exits.exit_barrier(time.monotonic() + patience)
             if gone or late:
                 _say_no_finalize(w, gone, late, patience, status=1 if late else after_a_death)

@@ -9,6 +9,7 @@ replaces the whole runtime instead, and retires this one (:meth:`Runtime.retire`
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -136,6 +137,22 @@ class Runtime:
         self.closed = True
         self.stop("this process has left the runtime (at exit or MPI.Finalize())", tell=False)   # (its farewell tells)
         return before
+
+    def exit_patience(self) -> float:
+        """How long this rank's exit waits for the others to reach theirs: for ever after a healthy run;
+        after a failure, the failed call's own timeout (a rank it timed out on need not hold this one
+        longer), else the setting's.
+
+        >>> from collectives.process.config import defaults
+        >>> r = Runtime(defaults(timeout=600.0))
+        >>> r.exit_patience()
+        inf
+        >>> r.stop("allreduce #3 on rank 1: timed out", patience=3.0, tell=False); r.exit_patience()
+        'allreduce #3 on rank 1: timed out'
+        3.0
+        """
+        failure = self.stopped_by
+        return math.inf if failure is None else failure.patience or self.settings.timeout
 
     def retire(self, change: str) -> None:
         """A new world replaced this runtime's (``collectives.process.world.rebuild``): ``change`` says how.

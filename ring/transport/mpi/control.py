@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ring.transport.mpi import liveness as liveness_watch
+from ring.transport.mpi import departures, liveness as liveness_watch
 from ring.transport.base import ROLL_CALL_GRACE, PeerLost
 from ring.transport.mpi.notices import failure_notices
 from ring.transport.polling import process_state
@@ -32,8 +32,8 @@ _testall = MPI.Request.Testall
 # collectives, because <text>" (flag: after a failure of the runtime, so probably not the cause);
 # ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>"; AT_EXIT: "I have said every
 # farewell and wait for the others before MPI_Finalize" (the exit barrier, ``ring.transport.mpi.exits``);
-# GAVE_UP: "my runtime stopped after I completed <number> collectives, because <text>" (flag ROOT and
-# the dead rank as in a farewell): the process lives on, but makes no further call.
+# GAVE_UP: "my runtime stopped after I completed <number> collectives, because <text>" (flags and the
+# dead rank as a farewell's): the process lives on, and makes no further call.
 _CONTROL_BYTES = 512
 LEFT, _ASK, _HERE, AT_EXIT, GAVE_UP = 1, 2, 3, 4, 5
 FAILED, ROOT, NOT_FINALIZING = 1, 2, 4   # a farewell's flags
@@ -83,8 +83,7 @@ class Control:
         self._asked: tuple[int, float] | None = None   # roll call: (the call, when) of the last question
         # A point-to-point wait in the program's thread may poll beside a collective in the
         # engine's: one of them at a time reads the control channel (a probe and its receive).
-        self._control_lock = threading.Lock()
-        self._send_lock = threading.Lock()   # (a runtime stopped from another thread tells the peers: see give_up)
+        self._control_lock, self._send_lock = threading.Lock(), threading.Lock()   # (give_up may come from any thread)
 
     def ask(self, seq: int) -> None:
         """Ask every rank which call it is in, for a roll call in call ``seq`` (see roll_call)."""
@@ -236,12 +235,10 @@ class Control:
 
     def check_gave_up(self, seq: int) -> None:
         """At the end of collective ``seq`` on this rank: raise PeerLost if a rank had given it up (its
-        runtime stopped before completing it: ``give_up``, or its farewell) by the time this rank
-        completed it, with the data that rank had sent before it gave up. One probe of the channel,
-        on every call: without it a rank that comes late to a call another rank timed out of returns
-        a result, and the two disagree on whether the call happened. (A rank that completes the call
-        within a message's latency of the other's timeout may still do so: no end of a call can
-        close that window without a round of messages of its own.)"""
+        runtime stopped before completing it, or it left), so that a rank that comes late to a call the
+        others timed out of fails it too, instead of completing it alone with the data they had sent.
+        (A rank that completes the call within a message's latency of the others' timeout may still
+        succeed: no end of a call can close that window without a round of messages of its own.)"""
         probe = self.comm.Iprobe   # (two probes, as _read_locked's rule; read only when they find a message)
         if probe(MPI.ANY_SOURCE, _CONTROL_TAG) or probe(MPI.ANY_SOURCE, _CONTROL_TAG):
             self.read(seq)
@@ -251,31 +248,21 @@ class Control:
 
     def _raise_if_left(self, seq: int | None, expecting: Any = COLLECTIVE) -> None:
         """PeerLost for a rank whose farewell says it left before collective ``seq`` (a point-to-point
-        wait, ``expecting`` ranks: before this wait ended); a rank that left on its own account is named
-        before one that left after a failure (probably caused by it)."""
-        gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.departed.items()
-                if (seq is not None and completed < seq if expecting is COLLECTIVE
-                    else expecting is None or peer in expecting)]
-        if gone:
-            _, completed, peer, why = min(gone)
-            name = self.names[peer]
-            if peer in self.roots:   # it failed because a rank died: name that one, as it was seen
-                raise PeerLost(name, why, root=why)
-            raise PeerLost(name, f"rank {name} left: {why} (after {completed} collective(s))" if why else
-                           f"rank {name} ended its program after {completed} collective(s)")
+        wait, ``expecting`` ranks: before this wait ended), as ``departures.first_gone`` chooses it."""
+        self._raise_first(self.departed, (lambda rank, completed: seq is not None and completed < seq)
+                          if expecting is COLLECTIVE else (lambda rank, completed: expecting is None or rank in expecting))
 
     def _raise_if_gave_up(self, seq: int | None) -> None:
-        """PeerLost for a rank whose runtime stopped before collective ``seq`` (see give_up), named as
-        _raise_if_left names one."""
-        gone = [(failed, completed, peer, why) for peer, (failed, completed, why) in self.gave_up.items()
-                if seq is not None and completed < seq]
-        if gone:
-            _, completed, peer, why = min(gone)
-            name = self.names[peer]
-            if peer in self.roots:   # it failed because a rank died: name that one, as it was seen
-                raise PeerLost(name, why, root=why, dead=self.dead_names.get(peer))
-            raise PeerLost(name, f"rank {name} gave this call up (its runtime stopped after {completed} "
-                                 f"collective(s)): {why}")
+        """PeerLost for a rank whose runtime stopped before collective ``seq`` (see give_up)."""
+        if seq is not None:
+            self._raise_first(self.gave_up, lambda rank, completed: completed < seq, gave_up=True)
+
+    def _raise_first(self, said: departures.Said, counts, gave_up: bool = False) -> None:
+        found = departures.first_gone(said, counts)
+        if found is not None:
+            peer, completed, why = found   # (a root: it failed because a rank died, named as it was seen)
+            raise departures.lost(self.names[peer], completed, why, gave_up, peer in self.roots,
+                                  self.dead_names.get(peer) if gave_up else None)
 
     def look_again_in(self) -> float:
         """Seconds until a wait should look at the peers again (at most; its own interval otherwise):
