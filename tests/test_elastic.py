@@ -96,12 +96,21 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_for_ever():
 
 
 @pytest.mark.skipif(mpi_name() != "MPICH", reason="the supervisor runs under MPICH's launcher only")
+#: MPICH's launcher sometimes fails by itself on a death that it sees while its proxies still set the
+#: job up (``assert (!closed) failed``, status 255: 2 runs in 16 of the test below): the job ends, but
+#: before any rank could speak. Such a run says nothing of the runtime, and is run again.
+LAUNCHER_FAILED, LAUNCHER_ATTEMPTS = "assert (!closed) failed", 3
+
+
 def test_a_death_before_mpi_started_ends_the_others_waiting_inside_mpi_init():
     """Rank 1 dies before MPI starts; the others would wait inside MPI_Init for ever (plain MPICH
     does): their supervisors see it end among the proxy's processes and end them, naming it, or,
     where it ended before they first looked (beside a CPU hog), counting it missing."""
-    result = run_world(3, [*JOB, "--die-before-mpi", "1"], 60, launcher_args=CLEANUP)
-    out = result.stdout
+    for _ in range(LAUNCHER_ATTEMPTS):
+        result = run_world(3, [*JOB, "--die-before-mpi", "1"], 60, launcher_args=CLEANUP)
+        out = result.stdout
+        if LAUNCHER_FAILED not in out:
+            break
     assert result.returncode not in (0, -9) and "killed before MPI started" in out, out[-3000:]
     seen = r"rank 1 of this job \(its supervisor's pid \d+, on this host\) ended before MPI started here, and " \
            r"MPI_Init would wait for it for ever"
