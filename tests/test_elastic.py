@@ -95,13 +95,13 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_for_ever():
                "this rank still runs (stuck in its own code?); it ends" in out, out[-3000:]
 
 
-@pytest.mark.skipif(mpi_name() != "MPICH", reason="the supervisor runs under MPICH's launcher only")
 #: MPICH's launcher sometimes fails by itself on a death that it sees while its proxies still set the
 #: job up (``assert (!closed) failed``, status 255: 2 runs in 16 of the test below): the job ends, but
 #: before any rank could speak. Such a run says nothing of the runtime, and is run again.
 LAUNCHER_FAILED, LAUNCHER_ATTEMPTS = "assert (!closed) failed", 3
 
 
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="the supervisor runs under MPICH's launcher only")
 def test_a_death_before_mpi_started_ends_the_others_waiting_inside_mpi_init():
     """Rank 1 dies before MPI starts; the others would wait inside MPI_Init for ever (plain MPICH
     does): their supervisors see it end among the proxy's processes and end them, naming it, or,
