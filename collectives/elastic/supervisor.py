@@ -131,8 +131,8 @@ class _Reasons:
             self.next_sibling_look = now + _SIBLING_LOOK_SECONDS
             ended, _ = self._look_at_siblings()
             if ended:
-                return (f"rank {self.siblings[ended[0]]} of this job (its supervisor's pid {ended[0]}, on this host) "
-                        "ended before MPI started here, and MPI_Init would wait for it for ever")
+                return (f"{_named(self.siblings[ended[0]])} of this job (its supervisor's pid {ended[0]}, on this "
+                        "host) ended before MPI started here, and MPI_Init would wait for it for ever")
             unseen = self.local_ranks - 1 - len(self.siblings)
             if unseen > 0 and now - self.began > _FORK_GRACE:   # (ended before this supervisor's first look)
                 return (f"{unseen} of the {self.local_ranks} processes the launcher started on this host ended "
@@ -160,7 +160,7 @@ class _Reasons:
             self.next_sibling_look = now + _SIBLING_LOOK_SECONDS
             ended, here = self._look_at_siblings()
             if ended:
-                self.sibling_ended_at, self.ended_rank = now, f"rank {self.siblings[ended[0]]}"
+                self.sibling_ended_at, self.ended_rank = now, _named(self.siblings[ended[0]])
             elif len(here) < self.local_ranks - 1:   # (one that ended before this supervisor ever saw it: a
                 self.sibling_ended_at, self.ended_rank = now, "a rank"   # busy machine, a quick death)
         if now - self.sibling_ended_at > _FINALIZE_GRACE:
@@ -190,6 +190,11 @@ def _local_ranks() -> int:
         return int(os.environ.get("MPI_LOCALNRANKS", "0")) if proxy else 0
     except (OSError, ValueError):
         return 0
+
+
+def _named(rank: str) -> str:
+    """A sibling as a line names it: ``rank 1``, or ``a rank`` where it ended before its rank could be read."""
+    return "a rank" if rank == "?" else f"rank {rank}"
 
 
 def _rank_of(pid: int) -> str:
