@@ -42,10 +42,12 @@ def stop_together(finishing: bool = False):
     Leaving after a SIGTERM leaves SIGTERM ignored (the process is ending: see below).
 
     ``finishing``: the block is the program's work, and the process ends after it (the last lines,
-    the runtime's exit barrier, MPI_Finalize): once the block returns, a SIGTERM that comes late (a
-    batch system's, to a job that just finished) is ignored, and a first Ctrl-C too, so that a
-    finished job is not reported failed by a signal during its exit; a second Ctrl-C raises
-    KeyboardInterrupt as usual. A block left by an exception puts the handlers back as without it.
+    the runtime's exit barrier, MPI_Finalize): once the block returns, SIGTERM and Ctrl-C are
+    ignored (a batch system's late SIGTERM, a Ctrl-C to a job that just finished), so that a finished
+    job is not reported failed by a signal during its exit. Ignored, not handled: Python puts its
+    handlers back to the default action as it shuts down, after the exit handlers, and a signal that
+    came then ended the process (a Ctrl-C 30-60 ms after the trainer's last line). A block left by an
+    exception puts the handlers back as without it.
     """
     def ctrl_c(signum, frame):
         if _heard[0]:
@@ -62,7 +64,7 @@ def stop_together(finishing: bool = False):
         done = finishing
     finally:
         if done:
-            signal.signal(signal.SIGINT, _ctrl_c_again(previous[0]))
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         else:
             signal.signal(signal.SIGINT, previous[0])
@@ -70,11 +72,3 @@ def stop_together(finishing: bool = False):
             # and the launcher too): the rank is on its way out with its checkpoint written, and must not die of it.
             signal.signal(signal.SIGTERM, signal.SIG_IGN if _heard[0] == PREEMPTED else previous[1])
         _heard[0] = 0
-
-
-def _ctrl_c_again(previous):
-    """A SIGINT handler for a process whose work is done: the first Ctrl-C is let pass (mpiexec forwards
-    one to every rank, which may be in its exit already); the next one is handled as before (``previous``)."""
-    def first(signum, frame):
-        signal.signal(signal.SIGINT, previous)
-    return first

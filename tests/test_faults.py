@@ -151,12 +151,13 @@ def test_after_a_timeout_the_census_tells_a_late_rank_from_an_absent_one():
            "rank(s) waiting in this call too: 1" in errors[0][1], errors[0][1]
     # rank 1, which came and waits with a longer timeout (30 s), learns by message that rank 0 gave up
     assert 1 in errors and errors[1][0] < LEAVE_BOUND_S and re.search(
-        r"rank 0 (gave this call up \(its runtime stopped after 1 collective\(s\)\)|left: it stopped after a "
+        r"rank 0 (gave up \(its runtime stopped after 1 collective\(s\) of this group\)|left: it stopped after a "
         r"failure): allreduce #2 on rank 0: timed out", errors[1][1]), output
 
 
 @pytest.mark.parametrize("n, call, others", [(2, "allreduce", "staying"), (3, "ring", "staying"),
-                                             (2, "barrier", "staying"), (3, "allreduce", "gone")])
+                                             (2, "barrier", "staying"), (3, "allreduce", "gone"),
+                                             (3, "group-allreduce", "staying"), (2, "group-barrier", "gone")])
 def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call, others):
     """The others' data of the call reached the late rank before they gave up: completing it with that
     data would leave the ranks disagreeing on whether the call happened. The late rank hears why
@@ -166,12 +167,13 @@ def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call
     assert "ok late call" not in output and status not in (0, -9), output
     assert sorted(errors) == list(range(n)), output
     for rank in (0, 2)[:n - 1]:   # (its own timeout, or the other's, whose give-up came first)
-        assert re.search(rf"(allreduce|barrier) #2 on rank {rank}: (rank \d gave this call up .*)?"
+        assert re.search(rf"(allreduce|barrier) #2 on rank {rank}( in group \[[\d, ]+\])?: (rank \d gave up .*)?"
                          rf"timed out after 2(\.\d+)? s", errors[rank][1]), output
     seconds, message = errors[1]
     assert seconds < LEAVE_BOUND_S, output
-    assert re.search(rf"(allreduce|barrier) #2 on rank 1: rank 0 (gave this call up|left: it stopped after a failure)"
-                     rf".*(allreduce|barrier) #2 on rank 0: timed out after 2", message), output
+    assert re.search(rf"(allreduce|barrier) #2 on rank 1( in group \[[\d, ]+\])?: rank 0 (gave up|left: it stopped "
+                     rf"after a failure).*(allreduce|barrier) #2 on rank 0( in group \[[\d, ]+\])?: timed out after 2",
+                     message), output
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -209,7 +209,7 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
         raise
     except BaseException as e:
         g.transports.abandon()
-        runtime.stop(f"{name} #{call.seq} on {g.where()} was interrupted by {named(e)}")
+        runtime.stop(f"{name} #{call.seq} on {g.where()} was interrupted by {named(e)}", group=g)
         raise
     else:
         call.in_step = True
@@ -282,7 +282,7 @@ def _failure(call: Call, error: TransportError) -> CollectiveError:
     if runtime.failure is not None:   # stopped from outside the call (runtime.stop: a wait ran out, Ctrl-C)
         return CollectiveError(f"{where} was stopped: {runtime.failure}")
     detail = f"{error}; {_census(g, call.seq, call.name)}" if isinstance(error, TransportTimeout) else str(error)
-    return CollectiveError(runtime.stop(f"{where}: {detail}", error, by_peer=True, patience=call.window))
+    return CollectiveError(runtime.stop(f"{where}: {detail}", error, by_peer=True, patience=call.window, group=g))
 
 
 def _census(g, seq: int, name: str) -> str:

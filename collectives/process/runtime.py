@@ -103,14 +103,16 @@ class Runtime:
         return found
 
     def stop(self, failure: str, error: BaseException | None = None, by_peer: bool = False,
-             patience: float | None = None, tell: bool = True) -> str:
+             patience: float | None = None, tell: bool = True, group=None) -> str:
         """Stop the runtime on this rank: it is out of step with some peers because of ``failure``
         (``by_peer``: another rank caused it; an ``error`` that says a rank died gives the root
         cause and that rank, passed on at exit; ``patience``: see Failure). The first failure stands:
         a later one (the same failure seen again on its way out) changes nothing. Every wait in
         flight ends at its next look, every later call raises, and (``tell``) every group's other
         members hear after which of its calls this rank stopped (``Group.give_up``), so that a rank
-        that reaches one of them late fails it too. Returns the failure in force.
+        that reaches one of them late fails it too: those of ``group`` (where the failure happened,
+        which a late rank is about to end) first, since MPI moves a pair's messages in the order they were
+        sent. Returns the failure in force.
 
         >>> from collectives.process.config import defaults
         >>> r = Runtime(defaults())
@@ -126,8 +128,8 @@ class Runtime:
                 self.stopped.set()       # that no other module writes it)
         if first and tell:
             root = self.stopped_by.root_cause
-            for group in list(self.groups):
-                group.give_up(root or failure, by_peer, root is not None, self.stopped_by.dead_rank)
+            for member in sorted(self.groups, key=lambda g: g is not group):
+                member.give_up(root or failure, by_peer, root is not None, self.stopped_by.dead_rank)
         return self.failure
 
     def leave(self) -> Failure | None:

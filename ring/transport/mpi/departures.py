@@ -36,7 +36,7 @@ def lost(name: int, completed: int, why: str, gave_up: bool, root: bool = False,
     every rank should hear it, so it is passed on as it is.
 
     >>> print(lost(0, 1, "allreduce #2 on rank 0: timed out after 2 s waiting for rank 1", gave_up=True))
-    rank 0 gave this call up (its runtime stopped after 1 collective(s)): allreduce #2 on rank 0: timed out after 2 s waiting for rank 1
+    rank 0 gave up (its runtime stopped after 1 collective(s) of this group): allreduce #2 on rank 0: timed out after 2 s waiting for rank 1
     >>> print(lost(1, 3, "uncaught RuntimeError: user bug", gave_up=False))
     rank 1 left: uncaught RuntimeError: user bug (after 3 collective(s))
     >>> print(lost(1, 3, "", gave_up=False))
@@ -45,7 +45,7 @@ def lost(name: int, completed: int, why: str, gave_up: bool, root: bool = False,
     if root:
         return PeerLost(name, why, root=why, dead=dead)
     if gave_up:
-        return PeerLost(name, f"rank {name} gave this call up (its runtime stopped after {completed} collective(s)): "
-                              f"{why}")
+        return PeerLost(name, f"rank {name} gave up (its runtime stopped after {completed} collective(s) of this "
+                              f"group): {why}")
     return PeerLost(name, f"rank {name} left: {why} (after {completed} collective(s))" if why else
                     f"rank {name} ended its program after {completed} collective(s)")
