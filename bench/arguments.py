@@ -10,13 +10,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from mpi4py import MPI
 
-import collectives as col
 from bench import gloo, model
 from bench.cases import COMPRESSED, DTYPES, IMPLEMENTATIONS, OPS, REDOPS, nccl_supports
 from bench.sizes import parse_size
-from cmdline.parser import USAGE, ArgumentParser
+from cmdline.parser import USAGE, ArgumentParser, speaks
 
 #: The collectives that reduce, for which --redop means something.
 REDUCING = ("allreduce", "reduce_scatter")
@@ -27,8 +25,7 @@ class _Parser(ArgumentParser):
     rank 0 is then the launcher's rank 0 (asking MPI would start it)."""
 
     def error(self, message: str):
-        started = MPI.Is_initialized() and not MPI.Is_finalized()
-        if (col.rank() if started else col.about.launched_rank()) in (None, 0):
+        if speaks():
             print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(USAGE)
 

@@ -12,7 +12,7 @@ import os
 import sys
 
 import collectives as col
-from collectives.about import VERSION, launcher
+from collectives.about import VERSION, launched_rank, launcher
 USAGE = 2   # exit status of a usage error, as argparse's
 FAULT = 1   # exit status of a fault (a file that cannot be written, a failed collective)
 INTERRUPTED = 130   # exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
@@ -44,10 +44,20 @@ class ArgumentParser(argparse.ArgumentParser):
         self.add_argument("--version", action="version", version=f"%(prog)s (ringcollectives {VERSION})")
 
     def error(self, message: str):
-        if col.rank() == 0:
+        if speaks():
             self.print_usage(sys.stderr)
             print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(USAGE)
+
+
+def speaks() -> bool:
+    """Whether this process says what every rank of the program would say alike (a usage error): rank 0
+    of the world once MPI runs, else the launcher's rank 0, or a process no launcher started (asking
+    MPI would start it, and a usage error must not wait for that)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return col.rank() == 0
+    return launched_rank() in (None, 0)
 
 
 
