@@ -138,9 +138,9 @@ def strategy_parts(args, model: MLP, opt: SGD, per_epoch: int) -> tuple[Periodic
     what a checkpoint holds beyond the model, for ``resume``: the strategy's arrays, the residual."""
     feedback = ErrorFeedback(model.flat_grads, args.compression) \
         if args.strategy == "allreduce" and args.compression != "none" else None
-    periodic = LocalSGD(model, opt, args.sync_every, per_epoch) if args.strategy == "local-sgd" else \
-        DiLoCo(model, opt, args.sync_every, per_epoch, args.outer_lr, args.outer_momentum, args.compression) \
-        if args.strategy == "diloco" else None
+    periodic = LocalSGD(model, opt, args.sync_every, per_epoch, args.inner_state) if args.strategy == "local-sgd" \
+        else DiLoCo(model, opt, args.sync_every, per_epoch, args.outer_lr, args.outer_momentum, args.compression,
+                    args.inner_state) if args.strategy == "diloco" else None
     residual = feedback.residual if feedback else periodic.residual() if periodic else None
     return periodic, feedback, (periodic.arrays() if periodic else {}, residual)
 

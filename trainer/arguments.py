@@ -15,6 +15,7 @@ from cmdline.memory import available_memory, gib, ranks_on_this_host
 from cmdline.parser import FAULT, USAGE, ArgumentParser, finite, finite_non_negative, finite_positive
 from trainer import checkpoint, compression, data
 from trainer.common import UsageExit
+from trainer.strategies.periodic import INNER_STATES
 
 
 def _at_least(least: int):
@@ -37,9 +38,11 @@ the links are fast (one host, a datacenter network). Where the all-reduce takes 
 comm share near 100%: slow or shared links), --compression bf16 (or fp16, finer but of narrow range) puts half the \
 bytes on the wire, with error feedback so that rounding is delayed, not lost: a small cost in accuracy.
 Where the links are slow, --strategy local-sgd or diloco meet only every --sync-every H steps (2/H of the bytes: \
-parameters or deltas, and momentum): the replicas drift apart between syncs, which costs accuracy as H grows; \
-DiLoCo's outer Nesterov step (--outer-lr, --outer-momentum) wins much of it back, and compresses its deltas too. \
-Measured across 2 hosts at 200 Mbit/s: bf16 in 0.62x the time, DiLoCo (H = 16) in 0.27x (docs/slow-links.md).
+parameters or deltas, and momentum; 1/H with --inner-state local, which keeps each replica's momentum its own): the \
+replicas drift apart between syncs, which costs accuracy as H grows; DiLoCo's outer Nesterov step (--outer-lr, \
+--outer-momentum) wins much of it back, and compresses its deltas too. Measured across 2 hosts at 200 Mbit/s \
+(5 rounds, min-max of the time over the all-reduce's): bf16 0.60-0.69x, DiLoCo (H = 16) 0.25-0.34x, and \
+0.18-0.30x with --inner-state local (docs/slow-links.md).
 --strategy ps: parameter servers, the workers asynchronous (--max-staleness bounds it): slow workers hold \
 nobody up, at the cost of stale gradients and lower accuracy."""
 
@@ -110,7 +113,7 @@ _MORE_COPIES = {"local-sgd": 3, "diloco": 4}
 #: Each strategy's flags, and their defaults (the DiLoCo paper's for the outer optimizer).
 STRATEGY_FLAGS = {"--servers": (("ps",), 1), "--max-staleness": (("ps",), None),
                   "--sync-every": (("local-sgd", "diloco"), 16), "--outer-lr": (("diloco",), 0.5),
-                  "--outer-momentum": (("diloco",), 0.5)}
+                  "--outer-momentum": (("diloco",), 0.5), "--inner-state": (("local-sgd", "diloco"), "averaged")}
 
 
 def _check_strategy_flags(p: ArgumentParser, args: argparse.Namespace) -> None:
@@ -128,6 +131,11 @@ def _check_strategy_flags(p: ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--compression {args.compression}: only for --strategy allreduce or diloco ({why})")
     if args.compression != "none" and args.device != "cpu":
         p.error(f"--compression {args.compression}: runs on the CPU (--device cpu): the ring compresses host arrays only")
+    if args.inner_state == "local" and (args.elastic or args.tensor_parallel != 1):
+        why = "--elastic: a change hands every rank rank 0's state, the other replicas' momenta lost" if args.elastic \
+            else f"--tensor-parallel {args.tensor_parallel}: the checkpoint keeps each rank's momentum whole only " \
+                 "without tensor parallelism"
+        p.error(f"--inner-state local: not with {why}; use --inner-state averaged")
     if args.elastic and args.commit_every != 1 and args.strategy in ("local-sgd", "diloco"):
         p.error(f"--commit-every: not with --strategy {args.strategy}, which commits at every sync (--sync-every)")
 
@@ -245,7 +253,8 @@ def _run_flags(p: ArgumentParser) -> None:
                         "every epoch's end (default: 1)")
     p.add_argument("--resume-changed", action="store_true",
                    help="with --resume: continue even where --seed, --batch-size, --lr, --momentum, "
-                        "--weight-decay, --sync-every, --outer-lr or --outer-momentum differ from the checkpoint's")
+                        "--weight-decay, --sync-every, --outer-lr, --outer-momentum or --inner-state differ from the "
+                        "checkpoint's")
 
 
 
@@ -267,6 +276,13 @@ def _strategy_flags(p: ArgumentParser) -> None:
                         "with momentum 0.9 diverged on --dataset synthetic: docs/slow-links.md)")
     p.add_argument("--outer-momentum", type=_fraction, default=argparse.SUPPRESS, metavar="M",
                    help="--strategy diloco: the outer optimizer's Nesterov momentum, in [0, 1) (default: 0.5)")
+    p.add_argument("--inner-state", choices=INNER_STATES, default=argparse.SUPPRESS,
+                   help="--strategy local-sgd or diloco: what a sync does with the inner optimizer's momentum. "
+                        "averaged: averaged with the parameters (twice the bytes; a checkpoint is the whole state, "
+                        "which any number of ranks resumes exactly); local: each replica keeps its own, as in the "
+                        "DiLoCo paper (half the bytes; a checkpoint holds every rank's, given back bit for bit only "
+                        "on as many ranks, else their average; not with --elastic or --tensor-parallel) "
+                        "(default: averaged)")
     p.add_argument("--compression", choices=["none", *compression.CODECS], default="none",
                    help="--strategy allreduce or diloco: what the gradients (diloco: the deltas) cross the wire "
                         "as, half the bytes for bf16 and fp16, with error feedback (each rank adds what rounding "

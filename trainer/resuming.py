@@ -19,7 +19,8 @@ from trainer.optim import SGD
 #: What a resumed run must share with the checkpoint unless --resume-changed: flag -> config key.
 RESUME_MUST_MATCH = {"--dataset": "dataset", "--seed": "seed", "--batch-size": "batch_size", "--lr": "lr",
                      "--momentum": "momentum", "--weight-decay": "weight_decay", "--sync-every": "sync_every",
-                     "--outer-lr": "outer_lr", "--outer-momentum": "outer_momentum", "--compression": "compression"}
+                     "--outer-lr": "outer_lr", "--outer-momentum": "outer_momentum", "--compression": "compression",
+                     "--inner-state": "inner_state"}
 
 
 
@@ -31,7 +32,7 @@ def config_of(args, dataset) -> dict:
     >>> from types import SimpleNamespace as S
     >>> args = S(hidden=[8], dtype="float64", dataset="digits", seed=0, batch_size=64, lr=0.1, momentum=0.9,
     ...          weight_decay=0.0, strategy="diloco", sync_every=4, outer_lr=0.7, outer_momentum=0.9,
-    ...          compression="none")
+    ...          compression="none", inner_state="local")
     >>> sorted(config_of(args, S(train_x=np.zeros((1, 64)), classes=10)))[-4:]
     ['sizes', 'strategy', 'sync_every', 'weight_decay']
     """
@@ -40,7 +41,7 @@ def config_of(args, dataset) -> dict:
               "momentum": args.momentum, "weight_decay": args.weight_decay, "strategy": args.strategy,
               "compression": args.compression}
     if args.strategy in ("local-sgd", "diloco"):
-        config["sync_every"] = args.sync_every
+        config.update(sync_every=args.sync_every, inner_state=args.inner_state)
     if args.strategy == "diloco":
         config.update(outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
     return config
@@ -81,8 +82,9 @@ def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int, like_
     each rank takes its part, and the batches are split for this run's ranks. ``like_params``
     (name -> this rank's array, laid out like the parameters: DiLoCo's outer momentum) and
     ``residual`` (this rank's error feedback) are loaded where the checkpoint has them, else zeroed
-    (``load_extras``)."""
-    status, problem, saved = np.zeros(3, np.int64), "", {}   # [found a usable one, epochs already done, step]
+    (``load_extras``). The inner momentum: see ``inner_momentum``."""
+    # [found a usable one, epochs already done, step, each rank takes its own momentum back]
+    status, problem, saved = np.zeros(4, np.int64), "", {}
     full_params, full_velocity = (model.xp.empty(model.full_size(), model.flat_params.dtype) for _ in range(2))
     if col.rank() == 0:
         found = checkpoint.newest_valid(args.checkpoint_dir, report=lambda m: print(m, file=sys.stderr))
@@ -106,11 +108,16 @@ def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int, like_
                     saved = {name: a for name, a in saved.items() if name not in ("residuals", "residual_sizes")}
                 full_params[...] = model.xp.asarray(saved["params"])   # (``saved`` stays: load_extras reads it)
                 full_velocity[...] = model.xp.asarray(saved["velocity"])
+                status[3], average, note = inner_momentum(args, saved, path.name, model.full_size())
+                if average is not None:
+                    full_velocity[...] = model.xp.asarray(average)
                 done = checkpoint.epochs_done(saved)
                 step = int(saved["step"]) if "step" in saved else done * steps_per_epoch
-                status[:] = (1, done, step)
+                status[:3] = (1, done, step)
                 inside = f", step {step}" if step != done * steps_per_epoch else ""
                 print(f"resuming from {path} (epoch {done} done{inside})", flush=True)
+                if note:
+                    print(note, flush=True)
                 if why:
                     print(f"--resume: the checkpoint's error-feedback residuals are dropped ({why}): at most one "
                           "step's rounding is lost", flush=True)
@@ -120,8 +127,40 @@ def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int, like_
         return 0, 0   # (rank 0's initialisation, already on every rank)
     model.load_full(col.broadcast(full_params, root=0))
     model.load_full(col.broadcast(full_velocity, root=0), into=opt.velocity)
+    if status[3]:
+        rows = _broadcast_array(saved.get("inner_velocities"), opt.velocity.dtype)
+        model.load_full(model.xp.asarray(rows.reshape(col.size(), -1)[col.rank()]), into=opt.velocity)
     load_extras(model, saved, like_params or {}, residual)
     return int(status[1]), int(status[2])
+
+
+def inner_momentum(args, saved: dict, name: str, size: int):
+    """Rank 0: where each rank's inner momentum comes from, given checkpoint ``saved`` (``name``)
+    of a model of ``size`` parameters. Returns whether each rank takes its own row of
+    ``inner_velocities`` back (a checkpoint of ``--inner-state local`` resumed with it on as many
+    ranks: the uninterrupted run's bits), the momentum every rank starts from otherwise (None: the
+    checkpoint's ``velocity``, which every rank shared after ``--inner-state averaged``'s syncs;
+    where the checkpoint holds each rank's own, their average, which no uninterrupted run held),
+    and the line to print.
+
+    >>> from types import SimpleNamespace as S
+    >>> saved = {"inner_velocities": np.array([[1.0, 2.0], [3.0, 4.0]])}
+    >>> own, average, note = inner_momentum(S(inner_state="local"), saved, "c.npz", 2)   # (here col.size() is 1)
+    >>> own, average, note
+    (False, array([2., 3.]), '--resume: c.npz holds the inner momentum of each of its 2 rank(s) (--inner-state local); on 1 rank(s) every rank starts from their average, which no uninterrupted run held')
+    >>> inner_momentum(S(strategy="allreduce"), {}, "c.npz", 2)
+    (False, None, '')
+    """
+    rows = saved.get("inner_velocities")
+    if rows is None:
+        return False, None, ""
+    local = getattr(args, "inner_state", None) == "local"
+    if local and rows.shape == (col.size(), size):
+        return True, None, ""
+    where = f"on {col.size()} rank(s)" if local else "this run shares one momentum:"
+    return False, rows.mean(axis=0).astype(rows.dtype), (
+        f"--resume: {name} holds the inner momentum of each of its {len(rows)} rank(s) (--inner-state local); "
+        f"{where} every rank starts from their average, which no uninterrupted run held")
 
 
 def load_extras(model: MLP, saved: dict, like_params: dict, residual) -> None:

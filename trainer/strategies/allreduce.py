@@ -48,9 +48,14 @@ class Loop:
 
     def save(self, epoch: int, step: int, partial: bool = False) -> None:
         """Every rank: a checkpoint of the model as it stands (``common.save_checkpoint``), with the
-        strategy's own arrays and the ranks' residuals."""
-        save_checkpoint(self.args, self.model, self.opt, epoch, step, self.config, partial,
-                        self.periodic.arrays() if self.periodic is not None else {}, self.residual())
+        strategy's own arrays, the ranks' residuals, and with ``--inner-state local`` every rank's
+        momentum (``trainer.resuming.inner_momentum``: what a resume gives back)."""
+        extras = self.periodic.arrays() if self.periodic is not None else {}
+        if self.periodic is not None and self.periodic.inner_state == "local":
+            # every replica's own momentum, one row per rank: save_checkpoint's gather over the
+            # tensor-parallel group passes it as it is (--inner-state local refuses tensor parallelism)
+            extras = {**extras, "inner_velocities": col.allgather(self.opt.velocity[None, :])}
+        save_checkpoint(self.args, self.model, self.opt, epoch, step, self.config, partial, extras, self.residual())
 
 
 def train(args, dataset, config: dict, model: MLP, opt: SGD, start: int, step: int, log: EpochLog,

@@ -19,7 +19,8 @@ With LR = 1 and M = 0 the outer step lands on the average of the replicas' param
 up to rounding. The outer momentum is part of the checkpoint and of the elastic state. With
 ``--compression`` the delta is all-reduced compressed, with error feedback (``trainer.compression``:
 each rank's residual is carried to its next sync); the inner momentum, averaged at every sync as
-local SGD averages it (``trainer.strategies.periodic``), is sent whole.
+local SGD averages it unless ``--inner-state local`` keeps it on each replica as the paper does
+(``trainer.strategies.periodic``), is sent whole.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ class DiLoCo(Periodic):
     name = "diloco"
 
     def __init__(self, model: MLP, opt: SGD, every: int, per_epoch: int, lr: float = 0.5, momentum: float = 0.5,
-                 compression: str = "none"):
-        super().__init__(model, opt, every, per_epoch)
+                 compression: str = "none", inner_state: str = "averaged"):
+        super().__init__(model, opt, every, per_epoch, inner_state)
         self.lr, self.momentum = lr, momentum
         self.outer_momentum = model.flat_params * 0
         self.compression = compression
@@ -56,13 +57,13 @@ class DiLoCo(Periodic):
         delta = model.flat_params   # (made in the parameters' buffer: this replica's own are not needed after)
         model.xp.subtract(self.synced_params, delta, out=delta)
         if self.feedback is None:
-            col.allreduce_many([delta, opt.velocity], op="avg", group=group, name="diloco sync")
+            col.allreduce_many([delta, *self.averaged_state(opt)], op="avg", group=group, name="diloco sync")
         else:
             self.feedback.contribute(delta)
             works = [col.allreduce(delta, op="avg", out=delta, group=group, async_op=True, name="diloco delta",
-                                   compression=self.compression),
-                     col.allreduce(opt.velocity, op="avg", out=opt.velocity, group=group, async_op=True,
-                                   name="diloco momentum")]
+                                   compression=self.compression)]
+            works += [col.allreduce(state, op="avg", out=state, group=group, async_op=True, name="diloco momentum")
+                      for state in self.averaged_state(opt)]
             for work in works:
                 work.wait()
         self.outer_step(delta, model.flat_params)

@@ -1,6 +1,7 @@
 """Local SGD (``--strategy local-sgd --sync-every H``): each replica takes H optimizer steps on its
 own shard of each global batch without communicating, then the replicas average their parameters
-(and their momentum): one all-reduce every H steps instead of one every step.
+(and their momentum, unless ``--inner-state local``): one all-reduce every H steps instead of one
+every step.
 
 With H = 1 it is the all-reduce strategy's training, in exact arithmetic: the average of n
 momentum steps from the same parameters is the momentum step on the average gradient (every term
@@ -20,7 +21,7 @@ from trainer.strategies.periodic import Periodic
 
 
 class LocalSGD(Periodic):
-    """Replicas that average their parameters and momentum every ``every`` steps.
+    """Replicas that average their parameters (and momentum: ``inner_state``) every ``every`` steps.
 
     >>> import numpy as np
     >>> model = MLP([4, 3], np.random.default_rng(0), np.float64)
@@ -34,5 +35,6 @@ class LocalSGD(Periodic):
     name = "local-sgd"
 
     def combine(self, model: MLP, opt: SGD, group: col.Group | None) -> None:
-        """Average the parameters and the momentum, in one fused all-reduce (the same bits on every rank)."""
-        col.allreduce_many([model.flat_params, opt.velocity], op="avg", group=group, name="local-sgd sync")
+        """Average the parameters (and the momentum), in one fused all-reduce (the same bits on every rank)."""
+        col.allreduce_many([model.flat_params, *self.averaged_state(opt)], op="avg", group=group,
+                           name="local-sgd sync")

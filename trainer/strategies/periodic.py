@@ -10,14 +10,24 @@ point) and the schedule is a function of the global step alone: a run resumed fr
 any number of ranks, meets where an uninterrupted one does. With 23 steps an epoch and H = 10,
 the syncs follow steps 10, 20, 23, 33, 43, 46, ...
 
-At a sync the replicas average their inner optimizer's momentum too, in the same fused call as
-the parameters (local SGD) or the delta (DiLoCo, without compression): after it every replica
-holds the very same state, so a sync point is the whole state of the run. A checkpoint (every
-epoch's end), an elastic commit, and the checkpoint that a preemption or ``--max-steps`` writes are
-all of the last sync; a stop between syncs rolls the model back to it (at most H - 1 steps are
-done again by the resumed run), which keeps a resumed run on the uninterrupted one's bits and
-lets any number of ranks resume it. Averaging the momentum doubles the bytes of a sync: 2/H of
-what the all-reduce strategy sends in H steps.
+What the replicas do with their inner optimizer's momentum at a sync is ``--inner-state``'s:
+
+- ``averaged`` (the default): it is averaged too, in the same fused call as the parameters (local
+  SGD) or the delta (DiLoCo, without compression). After a sync every replica holds the very same
+  state, so a sync point is the whole state of the run: any number of ranks resumes its checkpoint,
+  an elastic commit needs nothing per rank. It doubles the bytes of a sync: 2/H of what the
+  all-reduce strategy sends in H steps.
+- ``local`` (the DiLoCo paper's): each replica keeps its own, and a sync sends the parameters or
+  the delta alone, 1/H. The replicas' momenta then differ, so a checkpoint holds every rank's
+  (``inner_velocities``, one row per rank, besides rank 0's as ``velocity``): a resume on as many
+  ranks gives each its own back (the bits of the uninterrupted run); on another number, every rank
+  starts from their average, which no uninterrupted run holds. Refused with ``--elastic`` (a change
+  hands every rank rank 0's state) and with ``--tensor-parallel`` above 1.
+
+A checkpoint (every epoch's end), an elastic commit, and the checkpoint that a preemption or
+``--max-steps`` writes are all of the last sync; a stop between syncs rolls the model back to it
+(at most H - 1 steps are done again by the resumed run), which keeps a resumed run on the
+uninterrupted one's bits.
 """
 from __future__ import annotations
 
@@ -26,6 +36,10 @@ import time
 import collectives as col
 from trainer.model import MLP
 from trainer.optim import SGD
+
+
+#: --inner-state's choices: what a sync does with the inner optimizer's momentum.
+INNER_STATES = ("averaged", "local")
 
 
 class Periodic:
@@ -42,8 +56,10 @@ class Periodic:
     #: --strategy's name (subclasses).
     name = ""
 
-    def __init__(self, model: MLP, opt: SGD, every: int, per_epoch: int):
-        self.every, self.per_epoch = every, per_epoch
+    def __init__(self, model: MLP, opt: SGD, every: int, per_epoch: int, inner_state: str = "averaged"):
+        if inner_state not in INNER_STATES:
+            raise ValueError(f"inner_state: one of {', '.join(INNER_STATES)}, got {inner_state!r}")
+        self.every, self.per_epoch, self.inner_state = every, per_epoch, inner_state
         self.synced_params = model.flat_params.copy()    # (DiLoCo's anchor: the outer step starts here)
         self.synced_velocity = opt.velocity.copy()
         self.synced_step = 0
@@ -76,8 +92,14 @@ class Periodic:
         return seconds
 
     def combine(self, model: MLP, opt: SGD, group: col.Group | None) -> None:
-        """Make every replica's parameters and momentum the same (each strategy's own arithmetic)."""
+        """Make every replica's parameters (and, with averaged inner state, momentum) the same (each
+        strategy's own arithmetic)."""
         raise NotImplementedError
+
+    def averaged_state(self, opt: SGD) -> list:
+        """The inner optimizer's arrays that a sync averages besides the parameters or delta: the
+        momentum with ``--inner-state averaged``, nothing with ``local``."""
+        return [opt.velocity] if self.inner_state == "averaged" else []
 
     def mark(self, model: MLP, opt: SGD, step: int) -> None:
         """The model is at a sync point after global step ``step`` (after a sync, the start, a resume,
