@@ -66,8 +66,7 @@ def test_local_inner_state_halves_what_a_sync_sends_and_the_replicas_still_meet(
     rank ends the sync with the same parameters; with local the momenta stay the replicas' own."""
     averaged, size = one_sync(strategy, "averaged", compression)
     local, _ = one_sync(strategy, "local", compression)
-    assert [sent for sent, _, _ in averaged] == [[size, size]] * 2 or \
-        [sorted(sent) for sent, _, _ in averaged] == [[size, size]] * 2, averaged
+    assert [sent for sent, _, _ in averaged] == [[size, size]] * 2, averaged
     assert [sent for sent, _, _ in local] == [[size]] * 2, local
     for ranks in (averaged, local):
         assert len({params for _, params, _ in ranks}) == 1, ranks
@@ -93,7 +92,7 @@ def test_a_local_inner_state_checkpoint_resumes_bit_for_bit_on_as_many_ranks(tmp
     assert "resuming from" in log and "their average" not in log and resumed == digest, log[-2000:]
     np.testing.assert_array_equal(newest(tmp_path / "epoch")["inner_velocities"], newest(straight)["inner_velocities"])
     directory, log, _ = train(2, tmp_path, "inside", *LOCAL, "--max-steps", "37")
-    assert "back at the last sync, step 34" in log and PER_EPOCH + 5 == 34, log[-2000:]
+    assert f"back at the last sync, step {PER_EPOCH + 5}" in log, log[-2000:]
     _, log, resumed = train(2, tmp_path, "inside", *LOCAL, "--epochs", "3", "--resume")
     assert "epoch 1 done, step 34" in log and resumed == digest, log[-2000:]
 
