@@ -55,7 +55,12 @@ from ring.arrays import ieee_floating_point, restore_floating_point
 BLOCK = 1 << 16
 
 
-def _blocks(count: int):
+def blocks(count: int):
+    """Slices of at most BLOCK elements that cover ``count``.
+
+    >>> list(blocks(BLOCK + 1))[-1]
+    slice(65536, 65537, None)
+    """
     for start in range(0, count, BLOCK):
         yield slice(start, min(start + BLOCK, count))
 
@@ -100,7 +105,7 @@ def fp16_bits(x32: np.ndarray, out: np.ndarray) -> None:
     >>> [hex(v) for v in out]      # ties to even: 1.0, 1 + 2**-9; 1.5 subnormal units to 2; inf; -0
     ['0x3c00', '0x3c02', '0x2', '0x7c00', '0x8000']
     """
-    for b in _blocks(x32.size):
+    for b in blocks(x32.size):
         _fp16_bits_block(x32[b], out[b])
 
 
@@ -147,7 +152,7 @@ def fp16_to_float32(h: np.ndarray, out: np.ndarray) -> bool:
     (False, [1.0, -5.960464477539063e-08, 65504.0, 6.103515625e-05])
     """
     special = False
-    for b in _blocks(h.size):
+    for b in blocks(h.size):
         special |= _fp16_to_float32_block(h[b], out[b])
     return special
 
@@ -204,7 +209,7 @@ class Codec:
         """``dst`` (wire dtype) = ``src`` (float32 or float64) rounded to the wire type."""
         quiet = ieee_floating_point()   # (an overflow to inf is the rounding's result, not an error)
         try:
-            for b in _blocks(src.size):
+            for b in blocks(src.size):
                 self._encode(src[b], dst[b])
         finally:
             restore_floating_point(quiet)
@@ -213,7 +218,7 @@ class Codec:
         """``dst`` (float32 or float64) = ``src`` (wire dtype), exactly."""
         quiet = ieee_floating_point()   # (a signalling NaN widened is still a NaN, not an error)
         try:
-            for b in _blocks(src.size):
+            for b in blocks(src.size):
                 self._decode(src[b], dst[b])
         finally:
             restore_floating_point(quiet)
@@ -227,7 +232,7 @@ class Codec:
         wire = np.empty(min(x.size, BLOCK), self.wire)
         quiet = ieee_floating_point()
         try:
-            for b in _blocks(x.size):
+            for b in blocks(x.size):
                 w = wire[:b.stop - b.start]
                 self._encode(x[b], w)
                 self._decode(w, x[b])

@@ -1,0 +1,339 @@
+"""Reproducible sums: each contribution becomes integers on one grid that every rank agreed on.
+
+Pure numpy, no MPI. An all-reduce with ``reproducible=True`` (``collectives.ops.reproducible``)
+uses it in three steps around two integer all-reduces:
+
+1. :func:`facts`: what this rank holds (the largest exponent, the finest unit, how many
+   contributions, whether any is special); every rank's facts travel to every rank, and
+   :func:`grid` makes the one grid they imply: a unit ``2**bottom`` fine enough to hold every
+   contribution exactly, and ``words`` int64 words per element of ``bits`` bits each, with
+   headroom for the sum of every contribution.
+2. :func:`encode` adds this rank's contributions, as integers on the grid, into an int64 array;
+   the integer all-reduce sums those across ranks. Integer sums are exact and associative, so
+   the total is the exact sum of every contribution, whichever rank held which, in any order.
+3. :func:`decode` rounds that exact total once, to nearest (ties to even), into the data's dtype.
+
+So the result is the exact sum correctly rounded: within half a unit in the last place, for
+subnormals too, and its bits depend on nothing but the contributions. The grid only decides
+how many words travel; it never changes the result:
+
+>>> x = [np.array([1e30, 1.0], np.float32), np.array([-1e30, 2.0**-149], np.float32)]
+>>> g = grid(np.stack([facts([c]) for c in x]), np.dtype(np.float32))
+>>> g.words, g.bits                        # 2**-149 .. 2**100: 250 bits in 5 words of 61
+(5, 61)
+>>> total = np.zeros((g.words, 2), np.int64)
+>>> for c in x:
+...     encode([c], g, total)
+>>> decode(total, g, None, "sum", np.empty(2, np.float32)).tolist()   # a float sum gives [0.0, 1.0]
+[0.0, 1.0]
+
+Special values (:func:`marks`, one more all-reduce, only where some rank holds one): any NaN,
+or +inf with -inf, gives NaN; infinities of one sign give that infinity; an element whose
+every contribution is -0.0 sums to -0.0 (IEEE: -0 + -0 = -0), any other zero sum to +0.0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ring.arrays import ieee_floating_point, restore_floating_point
+from ring.compression import BLOCK, blocks
+
+#: The significant bits and the smallest unit (exponent of the smallest subnormal) of each dtype.
+PRECISION = {"float16": (11, -24), "bfloat16": (8, -133), "float32": (24, -149), "float64": (53, -1074)}
+#: The facts of one rank: [largest exponent, -finest unit, contributions, special].
+FACTS = 4
+_NONE = 1 << 20   # an exponent past every dtype's: "no nonzero finite value"
+_WINDOW = 62      # bits of the total kept to round it (and a sticky bit): at least p + 2 for float64
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The grid every rank agreed on: the unit ``2**bottom``, ``words`` int64 words of ``bits``
+    bits per element, ``count`` contributions in all, ``special`` if any is not finite or -0.0,
+    and the data's ``digits`` and ``lowest`` unit exponent (see PRECISION)."""
+    bottom: int
+    bits: int
+    words: int
+    count: int
+    special: bool
+    digits: int
+    lowest: int
+
+
+def precision(dtype: np.dtype) -> tuple[int, int]:
+    """(significant bits, exponent of the smallest subnormal) of ``dtype``.
+
+    >>> precision(np.dtype(np.float32))
+    (24, -149)
+    """
+    return PRECISION[dtype.name]
+
+
+def facts(contributions: list) -> np.ndarray:
+    """This rank's facts (int64, FACTS of them): |x| < 2**top for every nonzero finite x, each
+    such x a multiple of 2**bottom (its unit in the last place), the number of contributions,
+    and 1 if any element is NaN, infinite or -0.0. Nothing nonzero: top -_NONE, bottom _NONE.
+
+    >>> facts([np.array([3.0, -0.5], np.float32)]).tolist()     # 3 < 2**2; 0.5's unit is 2**-24
+    [2, 24, 1, 0]
+    """
+    digits, lowest = precision(contributions[0].dtype)
+    largest, smallest, special = 0.0, np.inf, False
+    for x in contributions:
+        flat = x.reshape(-1)
+        for b in blocks(flat.size):
+            size = np.abs(_working(flat[b]))
+            most = size.max()
+            if not np.isfinite(most):
+                special = True
+                size[~np.isfinite(size)] = 0.0
+                most = size.max()
+            zero = size == 0
+            special = special or _negative_zero(flat[b][zero])
+            largest = max(largest, float(most))
+            smallest = min(smallest, float(np.min(size, where=~zero, initial=np.inf)))
+    if largest == 0:
+        return np.array([-_NONE, -_NONE, len(contributions), special], np.int64)
+    bottom = max(int(np.frexp(smallest)[1]) - digits, lowest)
+    return np.array([int(np.frexp(largest)[1]), -bottom, len(contributions), special], np.int64)
+
+
+def _working(x: np.ndarray) -> np.ndarray:
+    """``x``, or for a 16-bit float dtype (ml_dtypes' bfloat16 among them) x as float32 (exact)."""
+    return x if x.dtype.itemsize > 2 else x.astype(np.float32)
+
+
+def _negative_zero(zeros: np.ndarray) -> bool:
+    return bool(zeros.size) and bool(np.signbit(_working(zeros)).any())
+
+
+def grid(every: np.ndarray, dtype: np.dtype) -> Grid:
+    """The grid that every rank's facts (rows of ``every``) imply for data of ``dtype``.
+
+    Each contribution's integer has at most ``top - bottom`` bits, so each word of it is under
+    2**bits in magnitude, and a sum of ``count`` of them under count * 2**bits < 2**63.
+
+    >>> g = grid(np.array([[2, 24, 3, 0], [5, 20, 9, 0]]), np.dtype(np.float32))
+    >>> g.bottom, g.count, g.bits, g.words    # 2**-24 .. 2**5: 29 bits; 12 contributions: 59 bits a word
+    (-24, 12, 59, 1)
+    """
+    digits, lowest = precision(dtype)
+    top, bottom = int(every[:, 0].max()), -int(every[:, 1].max())
+    count = int(every[:, 2].sum())
+    if top == -_NONE:
+        top = bottom = 0
+    bits = 63 - count.bit_length()
+    words = max(1, -(-(top - bottom) // bits))
+    return Grid(bottom, bits, words, count, bool(every[:, 3].max()), digits, lowest)
+
+
+def scale(x: np.ndarray, exponent: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``x * 2**exponent`` (float64), in two steps where 2**exponent alone is past float64's range.
+
+    >>> scale(np.array([1.0]), -1074).tolist(), scale(np.array([2.0 ** -1074]), 1074).tolist()
+    ([5e-324], [1.0])
+    """
+    half = exponent // 2 if abs(exponent) > 1000 else 0
+    out = np.multiply(x, 2.0 ** (exponent - half), out=out, dtype=np.float64)
+    if half:
+        out *= 2.0 ** half
+    return out
+
+
+def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
+    """Add each contribution, as integers on grid ``g``, into ``total`` (int64, ``(words, size)``):
+    word j holds the bits ``bits * j`` and up of x / 2**bottom, truncated, with x's sign. Non-finite
+    values count as 0 here (see :func:`marks`).
+
+    >>> g = Grid(bottom=-2, bits=3, words=2, count=2, special=False, digits=24, lowest=-149)
+    >>> total = np.zeros((2, 2), np.int64); encode([np.array([5.25, -1.0]), np.array([2.0, 0.5])], g, total)
+    >>> total.tolist()          # 29 = 3 * 8 + 5 and -4 + 2 = -2 (units of 2**-2, words of 3 bits)
+    [[5, -2], [3, 0]]
+    """
+    quiet = ieee_floating_point()
+    try:
+        scratch = (np.empty(min(total.shape[1], BLOCK)), np.empty(min(total.shape[1], BLOCK), np.int64))
+        for x in contributions:
+            flat = x.reshape(-1)
+            for b in blocks(flat.size):
+                _encode(_working(flat[b]), g, total[:, b], scratch)
+    finally:
+        restore_floating_point(quiet)
+
+
+def _encode(x: np.ndarray, g: Grid, total: np.ndarray, scratch: tuple) -> None:
+    if g.words == 1 and not g.special:   # (the common case: one word, x / 2**bottom itself)
+        scaled, words = (s[:x.size] for s in scratch)   # (reused: a new block-sized array costs page faults)
+        np.copyto(words, scale(x, -g.bottom, out=scaled), casting="unsafe")
+        total[0] += words
+        return
+    value = x.astype(np.float64)
+    if g.special:
+        value[~np.isfinite(value)] = 0.0
+    for j in range(g.words - 1, -1, -1):
+        unit = g.bottom + g.bits * j
+        word = np.trunc(scale(value, -unit))
+        total[j] += word.astype(np.int64)
+        if j:
+            value -= scale(word, unit, out=word)   # (exact: these are value's leading bits)
+
+
+def marks(contributions: list, out: np.ndarray) -> None:
+    """``out`` (uint8, ``(2, size)``): per element, the largest of each contribution's mark, whose
+    largest over every rank (an all-reduce "max") says the special result (see :func:`decode`).
+    Row 0: 3 NaN, 2 +inf, 1 any other value but -0.0, 0 -0.0; row 1 the same with -inf for +inf.
+
+    >>> out = np.zeros((2, 4), np.uint8); marks([np.array([np.inf, -0.0, 0.0, -np.inf])], out); out.tolist()
+    [[2, 0, 1, 0], [0, 0, 1, 2]]
+    """
+    for x in contributions:
+        for b in blocks(x.size):
+            _mark(_working(x.reshape(-1)[b]), out[:, b])
+
+
+def _mark(flat: np.ndarray, out: np.ndarray) -> None:
+    nan, inf = np.isnan(flat), np.isinf(flat)
+    ordinary = ~(nan | inf | ((flat == 0) & np.signbit(flat)))
+    for row, infinite in ((0, inf & (flat > 0)), (1, inf & (flat < 0))):
+        mark = ordinary.astype(np.uint8)
+        mark[infinite] = 2
+        mark[nan] = 3
+        np.maximum(out[row], mark, out=out[row])
+
+
+def decode(total: np.ndarray, g: Grid, special: np.ndarray | None, op: str, out: np.ndarray) -> np.ndarray:
+    """``out`` (flat, the data's dtype) = the exact sum that ``total`` holds (every rank's
+    :func:`encode` summed), divided by ``count`` for "avg", rounded once to nearest, ties to even;
+    ``special``: the :func:`marks` of every rank, or None where :attr:`Grid.special` is not set.
+    ``total`` is overwritten.
+
+    >>> g = Grid(bottom=-2, bits=3, words=2, count=3, special=False, digits=24, lowest=-149)
+    >>> decode(np.array([[5, -2], [3, 0]]), g, None, "avg", np.empty(2, np.float32)).tolist()
+    [2.4166667461395264, -0.1666666716337204]
+    """
+    quiet = ieee_floating_point()
+    try:
+        for b in blocks(out.size):
+            _decode(total[:, b], g, None if special is None else special[:, b], op, out[b])
+    finally:
+        restore_floating_point(quiet)
+    return out
+
+
+#: The smallest normal exponent of each dtype whose conversion from int64 rounds once (correctly).
+_NORMAL = {"float32": -126, "float64": -1022}
+
+
+def _decode(total: np.ndarray, g: Grid, special: np.ndarray | None, op: str, out: np.ndarray) -> None:
+    if g.words == 1 and op == "sum" and g.bottom >= _NORMAL.get(out.dtype.name, 1 << 20):
+        np.copyto(out, total[0], casting="unsafe")   # (the one rounding: int64 to float)
+        out *= out.dtype.type(2.0 ** g.bottom)         # (exact: nothing lands below the normal range)
+        value = out
+    elif g.words == 1 and op == "avg" and out.dtype == np.float64 and _narrow(total[0]):
+        value = scale(total[0], g.bottom)              # (exact: under 2**53 units, normal or not)
+        value /= g.count                               # (the one rounding)
+    else:
+        value = _rounded(total, g, op)
+    if special is not None:
+        _specials(value, special)
+    if value is not out:
+        np.copyto(out, value if out.dtype.name != "bfloat16" else value.astype(np.float32), casting="unsafe")
+
+
+def _narrow(words: np.ndarray) -> bool:
+    """Every integer of ``words`` converts to float64 exactly (|w| <= 2**53)."""
+    return not words.size or max(int(words.max()), -int(words.min())) <= 1 << 53
+
+
+def _rounded(total: np.ndarray, g: Grid, op: str) -> np.ndarray:
+    """The exact value of ``total`` (words of ``g.bits`` bits, units of 2**bottom), divided by the
+    count for "avg", rounded to the data's precision, as float64 (exactly the data's value)."""
+    _carry(total, g.bits)
+    negative = total[-1] < 0
+    np.negative(total, out=total, where=negative)
+    _carry(total, g.bits)   # now every word is in [0, 2**bits), the top one >= 0
+    bottom, sticky = g.bottom, np.zeros(total.shape[1], bool)
+    if op == "avg":   # words below the grid first, so that the quotient keeps a window's bits
+        below = -(-(_WINDOW + g.count.bit_length()) // g.bits)
+        total = np.concatenate([np.zeros((below, total.shape[1]), np.int64), total])
+        bottom -= below * g.bits
+        sticky = _divide(total, g.bits, g.count)
+    window, exponent = _window(total, g.bits, sticky)
+    value = _round(window, bottom + exponent, sticky, g.digits, g.lowest)
+    return np.negative(value, out=value, where=negative)
+
+
+def _carry(total: np.ndarray, bits: int) -> None:
+    """Carry each word's bits past ``bits`` into the next (the value is unchanged): the lower words
+    end in [0, 2**bits), the top one holds the sign."""
+    for j in range(total.shape[0] - 1):
+        carry = total[j] >> bits
+        total[j] -= carry << bits
+        total[j + 1] += carry
+
+
+def _divide(total: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """``total`` (nonnegative words) = its value // ``count``, long division from the top word;
+    returns where a remainder was left. (remainder * 2**bits + word < count * 2**bits < 2**63.)"""
+    remainder = np.zeros(total.shape[1], np.int64)
+    for j in range(total.shape[0] - 1, -1, -1):
+        dividend = (remainder << bits) + total[j]
+        total[j] = dividend // count
+        remainder = dividend - total[j] * count
+    return remainder != 0
+
+
+def _bit_length(x: np.ndarray) -> np.ndarray:
+    """The bits of each nonnegative int64 of ``x`` (0 for 0)."""
+    length = np.frexp(x.astype(np.float64))[1].astype(np.int64)   # (one too many where it rounded up)
+    return length - ((x >> np.maximum(length - 1, 0)) == 0) * (length > 0)
+
+
+def _window(total: np.ndarray, bits: int, sticky: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The leading _WINDOW bits of each element's value (nonnegative words), as int64, and the
+    exponent of the window's last bit; ``sticky`` is set where a 1 bit was left below it."""
+    words = total.shape[0]
+    leading = np.full(total.shape[1], -1, np.int64)
+    for j in range(words):
+        leading[total[j] != 0] = j
+    length = np.zeros_like(leading)
+    for j in range(words):
+        at = leading == j
+        length[at] = bits * j + _bit_length(total[j][at])
+    exponent = np.maximum(length - _WINDOW, 0)
+    window = np.zeros_like(leading)
+    for j in range(words):
+        shift = bits * j - exponent   # where word j's last bit lands in the window (< 0: below it)
+        right = np.clip(-shift, 0, 63)
+        window += np.where(shift >= 0, total[j] << np.clip(shift, 0, 62), total[j] >> right)
+        below = np.where(right >= 63, total[j], total[j] & ((1 << np.minimum(right, 62)) - 1))
+        sticky |= below != 0
+    return window, exponent
+
+
+def _round(window: np.ndarray, exponent: np.ndarray, sticky: np.ndarray, digits: int, lowest: int) -> np.ndarray:
+    """``window * 2**exponent`` (plus a little more where ``sticky``) rounded to ``digits``
+    significant bits and to a multiple of 2**lowest, to nearest, ties to even, as float64.
+
+    >>> _round(np.array([0b1011, 0b1011, 0b1001]), np.array([0, 0, 0]), np.array([False, True, False]), 3, -149)
+    array([12., 12.,  8.])
+    """
+    drop = np.clip(np.maximum(_bit_length(window) - digits, lowest - exponent), 0, 63)
+    kept = window >> drop
+    below = window - (kept << np.minimum(drop, 62)) * (drop < 63)
+    half = np.where(drop > 0, 1 << np.maximum(drop - 1, 0), 0)
+    up = (drop > 0) & ((below > half) | ((below == half) & (sticky | (kept & 1 == 1))))
+    kept += up
+    return np.ldexp(kept.astype(np.float64), exponent + drop)
+
+
+def _specials(value: np.ndarray, special: np.ndarray) -> None:
+    """Put the special results that every rank's :func:`marks` say into ``value``."""
+    positive, negative = special[0], special[1]
+    nan = (positive == 3) | (negative == 3) | ((positive == 2) & (negative == 2))
+    value[(positive == 0) & (negative == 0)] = -0.0
+    value[positive == 2] = np.inf
+    value[negative == 2] = -np.inf
+    value[nan] = np.nan

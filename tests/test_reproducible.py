@@ -1,0 +1,131 @@
+"""Tier 1: the reproducible sum's codec (ring/reproducible.py) against exact sums in fractions.
+
+Contributions are dealt to simulated ranks: each rank's facts go into one grid, each rank encodes
+its own contributions, the integer totals are summed (as the ring's integer all-reduce does),
+and the decoded result must be the exact sum rounded once to nearest (ties to even), with the
+same bits however the contributions were dealt.
+"""
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ring import reproducible
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float64": np.float64}
+#: The exponent from which a rounded value is infinite: 2**emax.
+TOP = {"float16": 16, "bfloat16": 128, "float32": 128, "float64": 1024}
+
+
+def nearest(q: Fraction, dtype: str) -> float:
+    """``q`` rounded to ``dtype`` to nearest, ties to even, subnormals and overflow as IEEE says."""
+    digits, lowest = reproducible.PRECISION[dtype]
+    if q == 0:
+        return 0.0
+    size = abs(q)
+    e = size.numerator.bit_length() - size.denominator.bit_length()
+    e += 1 if Fraction(2) ** (e + 1) <= size else -1 if Fraction(2) ** e > size else 0
+    unit = Fraction(2) ** max(e - digits + 1, lowest)
+    n, rest = divmod(size, unit)
+    n += 1 if rest > unit / 2 or (rest == unit / 2 and n % 2) else 0
+    value = n * unit
+    magnitude = float("inf") if value >= Fraction(2) ** TOP[dtype] else float(value)
+    return magnitude if q > 0 else -magnitude
+
+
+def dealt(contributions: list, ranks: int, way: int) -> list[list]:
+    """The contributions dealt to ``ranks`` ranks: 0 round robin, 1 in blocks, 2 reversed, every
+    rank at least one."""
+    k = len(contributions)
+    if way == 0:
+        owner = [i % ranks for i in range(k)]
+    elif way == 1:
+        owner = [min(i * ranks // k, ranks - 1) for i in range(k)]
+    else:
+        owner = [(ranks - 1 - i) % ranks for i in range(k)]
+    return [[c for c, o in zip(contributions, owner) if o == r] for r in range(ranks)]
+
+
+def reduce_simulated(held: list[list], op: str = "sum") -> np.ndarray:
+    """What every rank of an all-reduce with ``reproducible=True`` computes from ``held``."""
+    every = np.stack([reproducible.facts(h) for h in held])
+    g = reproducible.grid(every, held[0][0].dtype)
+    size = held[0][0].size
+    total = np.zeros((g.words, size), np.int64)
+    for h in held:   # (each rank's own words; their sum is the integer all-reduce)
+        mine = np.zeros_like(total)
+        reproducible.encode(h, g, mine)
+        total += mine
+    special = None
+    if g.special:
+        special = np.zeros((2, size), np.uint8)
+        for h in held:
+            reproducible.marks(h, special)
+    return reproducible.decode(total, g, special, op, np.empty(size, held[0][0].dtype))
+
+
+def exact(contributions: list, element: int, dtype: str, op: str = "sum") -> float:
+    total = sum(Fraction(float(c[element])) for c in contributions)
+    if all(float(c[element]) == 0 and np.signbit(c[element]) for c in contributions):
+        return -0.0   # (IEEE: -0 + -0 is -0; any other exact zero sum is +0)
+    return nearest(total / (len(contributions) if op == "avg" else 1), dtype)
+
+
+def values(dtype: str):
+    """Finite values of ``dtype``: any bit pattern, so subnormals, zeros of both signs, the largest."""
+    bits = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}[dtype]
+    view = {16: np.uint16, 32: np.uint32, 64: np.uint64}[bits]
+
+    def finite(pattern: int):
+        v = np.array([pattern], view).view(DTYPES[dtype])[0]
+        return v if np.isfinite(float(v)) else DTYPES[dtype](0.0)
+    scaled = st.floats(-1e3, 1e3).map(lambda f: DTYPES[dtype](f))
+    return st.one_of(st.integers(0, 2 ** bits - 1).map(finite), scaled)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_exact_sum_rounded_once_whoever_holds_what(dtype, op, data):
+    k = data.draw(st.integers(1, 12))
+    width = data.draw(st.integers(1, 4))
+    contributions = [np.array(data.draw(st.lists(values(dtype), min_size=width, max_size=width)), DTYPES[dtype])
+                     for _ in range(k)]
+    if data.draw(st.booleans()):   # cancellation: the last contribution takes back most of the others
+        contributions.append(-contributions[0])
+    expected = np.array([exact(contributions, i, dtype, op) for i in range(width)], DTYPES[dtype])
+    results = [reduce_simulated(dealt(contributions, n, way), op)
+               for n in range(1, min(4, len(contributions)) + 1) for way in range(3)]
+    for result in results:
+        assert result.tobytes() == expected.tobytes(), (result, expected, contributions)
+
+
+def test_cancellation_leaves_the_smallest_contribution_exactly():
+    x = [np.array([1e30, 3.0], np.float32), np.array([2.0 ** -149, -3.0], np.float32),
+         np.array([-1e30, -0.0], np.float32)]
+    assert reduce_simulated([x]).tolist() == [2.0 ** -149, 0.0]
+    assert not np.signbit(reduce_simulated([x])[1])   # 3 - 3 - 0 is +0, as IEEE adds
+
+
+def test_a_tie_goes_to_even_once_not_twice():
+    """1 + 2**-24 + 2**-60 rounds up in float32 (above the tie); float64 first would round twice."""
+    x = [np.array([1.0]), np.array([2.0 ** -24]), np.array([2.0 ** -60])]
+    assert reduce_simulated([[c.astype(np.float32) for c in x]])[0] == np.float32(1 + 2.0 ** -23)
+
+
+@pytest.mark.parametrize("parts, expected", [
+    ([[np.nan, 1.0]], np.nan), ([[np.inf, -np.inf]], np.nan), ([[np.inf, 1e30]], np.inf),
+    ([[-np.inf, -np.inf]], -np.inf), ([[-0.0, -0.0]], -0.0), ([[-0.0, 0.0]], 0.0), ([[1.0, -1.0]], 0.0)])
+def test_special_values_as_ieee_sums_give_them(parts, expected):
+    held = [[np.array([v], np.float32) for v in p] for p in parts]
+    got = reduce_simulated(held)[0]
+    assert np.array_equal(got, np.float32(expected), equal_nan=True) and np.signbit(got) == np.signbit(expected)
+
+
+def test_an_exact_sum_past_the_largest_finite_is_infinite_and_one_that_comes_back_is_not():
+    big = np.float32(3e38)
+    assert reduce_simulated([[np.array([big]), np.array([big])]])[0] == np.inf
+    assert reduce_simulated([[np.array([big]), np.array([big]), np.array([-big])]])[0] == big
