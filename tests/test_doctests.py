@@ -11,7 +11,7 @@ MODULES = ["ring.partition", "ring.schedule", "ring.personalized", "ring.doublin
            "collectives.api", "collectives.calls.timeline", "trainer.model", "trainer.optim",
            "trainer.buckets", "trainer.strategies.ps", "trainer.strategies.periodic",
            "trainer.strategies.local_sgd", "trainer.strategies.diloco", "trainer.compression", "trainer.strategies.allreduce", "trainer.checkpoint", "trainer.resuming", "bench.sizes", "bench.model", "collectives.about", "cmdline.interrupt", "cmdline.cores", "collectives.process.launchers",
-           "ring.transport.base", "ring.transport.mpi.departures", "ring.reproducible", "ring.compression"]
+           "ring.transport.base", "ring.transport.mpi.departures", "ring.reproducible", "ring.compression", "collectives.ops.reproducible"]
 MODULES += ["collectives.torch.tensors"] if importlib.util.find_spec("torch") else []   # (the extra [torch])
 
 

@@ -78,15 +78,16 @@ class Call(Bound):
         self.background = background
 
     def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,
-                  memory: str = "", compression: str = "") -> bytes:
+                  memory: str = "", compression: str = "", reproducible: bool = False) -> bytes:
         """This call's signature (see ``collectives.calls.signature``): these fields plus the collective,
         the sequence number, the caller's ``name=``, the issuing thread's name ("" for the main
-        thread), the algorithm it forces and (all-reduce) its wire ``compression``. Made once the
+        thread), the algorithm it forces and (all-reduce) its wire ``compression`` and whether it
+        is ``reproducible``. Made once the
         body has checked its arguments, before anything moves: from here on a usage error is no
         longer this rank's refusal (see _frame)."""
         self.signed = True
         return template(self.name, op, dtype, shape, root, False, memory, self.call_name, self.thread,
-                        self.forced or "", compression) % self.seq
+                        self.forced or "", compression, reproducible) % self.seq
 
     def agree(self, signature: bytes, always: bool = False) -> None:
         """Check that every rank makes this same call; raise on every rank if not. Skipped when the

@@ -43,6 +43,7 @@ FIELDS = (
     ("memory (host or gpu)", "x"),
     ("algorithm", "algorithm"),
     ("compression", "compression"),
+    ("reproducible", "reproducible"),
 )
 _THREAD = [name for name, _ in FIELDS].index("calling thread")
 _SHOWN_RANKS = 8
@@ -52,25 +53,26 @@ _SEQUENCE_DIGITS = 20   # a sequence number's most digits (2**64)
 
 def signature(collective: str, seq: int, op: str = "", dtype: np.dtype | None = None, shape: tuple | None = None,
               root: int = -1, rejected: bool = False, memory: str = "", name: str = "", thread: str = "",
-              algorithm: str = "", compression: str = "") -> bytes:
+              algorithm: str = "", compression: str = "", reproducible: bool = False) -> bytes:
     """The bytes every rank compares. ``shape=None``: no array (barrier); for allgather pass the
     trailing shape (axis 0 may differ), whose count is not compared. ``memory``: "host" or "gpu";
     ``name``: the caller's name for the call; ``thread``: the calling thread's name; ``algorithm``:
     the one the call forces ("": the runtime's choice); ``compression``: the all-reduce's wire
-    codec ("": none).
+    codec ("": none); ``reproducible``: an all-reduce's ``reproducible=True``.
 
     >>> plain = signature("allreduce", 3, op="sum", dtype=np.dtype("float32"), shape=(8,))
     >>> print(disagreement("allreduce", [plain, signature("allreduce", 3, op="sum", dtype=np.dtype("float32"),
     ...                                                   shape=(8,), compression="bf16")]))
     allreduce: compression: compression differs across ranks: rank 0: -, rank 1: bf16
     """
-    return template(collective, op, dtype, shape, root, rejected, memory, name, thread, algorithm, compression) % seq
+    return template(collective, op, dtype, shape, root, rejected, memory, name, thread, algorithm, compression,
+                    reproducible) % seq
 
 
 @lru_cache(maxsize=1024)
 def template(collective: str, op: str, dtype: np.dtype | None, shape: tuple | None, root: int,
              rejected: bool, memory: str, name: str, thread: str, algorithm: str = "",
-             compression: str = "") -> bytes:
+             compression: str = "", reproducible: bool = False) -> bytes:
     """Everything but the sequence number, as a ``%d`` template (cached: calls repeat, and a hit
     costs the call path no Python frame). At most ``SIGNATURE_BYTES`` with any sequence number."""
     dtype_text = "" if dtype is None else dtype.name if dtype.isnative and dtype.fields is None else str(dtype)
@@ -80,7 +82,7 @@ def template(collective: str, op: str, dtype: np.dtype | None, shape: tuple | No
               for text in (op, dtype_text, str(count), shape_text, str(root), name, thread)]
     op_text, dtype_text, count_text, shape_text, root_text, name, thread = fields
     made = (f"{collective}|%d|{op_text}|{dtype_text}|{count_text}|{shape_text}|{root_text}|{name}|{thread}|"
-            f"{'rejected' if rejected else 'ok'}|{memory}|{algorithm}|{compression}").encode()
+            f"{'rejected' if rejected else 'ok'}|{memory}|{algorithm}|{compression}|{'yes' if reproducible else ''}").encode()
     if len(made) + _SEQUENCE_DIGITS > SIGNATURE_BYTES:
         raise ValueError(f"signature template of {len(made)} bytes; at most {SIGNATURE_BYTES - _SEQUENCE_DIGITS}")
     return made

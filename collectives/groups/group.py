@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.ops import dispatch, personalized
+from collectives.ops import dispatch, personalized, reproducible as exact
 from collectives.groups import making
 from collectives.calls.call import issue, refusal, stopped
 from collectives.errors import CollectiveUsageError
@@ -174,30 +174,32 @@ class Group:
 
     # The collectives.
 
-    def allreduce(self, x, op: str = "sum", out=None, *, compression: str | None = None, async_op: bool = False,
-                  timeout: float | None = None, name: str | None = None, algorithm: str | None = None) -> Any:
+    def allreduce(self, x, op: str = "sum", out=None, *, compression: str | None = None, reproducible: bool = False,
+                  async_op: bool = False, timeout: float | None = None, name: str | None = None,
+                  algorithm: str | None = None) -> Any:
         """Reduce ``x`` elementwise across the group's ranks; every rank gets the same bits.
 
-        ``op`` is "sum", "avg", "min", "max" or "prod". ``out=x`` reduces in place; without
-        ``out`` a new array is returned and ``x`` is not modified. The algorithm is the one the
-        cost model (``ring.cost``) predicts fastest for the size and the group: recursive
-        doubling for small buffers, Rabenseifner's halving and doubling in the middle, the
-        bandwidth-optimal ring for large ones, two levels across hosts ("hierarchical").
+        ``op`` is "sum", "avg", "min", "max" or "prod". ``out=x`` reduces in place; without ``out`` a new
+        array is returned and ``x`` is not modified. The algorithm is the one the cost model (``ring.cost``)
+        predicts fastest: recursive doubling, halving and doubling, the ring, or two levels across hosts.
 
-        ``compression``: "bf16" or "fp16" sends float32 and float64 data (and bfloat16, reduced
-        through float32) as 2-byte floats, for op "sum" or "avg" on host arrays: each hop of the
-        ring adds its own contribution to the partial sum it received in the data's own dtype and
-        rounds once to send it on, and every rank still ends with the same bits, each element
-        within about n x 2**-8 (bf16) or n x 2**-11 (fp16) of the sum of the magnitudes of its
-        contributions (docs/api.md). Small calls (recursive doubling) run uncompressed, exact.
+        ``compression``: "bf16" or "fp16" sends float data as 2-byte floats ("sum", "avg", host arrays),
+        each element within about n x 2**-8 (bf16) or n x 2**-11 (fp16) of the sum of its contributions'
+        magnitudes, the same bits on every rank (docs/api.md).
+
+        ``reproducible=True``: the exact sum of every contribution (``x``, or a list of same-shape arrays),
+        rounded once: the same bits at any world size, however dealt (docs/reproducible.md).
 
         >>> col.allreduce(np.full(3, col.rank() + 1.0))       # on 3 ranks  # doctest: +SKIP
         array([6., 6., 6.])
         >>> col.allreduce(np.full(1 << 20, 0.1, np.float32), compression="bf16")[:2]   # on 2  # doctest: +SKIP
         array([0.2001953, 0.2001953], dtype=float32)
+        >>> col.allreduce([np.float32([1e8]), np.float32([1])] if col.rank() else np.float32([-1e8]),
+        ...               reproducible=True)                  # on 2: 1e8 + 1 - 1e8, exactly  # doctest: +SKIP
+        array([1.], dtype=float32)
         """
-        return issue(self, "allreduce", dispatch.allreduce, (x, op, out, compression), async_op, timeout, name,
-                     algorithm)
+        body, more = (dispatch.allreduce, ()) if reproducible is False else (exact.allreduce, (reproducible,))
+        return issue(self, "allreduce", body, (x, op, out, compression, *more), async_op, timeout, name, algorithm)
 
     def allreduce_many(self, arrays: list, op: str = "sum", *, compression: str | None = None, async_op: bool = False,
                        timeout: float | None = None, name: str | None = None, algorithm: str | None = None) -> Any:

@@ -1,0 +1,99 @@
+"""The body of ``allreduce(x, reproducible=True)``: the exact sum of every contribution, rounded once.
+
+The codec is ``ring.reproducible``; this module checks the arguments and runs its three steps
+on the group's integer all-reduces (``collectives.ops.dispatch.allreduce_flat``):
+
+1. every rank's facts (one row of a small int64 matrix, the others zero) summed: every rank then
+   holds every row, and makes the same grid; this exchange carries the cross-rank check;
+2. only where some rank holds a NaN, an infinity or -0.0: each element's marks, by "max";
+3. the contributions as int64 words on the grid, summed. Integer sums are exact whatever the
+   algorithm, the segments or the order, so the total is the same on every rank and at any
+   world size; it is rounded once, into the result.
+
+``x`` is one array, or a list of same-shape arrays that this rank holds (each counted as if
+another rank held it). "avg" divides by the number of contributions of every rank together.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from collectives.calls import validate
+from collectives.calls.call import Call
+from collectives.ops.dispatch import allreduce_flat, flat_target, write_back
+from ring import reproducible as codec
+
+
+def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, reproducible: Any = True) -> Any:
+    """``x`` (an array, or a list of same-shape arrays) summed over every rank's contributions,
+    exactly, rounded once to x's dtype ("avg": divided by their count first); see the module."""
+    if reproducible is not True:
+        validate.fail(call.name, "reproducible", f"expected True or False, got {reproducible!r}")
+    parts, out = contributions(call.name, x, op, out, compression)
+    first = parts[0]
+    sig = call.signature(op, first.dtype, first.shape, memory="host", reproducible=True)
+    call.nbytes = first.nbytes
+    transport = call.group.transport
+    every = np.zeros((transport.size, codec.FACTS), np.int64)
+    every[transport.rank] = codec.facts(parts)
+    _sum_in_place(call, every, "sum", sig, checked=False)
+    grid = codec.grid(every, first.dtype)
+    special = None
+    if grid.special:
+        special = np.zeros((2, first.size), np.uint8)
+        codec.marks(parts, special)
+        _sum_in_place(call, special, "max", sig)
+    total = np.zeros((grid.words, first.size), np.int64)
+    codec.encode(parts, grid, total)
+    _sum_in_place(call, total, "sum", sig)
+    result = out if out is not None else np.empty(first.shape, first.dtype)
+    target = flat_target(result)
+    codec.decode(total, grid, special, op, target)
+    return write_back(result, target)
+
+
+def _sum_in_place(call: Call, x: np.ndarray, op: str, sig: bytes, checked: bool = True) -> None:
+    flat = x.reshape(-1)   # (one view, passed twice: the executor knows in place by identity)
+    allreduce_flat(call, flat, flat, op, sig, True, checked)
+
+
+def contributions(collective: str, x: Any, op: Any, out: Any, compression: Any) -> tuple[list, Any]:
+    """``x`` as a list of host arrays of one floating dtype and shape, and ``out``, checked for a
+    reproducible all-reduce by ``op``; anything else is a usage error that names the argument.
+
+    >>> contributions("allreduce", [np.zeros(2), np.zeros(3)], "sum", None, None)   # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    collectives.errors.CollectiveUsageError: allreduce: x[1]: shape (3,) differs from x[0]'s (2,) (...)
+    """
+    if compression is not None:
+        validate.fail(collective, "compression", "reproducible=True moves exact integers; pass compression=None")
+    if op not in ("sum", "avg"):
+        validate.fail(collective, "op", f"reproducible=True sums ('sum' or 'avg'), op is {op!r} "
+                                        "('min' and 'max' give the same bits at any world size already)")
+    listed = isinstance(x, (list, tuple))
+    if listed and not x:
+        validate.fail(collective, "x", "is an empty list; pass at least one contribution")
+    parts = [validate.plain(collective, f"x[{i}]" if listed else "x", a) for i, a in enumerate(x if listed else [x])]
+    for i, a in enumerate(parts):
+        _floating(collective, f"x[{i}]" if listed else "x", a)
+        if a.shape != parts[0].shape or a.dtype != parts[0].dtype:
+            what = "shape" if a.shape != parts[0].shape else "dtype"
+            validate.fail(collective, f"x[{i}]", f"{what} {getattr(a, what)} differs from x[0]'s "
+                                                 f"{getattr(parts[0], what)} (summed element by element)")
+    if out is not None:
+        out = validate.plain(collective, "out", out)
+        validate.out_array(collective, out, parts[0], parts[0].shape)
+    return parts, out
+
+
+def _floating(collective: str, argument: str, a: Any) -> None:
+    validate.array(collective, argument, a)
+    if not isinstance(a, np.ndarray):
+        validate.fail(collective, argument, "reproducible=True is not implemented for GPU (cupy) arrays")
+    if a.dtype.name not in codec.PRECISION:
+        why = "integer sums are exact and reproducible already: pass reproducible=False" if a.dtype.kind in "iub" \
+            else "expected float16, bfloat16, float32 or float64"
+        validate.fail(collective, argument, f"reproducible=True sums floating-point data, {argument} is "
+                                            f"{a.dtype} ({why})")

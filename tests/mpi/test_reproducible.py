@@ -1,0 +1,107 @@
+"""Tier 2: ``allreduce(x, reproducible=True)`` in real worlds of 1 to 4 ranks (tests/test_worlds.py).
+
+Twelve fixed contributions are dealt to the world's ranks three ways; every world, every deal,
+every algorithm must give the exact sum rounded once (computed here in fractions), so the same
+digest at any world size. Every check is agreed across ranks, so a failure on one fails all.
+"""
+import hashlib
+
+import numpy as np
+import pytest
+
+import collectives as col
+from collectives.errors import CollectiveUsageError
+from tests.mpi.test_collectives import COMM, N, RANK, agree
+from tests.test_reproducible import dealt, exact, reduce_simulated
+
+pytestmark = pytest.mark.mpi
+
+BOUND_S = 60
+#: sha256 of the float32 and float64 sums of the twelve contributions: the same at every world size.
+DIGESTS = {"float32": "310a0a13a096939a8d6c5142047ab428c1194935de15d717e7ba90a94fff7355",
+           "float64": "2d39a1109d876123f1afcdfb881f8b53cbdf0c060415a0df4821b1c7cef3c8b1"}
+
+
+def twelve(count: int, dtype) -> list[np.ndarray]:
+    """Twelve fixed contributions: mixed signs and magnitudes, one that cancels another, subnormals
+    and zeros of both signs, so that a float sum's order shows in its bits."""
+    rng = np.random.default_rng([62, count])
+    parts = [rng.standard_normal(count) * 10.0 ** rng.integers(-6, 7, count) for _ in range(10)]
+    parts.append(-parts[3] + rng.standard_normal(count) * 1e-3)
+    tiny = np.finfo(dtype).smallest_subnormal * rng.integers(-3, 4, count)
+    parts.append(np.where(np.arange(count) % 5 == 0, -0.0, tiny))
+    return [p.astype(dtype) for p in parts]
+
+
+def digest(x: np.ndarray) -> str:
+    return hashlib.sha256(x.tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_twelve_contributions_give_the_exact_sum_at_any_size_and_deal(dtype, op):
+    parts = twelve(257, dtype)
+    expected = np.array([exact(parts, i, dtype, op) for i in range(257)], dtype)
+    for way in range(3):
+        mine = dealt(parts, N, way)[RANK]
+        result = col.allreduce(mine, op, reproducible=True, timeout=BOUND_S)
+        agree(result.tobytes() == expected.tobytes(), f"{dtype} {op}, deal {way}: not the exact sum rounded once")
+        if op == "sum" and DIGESTS[dtype]:
+            agree(digest(result) == DIGESTS[dtype], f"{dtype}: digest {digest(result)}")
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "halving", None])
+def test_every_algorithm_and_size_gives_the_same_bits(algorithm):
+    for count in (1, 1001, 70_001):   # (the last: past recursive doubling's bytes)
+        parts = twelve(count, "float32")
+        expected = reduce_simulated([parts])
+        for way in (0, 2):
+            result = col.allreduce(dealt(parts, N, way)[RANK], reproducible=True, algorithm=algorithm,
+                                   timeout=BOUND_S)
+            agree(result.tobytes() == expected.tobytes(), f"{algorithm} x {count}, deal {way}: other bits")
+
+
+def test_special_values_and_signed_zeros_as_ieee_sums_give_them():
+    values = [[np.nan, 1.0], [np.inf, -np.inf], [np.inf, 5.0], [-np.inf, -np.inf], [-0.0, -0.0], [-0.0, 0.0]]
+    parts = [np.array([v[k % 2] for v in values], np.float32) for k in range(4)]
+    result = col.allreduce(dealt(parts, N, 1)[RANK], reproducible=True, timeout=BOUND_S)
+    expected = np.array([np.nan, np.nan, np.inf, -np.inf, -0.0, 0.0], np.float32)
+    agree(np.array_equal(result, expected, equal_nan=True) and (np.signbit(result) == np.signbit(expected))[4:].all(),
+          f"got {result.tolist()}")
+
+
+def test_one_array_in_place_async_and_on_a_group():
+    x = np.float32([1e8, 1.0]) * (1 if RANK % 2 else -1) + np.float32([0, RANK])
+    expected = reduce_simulated([[np.float32([1e8, 1.0]) * (1 if r % 2 else -1) + np.float32([0, r]) for r in range(N)]])
+    work = col.allreduce(x, out=x, reproducible=True, async_op=True, timeout=BOUND_S)
+    agree(work.wait(timeout=BOUND_S) is x and x.tobytes() == expected.tobytes(), f"in place, async: {x}")
+    half = col.split(RANK % 2)
+    mine = [np.float32([r + 0.1]) for r in half.ranks]
+    agree(half.allreduce(mine[half.rank()], reproducible=True).tobytes() == reduce_simulated([mine]).tobytes(),
+          "on a group")
+
+
+@pytest.mark.parametrize("case, call, named", [
+    ("op", lambda: col.allreduce(np.ones(3), "max", reproducible=True), "allreduce: op: reproducible=True sums"),
+    ("integers", lambda: col.allreduce(np.ones(3, np.int32), reproducible=True), "allreduce: x: reproducible=True"),
+    ("shapes", lambda: col.allreduce([np.ones(3), np.ones(4)], reproducible=True), "allreduce: x[1]: shape (4,)"),
+    ("compression", lambda: col.allreduce(np.ones(3), reproducible=True, compression="bf16"), "compression"),
+    ("empty list", lambda: col.allreduce([], reproducible=True), "allreduce: x: is an empty list"),
+    ("not a bool", lambda: col.allreduce(np.ones(3), reproducible=1), "allreduce: reproducible"),
+])
+def test_bad_input_is_refused_by_name_on_every_rank(case, call, named):
+    with pytest.raises(CollectiveUsageError) as raised:
+        call()
+    agree(named in str(raised.value), f"{case}: {raised.value}")
+
+
+def test_one_rank_that_passes_other_shapes_or_no_reproducible_fails_every_rank():
+    bad = [np.ones(3), np.ones(4 if RANK == 0 else 3)]
+    with pytest.raises(CollectiveUsageError) as raised:
+        col.allreduce(bad, reproducible=True, timeout=BOUND_S)
+    agree("x[1]: shape (4,)" in str(raised.value), str(raised.value))
+    if N > 1:
+        with pytest.raises(CollectiveUsageError) as raised:
+            col.allreduce(np.ones(3), reproducible=RANK == 0, timeout=BOUND_S)
+        agree("reproducible differs across ranks" in str(raised.value), str(raised.value))
+    agree(np.array_equal(col.allreduce(np.ones(2), reproducible=True), np.full(2, N)), "usable after")
