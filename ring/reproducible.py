@@ -154,7 +154,8 @@ def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
     """
     quiet = ieee_floating_point()
     try:
-        scratch = (np.empty(min(total.shape[1], BLOCK)), np.empty(min(total.shape[1], BLOCK), np.int64))
+        size = min(total.shape[1], BLOCK)
+        scratch = {np.dtype(t): np.empty(size, t) for t in (np.float32, np.float64)}, np.empty(size, np.int64)
         for x in contributions:
             flat = x.reshape(-1)
             for b in blocks(flat.size):
@@ -164,9 +165,10 @@ def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
 
 
 def _encode(x: np.ndarray, g: Grid, total: np.ndarray, scratch: tuple) -> None:
-    if g.words == 1 and not g.special:   # (the common case: one word, x / 2**bottom itself)
-        scaled, words = (s[:x.size] for s in scratch)   # (reused: a new block-sized array costs page faults)
-        np.copyto(words, scale(x, -g.bottom, out=scaled), casting="unsafe")
+    if g.words == 1 and not g.special and -126 <= g.bottom <= 126:   # (the common case: x / 2**bottom itself,
+        scaled, words = scratch[0][x.dtype][:x.size], scratch[1][:x.size]   # exact in x's own dtype)
+        np.multiply(x, x.dtype.type(2.0 ** -g.bottom), out=scaled)
+        np.copyto(words, scaled, casting="unsafe")
         total[0] += words
         return
     value = x.astype(np.float64)

@@ -22,7 +22,10 @@ import numpy as np
 from collectives.calls import validate
 from collectives.calls.call import Call
 from collectives.ops.dispatch import allreduce_flat, flat_target, write_back
-from ring import reproducible as codec
+from ring import arrays, reproducible as codec
+
+#: The scratch slot (``ring.arrays.scratch``) of the words, past the executor's own.
+_TOTAL = 8
 
 
 def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, reproducible: Any = True) -> Any:
@@ -44,7 +47,8 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
         special = np.zeros((2, first.size), np.uint8)
         codec.marks(parts, special)
         _sum_in_place(call, special, "max", sig)
-    total = np.zeros((grid.words, first.size), np.int64)
+    total = arrays.scratch(first, grid.words * first.size, _TOTAL, np.dtype(np.int64)).reshape(grid.words, -1)
+    total[...] = 0   # (kept between calls: a fresh one costs a page fault every 4 KiB)
     codec.encode(parts, grid, total)
     _sum_in_place(call, total, "sum", sig)
     result = out if out is not None else np.empty(first.shape, first.dtype)
