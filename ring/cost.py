@@ -268,3 +268,23 @@ def choose(op: str, n: int, nbytes: int, costs: Costs = MEASURED, *, segment_byt
         if t < best_time:
             best, best_time = algorithm, t
     return best
+
+
+def reproducible(n: int, nbytes: int, itemsize: int = 4, words: int = 1, costs: Costs = MEASURED) -> float:
+    """Predicted seconds of ``allreduce(x, reproducible=True)`` of ``nbytes`` of data (``itemsize``
+    bytes an element) on ``n`` ranks whose grid takes ``words`` int64 words an element
+    (``ring.reproducible``): one small exchange of every rank's facts, the integer all-reduce of
+    the words (``8 * words / itemsize`` times the data's bytes, by the fastest algorithm), and the
+    codec's passes, counted as bytes reduced: the facts read the data, the encoding reads it and
+    writes the words (zeroed first), the decoding reads the words and writes the result.
+
+    >>> costs = Costs(call=10e-6, alpha=2e-6, beta=0.3e-9, gamma=0.2e-9)
+    >>> plain = predict("allreduce", choose("allreduce", 2, 64 << 20, costs), 2, 64 << 20, costs)
+    >>> round(reproducible(2, 64 << 20, costs=costs) / plain, 1)   # float32, one word: the codec costs most
+    7.7
+    """
+    wide = nbytes * 8 * words // itemsize
+    facts = predict("allreduce", "doubling", n, 32 * n, costs)
+    summed = min(predict("allreduce", a, n, wide, costs) for a in candidates("allreduce", wide))
+    codec = nbytes + (nbytes + 2 * wide) + (wide + nbytes)
+    return facts + summed + costs.gamma * codec
