@@ -14,7 +14,8 @@ RUN = {("README.md", "## Quick start"), ("docs/api.md", "# The collective API"),
        ("docs/overlap.md", "# Overlap: nonblocking calls, fused all-reduce, a timeline"),
        ("docs/groups.md", "# Groups: collectives on subsets of the ranks"),
        ("docs/pytorch.md", "# PyTorch: the `ring` backend"), ("docs/pytorch.md", "## Compression hooks"),
-       ("docs/elastic.md", "## In your own program")}
+       ("docs/elastic.md", "## In your own program"), ("docs/api.md", "## Reproducible sums: `reproducible=True`"),
+       ("docs/reproducible.md", "# Reproducible sums: `allreduce(x, reproducible=True)`")}
 #: Blocks that cannot run here, and why.
 NOT_RUN = {("docs/gpu.md", "# GPU arrays (CuPy over NCCL)"): "needs a GPU (tests/test_gpu.py runs its calls there)",
            ("docs/pytorch.md", "## Elastic DDP: the survivors of a death go on"):
@@ -133,6 +134,14 @@ def test_the_compression_example_runs_and_every_rank_gets_the_same_bits(tmp_path
     found = re.findall(r"rank (\d): mean\[:2\] (.*?), same as in place: True", result.stdout)
     reports = {int(r): rest for r, rest in found}
     assert sorted(reports) == [0, 1, 2] and len(set(reports.values())) == 1, result.stdout
+
+
+@pytest.mark.parametrize("page, heading", [("docs/api.md", "## Reproducible sums: `reproducible=True`"),
+                                           ("docs/reproducible.md", "# Reproducible sums: `allreduce(x, reproducible=True)`")])
+def test_the_reproducible_examples_print_the_same_bits_at_two_and_three_ranks(page, heading, tmp_path):
+    arrays = r"rank (\d+): (\[[^\]]*\](?: \[[^\]]*\])?)"   # (the ranks' lines may interleave)
+    printed = [dict(re.findall(arrays, run_example(page, heading, n, tmp_path).stdout)) for n in (2, 3)]
+    assert [len(p) for p in printed] == [2, 3] and len(set(printed[0].values()) | set(printed[1].values())) == 1, printed
 
 
 def test_the_pytorch_example_trains_identical_replicas(tmp_path):
