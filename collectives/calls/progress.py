@@ -87,9 +87,9 @@ class Work:
         return self._done
 
     def add_done_callback(self, callback: Callable[["Work"], None]) -> None:
-        """Call ``callback(work)`` once the call is done (at once if it is), in the thread that
-        finished it, so quick and issuing no collective; what it raises becomes a RuntimeWarning.
-        A torch future learns of its call this way (``collectives.torch``)."""
+        """Call ``callback(work)`` once the call is done (at once, here, if it is), else in the thread
+        that finished it, holding its turn: a call it issues runs at once there, right after this one
+        on every rank, but it must not wait for a later one. What it raises becomes a RuntimeWarning."""
         with _CALLBACKS:
             if self._callbacks is not None:
                 self._callbacks.append(callback)
@@ -209,7 +209,7 @@ class Engine:
         self._turns = threading.Condition(self._lock)   # waited on only when a call must wait its turn
         self._queue: deque[Work] = deque()   # issued, not yet started; a place with no job is a blocking
                                              # call's, which its caller runs itself (see _wait_for_turn)
-        self._busy = False                   # a call is running, in some thread
+        self._busy, self._owner = False, 0   # a call is running, in the thread of this ident
         self._thread: threading.Thread | None = None
         self._closing = False
         self._asleep = False                 # the engine thread waits for a submit's notify
@@ -217,12 +217,14 @@ class Engine:
 
     def run_now(self, job: Callable[..., Any], *args) -> Any:
         """A blocking call: wait for the calls issued before it, then run ``job(*args)`` here."""
+        if self._busy and self._owner == threading.get_ident():   # (a done-callback's: see add_done_callback)
+            return job(*args)
         with self._lock:   # (a plain lock: the uncontended path is a few C calls)
             while not self._busy and self._queue and self._queue[0]._job is not None:
                 self._run_head_locked()   # async calls issued before this one, not yet taken: run them here
             if self._busy or self._queue:
                 self._wait_for_turn()
-            self._busy = True
+            self._owner, self._busy = threading.get_ident(), True   # (owner first: both are read unlocked)
         try:
             return job(*args)
         finally:
@@ -257,7 +259,7 @@ class Engine:
     def submit(self, work: Work, inline: bool = False) -> Work:
         """An async call: queue ``work`` and return it. ``inline``: its caller runs it when its turn
         comes (a GPU call), in its own thread; so is every call of an unthreaded engine."""
-        if inline or not self.threaded:
+        if inline or not self.threaded or (self._busy and self._owner == threading.get_ident()):
             self.run_now(work._run)
             return work
         with self._turns:
@@ -282,7 +284,7 @@ class Engine:
         """(Holding the lock, no call running, an async call at the head) run that call in this
         thread, with the lock released meanwhile."""
         work = self._queue.popleft()
-        self._busy = True
+        self._owner, self._busy = threading.get_ident(), True
         self._lock.release()
         try:
             work._run()   # (never raises: the handle keeps the call's error)
@@ -319,7 +321,7 @@ class Engine:
                         self._turns.wait()
                         self._asleep = False
                 work = self._queue.popleft()
-                self._busy = True
+                self._owner, self._busy = threading.get_ident(), True
             try:
                 work._run()   # (its waits nap: the caller computes meanwhile, see Bound.background)
             finally:

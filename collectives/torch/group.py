@@ -23,7 +23,7 @@ from torch._C import _distributed_c10d as c10d
 import collectives as col
 from collectives.torch.tensors import (OPS, as_array, copied_into, dense, flat, host_array, into, joined,
                                        padded_blocks, reduction, rows_of, same_dtype, same_sizes, sparse_rows,
-                                       sparse_sum, staged)
+                                       sparse_sum, staged, wire_type)
 from collectives.torch.work import RingBackendError, RingWork, for_torch
 
 BACKEND = "ring"
@@ -77,7 +77,7 @@ class RingProcessGroup(dist.ProcessGroup):
                 return self._sparse_sum(tensors[0], opts.reduceOp)
             t, back = self._one("all_reduce", tensors)
             x, op = reduction("all_reduce", t, opts.reduceOp)
-            return col.allreduce, (x, op, x), tensors, back
+            return functools.partial(col.allreduce, compression=wire_type(x, op)), (x, op, x), tensors, back
         return self._run("allreduce", opts, prepare)
 
     def _sparse_sum(self, t: torch.Tensor, op: Any) -> Prepared:
@@ -97,8 +97,9 @@ class RingProcessGroup(dist.ProcessGroup):
             same_dtype("all_reduce_coalesced", tensors, "tensors")
             copies = [staged("all_reduce_coalesced", t, "tensors", written=True) for t in tensors]
             pairs = [reduction("all_reduce_coalesced", t, opts.reduceOp) for t, _ in copies]
-            arrays = [x for x, _ in pairs]
-            return col.allreduce_many, (arrays, pairs[0][1] if pairs else "sum"), tensors, _all(b for _, b in copies)
+            arrays, op = [x for x, _ in pairs], pairs[0][1] if pairs else "sum"
+            many = functools.partial(col.allreduce_many, compression=wire_type(arrays[0], op) if arrays else None)
+            return many, (arrays, op), tensors, _all(b for _, b in copies)
         return self._run("allreduce_many", opts, prepare)
 
     def reduce(self, tensors: list, opts=None) -> RingWork:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import collectives as col
+from collectives.calls.validate import is_bfloat16
 
 OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max",
        dist.ReduceOp.PRODUCT: "prod"}
@@ -105,6 +106,19 @@ def reduction(collective: str, t: torch.Tensor, op: Any) -> tuple[Any, str]:
         raise col.CollectiveUsageError(f"{collective}: op: AVG of a bool tensor has no bool result (gloo refuses it "
                                        "too); convert the tensor to a floating-point dtype first")
     return as_array(t), BOOL_OPS[name]
+
+
+def wire_type(x: Any, op: str) -> str | None:
+    """The ``compression=`` of an all-reduce of array ``x`` by ``op``: "bf16" for a bfloat16 host
+    array summed or averaged, else None. The runtime reduces bfloat16 through float32, and without
+    it that float32 is what crosses the wire, twice the bytes of the tensor (bf16_compress_hook
+    would save nothing); with it each hop rounds its partial sum to bfloat16 to send it on, as gloo
+    rounds after each addition. Small calls (recursive doubling) still move float32.
+
+    >>> wire_type(as_array(torch.ones(2, dtype=torch.bfloat16)), "sum"), wire_type(as_array(torch.ones(2)), "sum")
+    ('bf16', None)
+    """
+    return "bf16" if isinstance(x, np.ndarray) and is_bfloat16(x.dtype) and op in ("sum", "avg") else None
 
 
 def sparse_rows(t: torch.Tensor) -> np.ndarray:

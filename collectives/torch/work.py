@@ -20,7 +20,6 @@ itself, so :meth:`RingWork.get_future` returns such a child.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -137,7 +136,13 @@ class RingWork(dist.Work):
 
     def get_future(self) -> Future:
         """A future that completes with the tensors, or fails with the call's error (for a
-        point-to-point call, made by waiting for it)."""
+        point-to-point call, made by waiting for it).
+
+        Its ``then`` callbacks run in the call's turn on the runtime's engine, in the thread that
+        finished the call, and the calls they issue run at once there: PowerSGD's P and Q follow
+        the bucket's all-reduce on every rank, whatever DDP issues meanwhile for the next bucket
+        (``collectives.calls.progress.Work.add_done_callback``). A callback attached once the
+        future is done runs at once in the attaching thread, as torch's own futures do."""
         with self._lock:
             if self._future is not None:
                 return self._future
@@ -145,13 +150,22 @@ class RingWork(dist.Work):
             self._future = source.then(_value_or_raise)
         if self._settled or not hasattr(self._call, "add_done_callback"):
             self._complete(source)
-        else:   # (not in the thread that finished the call: see _Completions)
-            self._call.add_done_callback(lambda _: _COMPLETIONS.submit(lambda: self._complete(source)))
+        else:   # (in the call's turn: the calls torch's callbacks issue follow it on every rank)
+            self._call.add_done_callback(lambda _: self._complete(source))
         return self._future
 
     def _complete(self, source: Future) -> None:
+        """Settle the call and complete ``source``: the ``then`` callbacks attached so far run here,
+        under the main thread's empty name, which the runtime's cross-rank check compares. The
+        thread that finishes a call differs from rank to rank (the engine's, or a caller's that ran
+        it), and the calls the callbacks issue must pair (PowerSGD's P and Q)."""
         self._settle()
-        source.set_result(self._tensors if self._error is None else self._error)
+        thread = threading.current_thread()
+        name, thread.name = thread.name, ""
+        try:
+            source.set_result(self._tensors if self._error is None else self._error)
+        finally:
+            thread.name = name
 
     def is_completed(self) -> bool:
         return self._settled or (hasattr(self._call, "is_completed") and self._call.is_completed())
@@ -181,52 +195,6 @@ class RingWork(dist.Work):
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else "done" if self._settled else "running"
         return f"<RingWork {state}: {self._call!r}>"
-
-
-class _Completions:
-    """The threads that complete torch futures, off the runtime's engine thread.
-
-    A future's ``then`` callbacks run in the thread that completes it, and torch's code issues
-    calls there and waits for them: powerSGD_hook's callback all-reduces P and waits for that
-    future (``.get_future().wait()``). Completed by the engine thread, as the call's own
-    done-callback, the nested call waits for the engine, held by that callback: a deadlock.
-    So a finished call hands its future to these threads; one whose callback is blocked in a
-    nested wait leaves the next completion to another, started when none is idle (as many as
-    callbacks wait at once, each kept for later: two for PowerSGD's P and Q).
-
-    The threads' name is empty, as the runtime leaves the main thread's in its cross-rank check:
-    torch pairs a process group's calls by the order they are issued in, whatever the thread, and
-    a callback runs in whichever thread completes its future, or in the caller's where the future
-    was done before the callback was attached: one of these threads on one rank, the main thread
-    on another, for the same call of the same program."""
-
-    def __init__(self) -> None:
-        self._ready = threading.Condition()
-        self._jobs: deque[Callable[[], None]] = deque()
-        self._idle = 0   # threads waiting for a job and not yet woken for one
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._ready:
-            self._jobs.append(job)
-            if self._idle:
-                self._idle -= 1
-                self._ready.notify()
-                return
-        thread = threading.Thread(target=self._serve, daemon=True)
-        thread.name = ""   # (the constructor would name it Thread-N; see the class's docstring)
-        thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            with self._ready:
-                while not self._jobs:
-                    self._idle += 1
-                    self._ready.wait()
-                job = self._jobs.popleft()
-            job()   # (never raises: _complete keeps the call's error for the future)
-
-
-_COMPLETIONS = _Completions()
 
 
 def _value_or_raise(future: Future) -> Any:

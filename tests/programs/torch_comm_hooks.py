@@ -26,7 +26,16 @@ registered through a function of another name that calls it), and torch 2.13's
 ``AssertionError`` on every backend; viewed here as a batch of one, only where torch refuses it).
 
 ``--time K``: K steps more per hook and backend, and rank 0 prints each one's median step
-time (ms); timings are printed, never checked. ``--width W``: a model of 24 W + 4 parameters.
+time (ms); timings are printed, never checked. ``--width W``: a model of 25 W + 4 parameters
+(``--depth D``: D - 1 more hidden layers of W x W). ``--bucket-cap-mb`` small gives DDP several
+buckets, whose hooks' calls interleave with each other's callbacks (PowerSGD issues P and Q from
+inside them); ``--min-buckets K`` adds the check ``buckets``: DDP made at least K on each backend.
+gloo cannot be the reference there as it is: it pairs calls by the order each rank issues them,
+and PowerSGD's callbacks (run by gloo's threads as the calls finish) issue P and Q in an order
+that differs from rank to rank (gloo aborts: ``Received data size doesn't match expected size``).
+``--gloo-in-order`` makes gloo's hook wait for its bucket's calls before it returns: the order
+ring keeps without waiting (each bucket's P and Q right after its first all-reduce), and the
+same arithmetic, since PowerSGD computes each bucket on its own.
 """
 from __future__ import annotations
 
@@ -91,20 +100,36 @@ def hook_for(name: str, group: Any) -> tuple[Any, Callable]:
     return state, powerSGD_hook.powerSGD_hook if name == "powerSGD" else powerSGD_hook.batched_powerSGD_hook
 
 
-def model(width: int) -> torch.nn.Module:
+def model(width: int, depth: int = 1) -> torch.nn.Module:
     torch.manual_seed(RANK + 1)   # different on every rank: DDP's broadcast from rank 0 must make them one
-    return torch.nn.Sequential(torch.nn.Linear(20, width), torch.nn.Tanh(), torch.nn.Linear(width, 4))
+    hidden = [layer for _ in range(depth - 1) for layer in (torch.nn.Linear(width, width), torch.nn.Tanh())]
+    return torch.nn.Sequential(torch.nn.Linear(20, width), torch.nn.Tanh(), *hidden, torch.nn.Linear(width, 4))
 
 
-def train(group: Any, name: str, steps: int, timed: int = 0, width: int = 32,
-          bucket_cap_mb: float | None = None) -> tuple[list[torch.Tensor], list[float]]:
-    """The parameters after each step, and the times of ``timed`` more steps (s)."""
-    ddp = DDP(model(width), process_group=group, bucket_cap_mb=bucket_cap_mb)
-    ddp.register_comm_hook(*hook_for(name, group))
+def train(group: Any, name: str, steps: int, timed: int = 0, width: int = 32, bucket_cap_mb: float | None = None,
+          depth: int = 1, before_step: Callable[[int], None] | None = None,
+          in_order: bool = False) -> tuple[list[torch.Tensor], list[float], int]:
+    """The parameters after each step, the times of ``timed`` more steps (s), and how many buckets
+    DDP made. ``before_step(step)``: called before each step (DDP made). ``in_order``: the hook
+    waits for its bucket's future before it returns, so that the calls its callbacks issue come
+    before the next bucket's on every rank (see ``--gloo-in-order``)."""
+    ddp = DDP(model(width, depth), process_group=group, bucket_cap_mb=bucket_cap_mb)
+    state, hook = hook_for(name, group)
+    buckets = set()
+
+    def counted(state, bucket):   # (no annotations: see bf16_hook)
+        buckets.add(bucket.index())
+        future = hook(state, bucket)
+        if in_order:
+            future.wait()
+        return future
+    ddp.register_comm_hook(state, counted)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     data = torch.Generator().manual_seed(100 + RANK)
     params, times = [], []
     for step in range(steps + timed):
+        if before_step is not None:
+            before_step(step)
         started = time.perf_counter()
         x, y = torch.randn(16, 20, generator=data), torch.randn(16, 4, generator=data)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
@@ -115,7 +140,7 @@ def train(group: Any, name: str, steps: int, timed: int = 0, width: int = 32,
             params.append(torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]))
         else:
             times.append(time.perf_counter() - started)
-    return params, times
+    return params, times, len(buckets)
 
 
 def check(hook: str, what: str, ok: bool, why: str) -> bool:
@@ -174,6 +199,9 @@ def main() -> int:
     parser.add_argument("--hooks", default=",".join(HOOKS))
     parser.add_argument("--width", type=int, default=32, help="hidden units (the checks' tolerances are for 32)")
     parser.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP's (default: DDP's own, 25)")
+    parser.add_argument("--depth", type=int, default=1, help="hidden layers (tolerances: for 1; PowerSGD's for 3)")
+    parser.add_argument("--min-buckets", type=int, default=0, help="check that DDP made at least this many")
+    parser.add_argument("--gloo-in-order", action="store_true", help="gloo's hook waits for its bucket's calls")
     args = parser.parse_args()
     port = COMM.bcast(_free_port() if RANK == 0 else None)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=N,
@@ -183,8 +211,15 @@ def main() -> int:
         print("note: this torch's _orthogonalize refuses batched_powerSGD_hook's 2-D matrix; viewed as a batch of one")
     ok, timings = True, {}
     for hook in args.hooks.split(","):
-        ring_params, ring_times = train(ring, hook, args.steps, args.time, args.width, args.bucket_cap_mb)
-        gloo_params, gloo_times = train(gloo, hook, args.steps, args.time, args.width, args.bucket_cap_mb)
+        shape = (args.width, args.bucket_cap_mb, args.depth)
+        ring_params, ring_times, ring_buckets = train(ring, hook, args.steps, args.time, *shape)
+        gloo_params, gloo_times, gloo_buckets = train(gloo, hook, args.steps, args.time, *shape,
+                                                      in_order=args.gloo_in_order)
+        if args.min_buckets:
+            if RANK == 0:
+                print(f"{hook}: DDP made {ring_buckets} buckets on ring, {gloo_buckets} on gloo", flush=True)
+            ok = check(hook, "buckets", min(ring_buckets, gloo_buckets) >= args.min_buckets,
+                       f"DDP made {ring_buckets} bucket(s) on ring, {gloo_buckets} on gloo") and ok
         ok = compare(hook, ring_params, gloo_params) and ok
         if hook in ("fp16", "bf16") and N > 1:
             ok = sums(hook, torch.float16 if hook == "fp16" else torch.bfloat16, ring, gloo) and ok
