@@ -21,6 +21,7 @@ import numpy as np
 
 import collectives as col
 from collectives import about
+from collectives.process import rendezvous
 
 # (mpi4py's MPI is imported inside the functions: importing it starts MPI, which --help and a
 # refused argument must not wait for)
@@ -72,6 +73,8 @@ def describe() -> list[str]:
     started, job = about.launcher(), about.slurm_job()
     how = f"{started[0]} ({started[1]}={started[2]})" if started else "no launcher (a world of one rank)"
     how += f" in {job}" if job else ""
+    how += f", MPI's world formed through the runtime's PMI server at {rendezvous.server_address}" \
+        if rendezvous.server_address else ""
     lines = [about.versions(), f"MPI: {about.mpi_library()}",
              f"launched by {how}: {col.size()} rank(s) on {len(by_host)} host(s): "
              + "; ".join(f"{host} ranks {', '.join(map(str, ranks))}" for host, ranks in by_host.items()),
@@ -131,12 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m collectives [--help]``: the report and the self-check; the exit status (0: every
     result matched)."""
     parse_args(argv)
-    from mpi4py import MPI   # (MPI starts here, once the command line is known good)
     try:
+        col.init()   # (the runtime starts MPI, once the command line is known good: under torchrun it forms the world)
         lines = describe()
     except (col.CollectiveError, col.CollectiveUsageError) as e:   # the runtime could not be set up: say why
-        print(f"[rank {MPI.COMM_WORLD.Get_rank()}] python -m collectives: {e}", file=sys.stderr, flush=True)
+        print(f"[rank {about.launched_rank() or 0}] python -m collectives: {e}", file=sys.stderr, flush=True)
         return 1
+    from mpi4py import MPI
     if col.rank() == 0:
         print("\n".join(lines), flush=True)
     began = time.perf_counter()

@@ -36,6 +36,7 @@ def launched_rank(environment=os.environ) -> int | None:
     if launcher(environment) is None:
         return None
     variable = ("SLURM_PROCID" if launchers.srun_directly(environment) else
+                "RANK" if launchers.torch_launched(environment) else
                 "PMI_RANK" if "PMI_SIZE" in environment else "OMPI_COMM_WORLD_RANK")
     value = environment.get(variable, "")
     return int(value) if value.isdigit() else None

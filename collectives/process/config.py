@@ -147,6 +147,16 @@ def defaults(**changes) -> Settings:
     return Settings(**{**{name: entry[1] for name, entry in _TABLE.items()}, **changes})
 
 
+def setup_timeout(environment=os.environ) -> float:
+    """The timeout as the environment sets it, before the settings are read and agreed: what bounds
+    MPI's start (``COLLECTIVES_TIMEOUT``, else the default; a bad value is refused later, at setup).
+
+    >>> setup_timeout({"COLLECTIVES_TIMEOUT": "30"}), setup_timeout({"COLLECTIVES_TIMEOUT": "soon"})
+    (30.0, 600.0)
+    """
+    return parse_text("timeout", environment.get("COLLECTIVES_TIMEOUT", "")) or DEFAULT_TIMEOUT
+
+
 def parse_text(name: str, raw: str):
     """The value an environment variable's text gives setting ``name``; None if it gives none valid.
 

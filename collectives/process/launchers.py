@@ -1,6 +1,8 @@
 """Who started this process, read from the environment each launcher sets: MPICH's mpiexec
 (hydra), Open MPI's mpirun (prterun), or Slurm's srun, directly (srun gives MPI its PMI) or as
-the way an mpiexec inside an allocation starts its proxies.
+the way an mpiexec inside an allocation starts its proxies; or a launcher of no MPI's that only
+sets torch's variables (torchrun, a Kubernetes PyTorchJob, processes started by hand), whose MPI
+world the runtime forms itself (``collectives.process.rendezvous``).
 
 ======================================  ===========================================================
 started by                              what tells it
@@ -8,6 +10,9 @@ started by                              what tells it
 srun, directly (``--mpi=pmi2|pmix``)    ``SLURM_STEP_NUM_TASKS``, and no launcher of MPI's own below
 MPICH's mpiexec (also inside salloc)    ``PMI_SIZE`` with ``MPI_LOCALNRANKS`` (hydra's own)
 Open MPI's mpirun (also inside salloc)  ``OMPI_COMM_WORLD_SIZE``
+torchrun                                ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and
+                                        ``TORCHELASTIC_RUN_ID``, with none of the above
+the environment (a PyTorchJob's pods)   the same four, without ``TORCHELASTIC_RUN_ID``
 ======================================  ===========================================================
 
 (srun sets ``PMI_SIZE`` and ``PMI_FD`` too under ``--mpi=pmi2``, and an mpiexec inside an
@@ -17,6 +22,8 @@ allocation inherits ``SLURM_*`` of the step that started its proxies: the order 
 ("MPICH's or Intel MPI's mpiexec", 'PMI_SIZE', '4')
 >>> launcher({"SLURM_STEP_NUM_TASKS": "4", "SLURM_MPI_TYPE": "pmi2", "PMI_SIZE": "4"})
 ("Slurm's srun --mpi=pmi2", 'SLURM_STEP_NUM_TASKS', '4')
+>>> launcher({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "n0", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "j"})
+('torchrun', 'WORLD_SIZE', '2')
 >>> launcher({}) is None
 True
 """
@@ -37,6 +44,23 @@ def srun_directly(environment=os.environ) -> bool:
     """Whether srun started this process itself (not an mpiexec's proxy that srun started)."""
     return ("SLURM_STEP_NUM_TASKS" in environment and "MPI_LOCALNRANKS" not in environment
             and "OMPI_COMM_WORLD_SIZE" not in environment)
+
+
+#: What torch's launchers set, all four needed to form a world without an MPI launcher.
+TORCH_VARIABLES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torch_launched(environment=os.environ) -> bool:
+    """Whether a launcher of no MPI's started this process with torch's variables (torchrun, a
+    PyTorchJob's pod, a process started by hand): then the runtime forms the MPI world itself.
+
+    >>> torch_launched({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    True
+    >>> torch_launched({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1", "PMI_SIZE": "2"})
+    False
+    """
+    return (all(environment.get(name) for name in TORCH_VARIABLES) and not srun_directly(environment)
+            and not {"PMI_SIZE", "PMI_FD", "OMPI_COMM_WORLD_SIZE"} & environment.keys())
 
 
 def mpich_pmi(environment=os.environ) -> bool:
@@ -136,6 +160,9 @@ def launcher(environment=os.environ) -> tuple[str, str, str] | None:
                            ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun")):
         if environment.get(variable):
             return name, variable, environment[variable]
+    if torch_launched(environment):
+        name = "torchrun" if environment.get("TORCHELASTIC_RUN_ID") else "the environment (MASTER_ADDR, RANK, WORLD_SIZE)"
+        return name, "WORLD_SIZE", environment["WORLD_SIZE"]
     return None
 
 
@@ -185,8 +212,15 @@ def _distribution(name: str) -> bool:
 def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
     """A world of one rank where srun started several tasks: srun gave MPI no PMI it can use
     (``--mpi=none``, or the other MPI's), so each task is a world of its own and every collective
-    would "succeed" alone. Refused on every task (each sees the same), naming the flag to use.
+    would "succeed" alone. Refused on every task (each sees the same), naming the flag to use; so is
+    the same under torchrun, where MPI started before the runtime could form the world.
     ``MPI``: mpi4py's module, MPI started."""
+    size = environment.get("WORLD_SIZE", "")
+    if MPI.COMM_WORLD.Get_size() == 1 and torch_launched(environment) and size.isdigit() and int(size) > 1:
+        raise CollectiveUsageError(
+            f"init: {launcher(environment)[0]} started {size} processes (WORLD_SIZE={size}), but MPI started before "
+            "the runtime could form their world (mpi4py's MPI imported first), so each is a world of one rank: use "
+            "the runtime first (col.init(), or init_process_group(\"ring\")), then import mpi4py's MPI")
     if MPI.COMM_WORLD.Get_size() != 1 or not srun_directly(environment):
         return
     mpi_library = MPI.Get_library_version()
@@ -234,9 +268,9 @@ def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
     if started_by is None or "mpi4py.MPI" in sys.modules:
         yield
         return
-    seconds = config.parse_text("timeout", environment.get("COLLECTIVES_TIMEOUT", "")) or config.DEFAULT_TIMEOUT
-    rank = (environment.get("SLURM_PROCID") if srun_directly(environment) else
-            environment.get("PMI_RANK") or environment.get("OMPI_COMM_WORLD_RANK")) or "?"
+    seconds = config.setup_timeout(environment)
+    rank = (environment.get("SLURM_PROCID") if srun_directly(environment) else environment.get("PMI_RANK")
+            or environment.get("OMPI_COMM_WORLD_RANK") or environment.get("RANK")) or "?"
     said = (f"[rank {rank}] collectives: MPI_Init has not returned after {seconds:g} s (COLLECTIVES_TIMEOUT) under "
             f"{started_by[0]}: a process of this job most likely ended before every process started MPI, and "
             f"the launcher never said so; ending this process in {WATCH_GRACE_SECONDS:g} s\n")

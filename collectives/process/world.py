@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import asdict, replace
 
-from collectives.process import changes, config, hooks, launchers, leaving
+from collectives.process import changes, config, hooks, launchers, leaving, rendezvous
 from collectives.calls import timeline as timelines
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.groups.group import Group
@@ -259,6 +259,8 @@ def mpi():
     finalizes it at exit). Every use of the runtime that needs MPI comes here first: the first installs the
     hooks that see the process out (``collectives.process.hooks``); importing ``collectives`` alone does not."""
     global started_mpi
+    if not mpi_running():   # (torchrun and the like: the world forms through torch's store first)
+        rendezvous.form_world(config.setup_timeout())
     with launchers.bounded_mpi_init():   # (MPI_Init bounded by the runtime's timeout)
         from mpi4py import MPI   # (imported here: importing it starts MPI, unless the program told mpi4py not to)
         if MPI.Is_finalized():
@@ -274,10 +276,8 @@ def mpi():
 
 def mpi_running() -> bool:
     """MPI is started and not finalized (never starting it: a program that did not is left alone)."""
-    if "mpi4py.MPI" not in sys.modules:
-        return False
-    MPI = sys.modules["mpi4py.MPI"]
-    return MPI.Is_initialized() and not MPI.Is_finalized()
+    MPI = sys.modules.get("mpi4py.MPI")
+    return MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized()
 
 
 # The process's end, once the program has used the runtime (the hooks installed by mpi()).

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 import collectives as col
+from collectives.process.rendezvous import use_store
 from collectives.torch.group import BACKEND, RingProcessGroup
 from collectives.torch.rendezvous import install as install_rendezvous
 from collectives.torch.tensors import as_array
@@ -32,7 +33,10 @@ __all__ = ["BACKEND", "RingProcessGroup", "RingWork", "RingUsageError", "RingBac
 
 def _create(options, backend_options=None) -> RingProcessGroup:
     """torch's creator for "ring": the world for the default group, a group of its members for
-    ``new_group`` (torch calls this on the members alone)."""
+    ``new_group`` (torch calls this on the members alone). Under torchrun the world forms through
+    torch's own store (``collectives.process.rendezvous``)."""
+    if not options.global_ranks_in_group:
+        use_store(options.store)
     col.init()
     timeout = options.timeout.total_seconds()
     timeout = None if timeout >= col.settings().timeout else timeout   # (None: the runtime's own, checked once)
@@ -41,8 +45,8 @@ def _create(options, backend_options=None) -> RingProcessGroup:
         if (options.group_rank, options.group_size) != (col.rank(), col.size()):
             raise col.CollectiveError(f"init_process_group: torch's rank {options.group_rank} of "
                                       f"{options.group_size} is not MPI's, {col.rank()} of {col.size()}; with the "
-                                      "ring backend let MPI set them (leave rank and world_size out; the world "
-                                      "comes from mpiexec, not torchrun or mp.spawn)")
+                                      "ring backend let the launcher set them (leave rank and world_size out: "
+                                      "mpiexec, srun, or torchrun's RANK and WORLD_SIZE)")
         return RingProcessGroup(None, timeout)
     try:
         return RingProcessGroup(col.new_group(ranks, members_only=True, timeout=timeout), timeout)

