@@ -87,40 +87,7 @@ def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int, like_
     status, problem, saved = np.zeros(4, np.int64), "", {}
     full_params, full_velocity = (model.xp.empty(model.full_size(), model.flat_params.dtype) for _ in range(2))
     if col.rank() == 0:
-        found = checkpoint.newest_valid(args.checkpoint_dir, report=lambda m: print(m, file=sys.stderr))
-        if found is None and not any(args.checkpoint_dir.glob(checkpoint.PATTERN)):
-            print(f"--resume: no checkpoint in {args.checkpoint_dir} yet: starting from the beginning", flush=True)
-        elif found is None:   # (some, none usable: starting over would throw a run away without a word)
-            problem = f"{USAGE}:--resume: no usable checkpoint in {args.checkpoint_dir}"
-        else:
-            path, saved = found
-            saved_config = json.loads(str(saved["config"]))
-            changed = changed_settings(saved_config, config)
-            if saved_config["sizes"] != config["sizes"] or saved["params"].shape != \
-                    (model.full_size(),) or str(saved["params"].dtype) != args.dtype:
-                problem = f"{USAGE}:--resume: {path.name} was written for another model: {saved['config']}"
-            elif changed and not args.resume_changed:
-                problem = (f"{USAGE}:--resume: this run changes the checkpoint's settings ({', '.join(changed)}); "
-                           "give the same flags, or add --resume-changed to continue with the new ones")
-            else:
-                why = foreign_residuals(saved_config, config) if "residuals" in saved else ""
-                if why:
-                    saved = {name: a for name, a in saved.items() if name not in ("residuals", "residual_sizes")}
-                full_params[...] = model.xp.asarray(saved["params"])   # (``saved`` stays: load_extras reads it)
-                full_velocity[...] = model.xp.asarray(saved["velocity"])
-                status[3], average, note = inner_momentum(args, saved, path.name, model.full_size())
-                if average is not None:
-                    full_velocity[...] = model.xp.asarray(average)
-                done = checkpoint.epochs_done(saved)
-                step = int(saved["step"]) if "step" in saved else done * steps_per_epoch
-                status[:3] = (1, done, step)
-                inside = f", step {step}" if step != done * steps_per_epoch else ""
-                print(f"resuming from {path} (epoch {done} done{inside})", flush=True)
-                if note:
-                    print(note, flush=True)
-                if why:
-                    print(f"--resume: the checkpoint's error-feedback residuals are dropped ({why}): at most one "
-                          "step's rounding is lost", flush=True)
+        problem, saved = _read_newest(args, model, config, steps_per_epoch, status, full_params, full_velocity)
     agree_on(problem)
     col.broadcast(status, root=0)
     if not status[0]:
@@ -132,6 +99,55 @@ def resume(args, model: MLP, opt: SGD, config: dict, steps_per_epoch: int, like_
         model.load_full(model.xp.asarray(rows.reshape(col.size(), -1)[col.rank()]), into=opt.velocity)
     load_extras(model, saved, like_params or {}, residual)
     return int(status[1]), int(status[2])
+
+
+def _read_newest(args, model: MLP, config: dict, steps_per_epoch: int, status, full_params, full_velocity):
+    """Rank 0: find the newest valid checkpoint and check it fits this run; fill ``status``,
+    ``full_params`` and ``full_velocity`` from it and say so. Returns the usage problem ("" if none)
+    and the checkpoint's arrays ({} if none)."""
+    found = checkpoint.newest_valid(args.checkpoint_dir, report=lambda m: print(m, file=sys.stderr))
+    if found is None and not any(args.checkpoint_dir.glob(checkpoint.PATTERN)):
+        print(f"--resume: no checkpoint in {args.checkpoint_dir} yet: starting from the beginning", flush=True)
+        return "", {}
+    if found is None:   # (some, none usable: starting over would throw a run away without a word)
+        return f"{USAGE}:--resume: no usable checkpoint in {args.checkpoint_dir}", {}
+    path, saved = found
+    saved_config = json.loads(str(saved["config"]))
+    problem = _misfit(args, model, config, path, saved, saved_config)
+    if problem:
+        return problem, {}
+    why = foreign_residuals(saved_config, config) if "residuals" in saved else ""
+    if why:
+        saved = {name: a for name, a in saved.items() if name not in ("residuals", "residual_sizes")}
+    full_params[...] = model.xp.asarray(saved["params"])   # (``saved`` stays: load_extras reads it)
+    full_velocity[...] = model.xp.asarray(saved["velocity"])
+    status[3], average, note = inner_momentum(args, saved, path.name, model.full_size())
+    if average is not None:
+        full_velocity[...] = model.xp.asarray(average)
+    done = checkpoint.epochs_done(saved)
+    step = int(saved["step"]) if "step" in saved else done * steps_per_epoch
+    status[:3] = (1, done, step)
+    inside = f", step {step}" if step != done * steps_per_epoch else ""
+    print(f"resuming from {path} (epoch {done} done{inside})", flush=True)
+    if note:
+        print(note, flush=True)
+    if why:
+        print(f"--resume: the checkpoint's error-feedback residuals are dropped ({why}): at most one "
+              "step's rounding is lost", flush=True)
+    return "", saved
+
+
+def _misfit(args, model: MLP, config: dict, path: Path, saved, saved_config: dict) -> str:
+    """Why checkpoint ``path`` cannot go on as this run (a usage error), or "": written for another
+    model, or with other training settings and no --resume-changed."""
+    if saved_config["sizes"] != config["sizes"] or saved["params"].shape != \
+            (model.full_size(),) or str(saved["params"].dtype) != args.dtype:
+        return f"{USAGE}:--resume: {path.name} was written for another model: {saved['config']}"
+    changed = changed_settings(saved_config, config)
+    if changed and not args.resume_changed:
+        return (f"{USAGE}:--resume: this run changes the checkpoint's settings ({', '.join(changed)}); "
+                "give the same flags, or add --resume-changed to continue with the new ones")
+    return ""
 
 
 def inner_momentum(args, saved: dict, name: str, size: int):
