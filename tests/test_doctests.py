@@ -10,7 +10,7 @@ MODULES = ["ring.partition", "ring.schedule", "ring.personalized", "ring.doublin
            "collectives.calls.sizes", "collectives.calls.validate", "collectives.groups.membership", "collectives.process.runtime", "collectives.process.config",
            "collectives.api", "collectives.calls.timeline", "trainer.model", "trainer.optim",
            "trainer.buckets", "trainer.strategies.ps", "trainer.strategies.periodic",
-           "trainer.strategies.local_sgd", "trainer.strategies.diloco", "trainer.compression", "trainer.strategies.allreduce", "trainer.checkpoint", "trainer.resuming", "bench.sizes", "bench.model", "collectives.about", "cmdline.interrupt", "cmdline.cores", "collectives.process.launchers",
+           "trainer.strategies.local_sgd", "trainer.strategies.diloco", "trainer.compression", "trainer.strategies.allreduce", "trainer.checkpoint", "trainer.resuming", "trainer.shards", "bench.sizes", "bench.model", "collectives.about", "cmdline.interrupt", "cmdline.cores", "collectives.process.launchers",
            "ring.transport.base", "ring.transport.mpi.departures", "ring.reproducible", "ring.compression", "collectives.ops.reproducible"]
 MODULES += ["collectives.torch.tensors"] if importlib.util.find_spec("torch") else []   # (the extra [torch])
 

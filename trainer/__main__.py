@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 
 from cmdline.interrupt import stop_together  # noqa: E402
 from cmdline.parser import FAULT, USAGE, launch_note  # noqa: E402
-from trainer import data  # noqa: E402
+from trainer import data, shards  # noqa: E402
 from trainer.arguments import agree_on, check_outputs, parse_args  # noqa: E402
 from trainer.common import EpochLog, Interrupted, UsageExit, say, steps_per_epoch  # noqa: E402
 from trainer.layout import make_layout  # noqa: E402
@@ -84,15 +84,10 @@ def train(args) -> tuple[list[dict], list[dict]]:
     newcomer = args.elastic and col.elastic.joining()   # (spawned into a running job: rank 0's state is its start)
     if not newcomer:
         agree_on(check_outputs(args) if col.rank() == 0 else "")
-    if args.elastic and not newcomer and not args.min_ranks <= col.size() <= (args.max_ranks or col.size()):
-        flag, bound = ("--min-ranks", args.min_ranks) if col.size() < args.min_ranks else ("--max-ranks", args.max_ranks)
-        raise UsageExit(f"{flag} {bound}: the job started {col.size()} rank(s)")
     xp = array_module(args.device)
     dataset = load_dataset(args, xp)
     config = config_of(args, dataset)
-    if args.strategy == "ps":
-        ps.check_flags(args, col.size())
-    check_split(args.tensor_parallel, config["sizes"])
+    check_world(args, config["sizes"], newcomer)
     layout = make_layout(args.tensor_parallel)
     model = MLP(config["sizes"], np.random.default_rng(args.seed), np.dtype(args.dtype), xp, layout.tp)
     opt = SGD(model.flat_params, args.lr, args.momentum, args.weight_decay)
@@ -143,6 +138,19 @@ def strategy_parts(args, model: MLP, opt: SGD, per_epoch: int) -> tuple[Periodic
                     args.inner_state) if args.strategy == "diloco" else None
     residual = feedback.residual if feedback else periodic.residual() if periodic else None
     return periodic, feedback, (periodic.arrays() if periodic else {}, residual)
+
+
+def check_world(args, sizes: list[int], newcomer: bool) -> None:
+    """The flags that depend on the number of ranks fit the world the job started (the same verdict
+    on every rank; a ``newcomer`` joins a world that passed them)."""
+    if args.elastic and not newcomer and not args.min_ranks <= col.size() <= (args.max_ranks or col.size()):
+        flag, bound = ("--min-ranks", args.min_ranks) if col.size() < args.min_ranks else ("--max-ranks", args.max_ranks)
+        raise UsageExit(f"{flag} {bound}: the job started {col.size()} rank(s)")
+    if args.strategy == "ps":
+        ps.check_flags(args, col.size())
+    check_split(args.tensor_parallel, sizes)
+    if args.reproducible and not newcomer:
+        shards.check_world(args.shards, col.size())
 
 
 def check_split(parts: int, sizes: list[int]) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import collectives as col
 from cmdline.memory import available_memory, gib, ranks_on_this_host
 from cmdline.parser import FAULT, USAGE, ArgumentParser, finite, finite_non_negative, finite_positive
-from trainer import checkpoint, compression, data
+from trainer import checkpoint, compression, data, shards
 from trainer.common import UsageExit
 from trainer.strategies.periodic import INNER_STATES
 
@@ -76,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.resume_changed and not args.resume:
         p.error("--resume-changed goes with --resume")
     _check_strategy_flags(p, args)
+    if problem := shards.refusal(args):
+        p.error(problem)
     if args.elastic and (args.strategy == "ps" or args.tensor_parallel != 1 or args.device != "cpu"):
         p.error("--elastic: only with --strategy allreduce, local-sgd or diloco, --tensor-parallel 1 and "
                 "--device cpu")
@@ -220,6 +222,7 @@ def _run_flags(p: ArgumentParser) -> None:
                    help="split each pair of layers across T consecutive ranks (Megatron-LM's tensor parallelism); "
                         "the n/T replicas train data-parallel. n must be a multiple of T")
     _strategy_flags(p)
+    shards.add_flags(p)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the model and data on each rank's GPU (cupy), gradients over NCCL")
     p.add_argument("--metrics", type=Path, help="write one JSON object per epoch to this file; with --resume, "
@@ -253,7 +256,7 @@ def _run_flags(p: ArgumentParser) -> None:
                         "every epoch's end (default: 1)")
     p.add_argument("--resume-changed", action="store_true",
                    help="with --resume: continue even where --seed, --batch-size, --lr, --momentum, "
-                        "--weight-decay, --sync-every, --outer-lr, --outer-momentum or --inner-state differ from the "
+                        "--weight-decay, --sync-every, --outer-lr, --outer-momentum, --inner-state or --shards differ from the "
                         "checkpoint's")
 
 

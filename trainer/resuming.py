@@ -20,7 +20,7 @@ from trainer.optim import SGD
 RESUME_MUST_MATCH = {"--dataset": "dataset", "--seed": "seed", "--batch-size": "batch_size", "--lr": "lr",
                      "--momentum": "momentum", "--weight-decay": "weight_decay", "--sync-every": "sync_every",
                      "--outer-lr": "outer_lr", "--outer-momentum": "outer_momentum", "--compression": "compression",
-                     "--inner-state": "inner_state"}
+                     "--inner-state": "inner_state", "--shards": "shards"}
 
 
 
@@ -44,6 +44,8 @@ def config_of(args, dataset) -> dict:
         config.update(sync_every=args.sync_every, inner_state=args.inner_state)
     if args.strategy == "diloco":
         config.update(outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
+    if getattr(args, "reproducible", False):   # (another count of shards sums other contributions)
+        config.update(shards=args.shards)
     return config
 
 

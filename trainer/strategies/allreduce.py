@@ -22,6 +22,7 @@ from trainer.compression import ErrorFeedback
 from trainer.layout import Layout, make_layout
 from trainer.model import MLP
 from trainer.optim import SGD
+from trainer.shards import VirtualShards
 from trainer.strategies.periodic import Periodic
 
 
@@ -40,6 +41,10 @@ class Loop:
     periodic: Periodic | None = None   # local SGD or DiLoCo: local steps, a sync every H (None: all-reduce each step)
     feedback: ErrorFeedback | None = None   # --compression: this rank's gradient residual (None: uncompressed)
     buckets: GradientBuckets | None = None
+    shards: VirtualShards | None = None   # --reproducible: this rank's virtual shards of each batch
+
+    def __post_init__(self):
+        self.shards = VirtualShards(self.args.shards) if self.args.reproducible else None
 
     def residual(self):
         """This rank's error-feedback residual, which checkpoints keep (None: no compression)."""
@@ -97,6 +102,9 @@ def train_elastic(args, dataset, config: dict, model: MLP, opt: SGD, begin: Call
         residual = loop.residual()
         if residual is not None:
             residual[...] = 0
+        if loop.shards is not None and loop.shards.count % col.size():
+            say(f"--reproducible: {col.size()} rank(s) take unequal parts of the {loop.shards.count} shards of each "
+                "batch from here (the sums, and so the parameters, are the same)")
 
     def epochs(state: col.elastic.State) -> list[dict]:
         if not state.begun:
@@ -131,7 +139,7 @@ def first_sample(args, dataset, epoch: int, step: int) -> int:
 
 def run_epochs(loop: Loop, state) -> list[dict]:
     args = loop.args
-    overlap = not args.no_overlap and loop.periodic is None
+    overlap = not args.no_overlap and loop.periodic is None and loop.shards is None
     loop.buckets = GradientBuckets(loop.model, args.bucket_mb * 1e6, loop.layout.dp, loop.feedback) if overlap \
         else None
     while state.epoch < args.epochs:
@@ -153,18 +161,26 @@ def run_epoch(loop: Loop, state) -> bool:
             return True
         began = time.perf_counter()
         batch = order[state.first: state.first + args.batch_size]
-        shard = loop.model.xp.asarray(np.array_split(batch, layout.dp_size)[layout.dp_rank])
-        step(loop, state, dataset.train_x[shard], dataset.train_y[shard], len(batch))
+        if loop.shards is not None:
+            mine = [(dataset.train_x[s], dataset.train_y[s]) for s in loop.shards.mine(batch, layout.dp_size,
+                                                                                          layout.dp_rank)]
+            step(loop, state, mine, None, len(batch))
+        else:
+            shard = loop.model.xp.asarray(np.array_split(batch, layout.dp_size)[layout.dp_rank])
+            step(loop, state, dataset.train_x[shard], dataset.train_y[shard], len(batch))
         state.elapsed_s += time.perf_counter() - began   # (in the state: a change keeps the epoch's time so far)
     end_epoch(loop, state)
     return False
 
 
 def step(loop: Loop, state, x, y, batch: int) -> None:
-    """One global step of ``batch`` samples (this rank's shard ``x``, ``y``), and what follows it:
-    the sync that is due (``periodic``), the commit (``--elastic``)."""
+    """One global step of ``batch`` samples (this rank's shard ``x``, ``y``; with --reproducible,
+    ``x`` lists its virtual shards' (x, y)), and what follows it: the sync that is due
+    (``periodic``), the commit (``--elastic``)."""
     args, model, opt, layout, periodic = loop.args, loop.model, loop.opt, loop.layout, loop.periodic
-    if periodic is None:
+    if loop.shards is not None:
+        loss, in_flight, exposed = loop.shards.train_step(model, opt, x, batch, layout.dp)
+    elif periodic is None:
         loss, in_flight, exposed = train_step(model, opt, loop.buckets, x, y, 1.0 / batch, layout.dp, loop.feedback)
     else:
         loss, in_flight, exposed = periodic.local_step(model, opt, x, y, layout.dp_size / batch), 0.0, 0.0
