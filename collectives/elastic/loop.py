@@ -165,6 +165,12 @@ def _check_arguments(min_ranks: Any, max_ranks: Any, host_discovery: Any, discov
     if host_discovery is not None and (not isinstance(host_discovery, str) or not host_discovery.strip()):
         raise CollectiveUsageError(f"elastic.run: host_discovery: expected None or a command (a string), "
                                    f"got {host_discovery!r}")
+    if launchers.torch_launched():
+        raise CollectiveUsageError(
+            "elastic.run: torchrun (or MASTER_ADDR, RANK, WORLD_SIZE) started this process, and torchrun ends every "
+            "worker at the first death and starts the job again: restart it there (torchrun --max-restarts N, with "
+            "the trainer's --checkpoint-dir and --resume); for survivors that go on in-process, launch with "
+            "mpiexec -disable-auto-cleanup (docs/launchers.md)")
     if host_discovery is not None and launchers.srun_directly():   # (newcomers are spawned by MPI's launcher)
         raise CollectiveUsageError("elastic.run: host_discovery: growing is not supported under srun (MPI_Comm_spawn "
                                    "through Slurm's PMI); grow inside an allocation under mpiexec (salloc or sbatch, "

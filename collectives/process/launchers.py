@@ -65,8 +65,10 @@ def torch_launched(environment=os.environ) -> bool:
 
 def mpich_pmi(environment=os.environ) -> bool:
     """Whether MPICH's PMI started this process: its mpiexec (hydra), or srun ``--mpi=pmi2``
-    (Open MPI's launcher sets ``PMI_*`` too at times, beside its own variables)."""
-    return "OMPI_COMM_WORLD_RANK" not in environment and bool({"PMI_FD", "PMI_PORT"} & environment.keys())
+    (Open MPI's launcher sets ``PMI_*`` too at times, beside its own variables; the runtime's own
+    PMI server under torchrun is no launcher of MPI's: no proxy, no failure notices)."""
+    return ("OMPI_COMM_WORLD_RANK" not in environment and bool({"PMI_FD", "PMI_PORT"} & environment.keys())
+            and not torch_launched(environment))
 
 
 #: What this runtime set for MPICH before MPI started (empty where it set nothing): see ``network_under_srun``.

@@ -10,7 +10,7 @@ request (``cmd=... key=value ...``)         answer
 ``initack pmiid=R``                         ``initack``, then ``set size=N``, ``set rank=R``, ``set debug=0``
 ``init pmi_version=1 pmi_subversion=1``     ``response_to_init pmi_version=1 pmi_subversion=1 rc=0``
 ``get_maxes``                               ``maxes kvsname_max=256 keylen_max=256 vallen_max=1024 rc=0``
-``get_appnum`` / ``get_my_kvsname``         ``appnum appnum=0 rc=0`` / ``my_kvsname kvsname=kvs_0 rc=0``
+``get_appnum`` / ``get_my_kvsname``         ``appnum appnum=0 rc=0`` / ``my_kvsname kvsname=kvs_<pid>_<random> rc=0``
 ``get_universe_size``                       ``universe_size size=N rc=0``
 ``put kvsname= key= value=``                ``put_result rc=0``
 ``get kvsname= key=``                       ``get_result rc=0 value=...``, or ``rc=-1 msg=key_not_found``
@@ -19,7 +19,9 @@ request (``cmd=... key=value ...``)         answer
 ``abort``                                   (the server ends: the job is over)
 ==========================================  =================================================
 
-MPICH asks for ``PMI_process_mapping``, which ranks share a host (``mapping``); told there is none,
+The key-value space's name is new for every server: MPICH names its shared-memory segments after
+it, and a name used before met the segments a killed world left in /dev/shm (MPI_Init failed with
+"Message truncated" in the round after a restart, every time). MPICH asks for ``PMI_process_mapping``, which ranks share a host (``mapping``); told there is none,
 it falls back on ``hostname[r]`` keys and its MPI_Init failed 3 runs in 6 here (ranks that disagreed
 on a message's size, or UCX on an address), against none in 6 with it. The server runs as a process of its own (``serve``,
 started by ``start``): in a thread of rank 0 it would deadlock, since rank 0 holds the GIL inside
@@ -34,14 +36,13 @@ b'cmd=get_result rc=0 value=vm\\n'
 """
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import subprocess
 import sys
 import threading
 import time
-
-KVS = "kvs_0"
-
 
 def reply(cmd: str, **fields) -> bytes:
     """One answer line."""
@@ -77,6 +78,7 @@ class World:
 
     def __init__(self, size: int, process_mapping: str):
         self.size = size
+        self.kvsname = f"kvs_{os.getpid()}_{secrets.token_hex(4)}"
         self.kvs: dict[str, str] = {"PMI_process_mapping": process_mapping}
         self.lock = threading.Lock()
         self.at_barrier: list[socket.socket] = []
@@ -113,7 +115,7 @@ class World:
         elif cmd == "get_appnum":
             send(reply("appnum", appnum=0, rc=0))
         elif cmd == "get_my_kvsname":
-            send(reply("my_kvsname", kvsname=KVS, rc=0))
+            send(reply("my_kvsname", kvsname=self.kvsname, rc=0))
         elif cmd == "get_universe_size":
             send(reply("universe_size", size=self.size, rc=0))
         elif cmd == "put":
