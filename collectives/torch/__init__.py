@@ -15,6 +15,9 @@ within the runtime's timeout (``COLLECTIVES_TIMEOUT``, or torch's ``timeout=`` i
 
 The rendezvous (``rendezvous.py``): ``init_process_group("ring")`` needs no MASTER_ADDR; rank and
 size come from the runtime (MPI) and no socket opens. Importing this module starts nothing.
+
+DDP's communication hook ``reproducible_hook`` (``hooks.py``) averages each bucket with the
+reproducible all-reduce: ``model.register_comm_hook(None, collectives.torch.reproducible_hook)``.
 """
 from __future__ import annotations
 
@@ -23,12 +26,13 @@ import torch.distributed as dist
 import collectives as col
 from collectives.process.rendezvous import use_store
 from collectives.torch.group import BACKEND, RingProcessGroup
+from collectives.torch.hooks import reproducible_hook
 from collectives.torch.rendezvous import install as install_rendezvous
 from collectives.torch.tensors import as_array
 from collectives.torch.work import RingBackendError, RingMembershipChanged, RingUsageError, RingWork, for_torch
 
 __all__ = ["BACKEND", "RingProcessGroup", "RingWork", "RingUsageError", "RingBackendError", "RingMembershipChanged",
-           "as_array"]
+           "as_array", "reproducible_hook"]
 
 
 def _create(options, backend_options=None) -> RingProcessGroup:
