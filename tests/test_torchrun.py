@@ -107,6 +107,16 @@ def test_processes_started_by_hand_form_one_world_through_both_doors():
     assert [_ranks(o) for _, o in ring] == [_ranks(o) for _, o in gloo] and _ranks(ring[1][1]), ring + gloo
 
 
+def test_torch_multiprocessing_spawn_with_env_forms_one_world():
+    """``mp.spawn`` with ``init_process_group("ring", rank=r, world_size=n)``: torch's rank and size are
+    arguments there, not variables; the runtime takes them as torchrun's."""
+    result = subprocess.run([sys.executable, "tests/programs/torchrun_spawn.py", "3", str(free_port())], cwd=ROOT,
+                            env=_environment(), capture_output=True, text=True, timeout=BOUND_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in range(3):
+        assert f"rank {rank} of 3: ints [0, 6, 12, 18, 24, 30]" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
 def test_the_trainer_under_torchrun_gives_mpiexecs_digest():
     flags = ["-m", "trainer", "--epochs", "3"]
     ours = torchrun(4, flags)

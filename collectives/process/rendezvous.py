@@ -36,11 +36,17 @@ _kept: list = []      # what must live as long as the process: rank 0's store an
 server_address = ""   # the PMI server's host:port, once the world formed through it (python -m collectives says it)
 
 
-def use_store(store) -> None:
+def use_store(store, rank: int, size: int, environment=os.environ) -> None:
     """The store torch's rendezvous made for ``init_process_group`` (its backend's creator gives it
-    here before the runtime starts MPI): the world forms through it, as torch's own backends do."""
+    here, with torch's ``rank`` and ``size``, before the runtime starts MPI): the world forms through
+    it, as torch's own backends do. Where torch had them as arguments, not in the environment
+    (``torch.multiprocessing.spawn`` with ``init_process_group("ring", rank=r, world_size=n)`` and
+    MASTER_ADDR, MASTER_PORT set), they are put there, as torchrun would."""
     global _given_store
     _given_store = store
+    if environment.get("MASTER_ADDR") and not launchers.launcher(environment):
+        environment.setdefault("RANK", str(rank))
+        environment.setdefault("WORLD_SIZE", str(size))
 
 
 def form_world(timeout: float, environment=os.environ) -> str:

@@ -40,7 +40,7 @@ def _create(options, backend_options=None) -> RingProcessGroup:
     ``new_group`` (torch calls this on the members alone). Under torchrun the world forms through
     torch's own store (``collectives.process.rendezvous``)."""
     if not options.global_ranks_in_group:
-        use_store(options.store)
+        use_store(options.store, options.group_rank, options.group_size)
     col.init()
     timeout = options.timeout.total_seconds()
     timeout = None if timeout >= col.settings().timeout else timeout   # (None: the runtime's own, checked once)
