@@ -79,23 +79,29 @@ def facts(contributions: list) -> np.ndarray:
     >>> facts([np.array([3.0, -0.5], np.float32)]).tolist()     # 3 < 2**2; 0.5's unit is 2**-24
     [2, 24, 1, 0]
     """
-    digits, lowest = precision(contributions[0].dtype)
-    largest, smallest, special = 0.0, np.inf, False
+    dtype = contributions[0].dtype
+    digits, lowest = precision(dtype)
+    # On the bits with the sign cleared, an IEEE float's order is its magnitude's, and the exponent
+    # of all ones (inf, NaN) lies above every finite value: a few integer passes find both ends.
+    unsigned = np.dtype(f"uint{8 * dtype.itemsize}")
+    sign = unsigned.type(1 << (8 * dtype.itemsize - 1))
+    infinite = np.array(np.inf, np.float32).astype(dtype).view(unsigned)[()]
+    largest, smallest, special = unsigned.type(0), np.iinfo(unsigned).max, False
     for x in contributions:
-        flat = x.reshape(-1)
-        for b in blocks(flat.size):
-            size = np.abs(_working(flat[b]))
+        raw = x.reshape(-1).view(unsigned)
+        for b in blocks(raw.size):
+            size = raw[b] & (sign - unsigned.type(1))
             most = size.max()
-            if not np.isfinite(most):
+            if most >= infinite:
                 special = True
-                size[~np.isfinite(size)] = 0.0
-                most = size.max()
-            zero = size == 0
-            special = special or _negative_zero(flat[b][zero])
-            largest = max(largest, float(most))
-            smallest = min(smallest, float(np.min(size, where=~zero, initial=np.inf)))
+                most = np.max(size, where=size < infinite, initial=0)
+            special = special or bool((raw[b] == sign).any())   # (-0.0)
+            largest = max(largest, most)
+            size -= unsigned.type(1)   # (zero wraps to the largest: the minimum is the least nonzero)
+            smallest = min(smallest, size.min())
     if largest == 0:
         return np.array([-_NONE, -_NONE, len(contributions), special], np.int64)
+    largest, smallest = (float(np.array(v, unsigned).view(dtype).astype(np.float64)) for v in (largest, smallest + 1))
     bottom = max(int(np.frexp(smallest)[1]) - digits, lowest)
     return np.array([int(np.frexp(largest)[1]), -bottom, len(contributions), special], np.int64)
 

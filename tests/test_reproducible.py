@@ -129,3 +129,23 @@ def test_an_exact_sum_past_the_largest_finite_is_infinite_and_one_that_comes_bac
     big = np.float32(3e38)
     assert reduce_simulated([[np.array([big]), np.array([big])]])[0] == np.inf
     assert reduce_simulated([[np.array([big]), np.array([big]), np.array([-big])]])[0] == big
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_the_facts_read_from_the_bits_are_those_of_the_values(dtype, data):
+    """``facts`` reads magnitudes from the bits (sign cleared: integer order is magnitude order);
+    here against the values themselves, any bit pattern, NaN and infinities among them."""
+    bits = 8 * np.dtype(DTYPES[dtype]).itemsize
+    view = {16: np.uint16, 32: np.uint32, 64: np.uint64}[bits]
+    patterns = data.draw(st.lists(st.lists(st.integers(0, 2 ** bits - 1), min_size=1, max_size=6), min_size=1,
+                                  max_size=3))
+    contributions = [np.array(p, view).view(DTYPES[dtype]) for p in patterns]
+    every = np.concatenate([c.astype(np.float64) for c in contributions])
+    sizes = np.abs(every[np.isfinite(every) & (every != 0)])
+    special = bool((~np.isfinite(every)).any() or ((every == 0) & np.signbit(every)).any())
+    digits, lowest = reproducible.PRECISION[dtype]
+    expected = [-(1 << 20), -(1 << 20)] if not sizes.size else \
+        [int(np.frexp(sizes.max())[1]), -max(int(np.frexp(sizes.min())[1]) - digits, lowest)]
+    assert reproducible.facts(contributions).tolist() == [*expected, len(contributions), int(special)]
