@@ -78,3 +78,11 @@ def test_an_elastic_run_that_loses_a_rank_ends_with_the_calm_digest(shards):
     assert status == 0 and re.search(r"elastic: rank 2 gone: 4 -> 3 ranks; back to step \d+", out), out[-3000:]
     assert ("3 rank(s) take unequal parts of the 8 shards" in out) == (shards == "8"), out[-3000:]
     assert digest(out) == calm(2, *flags), out[-3000:]
+
+
+def test_a_run_stopped_inside_an_epoch_and_resumed_on_other_ranks_ends_with_the_calm_digest(tmp_path):
+    directory = str(tmp_path / "ckpt")
+    first = run_world(2, [*TRAIN, "--max-steps", "30", "--checkpoint-dir", directory], BOUND_S)
+    second = run_world(3, [*TRAIN, "--checkpoint-dir", directory, "--resume"], BOUND_S)
+    assert first.returncode == 0 and second.returncode == 0, (first.stdout[-2000:], second.stdout[-2000:])
+    assert "(epoch 1 done, step 30)" in second.stdout and digest(second.stdout) == calm(1), second.stdout[-3000:]
