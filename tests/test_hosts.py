@@ -437,3 +437,39 @@ def test_an_elastic_job_loses_a_whole_host_and_goes_on(cluster, tmp_path):
     went_on = float(re.search(r"first step after the change done at ([\d.]+)", output).group(1))
     assert went_on - vanished < 15, output[-3000:]
     assert "final " in output and "on 2 ranks" in output, output[-3000:]
+
+
+def _torchrun_on_hosts(args: list[str], rendezvous: list[str], bound: float = BOUND_S) -> list[str]:
+    """``torchrun --nnodes 2 --nproc-per-node 2 RENDEZVOUS ARGS`` on ringh1 and ringh2 (each in its host,
+    with its hostname, as one node of a job); their outputs."""
+    jobs = []
+    for node, host in enumerate(HOSTS[:2]):
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                    "--node-rank", str(node), *rendezvous, *args]
+        jobs.append(subprocess.Popen(["ip", "netns", "exec", host, "unshare", "-ui", "sh", "-c",
+                                      f'hostname {host}; exec "$@"', "sh", *torchrun], cwd=ROOT,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True))
+    return [_finish(job, bound).stdout for job in jobs]
+
+
+@pytest.mark.parametrize("rendezvous", [["--master-addr", "169.254.100.1", "--master-port", "29800"],
+                                        ["--rdzv-backend", "c10d", "--rdzv-endpoint", "169.254.100.1:29801",
+                                         "--rdzv-id", "ringjob"]], ids=["static", "c10d"])
+def test_torchrun_across_two_hosts_forms_one_world_and_gives_glooss_results(cluster, rendezvous, tmp_path):
+    """2 hosts x 2 workers under torchrun (issue 59): the runtime's PMI server on host 1 forms MPICH's
+    world across both (shared memory within a host, the network between); DDP's integers equal gloo's,
+    its parameters within float32's rounding (4 ranks add in another order), and python -m collectives
+    sees the two hosts."""
+    pytest.importorskip("torch")
+    ring = _torchrun_on_hosts(["tests/programs/torchrun_ddp.py", "ring", str(tmp_path / "ring.npy")], rendezvous)
+    gloo = _torchrun_on_hosts(["tests/programs/torchrun_ddp.py", "gloo", str(tmp_path / "gloo.npy")], rendezvous)
+    lines = r"rank (\d) of 4: ints (\[[\d, ]+\]) parameters"
+    ours, theirs = (dict(re.findall(lines, "".join(outputs))) for outputs in (ring, gloo))
+    assert sorted(ours) == ["0", "1", "2", "3"] and ours == theirs, ring + gloo
+    np.testing.assert_allclose(np.load(tmp_path / "ring.npy"), np.load(tmp_path / "gloo.npy"), rtol=1e-5, atol=1e-6)
+    report = "".join(_torchrun_on_hosts(["-m", "collectives"], rendezvous))
+    assert re.search(r"launched by torchrun \(WORLD_SIZE=4\), MPI's world formed through the runtime's PMI server "
+                     r"at 169\.254\.100\.1:\d+: 4 rank\(s\) on 2 host\(s\): ringh1 ranks 0, 1; ringh2 ranks 2, 3",
+                     report) and "every result equal to MPI's" in report, report
