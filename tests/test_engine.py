@@ -142,3 +142,40 @@ def test_two_threads_blocking_calls_never_run_each_others_turn():
     assert not overlaps, f"calls ran at once, in each other's turn: {overlaps[:5]}"
     for k in "xy":   # each thread's calls ran, in the order it made them
         assert [name for name in log if name[0] == k] == [f"{k}{i}" for i in range(100)]
+
+# A done-callback holds its call's turn, so the calls it issues come right after that call, whatever
+# another thread queued meanwhile (PowerSGD with several DDP buckets: a bucket's callbacks all-reduce
+# P and Q while backward issues the next bucket's all-reduce). Gates, not sleeps, decide what runs when.
+
+
+@pytest.mark.timeout(20)   # (a deadlock fails)
+def test_calls_a_callback_issues_come_before_calls_queued_while_its_call_ran():
+    engine, log = progress.Engine(_Runtime(), threaded=True), []
+    gate = threading.Event()
+    first = engine.submit(progress.Work("allreduce", _job(log, "U0", gate), engine))
+    issued = {}
+
+    def continuation(work):   # (PowerSGD: all-reduce P, wait for it; then Q)
+        issued["P0"] = engine.submit(progress.Work("allreduce", _job(log, "P0"), engine))
+        assert issued["P0"].wait() == "P0"
+        assert engine.run_now(_job(log, "Q0"))[0] == "Q0"
+    first.add_done_callback(continuation)
+    assert _until(lambda: first.started_at is not None), "the engine thread never took U0"
+    second = engine.submit(progress.Work("allreduce", _job(log, "U1"), engine))   # (queued while U0 runs)
+    gate.set()
+    assert second.wait() == "U1"
+    assert [name for name, _ in log] == ["U0", "P0", "Q0", "U1"]
+    engine_thread = log[0][1]
+    assert [thread for _, thread in log[:3]] == [engine_thread] * 3, "a callback's calls run in its thread"
+
+
+@pytest.mark.timeout(20)
+def test_a_callback_attached_after_the_call_is_done_runs_in_the_attaching_thread_in_issue_order():
+    engine, log = progress.Engine(_Runtime(), threaded=True), []
+    first = engine.submit(progress.Work("allreduce", _job(log, "U0"), engine))
+    first.wait()
+    queued = engine.submit(progress.Work("allreduce", _job(log, "U1"), engine))
+    first.add_done_callback(lambda _: engine.run_now(_job(log, "P0")))   # (not in U0's turn: after U1)
+    queued.wait()
+    assert [name for name, _ in log] == ["U0", "U1", "P0"]
+    assert log[2][1] == threading.get_ident()

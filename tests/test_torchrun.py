@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 from collectives.process import pmi, rendezvous  # noqa: E402
 from collectives.errors import CollectiveUsageError  # noqa: E402
-from tests.worlds import ROOT, mpi_name, run_world  # noqa: E402
+from tests.worlds import ROOT, free_port, mpi_name, run_world  # noqa: E402
 
 pytestmark = pytest.mark.skipif(mpi_name() != "MPICH", reason="the runtime's PMI server serves MPICH only")
 
@@ -42,12 +42,6 @@ def torchrun(n: int, args: list[str], extra: list[str] = (), env: dict | None = 
         os.killpg(job.pid, signal.SIGKILL)
         output = "TIMED OUT\n" + job.communicate()[0]
     return subprocess.CompletedProcess(command, job.returncode, output)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def by_hand(environments: list[dict], args: list[str], bound: float = BOUND_S) -> list[tuple[int, str]]:

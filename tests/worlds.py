@@ -5,6 +5,7 @@ import functools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -60,6 +61,13 @@ def _mapped_files() -> set[str]:
         except OSError:
             pass
     return mapped
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a test's MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @functools.lru_cache(maxsize=None)

@@ -5,7 +5,6 @@ group over the same ranks, so every call runs on both and the results are compar
 rank-dependent and integer-valued, so every dtype's result is exact and must be equal. Skipped
 cleanly where torch is not installed (the extra ``[torch]``).
 """
-import socket
 
 import numpy as np
 import pytest
@@ -19,18 +18,13 @@ from collectives.torch import rendezvous  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
 from tests.mpi.test_collectives import agree  # noqa: E402
+from tests.worlds import free_port
 
 pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
 N, RANK = COMM.Get_size(), COMM.Get_rank()
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.float16, torch.bfloat16]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,13 @@ or ``... FAILED <why>``:
 from __future__ import annotations
 
 import argparse
-import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from tests.programs.torch_comm_hooks import COMM, N, RANK, check, train
+from tests.worlds import free_port
 
 #: The first step counted: DDP rebuilds its buckets in step 1 (see the docstring).
 COUNTED_FROM = 2
@@ -69,7 +69,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--width", type=int, default=4096, help="hidden units (4096: 102 404 parameters)")
     args = parser.parse_args()
-    port = COMM.bcast(_free_port() if RANK == 0 else None)
+    port = COMM.bcast(free_port() if RANK == 0 else None)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=N,
                             timeout=timedelta(seconds=120))
     ring, gloo = dist.new_group(backend="ring"), dist.group.WORLD
@@ -96,12 +96,6 @@ def main() -> int:
     ok = check("bf16", "gloo", worst <= bound, f"max |ring - gloo| {worst:.3g} > {bound:g}") and ok
     dist.destroy_process_group()
     return 0 if ok else 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ same arithmetic, since PowerSGD computes each bucket on its own.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import time
 from datetime import timedelta
@@ -54,6 +53,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import collectives.torch  # noqa: F401 - registers "ring"
+from tests.worlds import free_port
 
 COMM = MPI.COMM_WORLD
 N, RANK = COMM.Get_size(), COMM.Get_rank()
@@ -203,7 +203,7 @@ def main() -> int:
     parser.add_argument("--min-buckets", type=int, default=0, help="check that DDP made at least this many")
     parser.add_argument("--gloo-in-order", action="store_true", help="gloo's hook waits for its bucket's calls")
     args = parser.parse_args()
-    port = COMM.bcast(_free_port() if RANK == 0 else None)
+    port = COMM.bcast(free_port() if RANK == 0 else None)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=N,
                             timeout=timedelta(seconds=120))
     ring, gloo = dist.new_group(backend="ring"), dist.group.WORLD
@@ -231,12 +231,6 @@ def main() -> int:
             print(f"{hook} {r_ms:.2f} {g_ms:.2f} {r_ms / g_ms:.2f}")
     dist.destroy_process_group()
     return 0 if ok else 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":
