@@ -57,9 +57,12 @@ class Gloo:
         import torch.distributed as dist
 
         self.torch, self.dist = torch, dist
-        one_host = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
-        host, port = comm.bcast(_listening_address(one_host) if comm.Get_rank() == 0 else None)
-        self.address = f"tcp://{host}:{port}"
+        if col.about.launchers.torch_launched():   # (torchrun: torch's tcp:// would wait on its agent's store)
+            self.address = "env://"
+        else:
+            one_host = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
+            host, port = comm.bcast(_listening_address(one_host) if comm.Get_rank() == 0 else None)
+            self.address = f"tcp://{host}:{port}"
         timeout = timedelta(seconds=timeout_s if timeout_s is not None else col.settings().timeout)
         dist.init_process_group("gloo", init_method=self.address, rank=comm.Get_rank(),
                                 world_size=comm.Get_size(), timeout=timeout)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 from importlib import metadata
 
@@ -57,6 +58,8 @@ def form_world(timeout: float, environment=os.environ) -> str:
         return ""
     _refuse_open_mpi()
     rank, size = _number(environment, "RANK"), _number(environment, "WORLD_SIZE")
+    if rank >= size:
+        raise CollectiveUsageError(f"init: RANK={rank} is not below WORLD_SIZE={size} (set by the launcher)")
     store = _given_store if _given_store is not None else _store(environment, rank, size, timeout)
     prefix = f"collectives/{environment.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     store.set(prefix + f"host/{rank}", socket.gethostname())
@@ -65,12 +68,17 @@ def form_world(timeout: float, environment=os.environ) -> str:
         _kept.append(server)
         store.set(prefix + "size", str(size))
         store.set(prefix + "pmi", f"{_address_toward(environment['MASTER_ADDR'])}:{port}")
+    began = time.monotonic()
     try:
-        address, agreed = store.get(prefix + "pmi").decode(), int(store.get(prefix + "size"))
+        address = store.get(prefix + "pmi").decode()
     except Exception as error:   # (torch's store raises its own types: a timeout, a refused connection)
         raise CollectiveUsageError(
             f"init: rank {rank} did not hear from rank 0 through torch's store at {environment['MASTER_ADDR']}:"
-            f"{environment['MASTER_PORT']} within {timeout:g} s (COLLECTIVES_TIMEOUT): {error}") from None
+            f"{environment['MASTER_PORT']} after {time.monotonic() - began:.1f} s (COLLECTIVES_TIMEOUT "
+            f"{timeout:g} s): {_first_line(error)}") from None
+    if address.startswith("!"):   # (rank 0 gave up forming the world, and said why)
+        raise CollectiveUsageError(f"{address[1:]} (said by rank 0)")
+    agreed = int(store.get(prefix + "size"))
     if agreed != size:
         raise CollectiveUsageError(f"init: WORLD_SIZE differs across processes: rank 0 has {agreed}, rank {rank} has "
                                    f"{size}; every process of the job must be given the same WORLD_SIZE")
@@ -87,8 +95,10 @@ def _hosts(store, prefix: str, size: int, timeout: float) -> list[str]:
         store.wait(keys)
     except Exception:   # (torch's store raises its own types)
         missing = [r for r, key in enumerate(keys) if not store.check([key])]
-        raise CollectiveUsageError(f"init: rank(s) {', '.join(map(str, missing))} of WORLD_SIZE={size} did not come to "
-                                   f"torch's store within {timeout:g} s (COLLECTIVES_TIMEOUT)") from None
+        said = (f"init: rank(s) {', '.join(map(str, missing))} of WORLD_SIZE={size} did not come to torch's store "
+                f"within {timeout:g} s (COLLECTIVES_TIMEOUT)")
+        store.set(prefix + "pmi", "!" + said)   # (the ranks that came hear it, instead of blaming rank 0)
+        raise CollectiveUsageError(said) from None
     return [store.get(key).decode() for key in keys]
 
 
@@ -110,15 +120,23 @@ def _store(environment, rank: int, size: int, timeout: float):
             "it needs torch (pip install torch, or the 'torch' extra), or launch with mpiexec") from None
     host, port = environment["MASTER_ADDR"], _number(environment, "MASTER_PORT")
     hosting = rank == 0 and environment.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    if not 0 < port < 65536:
+        raise CollectiveUsageError(f"init: MASTER_PORT: expected a port from 1 to 65535, got {port}")
+    began = time.monotonic()
     try:
         store = TCPStore(host, port, size, hosting, timedelta(seconds=timeout), wait_for_workers=False,
                          multi_tenant=True)
-    except Exception as error:
+    except Exception as error:   # (torch's client tries a second time after the first timeout)
         how = f"could not listen on port {port} (another job's?)" if hosting else f"could not reach {host}:{port}"
-        raise CollectiveUsageError(f"init: rank {rank}: torch's store {how} within {timeout:g} s "
-                                   f"(COLLECTIVES_TIMEOUT): {error}") from None
+        raise CollectiveUsageError(f"init: rank {rank}: torch's store {how} after {time.monotonic() - began:.1f} s "
+                                   f"(COLLECTIVES_TIMEOUT {timeout:g} s): {_first_line(error)}") from None
     _kept.append(store)
     return store
+
+
+def _first_line(error: BaseException) -> str:
+    """An error of torch's in one line (its C++ errors add a stack of frames)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _address_toward(master: str) -> str:
