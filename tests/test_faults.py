@@ -172,8 +172,8 @@ def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call
     seconds, message = errors[1]
     assert seconds < LEAVE_BOUND_S, output
     assert re.search(rf"(allreduce|barrier) #2 on rank 1( in group \[[\d, ]+\])?: rank 0 (gave up|left: it stopped "
-                     rf"after a failure).*(allreduce|barrier) #2 on rank 0( in group \[[\d, ]+\])?: timed out after 2",
-                     message), output
+                     rf"after a failure).*(allreduce|barrier) #2 on rank \d( in group \[[\d, ]+\])?: timed out after 2",
+                     message), output   # (rank 0's own timeout, or the other one's that reached it first)
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -201,7 +201,9 @@ def test_the_census_tells_a_rank_in_another_collective_of_the_same_number():
     assert status not in (0, -9) and sorted(errors) == [0, 1, 2], output
     assert "rank(s) not answering (in no collective call, computing between two messages of this one, or gone): 3; rank(s) in another call: 2 (#2 barrier); " \
            "rank(s) waiting in this call too: 1" in errors[0][1], output
-    assert "rank(s) in another call: 0 (#2 allreduce), 1 (#2 allreduce)" in errors[2][1], output
+    # rank 2 (in a barrier) times out with its own census, or hears first that rank 0 gave up, whose census names it
+    assert "rank(s) in another call: 0 (#2 allreduce), 1 (#2 allreduce)" in errors[2][1] or re.match(
+        r"barrier #2 on rank 2: rank [01] gave up .*rank\(s\) in another call: 2 \(#2 barrier\)", errors[2][1]), output
 
 
 @pytest.mark.parametrize("scenario, why", [

@@ -34,6 +34,7 @@ from collectives.process import launchers, pmi
 
 _given_store = None   # the store torch's init_process_group gave the backend, if it came first
 _kept: list = []      # what must live as long as the process: rank 0's store and its PMI server
+_SAYING_SECONDS = 5.0   # how much longer the others wait for rank 0's word than rank 0 waits for them
 server_address = ""   # the PMI server's host:port, once the world formed through it (python -m collectives says it)
 
 
@@ -69,7 +70,8 @@ def form_world(timeout: float, environment=os.environ) -> str:
         store.set(prefix + "size", str(size))
         store.set(prefix + "pmi", f"{_address_toward(environment['MASTER_ADDR'])}:{port}")
     began = time.monotonic()
-    try:
+    try:   # (longer than rank 0's own wait for the hosts: the line it leaves when one never came is read here)
+        store.wait([prefix + "pmi"], timedelta(seconds=timeout + _SAYING_SECONDS))
         address = store.get(prefix + "pmi").decode()
     except Exception as error:   # (torch's store raises its own types: a timeout, a refused connection)
         raise CollectiveUsageError(
