@@ -171,8 +171,8 @@ def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call
                          rf"timed out after 2(\.\d+)? s", errors[rank][1]), output
     seconds, message = errors[1]
     assert seconds < LEAVE_BOUND_S, output
-    assert re.search(rf"(allreduce|barrier) #2 on rank 1( in group \[[\d, ]+\])?: rank 0 (gave up|left: it stopped "
-                     rf"after a failure).*(allreduce|barrier) #2 on rank \d( in group \[[\d, ]+\])?: timed out after 2",
+    assert re.search(r"(allreduce|barrier) #2 on rank 1( in group \[[\d, ]+\])?: rank 0 (gave up|left: it stopped "
+                     r"after a failure).*(allreduce|barrier) #2 on rank \d( in group \[[\d, ]+\])?: timed out after 2",
                      message), output   # (rank 0's own timeout, or the other one's that reached it first)
 
 
@@ -191,7 +191,7 @@ def test_a_call_that_keeps_moving_data_outlasts_its_timeout_and_one_that_hears_n
     errors = _errors(output)
     assert sorted(errors) == list(range(n - 1)), output
     for seconds, message in errors.values():
-        assert re.search(rf"allreduce #4 on rank \d: timed out after 1(\.\d+)? s waiting for rank", message), output
+        assert re.search(r"allreduce #4 on rank \d: timed out after 1(\.\d+)? s waiting for rank", message), output
         assert 1 <= seconds < 1 + DEADLINE_SLACK_S, output
 
 
