@@ -27,8 +27,10 @@ BOUND_S = 60   # "well under a minute": no scenario may take longer to end
 LEAVE_BOUND_S = 10.0   # a rank waiting for one that left knows within this (by message: about 0.1 s when idle)
 DEADLINE_SLACK_S = 5.0   # how late past its deadline a timed-out call may raise on a loaded machine
 #: Two ranks that wait for the same absent one: the one whose timeout ends first tells the other it gave up,
-#: which the other may hear before its own timeout ends (its error then names the first's, which is a timeout too).
-HEARD_FIRST = r"(rank \d gave up \(its runtime stopped after \d+ collective\(s\) of this group\): allreduce #2 on rank \d: )?"
+#: and then its program ends, which it says too; the other may hear either before its own timeout ends (its
+#: error then names the first's, which is a timeout too).
+HEARD_FIRST = (r"(rank \d (gave up \(its runtime stopped after \d+ collective\(s\) of this group\)"
+               r"|left: it stopped after a failure): allreduce #2 on rank \d: )?")
 
 
 def _fault(n: int, *scenario: str, bound: float = BOUND_S):
@@ -170,7 +172,7 @@ def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call
     assert "ok late call" not in output and status not in (0, -9), output
     assert sorted(errors) == list(range(n)), output
     for rank in (0, 2)[:n - 1]:   # (its own timeout, or the other's, whose give-up came first)
-        assert re.search(rf"(allreduce|barrier) #2 on rank {rank}( in group \[[\d, ]+\])?: (rank \d gave up .*)?"
+        assert re.search(rf"(allreduce|barrier) #2 on rank {rank}( in group \[[\d, ]+\])?: (rank \d (gave up|left: it stopped after) .*)?"
                          rf"timed out after 2(\.\d+)? s", errors[rank][1]), output
     seconds, message = errors[1]
     assert seconds < LEAVE_BOUND_S, output
@@ -204,9 +206,10 @@ def test_the_census_tells_a_rank_in_another_collective_of_the_same_number():
     assert status not in (0, -9) and sorted(errors) == [0, 1, 2], output
     assert "rank(s) not answering (in no collective call, computing between two messages of this one, or gone): 3; rank(s) in another call: 2 (#2 barrier); " \
            "rank(s) waiting in this call too: 1" in errors[0][1], output
-    # rank 2 (in a barrier) times out with its own census, or hears first that rank 0 gave up, whose census names it
+    # rank 2 (in a barrier) times out with its own census, or hears first that rank 0 gave up (or left after it),
+    # whose census names it
     assert "rank(s) in another call: 0 (#2 allreduce), 1 (#2 allreduce)" in errors[2][1] or re.match(
-        r"barrier #2 on rank 2: rank [01] gave up .*rank\(s\) in another call: 2 \(#2 barrier\)", errors[2][1]), output
+        r"barrier #2 on rank 2: rank [01] (gave up|left: it stopped after a failure):.*rank\(s\) in another call: 2 \(#2 barrier\)", errors[2][1]), output
 
 
 @pytest.mark.parametrize("scenario, why", [
@@ -270,8 +273,7 @@ def test_a_late_rank_whose_call_differs_from_the_abandoned_one_does_not_hang_the
         # little earlier, so it may read 1.99 s)
         # (or it heard first that the other gave up, after the other's own timeout)
         assert 2 <= errors[rank][0] < 2 + DEADLINE_SLACK_S and re.match(
-            rf"allreduce #2 on rank {rank}: (rank [02] gave up .*: allreduce #2 on rank [02]: )?timed out "
-            r"after (1\.9\d|2(\.\d+)?) s", errors[rank][1]), output
+            rf"allreduce #2 on rank {rank}: {HEARD_FIRST}timed out after (1\.9\d|2(\.\d+)?) s", errors[rank][1]), output
     assert errors[1][0] < LEAVE_BOUND_S and re.match(r"allreduce #2 on rank 1: rank [02] left: it stopped after a "
                                                      r"failure: allreduce #2 on rank [02]: (rank [02] gave up .*)?"
                                                      r"timed out", errors[1][1]), output
