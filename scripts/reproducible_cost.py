@@ -1,10 +1,14 @@
 """What ``reproducible=True`` costs: the all-reduce with and without it, side by side, interleaved.
 
-    mpiexec -n 2 python scripts/reproducible_cost.py [--min 4K] [--max 64M] [--dtype float32]
+    mpiexec -n 2 python scripts/reproducible_cost.py [--min 4K] [--max 64M] [--sizes 4K,1M,64M] [--dtype float32]
 
 Each size is timed in rounds that alternate the two calls (so that a busy machine slows both),
-and the median of each is printed with their ratio, and the words per element the grid took.
-The data is standard normal, one contribution per rank (a different one on each).
+and the median of each is printed with their ratio, the words per element the grid took, and
+where the reproducible call's time went, stage by stage (medians over the rounds, rank 0, ms;
+``collectives.ops.reproducible.stage_seconds``): its facts, their exchange and the grid, the
+encoding, the integer all-reduce on the wire and the decoding (with the marks of special values
+where there are any), and the rest of the call. The data is standard normal, one contribution per rank (a different one
+on each).
 """
 import argparse
 import time
@@ -12,10 +16,17 @@ import time
 import numpy as np
 
 import collectives as col
+from collectives.ops import reproducible as op
 from ring import reproducible
+
+#: The stages of ``collectives.ops.reproducible.stage_seconds``, and the rest of the call ("other":
+#: checking the arguments, the call's own bookkeeping).
+STAGES = ("facts", "grid", "marks", "encode", "wire", "decode", "other")
 
 
 def parse_size(text: str) -> int:
+    """>>> parse_size("64M"), parse_size("4K"), parse_size("100")
+    (67108864, 4096, 100)"""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
@@ -27,33 +38,48 @@ def timed(call) -> float:
     return time.perf_counter() - start
 
 
+def measure(x: np.ndarray, seconds: float) -> tuple[list, list, dict]:
+    """The plain and the reproducible call's seconds, round by round, and the latter's stages."""
+    out = np.empty_like(x)
+    plain, exact, stages = [], [], {s: [] for s in STAGES}
+    rounds = 0
+    budget = time.perf_counter() + seconds
+    while rounds < 3 or col.allreduce(np.array([time.perf_counter() < budget], np.int8), "min")[0]:
+        plain.append(timed(lambda: col.allreduce(x, out=out)))
+        op.stage_seconds = {}
+        exact.append(timed(lambda: col.allreduce(x, out=out, reproducible=True)))
+        for s in STAGES[:-1]:
+            stages[s].append(op.stage_seconds.get(s, 0.0))
+        stages["other"].append(exact[-1] - sum(op.stage_seconds.values()))
+        op.stage_seconds = None
+        rounds += 1
+    return plain, exact, stages
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--min", type=parse_size, default=4 << 10)
     p.add_argument("--max", type=parse_size, default=64 << 20)
+    p.add_argument("--sizes", type=lambda t: [parse_size(s) for s in t.split(",")], default=None,
+                   help="these sizes instead of --min to --max by 4x")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--seconds", type=float, default=2.0, help="about this long per size (at least 3 rounds)")
     args = p.parse_args()
     rng = np.random.default_rng(col.rank())
+    sizes = args.sizes or [args.min << (2 * k) for k in range(64) if args.min << (2 * k) <= args.max]
     if col.rank() == 0:
-        print(f"{col.size()} ranks, {args.dtype}, medians (ms); words: int64 words per element on the wire")
-        print(f"{'bytes':>10} {'plain':>9} {'reproducible':>13} {'ratio':>6} {'words':>6}")
-    size = args.min
-    while size <= args.max:
+        print(f"{col.size()} ranks, {args.dtype}, medians (ms); words: int64 words per element on the wire; "
+              f"then the reproducible call's stages")
+        print(f"{'bytes':>10} {'plain':>9} {'reproducible':>13} {'ratio':>6} {'words':>6} |"
+              + "".join(f"{s:>9}" for s in STAGES))
+    for size in sizes:
         x = rng.standard_normal(size // np.dtype(args.dtype).itemsize).astype(args.dtype)
-        out = np.empty_like(x)
-        plain, exact = [], []
-        rounds = 0
-        budget = time.perf_counter() + args.seconds
-        while rounds < 3 or col.allreduce(np.array([time.perf_counter() < budget], np.int8), "min")[0]:
-            plain.append(timed(lambda: col.allreduce(x, out=out)))
-            exact.append(timed(lambda: col.allreduce(x, out=out, reproducible=True)))
-            rounds += 1
+        plain, exact, stages = measure(x, args.seconds)
         words = reproducible.grid(col.allgather(reproducible.facts([x])[None]), x.dtype).words
         if col.rank() == 0:
             a, b = np.median(plain) * 1e3, np.median(exact) * 1e3
-            print(f"{size:>10} {a:>9.3f} {b:>13.3f} {b / a:>6.2f} {words:>6}", flush=True)
-        size *= 4
+            print(f"{size:>10} {a:>9.3f} {b:>13.3f} {b / a:>6.2f} {words:>6} |"
+                  + "".join(f"{np.median(stages[s]) * 1e3:>9.3f}" for s in STAGES), flush=True)
 
 
 if __name__ == "__main__":

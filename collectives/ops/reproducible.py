@@ -15,6 +15,7 @@ another rank held it). "avg" divides by the number of contributions of every ran
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,26 @@ from ring import arrays, reproducible as codec
 
 #: The scratch slot (``ring.arrays.scratch``) of the words, past the executor's own.
 _TOTAL = 8
+#: Diagnostic (``scripts/reproducible_cost.py``): where a dict, every call adds the seconds of each
+#: of its stages ("facts", "grid", "marks", "encode", "wire", "decode") into it.
+stage_seconds: dict | None = None
+
+
+class _Stages:
+    """Adds the seconds since the last stage into ``stage_seconds`` under each stage's name.
+
+    >>> seconds = {}; clock = _Stages(seconds); clock("facts"); sorted(seconds)
+    ['facts']
+    """
+
+    def __init__(self, into: dict | None):
+        self.into, self.last = into, time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        if self.into is not None:
+            now = time.perf_counter()
+            self.into[stage] = self.into.get(stage, 0.0) + now - self.last
+            self.last = now
 
 
 def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, reproducible: Any = True) -> Any:
@@ -38,23 +59,31 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
     sig = call.signature(op, first.dtype, first.shape, memory="host", reproducible=True)
     call.nbytes = first.nbytes
     transport = call.group.transport
+    clock = _Stages(stage_seconds)
     every = np.zeros((transport.size, codec.FACTS), np.int64)
     every[transport.rank] = codec.facts(parts)
+    clock("facts")
     _sum_in_place(call, every, "sum", sig, checked=False)
     grid = codec.grid(every, first.dtype)
+    clock("grid")
     special = None
     if grid.special:
         special = np.zeros((2, first.size), np.uint8)
         codec.marks(parts, special)
         _sum_in_place(call, special, "max", sig)
+        clock("marks")
     total = arrays.scratch(first, grid.words * first.size, _TOTAL, np.dtype(np.int64)).reshape(grid.words, -1)
     total[...] = 0   # (kept between calls: a fresh one costs a page fault every 4 KiB)
     codec.encode(parts, grid, total)
+    clock("encode")
     _sum_in_place(call, total, "sum", sig)
+    clock("wire")
     result = out if out is not None else np.empty(first.shape, first.dtype)
     target = flat_target(result)
     codec.decode(total, grid, special, op, target)
-    return write_back(result, target)
+    result = write_back(result, target)
+    clock("decode")
+    return result
 
 
 def _sum_in_place(call: Call, x: np.ndarray, op: str, sig: bytes, checked: bool = True) -> None:
