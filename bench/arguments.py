@@ -12,12 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from bench import gloo, model
-from bench.cases import COMPRESSED, DTYPES, IMPLEMENTATIONS, OPS, REDOPS, nccl_supports
+from bench.cases import COMPRESSED, DTYPES, IMPLEMENTATIONS, OPS, REDOPS, REDUCING, nccl_supports
 from bench.sizes import parse_size
 from cmdline.parser import USAGE, ArgumentParser, speaks
-
-#: The collectives that reduce, for which --redop means something.
-REDUCING = ("allreduce", "reduce_scatter")
 
 
 class _Parser(ArgumentParser):

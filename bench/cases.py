@@ -32,7 +32,10 @@ from mpi4py import MPI
 
 import collectives as col
 
-OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
+#: The collectives the bench times: those whose algorithm the runtime chooses by size (the table's).
+OPS = col.table.SIZED
+#: Those of them that reduce, for which --redop means something.
+REDUCING = tuple(op for op in OPS if col.table.BY_NAME[op].reduces)
 REDOPS = ("sum", "avg", "min", "max", "prod")
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
           "uint8", "uint16", "uint32", "uint64")
@@ -52,7 +55,7 @@ def bus_factor(op: str, n: int) -> float:
 def _contribution(op: str, redop: str, rank: int, n: int) -> np.ndarray:
     """What ``rank`` puts in at positions 0..PERIOD-1 (the pattern repeats)."""
     j = np.arange(PERIOD)
-    if op in ("allgather", "broadcast"):
+    if op not in REDUCING:
         return (j + 3 * rank) % 11
     if redop == "prod":
         return 1 + (j + rank) % 2             # products are powers of two: exact until they overflow
@@ -103,7 +106,7 @@ class Case:
         n, rank = comm.Get_size(), comm.Get_rank()
         self.n = n
         count = nbytes // self.dtype.itemsize
-        if op in ("reduce_scatter", "allgather"):
+        if col.table.BY_NAME[op].blocks:   # (one block per rank: split evenly)
             count -= count % n
         self.count, self.nbytes = count, count * self.dtype.itemsize
         rows = np.array([_contribution(op, redop, r, n) for r in range(n)]).astype(self.dtype)

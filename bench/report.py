@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from bench.cases import COMPRESSED, Case, bus_factor
+from bench.cases import COMPRESSED, REDUCING, Case, bus_factor
 from bench.sizes import format_size
 from bench.timing import Timing
 
@@ -40,7 +40,7 @@ class Row:
     @classmethod
     def of(cls, case: Case, impl: str, timing: Timing) -> "Row":
         algbw = case.nbytes / timing.seconds / GB if timing.seconds > 0 else 0.0
-        redop = case.redop if case.op in ("allreduce", "reduce_scatter") else "none"   # as nccl-tests shows it
+        redop = case.redop if case.op in REDUCING else "none"   # as nccl-tests shows it
         return cls(impl, case.op, case.dtype.name, redop, case.nbytes, case.count, case.n,
                    timing.seconds * 1e6, algbw, algbw * bus_factor(case.op, case.n), timing.wrong)
 

@@ -18,12 +18,10 @@ and refuses ``--mpi=pmix`` for MPICH, in ``collectives.process.launchers``).
 """
 import sys
 
-from collectives import about, elastic
-from collectives.calls import timeline
+from collectives import about, api, elastic
+from collectives.calls import table, timeline
 from collectives.about import VERSION as __version__
-from collectives.api import (algorithm_for, allgather, allreduce, allreduce_many, alltoall, barrier, block_bounds,
-                             broadcast, destroy, gather, gpu_transport, nccl_communicator, new_group, reduce,
-                             reduce_scatter, refuse, round_to_wire, scatter, split, synchronize, to_host,
+from collectives.api import (block_bounds, gpu_transport, nccl_communicator, round_to_wire, synchronize, to_host,
                              use_local_gpu, world_group)
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.groups.group import Group
@@ -35,10 +33,11 @@ from collectives.process import launchers
 from collectives.process.config import Settings
 from collectives.process.world import abort, init, local_rank, local_size, rank, settings, size
 
+# The collectives, one per entry of the table (collectives.calls.table): col.allreduce, col.gather, ...
+globals().update({name: getattr(api, name) for name in table.NAMES})
+
 __all__ = ["init", "abort", "rank", "size", "local_rank", "local_size", "settings", "Settings", "use_local_gpu", "gpu_transport", "nccl_communicator",
-           "allreduce", "allreduce_many", "reduce_scatter", "allgather", "broadcast", "barrier",
-           "alltoall", "gather", "scatter", "reduce", "refuse",
-           "new_group", "split", "destroy", "world_group", "Group", "NonMember", "algorithm_for", "block_bounds",
+           *table.NAMES, "table", "world_group", "Group", "NonMember", "block_bounds",
            "send", "recv", "isend", "irecv", "wait_all", "Request",
            "Work", "timeline", "about", "round_to_wire", "to_host", "synchronize", "parse_size", "format_size",
            "CollectiveError", "CollectiveUsageError", "MembershipChanged", "elastic"]

@@ -1,5 +1,6 @@
 """The module-level collectives: each is the world's method (``collectives.groups.group.Group``), or,
-with ``group=``, that group's. The first call sets the world up (``collectives.process.world.init``).
+with ``group=``, that group's; one per entry of the table of collectives (``collectives.calls.table``).
+The first call sets the world up (``collectives.process.world.init``).
 
 Also the helpers that programs need beside the calls: where a reduce-scatter's blocks lie
 (:func:`block_bounds`), and the two places where host and GPU arrays differ for a caller
@@ -12,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.calls import validate
+from collectives.calls import table, validate
 from collectives.ops import dispatch
 from collectives.process import world as worlds
 from collectives.calls.call import issue
@@ -56,21 +57,9 @@ def _on_group(method: Callable) -> Callable:
     return on_group
 
 
-allreduce = _on_group(Group.allreduce)
-allreduce_many = _on_group(Group.allreduce_many)
-reduce_scatter = _on_group(Group.reduce_scatter)
-allgather = _on_group(Group.allgather)
-broadcast = _on_group(Group.broadcast)
-alltoall = _on_group(Group.alltoall)
-gather = _on_group(Group.gather)
-scatter = _on_group(Group.scatter)
-reduce = _on_group(Group.reduce)
-barrier = _on_group(Group.barrier)
-refuse = _on_group(Group.refuse)
-new_group = _on_group(Group.new_group)
-split = _on_group(Group.split)
-destroy = _on_group(Group.destroy)
-algorithm_for = _on_group(Group.algorithm_for)
+# Every collective of the table (``collectives.calls.table``) as a function of this module:
+# ``allreduce``, ``allgather``, ... (made once, at import: the call itself is ``on_group``'s).
+globals().update({c.name: _on_group(getattr(Group, c.name)) for c in table.COLLECTIVES})
 
 
 def world_group(*, timeout: float | None = None) -> Group:

@@ -36,7 +36,7 @@ from typing import Any, Callable, NoReturn
 
 import numpy as np
 
-from collectives.calls import timeline, validate
+from collectives.calls import table, timeline, validate
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.calls.progress import Work
 from collectives.calls.signature import disagreement, signature as make_signature, template
@@ -45,7 +45,7 @@ from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, Transpor
 
 _PROBLEM_BYTES = 512
 _MAIN_THREAD = main_thread().ident
-_REDUCTIONS = frozenset(("allreduce", "allreduce_many", "reduce_scatter", "reduce"))   # (the floating-point guard)
+_REDUCTIONS = table.REDUCING   # (the floating-point guard)
 
 
 class Call(Bound):

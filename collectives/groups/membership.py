@@ -1,12 +1,10 @@
 """How groups are named in messages, and what a rank left out of a group holds instead."""
 from __future__ import annotations
 
+from collectives.calls.table import BY_NAME
 from collectives.errors import CollectiveUsageError
 
 _SHOWN_MEMBERS = 8
-#: The methods of a Group that a NonMember refuses (with an error that says why).
-COLLECTIVE_METHODS = frozenset(("allreduce", "allreduce_many", "reduce_scatter", "allgather", "broadcast",
-                                "barrier", "split", "new_group", "destroy", "algorithm_for"))
 
 
 def describe(ranks: tuple[int, ...]) -> str:
@@ -22,12 +20,16 @@ def describe(ranks: tuple[int, ...]) -> str:
 
 class NonMember:
     """What ``new_group`` (and ``split`` with ``color=None``) return on the ranks left out: falsy,
-    with the group's ``ranks``; ``rank()`` is -1, and any collective on it raises
-    CollectiveUsageError on this rank.
+    with the group's ``ranks``; ``rank()`` is -1, and any collective on it (any of the table's:
+    ``collectives.calls.table``) raises CollectiveUsageError on this rank.
 
     >>> g = NonMember((0, 1), 3)
     >>> bool(g), g.rank(), g.ranks
     (False, -1, (0, 1))
+    >>> g.gather(np.ones(2))
+    Traceback (most recent call last):
+    ...
+    collectives.errors.CollectiveUsageError: gather: group: rank 3 is not a member of group [0, 1]; ...
     """
 
     def __init__(self, ranks: tuple[int, ...], world_rank: int):
@@ -49,7 +51,7 @@ class NonMember:
                                     "the group was made without it (check `if group:` before using it)")
 
     def __getattr__(self, name: str):
-        if name in COLLECTIVE_METHODS:
+        if name in BY_NAME:
             def refuse(*args, **kwargs):
                 raise self.refusal(name)
             return refuse

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.calls import validate
+from collectives.calls import table, validate
 from collectives.calls.call import Call
 from collectives.errors import CollectiveError, CollectiveUsageError
 from ring import algorithms
@@ -100,7 +100,7 @@ def _gathered_guess(n: int, nbytes: int) -> int:
     return n * (nbytes + 16)
 
 
-_SIZED = ("allreduce", "reduce_scatter", "allgather", "broadcast")
+_SIZED = table.SIZED
 
 
 def _cannot_carry(call: Call, forced: str, nbytes: int, host: bool) -> str:

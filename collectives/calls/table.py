@@ -1,0 +1,73 @@
+"""The table of collectives: every call a ``Group`` makes, once, with the facts the rest of the
+runtime asks of it. A new collective is its plan (``ring/schedule.py``, ``ring/personalized.py``),
+its algorithm (``ring/algorithms.py``; a choice by size: ``ring.cost.ALGORITHMS``), its body
+(``collectives/ops``), its ``Group`` method, and one entry here; ``tests/test_table.py`` keeps
+every other list of names out of the code.
+
+Who reads it: the module-level functions and the package's exports (``collectives.api``,
+``collectives/__init__.py``: one each per entry), the refusals of a rank outside a group
+(``collectives.groups.membership.NonMember``), the floating-point guard of the call's frame
+(``REDUCING``), ``algorithm_for`` and the bench (``SIZED``). Programs read it as ``col.table``.
+It lives on the floor of the calls (``collectives/calls``), the lowest that reads it, so every
+reader imports downwards.
+
+>>> [c.name for c in COLLECTIVES if c.reduces]
+['allreduce', 'allreduce_many', 'reduce_scatter', 'reduce']
+>>> SIZED                                             # chosen by size: ring.cost.ALGORITHMS
+('allreduce', 'reduce_scatter', 'allgather', 'broadcast')
+>>> sorted(CODECS)                                    # compression=: ring.compression.CODECS
+['bf16', 'fp16']
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ring.compression import CODECS   # noqa: F401 - (the codecs: one entry each, their limits with them)
+from ring.cost import ALGORITHMS
+
+
+class Collective(NamedTuple):
+    """One collective: its ``name`` (the ``Group`` method, the module-level function, the name in
+    messages and signatures) and what the runtime must know of it without calling it.
+
+    >>> Collective("reduce", reduces=True).sized, BY_NAME["allgather"].blocks
+    (False, True)
+    """
+    name: str
+    #: It combines values with ``op=``: the frame runs it under IEEE rules, with no warnings, the
+    #: same on every rank (``ring.arrays.ieee_floating_point``); the bench gives it ``--redop``.
+    reduces: bool = False
+    #: Its data is one block per rank (of ``x`` or of the result): the bench's sizes split evenly.
+    blocks: bool = False
+
+    @property
+    def sized(self) -> bool:
+        """Whether the cost model chooses its algorithm by size (``algorithm=``, ``algorithm_for``)."""
+        return self.name in ALGORITHMS
+
+
+#: Every collective, in the order ``help(collectives)`` lists them.
+COLLECTIVES: tuple[Collective, ...] = (
+    Collective("allreduce", reduces=True),
+    Collective("allreduce_many", reduces=True),
+    Collective("reduce_scatter", reduces=True, blocks=True),
+    Collective("allgather", blocks=True),
+    Collective("broadcast"),
+    Collective("alltoall", blocks=True),
+    Collective("gather", blocks=True),
+    Collective("scatter", blocks=True),
+    Collective("reduce", reduces=True),
+    Collective("barrier"),
+    Collective("refuse"),               # (a turn taken as a refusal: Group.refuse)
+    Collective("new_group"),            # making and freeing groups (collectives.groups.making)
+    Collective("split"),
+    Collective("destroy"),
+    Collective("algorithm_for"),        # (local: what a call would run, no message)
+)
+
+BY_NAME: dict[str, Collective] = {c.name: c for c in COLLECTIVES}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+#: The collectives that reduce: the frame's floating-point guard (``collectives.calls.call``).
+REDUCING: frozenset[str] = frozenset(c.name for c in COLLECTIVES if c.reduces)
+#: The collectives whose algorithm the cost model chooses by size, in the table's order.
+SIZED: tuple[str, ...] = tuple(c.name for c in COLLECTIVES if c.sized)
