@@ -13,6 +13,7 @@ from collectives.process import changes, launchers, world as worlds
 from collectives.elastic import outcome, supervisor
 from collectives.api import allgather, broadcast
 from collectives.process.changes import Change
+from collectives.process.life import life
 from collectives.elastic.discovery import Discovery
 from collectives.elastic.state import State, broadcast_json
 from collectives.elastic.supervisor import supervise
@@ -47,9 +48,8 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
     worlds.world()   # (a newcomer joins the running job here: its MPI world is itself alone)
     _check_start(min_ranks, max_ranks, announce)
     discovery = Discovery(host_discovery, discovery_interval) if host_discovery else None
-    global _arrived
     settle = _Settle(state, None, time.monotonic(), announce) if joining() else state.sync
-    _arrived = True
+    life.arrive()
     try:
         with outcome.reporting():   # (the job's outcome, to every rank's supervisor)
             while True:
@@ -73,16 +73,13 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
             discovery.stop()
 
 
-_arrived = False   # this newcomer has entered run once (the job's next runs are the same for all)
-
-
 def joining() -> bool:
     """Whether this process was spawned into a running job and has not entered ``run`` yet.
 
     >>> if not col.elastic.joining():                                  # doctest: +SKIP
     ...     col.broadcast(params)      # a collective before run: not in a newcomer
     """
-    return changes.joining() and not _arrived
+    return changes.joining() and not life.arrived
 
 
 class _Growing(Exception):
@@ -108,7 +105,7 @@ def _grow_at_commit(discovery: Discovery, max_ranks: int | None) -> None:
     hosts = []
     if rank() == 0:
         room = (max_ranks if max_ranks is not None else sys.maxsize) - size()
-        hosts = discovery.newcomers(Counter(worlds.the_world.transport.hosts), room)
+        hosts = discovery.newcomers(Counter(life.world.transport.hosts), room)
     count = int(broadcast(np.array([len(hosts)], np.int64), name="elastic growth")[0])
     if count:
         raise _Growing(count, hosts)
@@ -152,7 +149,7 @@ def _stand_by_the_supervisors() -> None:
     rank's death does not make a job that finishes without it report failure."""
     port = np.array([outcome.own_port()], np.int64)
     ports = allgather(port, name="elastic supervisors").tolist()
-    outcome.stand_by(worlds.the_world.transport.hosts, ports)
+    outcome.stand_by(life.world.transport.hosts, ports)
 
 
 def _check_arguments(min_ranks: Any, max_ranks: Any, host_discovery: Any, discovery_interval: Any) -> None:
@@ -185,7 +182,7 @@ def _check_arguments(min_ranks: Any, max_ranks: Any, host_discovery: Any, discov
 def _a_rank_is_gone() -> bool:
     """Whether the world stopped because a rank died or its host vanished (a change of
     membership), rather than because of the program (a rank that raised, a usage error)."""
-    world = worlds.the_world
+    world = life.world
     return world is not None and world.runtime.failure is not None and bool(world.lost())
 
 
@@ -197,7 +194,7 @@ def _change_world(interruption: Exception, discovery: Discovery | None, settling
         return worlds.rebuild(newcomers=interruption.count, hosts=interruption.hosts)
     if not _a_rank_is_gone():
         return None
-    hosts = worlds.the_world.transport.hosts
+    hosts = life.world.transport.hosts
     change = _recover(interruption)
     if discovery is not None:
         discovery.leave_out(hosts[r] for r in change.gone)
@@ -219,7 +216,7 @@ def _check_start(min_ranks: int, max_ranks: int | None, announce: bool) -> None:
     if max_ranks is not None and size() > max_ranks and not joining():
         raise CollectiveUsageError(f"elastic.run: max_ranks={max_ranks} is below the {size()} ranks of the world "
                                    "at the start")
-    if rank() == 0 and announce and launchers.mpich_pmi() and not supervisor.supervised:
+    if rank() == 0 and announce and launchers.mpich_pmi() and not life.supervised:
         print("elastic: warning: this program did not call col.elastic.supervise() first: MPICH's launcher will "
               "kill every rank on the host of a rank killed by a signal (see docs/elastic.md)", file=sys.stderr,
               flush=True)

@@ -4,14 +4,14 @@ a rank stuck in its own code after the others failed is ended by its own.
 
 The word travels over TCP. Inside ``col.elastic.run`` every rank holds a connection to every other
 rank's supervisor (``stand_by``), on which it says nothing until ``run`` returns (``b"0"``: the
-job finished) or raises (``b"x"``, and the connection stays open until the process ends). For 3
-ranks, after rank 2 is killed::
+job finished) or raises (``b"x"``, and the connection stays open until the process ends): the
+words of ``collectives.process.supervision.Outcome``. For 3 ranks, after rank 2 is killed::
 
-    rank 0 --- supervisor of 1          rank 0 and rank 1 go on, finish, each sends b"0"
-    rank 0 --- supervisor of 2          the supervisor of 2 reads a b"0": it exits 0, not 137
+    rank 0 --- supervisor of 1          rank 0 and rank 1 go on, finish, each sends FINISHED
+    rank 0 --- supervisor of 2          the supervisor of 2 reads FINISHED: it exits 0, not 137
     rank 1 --- supervisor of 0
     rank 1 --- supervisor of 2          (had both failed or died instead, their kernels would
-    rank 2 --- supervisors of 0, 1       close both connections without a b"0": it exits 137)
+    rank 2 --- supervisors of 0, 1       close both connections without FINISHED: it exits 137)
 
 No timeout is needed: the dead rank's supervisor waits while a connection is open, and each closes
 when the process holding it ends, however it ends.
@@ -19,13 +19,13 @@ when the process holding it ends, however it ends.
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import socket
-import sys
 from typing import Iterator, Sequence
 
-from collectives.process import changes, leaving
+from collectives.process import supervision
+from collectives.process.life import life
+from collectives.process.supervision import Outcome, own_port
 
 
 def stand_by(hosts: Sequence[str], ports: Sequence[int]) -> None:
@@ -35,7 +35,7 @@ def stand_by(hosts: Sequence[str], ports: Sequence[int]) -> None:
     change are kept; one that cannot be made is left out (that supervisor then reports its rank's
     own status). ``col.elastic.run`` calls it at the start and after every change."""
     mine = (socket.gethostname(), own_port())
-    changes.tell_supervisor(b"e")
+    supervision.tell(supervision.Word.ELASTIC)
     for address in zip(hosts, ports):
         if address[1] and address != mine and address not in _standing_by:
             try:
@@ -54,7 +54,7 @@ def reporting() -> Iterator[None]:
         report(finished=False)
         raise
     report(finished=True)
-    leaving.work_finished()
+    life.finish_work()
 
 
 def report(finished: bool) -> None:
@@ -64,7 +64,7 @@ def report(finished: bool) -> None:
     failure the connections stay open until this process ends, however long its exit takes."""
     for connection in _standing_by.values():
         try:
-            connection.sendall(_FINISHED if finished else _FAILED)
+            connection.sendall(Outcome.FINISHED if finished else Outcome.FAILED)
         except OSError:
             pass
     if finished:
@@ -73,14 +73,6 @@ def report(finished: bool) -> None:
         _standing_by.clear()
 
 
-def own_port() -> int:
-    """The port on which this process's supervisor listens (0: it has none)."""
-    port, _, pid = os.environ.get(PORT, "").partition(":")
-    return int(port) if port.isdigit() and pid == str(os.getpid()) else 0
-
-
-PORT = "COLLECTIVES_SUPERVISOR_PORT"
-_FINISHED, _FAILED = b"0", b"x"
 _CONNECT_SECONDS = 5.0
 _standing_by: dict[tuple[str, int], socket.socket] = {}   # (host, port) of a supervisor -> our connection
 
@@ -112,21 +104,19 @@ class TheOthers:
                 connection.close()
 
     def finished(self) -> bool:
-        return _FINISHED in self.said
+        return Outcome.FINISHED in self.said
 
     def all_gone_after_a_failure(self) -> bool:
         """Every other rank that stood by has ended, one at least saying the job failed."""
-        return self.ever and not self.open and _FAILED in self.said and not self.finished()
+        return self.ever and not self.open and Outcome.FAILED in self.said and not self.finished()
 
 
-def await_word(others: TheOthers, code: int, look_seconds: float) -> int:
-    """The child died of a signal inside an elastic run: 0 once a rank says the job finished,
-    ``code`` once every rank that stood by has ended without saying so (or if none did)."""
+def await_word(others: TheOthers, look_seconds: float) -> bool:
+    """The child died of a signal inside an elastic run: whether a rank says the job finished before
+    every rank that stood by has ended without saying so (False at once if none did)."""
     while True:
         others.look(look_seconds)
         if others.finished():
-            print(f"[rank {os.environ.get('PMI_RANK', '?')}] collectives: the job finished without this rank (it "
-                  f"died of signal {code - 128}): its status is 0", file=sys.stderr, flush=True)
-            return 0
+            return True
         if not others.open:
-            return code
+            return False

@@ -3,7 +3,7 @@ that the launcher sees a plain exit where the rank died by a signal (``supervise
 its rank where the rank would wait for ever out of the runtime's reach (see ``_watch``), and
 reports 0 for a job that finished without its dead rank (``collectives.elastic.outcome``). Part of
 ``collectives.elastic`` (which re-exports ``supervise``), in a module of its own: it runs before
-MPI starts and knows nothing of the runtime but the pipe of ``collectives.process.changes``.
+MPI starts and knows nothing of the runtime but the words its rank says (``collectives.process.supervision``).
 """
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ import signal
 import socket
 import sys
 import time
+from typing import Callable
 
 from collectives.elastic import outcome
-from collectives.process import changes, launchers
+from collectives.process import changes, ending, launchers
+from collectives.process.life import life
+from collectives.process.supervision import PIPE, PORT, Heard
 
 
 def supervise() -> None:
@@ -42,7 +45,6 @@ def supervise() -> None:
 
     >>> col.elastic.supervise()       # the first line of the program          # doctest: +SKIP
     """
-    global supervised
     if not launchers.mpich_pmi() or "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized():
         return
     sys.stdout.flush()
@@ -52,11 +54,11 @@ def supervise() -> None:
     port = listener.getsockname()[1]
     child = os.fork()
     if child == 0:
-        supervised = True
+        life.under_supervisor()
         os.close(told)
         listener.close()
-        os.environ[changes.OUTLIVE_FD] = f"{tell}:{os.getpid()}"   # (changes.spawned_here writes to it)
-        os.environ[outcome.PORT] = f"{port}:{os.getpid()}"
+        os.environ[PIPE] = f"{tell}:{os.getpid()}"   # (supervision.tell writes to it)
+        os.environ[PORT] = f"{port}:{os.getpid()}"
         _die_with_parent()
         return
     os.close(tell)
@@ -64,15 +66,20 @@ def supervise() -> None:
     if os.environ.get("PMI_FD", "").isdigit():
         os.close(int(os.environ["PMI_FD"]))   # (the launcher sees the child's end when the child ends: see _OUTLIVE_SECONDS)
     others = outcome.TheOthers(listener)
-    code, said = _watch(child, told, _launchers_notices(), others)
-    if code > 128 and (b"e" in said or b"1" in said):   # (b"1": a newcomer, or a job that grew: elastic too)
-        code = outcome.await_word(others, code, _LOOK_SECONDS)
-    if b"1" in said:
+    _exit(*_watch(child, told, _launchers_notices(), others), others)
+
+
+def _exit(status: int, heard: Heard, others: outcome.TheOthers) -> None:
+    """End the supervisor with its rank's ``status``, or 0 where the rank died of a signal in an elastic
+    job that the other ranks finished (``ending.supervised``)."""
+    if ending.awaits_the_others(status, heard):
+        verdict = ending.supervised(_rank(), status, heard, finished_without_it=outcome.await_word(others, _LOOK_SECONDS))
+        if verdict.line:
+            print(verdict.line, file=sys.stderr, flush=True)
+        status = verdict.status
+    if heard.spawned:
         time.sleep(_OUTLIVE_SECONDS)
-    os._exit(code)
-
-
-supervised = False   # this process runs under a supervisor (see supervise)
+    os._exit(status)
 
 
 def _launchers_notices() -> list[float]:
@@ -108,8 +115,8 @@ def launcher_kills_survivors() -> bool:
 class _Reasons:
     """Why a supervisor ends its child, asked at each look (see ``_watch``)."""
 
-    def __init__(self, noticed: list[float], others: outcome.TheOthers):
-        self.noticed, self.others, self.began = noticed, others, time.monotonic()
+    def __init__(self, noticed: list[float], others: outcome.TheOthers, clock: Callable[[], float] = time.monotonic):
+        self.noticed, self.others, self.clock, self.began = noticed, others, clock, clock()
         self.alone_since = math.inf
         self.siblings: dict[int, str] = {}   # the other processes of the launcher's proxy here: pid -> rank
         self.next_sibling_look = 0.0
@@ -117,9 +124,11 @@ class _Reasons:
         self.sibling_ended_at, self.ended_rank = math.inf, "?"   # (see _held_in_finalize)
 
     def to_end(self, said: bytes) -> str:
+        """Why to end the child now, given what it ``said`` so far ("": not now)."""
         self.others.look(0)
-        now, started = time.monotonic(), b"m" in said
-        if b"f" in said:
+        now, heard = self.clock(), Heard.of(said)
+        started = heard.started
+        if heard.finalizing:
             return self._held_in_finalize(now)
         self.alone_since = min(self.alone_since, now) if self.others.all_gone_after_a_failure() else math.inf
         if now - self.alone_since > _ALONE_GRACE:
@@ -138,7 +147,7 @@ class _Reasons:
                 return (f"{unseen} of the {self.local_ranks} processes the launcher started on this host ended "
                         "before MPI started here (before this supervisor could see them), and MPI_Init would wait "
                         "for them for ever")
-        if changes.joining() and b"1" not in said and now - self.began > changes.JOIN_SECONDS:
+        if changes.joining() and not heard.spawned and now - self.began > changes.JOIN_SECONDS:
             return (f"this newcomer could not join the running job within {changes.JOIN_SECONDS:.0f} s (the members "
                     "gave up its spawn)")
         return ""
@@ -152,7 +161,7 @@ class _Reasons:
         return ended, here
 
     def _held_in_finalize(self, now: float) -> str:
-        """The child said it went into MPI_Finalize, its elastic job finished (b"f"): MPI_Finalize
+        """The child said it went into MPI_Finalize, its elastic job finished (``Word.FINALIZING``): MPI_Finalize
         waits for every rank, for ever for one that died in there, or that saw that death first and
         left without it. Once a process of this host's that was in the job has ended, the child has
         _FINALIZE_GRACE seconds to end too."""
@@ -207,9 +216,9 @@ def _rank_of(pid: int) -> str:
         return "?"
 
 
-def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOthers) -> tuple[int, bytes]:
+def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOthers) -> tuple[int, Heard]:
     """Wait for the child; return its exit status (128 + the signal that ended it) and what it said
-    on ``told`` (``changes.mpi_started``: b"m"; ``stand_by``: b"e"; ``changes.spawned_here``: b"1"). End it, saying why,
+    on ``told`` (``collectives.process.supervision.Word``). End it, saying why,
     where it would wait for ever inside MPI, out of the runtime's reach:
 
     - a failure notice came and MPI has not started in it _START_GRACE seconds later: MPI_Init
@@ -226,7 +235,7 @@ def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOther
     - an elastic rank still running _ALONE_GRACE seconds after every other rank has ended, one
       of them saying the job failed: stuck in its own code (the others timed out naming it),
       it would hold the launcher for ever (``mpiexec -disable-auto-cleanup`` kills nobody);
-    - a rank of a finished elastic job still in MPI_Finalize (it said b"f") _FINALIZE_GRACE
+    - a rank of a finished elastic job still in MPI_Finalize (it said FINALIZING) _FINALIZE_GRACE
       seconds after a rank of this host ended: a rank killed after the exit barrier, or one that
       saw that death before this one and left without MPI_Finalize, holds it there for ever (1 in
       12 runs of the trainer killed after its ``done:`` line, beside a CPU hog). It ends with
@@ -241,19 +250,24 @@ def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOther
                     said += os.read(told, 16)
                 except OSError:
                     pass
-            return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)), said
+            return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)), Heard.of(said)
         if reading and select.select([told], [], [], _LOOK_SECONDS)[0]:
             got = os.read(told, 16)
             said, reading = said + got, bool(got)
         elif not reading:
             time.sleep(_LOOK_SECONDS)
         why = reasons.to_end(said)
-        if why:
-            print(f"[rank {os.environ.get('PMI_RANK', '?')}] collectives: {why}; it ends", file=sys.stderr,
-                  flush=True)
+        if why:   # (status 0 where the job had finished: only MPI_Finalize held the rank)
+            verdict = ending.supervised(_rank(), 0, Heard.of(said), ended_because=why)
+            print(verdict.line, file=sys.stderr, flush=True)
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
-            return (0 if b"f" in said else 1), said   # (b"f": the job finished; only MPI_Finalize held it)
+            return verdict.status, Heard.of(said)
+
+
+def _rank() -> str:
+    """This rank's number as the launcher gave it, for the supervisor's lines."""
+    return os.environ.get("PMI_RANK", "?")
 
 
 _LOOK_SECONDS = 0.05   # between the supervisor's looks at its child
@@ -262,7 +276,7 @@ _SIBLING_LOOK_SECONDS = 0.25   # between looks at the other processes here, unti
 _FORK_GRACE = 5.0      # seconds the proxy may take to start every process of this host (then one unseen has ended)
 _ALONE_GRACE = 5.0     # seconds a rank may still take to end once every other rank ended after a failure
 _FINALIZE_GRACE = 3.0  # seconds MPI_Finalize may still take once another rank of this host has ended
-#: In a job that spawned processes (the child said b"1"), the supervisor outlives its child by this
+#: In a job that spawned processes (the child said SPAWNED), the supervisor outlives its child by this
 #: much. MPICH's launcher (hydra 5, under -disable-auto-cleanup) answers every process's end, even a
 #: normal one, with a notice to the proxy of each other process group on its host (the newcomers of
 #: each spawn are one), and dies of SIGPIPE if that proxy has already ended: the job's last

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from collectives.errors import CollectiveError
+from collectives.process import supervision
 from ring.transport.base import TransportError
 from ring.transport.mpi.notices import NoticeWatch, failure_notices
 from ring.transport.polling import GivenUp, watched
@@ -27,9 +28,6 @@ from ring.transport.polling import GivenUp, watched
 #: spawned processes with its own environment, not the spawner's. An -X option leaves the
 #: program's sys.argv as it was.)
 JOINING = "collectives_joining"
-#: Set by ``collectives.elastic.supervise`` in the supervised process: the pipe on which it tells
-#: its supervisor that the job has spawned processes (see ``spawned_here``).
-OUTLIVE_FD = "COLLECTIVES_SUPERVISOR_FD"
 
 
 @dataclass(frozen=True)
@@ -190,35 +188,8 @@ def _errors_returned(comm):
 def spawned_here() -> None:
     """Tell this process's supervisor, if it has one, that the job now has spawned processes (or
     that this newcomer joined): it outlives this process by a moment (``collectives.elastic.supervisor``
-    says why). Once: the pipe closes."""
-    tell_supervisor(b"1", last=True)
-
-
-def mpi_started() -> None:
-    """Tell this process's supervisor, if it has one, that MPI has started here: a failure notice
-    before that finds this process inside MPI_Init, waiting for ever (the supervisor ends it)."""
-    global _said_started
-    if not _said_started:
-        _said_started = True
-        tell_supervisor(b"m")
-
-
-_said_started = False
-
-
-def tell_supervisor(what: bytes, last: bool = False) -> None:
-    """Write ``what`` to this process's supervisor, if it has one (see ``collectives.elastic.supervisor``);
-    ``last``: then close the pipe."""
-    fd, _, pid = os.environ.get(OUTLIVE_FD, "").partition(":")
-    if not (fd.isdigit() and pid == str(os.getpid())):   # (not a variable that a process of ours inherited)
-        return
-    try:
-        os.write(int(fd), what)
-        if last:
-            os.environ.pop(OUTLIVE_FD)
-            os.close(int(fd))
-    except OSError:
-        pass
+    says why). Its last word: the pipe closes."""
+    supervision.tell(supervision.Word.SPAWNED, last=True)
 
 
 def _without_mark(args: list[str]) -> list[str]:

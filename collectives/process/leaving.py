@@ -7,7 +7,7 @@ call raises CollectiveError within a second instead of waiting for the timeout. 
 rank waits for the others in a barrier it polls, so that MPI_Finalize never waits for a rank
 that died; the timeline, if recorded, is written between the two (``collectives.calls.timeline``).
 ``collectives.process.world`` calls :func:`leave` from the hooks that its first use installs
-(``collectives.process.hooks``).
+(``life.install_hooks``); how the process ends (its status, its last line) is ``ending``'s verdict.
 """
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 
-from collectives.process import changes, hooks
+from collectives.process import ending, supervision
 from collectives.calls import timeline as timelines
 from collectives.groups.group import Group
+from collectives.process.life import life
 from ring.transport.mpi import notices
 
 _LEAVE_TOGETHER_SECONDS = 1.5   # how long a process that skips MPI_Finalize waits for the others' farewells
@@ -37,16 +39,17 @@ def leave(w: Group, finishing: bool = True) -> None:
     runtime = w.runtime
     if runtime.closed:
         return
-    ending = hooks.why_leaving()
-    runtime.engine.close(f"rank {w.rank()} is ending ({ending})" if ending else "")
+    uncaught = life.why_ending
+    runtime.engine.close(f"rank {w.rank()} is ending ({uncaught})" if uncaught else "")
     failure = runtime.leave()   # (what failed before leaving, if anything)
     root = failure.root_cause if failure is not None else None
-    why = root or ending or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
-    after_a_death = 0 if _work_finished and not why else 1   # (the status: an elastic job that finished is not
-    # failed by a death at its exit)
+    why = root or uncaught or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
     gone = w.transport.exits.gone_at_exit()
+    what = ending.AtExit(w.rank(), why, life.work_finished, tuple(gone), tuple(w.lost()) if gone else (),
+                         finishing=finishing, outlived=runtime.outlived)
+    verdict = ending.at_exit(what)
     if gone:   # said before the farewell: the launcher may end this process once the others have left
-        _say_no_finalize(w, gone, status=after_a_death)
+        _say(verdict.line)
     ended_well = False   # (whether every rank did: the transports' teardown must be the same on all, see close)
     try:
         for g in reversed(runtime.groups):   # each group's members count their calls on it; the world's
@@ -56,21 +59,19 @@ def leave(w: Group, finishing: bool = True) -> None:
                                        dead=failure.dead_rank if failure is not None else None)
         if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
             _write_timeline(w, healthy=not why)
-        late: list[int] = []
         if finishing and not gone and not runtime.outlived:
             patience = runtime.exit_patience()
             gone, late = w.transport.exits.exit_barrier(time.monotonic() + patience)
-            if gone or late:
-                _say_no_finalize(w, gone, late, patience, status=1 if late else after_a_death)
+            verdict = ending.at_exit(replace(what, gone=tuple(gone), lost=tuple(w.lost()) if gone else (),
+                                             late=tuple(late), patience=patience))
+            _say(verdict.line)
             if late:   # (the farewell said this rank would finalize: a rank that comes later must not wait for it)
                 w.transport.exits.farewell(w.completed, why, failed=failure.by_peer, root=root is not None,
                                            finalizing=False)
-        if gone or late:
-            _end_without_finalize(w, status=1 if late else after_a_death)
-        elif finishing and runtime.outlived:   # MPI's world holds processes that died (see Runtime.outlived):
-            _end_without_finalize(w, status=1 if why else 0)   # no MPI_Finalize, so no exit barrier before it
-        if finishing and _work_finished and not why:   # (into MPI_Finalize, the elastic job done: a rank that
-            changes.tell_supervisor(b"f")               # dies in there now would hold this one: its supervisor ends it)
+        if verdict.status is not None:   # (without MPI_Finalize: after a death, or where MPI's world outlived one)
+            _end_without_finalize(w, verdict.status)
+        if finishing and life.work_finished and not why:   # (into MPI_Finalize, the elastic job done: a rank
+            supervision.tell(supervision.Word.FINALIZING)     # that dies in there now would hold this one)
         ended_well = not why and w.transport.exits.all_left_well()
     finally:
         for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
@@ -95,14 +96,12 @@ def end_unset(rank: int, missed: bool = False) -> None:
     theirs before the launcher kills them for this process's end. The program's open files are
     flushed first (``os._exit`` skips Python's own end; the exit handlers registered before the
     runtime's first use do not run)."""
-    why = ("a rank of this job did not come to the runtime's setup, and after MPI_Finalize the launcher would wait "
-           "for it as long as it runs" if missed else
-           "a process of this job ended before the runtime was set up, and MPI_Finalize would wait for it for ever")
-    print(f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize: {why}", file=sys.stderr, flush=True)
+    verdict = ending.never_set_up(rank, missed)
+    _say(verdict.line)
     _flush_open_files()
     if missed:
         time.sleep(REPORT_GRACE_SECONDS)
-    os._exit(1)
+    os._exit(verdict.status)
 
 
 def _flush_open_files() -> None:
@@ -115,26 +114,10 @@ def _flush_open_files() -> None:
                 pass
 
 
-def work_finished() -> None:
-    """Said by ``col.elastic.run`` when it returns: the job's work is done, so a rank that dies
-    after it (at its exit) no longer makes this one's status 1."""
-    global _work_finished
-    _work_finished = True
-
-
-_work_finished = False
-
-
-def _say_no_finalize(w: Group, gone: list[int], late: list[int] = (), patience: float = 0.0, status: int = 1) -> None:
-    dead = [r for r in w.lost() if r in gone]
-    leaving = [r for r in gone if r not in dead]
-    whom = " and ".join(([f"{', '.join(map(str, dead))} (gone)"] if dead else []) +
-                        ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []) +
-                        ([f"{', '.join(map(str, late))} (not at exit {patience:g} s after this rank's failure, "
-                          "its timeout: still in its own code?)"] if late else []))
-    finished = " (the elastic job finished)" if status == 0 else ""
-    print(f"[rank {w.rank()}] collectives: exiting with status {status}{finished} without MPI_Finalize, which would "
-          f"wait for ever for rank(s) {whom}", file=sys.stderr, flush=True)
+def _say(line: str) -> None:
+    """The process's last line (``ending``'s verdict), if it has one."""
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _end_without_finalize(w: Group, status: int = 1) -> None:

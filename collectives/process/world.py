@@ -1,9 +1,10 @@
 """The process's one world: MPI started lazily, a private communicator, the agreed settings.
 
 The world is the group of every rank (``collectives.groups.group.Group``); the first ``init`` or
-collective sets it up, on every rank together. The program's first use of the runtime (anything
-that asks :func:`mpi` for MPI) installs the hooks that see the process out (``hooks``): at exit,
-or inside the program's own ``MPI.Finalize()``, the farewell (``leaving``); settings: ``config``.
+collective sets it up, on every rank together, and tells the process's ``life`` (which owns it). The
+program's first use of the runtime (anything that asks :func:`mpi` for MPI) installs the hooks that
+see the process out (``life.install_hooks``): at exit, or inside the program's own ``MPI.Finalize()``,
+the farewell (``leaving``); settings: ``config``.
 """
 from __future__ import annotations
 
@@ -13,18 +14,18 @@ import threading
 import time
 from dataclasses import asdict, replace
 
-from collectives.process import changes, config, hooks, launchers, leaving, rendezvous
+from collectives.process import changes, config, launchers, leaving, rendezvous, supervision
 from collectives.calls import timeline as timelines
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.groups.group import Group
 from collectives.groups.making import make_group
+from collectives.process.life import life
 from collectives.process.runtime import Runtime, hosts_of, two_level_layout
 from ring.transport.mpi import notices
 from ring.transport.base import Bound, TransportError, TransportTimeout
 
-the_world: Group | None = None   # the world group, once set up (read it through world() to set it up)
-joined_setup = setup_missed = False   # this process took part in a setup (see set_up); it timed out: a rank never came
-_finalize_watched = False   # MPI.Finalize() tells the runtime first (once: see set_up)
+#: ``life.world``'s copy for the per-call path of ``collectives.api`` (10 ns a read; 380 ns through a module __getattr__)
+the_world: Group | None = None
 
 
 def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, check: bool | None = None,
@@ -48,17 +49,17 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
     """
     given = dict(segment_bytes=segment_bytes, small_bytes=small_bytes, check=check, timeout=timeout,
                  gpu_transport=gpu_transport, timeline=timeline, algorithm=algorithm, hosts=hosts)
-    if the_world is None:
+    if life.world is None:
         _start(given, comm=_communicator(comm))
         return
-    runtime = the_world.runtime
+    runtime = life.world.runtime
     fixed = [name for name in config.SETUP_SETTINGS if given[name] not in (None, getattr(runtime.settings, name))]
-    if comm is not None and not _same_ranks(_communicator(comm), the_world.transport.comm):
+    if comm is not None and not _same_ranks(_communicator(comm), life.world.transport.comm):
         fixed.append("comm")
     if fixed:
         raise CollectiveUsageError(f"init: {', '.join(fixed)}: fixed when the runtime was set up (by the first "
                                    "init or collective); give it to the first init")
-    changed, problem = config.read(given, from_environment=False, rank=the_world.rank())
+    changed, problem = config.read(given, from_environment=False, rank=life.world.rank())
     if not any(given[name] is not None for name, _ in config.WIRE_SETTINGS):
         if problem:
             raise CollectiveUsageError(problem)   # only the timeout: this rank's own business
@@ -66,17 +67,17 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
         _agree_again({**asdict(runtime.settings), **changed}, problem, changed.get("timeout", runtime.settings.timeout))
     runtime.apply(replace(runtime.settings, **changed))
     if "timeline" in changed:
-        timelines.start(runtime.settings.timeline, the_world.rank())
+        timelines.start(runtime.settings.timeline, life.world.rank())
 
 
 def _agree_again(proposed: dict, problem: str, timeout: float) -> None:
     """A later ``init`` that changes settings: every rank compares the ``proposed`` ones again."""
-    runtime = the_world.runtime
-    bound = Bound(the_world.seq, time.monotonic() + timeout, runtime.stopped)
+    runtime = life.world.runtime
+    bound = Bound(life.world.seq, time.monotonic() + timeout, runtime.stopped)
     try:
-        config.check_records(the_world.transport.allgather_bytes(config.record(proposed, problem), bound))
+        config.check_records(life.world.transport.allgather_bytes(config.record(proposed, problem), bound))
     except TransportError as e:
-        runtime.stop(f"init on rank {the_world.rank()}: {e}")
+        runtime.stop(f"init on rank {life.world.rank()}: {e}")
         raise CollectiveError(f"init: the ranks did not all change their settings together: {e}") from e
 
 
@@ -92,10 +93,10 @@ def settings() -> config.Settings:
 
 def world(setup_timeout: object = None) -> Group:
     """The world group, set up first if need be, within ``setup_timeout`` seconds if it is one."""
-    if the_world is None:
+    if life.world is None:
         _start({}, setup_timeout if isinstance(setup_timeout, (int, float)) and not isinstance(setup_timeout, bool)
                and setup_timeout > 0 else None)
-    return the_world
+    return life.world
 
 
 def local_rank() -> int:
@@ -116,16 +117,16 @@ def local_size() -> int:
 def rank() -> int:
     """This process's rank in the world, 0..size()-1. Local: never waits for other ranks (but a
     newcomer to a running job joins it first: its MPI world is itself alone)."""
-    if the_world is None and changes.joining():
+    if life.world is None and changes.joining():
         world()
-    return the_world.rank() if the_world is not None else mpi().COMM_WORLD.Get_rank()
+    return life.world.rank() if life.world is not None else mpi().COMM_WORLD.Get_rank()
 
 
 def size() -> int:
     """The number of ranks in the world. Local: never waits (but a newcomer joins first, as for ``rank``)."""
-    if the_world is None and changes.joining():
+    if life.world is None and changes.joining():
         world()
-    return the_world.size() if the_world is not None else mpi().COMM_WORLD.Get_size()
+    return life.world.size() if life.world is not None else mpi().COMM_WORLD.Get_size()
 
 
 def _same_ranks(comm, ours) -> bool:
@@ -151,15 +152,14 @@ _setting_up = threading.Lock()   # two threads' first calls set up one world, no
 def _start(given: dict, setup_timeout: float | None = None, comm=None) -> None:
     """Set the world up once (``setup_timeout``: the first call's own ``timeout=`` bounds it); a newcomer
     spawned into a running job (``changes``) joins its world; a lone task of several srun started is refused."""
-    global the_world
     with _setting_up:
-        if the_world is None:
+        if life.world is None:
             if comm is None and not changes.joining():
                 launchers.refuse_lone_srun_task(mpi())
             joining = changes.join_spawners() if comm is None and changes.joining() else None
             comm = joining or comm
             found, problem = config.read(given, from_environment=True, rank=(comm or mpi().COMM_WORLD).Get_rank())
-            the_world = set_up(found, problem, timeout=setup_timeout, comm=comm, outlived=joining is not None)
+            _put_in_place(set_up(found, problem, timeout=setup_timeout, comm=comm, outlived=joining is not None))
 
 
 def rebuild(newcomers: int = 0, hosts: list[str] | None = None, timeout: float | None = None) -> changes.Change:
@@ -176,7 +176,6 @@ def rebuild(newcomers: int = 0, hosts: list[str] | None = None, timeout: float |
     >>> change.gone, col.size(), change.text                                          # doctest: +SKIP
     ((3,), 3, 'rank 3 gone: 4 -> 3 ranks')
     """
-    global the_world
     with _setting_up:
         old = world()
         settings = old.runtime.settings
@@ -196,8 +195,15 @@ def rebuild(newcomers: int = 0, hosts: list[str] | None = None, timeout: float |
         old.runtime.retire(change.text)
         for group in reversed(old.runtime.groups):
             group.transports.close(failed=True)
-        the_world = new
+        _put_in_place(new)
         return change
+
+
+def _put_in_place(world: Group) -> None:
+    """The world set up, or rebuilt: ``life`` owns it (``the_world``: the per-call path's copy)."""
+    global the_world
+    life.set_world(world)
+    the_world = world
 
 
 def set_up(found: dict, problem: str, left: str = "", timeout: float | None = None, comm=None,
@@ -206,8 +212,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     ``left``: this process is ending before it ever set up; it takes part only to tell the
     others why (see :func:`_leave_unset`). ``outlived``: MPI's world has processes that are gone
     or were not there at the start (see ``Runtime.outlived``)."""
-    global joined_setup, setup_missed, _finalize_watched
-    joined_setup = True   # (a rank that took part in a setup never joins another at exit)
+    life.took_part_in_setup()   # (a rank that took part in a setup never joins another at exit)
     MPI = mpi()
     from ring.transport.mpi import setup as mpi_setup   # (imported here: importing it starts MPI)
     notices.hear_failure_notices()   # (before the setup: a notice there would end this process unheard)
@@ -216,7 +221,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
                                                    config.record(found, problem, left), comm, heeded)
     except TransportError as e:
-        setup_missed = isinstance(e, TransportTimeout) and not left   # (a farewell's setup that nobody joined ends well)
+        life.missed_setup(isinstance(e, TransportTimeout) and not left)   # (a farewell's setup that nobody joined ends well)
         raise CollectiveError(f"init: {e}") from None   # (its words are all in the message: no chained traceback)
     try:
         config.check_records(records)
@@ -230,8 +235,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
                       else "", threaded=level == MPI.THREAD_MULTIPLE, outlived=outlived)
     w = runtime.world = make_group(Group, runtime, transport, tuple(range(transport.size)), world=True)
     timelines.start(runtime.settings.timeline, w.rank())
-    if not _finalize_watched:
-        _finalize_watched = True
+    if life.watch_finalize():
         keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: _leave() or MPI.SUCCESS)
         MPI.COMM_SELF.Set_attr(keyval, True)   # MPI.Finalize() deletes COMM_SELF's attributes first thing
     return w
@@ -251,14 +255,10 @@ def _check_layout(found: dict, transport) -> None:
                                    "(use 'auto' or 'ring'; COLLECTIVES_HOSTS declares hosts on one machine)")
 
 
-started_mpi = False   # this runtime started MPI (the program had told mpi4py not to)
-
-
 def mpi():
-    """mpi4py's MPI module, MPI started (by this runtime where the program told mpi4py not to: it then also
+    """mpi4py's MPI module, MPI started (by this runtime where the program told mpi4py not to: then it also
     finalizes it at exit). Every use of the runtime that needs MPI comes here first: the first installs the
-    hooks that see the process out (``collectives.process.hooks``); importing ``collectives`` alone does not."""
-    global started_mpi
+    hooks that see the process out (``life.install_hooks``); importing ``collectives`` alone does not."""
     if not mpi_running():   # (torchrun and the like: the world forms through torch's store first)
         rendezvous.form_world(config.setup_timeout())
     with launchers.bounded_mpi_init():   # (MPI_Init bounded by the runtime's timeout)
@@ -267,10 +267,11 @@ def mpi():
             raise CollectiveError("MPI was already finalized in this process; the runtime cannot start")
         if not MPI.Is_initialized():
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
-            started_mpi = True
-    changes.mpi_started()
+            life.mpi_started_by_us()
+    if life.first_time_mpi_started():   # (a death before it leaves this rank in MPI_Init: its supervisor ends it)
+        supervision.tell(supervision.Word.STARTED)
     notices.hear_failure_notices()   # (from now, not from the setup; not before MPI starts: MPICH's handler ends us)
-    hooks.install(_at_exit)
+    life.install_hooks(_at_exit)
     return MPI
 
 
@@ -281,7 +282,6 @@ def mpi_running() -> bool:
 
 
 # The process's end, once the program has used the runtime (the hooks installed by mpi()).
-
 _FAREWELL_SETUP_SECONDS = 10.0   # how long a process ending before setup waits to tell the others (docs/failures.md)
 
 
@@ -295,16 +295,15 @@ def _at_exit() -> None:
 
 
 def _leave() -> None:
-    """At exit, or inside ``MPI.Finalize()`` (the program's own, or the one at exit), whichever comes
-    first: the farewell (``leaving.leave``, once), or, for a process that never set the runtime
-    up, the setup joined to say why it ends. Then the process has left: its hooks go."""
+    """At exit, or inside ``MPI.Finalize()`` (the program's or the one at exit), whichever comes first: the farewell
+    (``leaving.leave``, once), or, never set up, the setup joined to say why it ends. Then the hooks go."""
     try:
-        if the_world is None:
+        if life.world is None:
             _leave_unset()
         else:
-            leaving.leave(the_world, finishing=mpi_running())
+            leaving.leave(life.world, finishing=mpi_running())
     finally:
-        hooks.remove()
+        life.remove_hooks()
 
 
 def _leave_unset() -> None:
@@ -313,9 +312,9 @@ def _leave_unset() -> None:
     ranks waiting in their first collective raise at once instead of at the timeout. Where no
     rank sets the runtime up, every rank does this together: one setup exchange at exit (a few
     milliseconds), up to _FAREWELL_SETUP_SECONDS where the ranks end that far apart."""
-    if not mpi_running() or joined_setup or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() < 2:
+    if not mpi_running() or life.joined_setup or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() < 2:
         return
-    why = hooks.why_leaving() or config.ENDED
+    why = life.why_ending or config.ENDED
     try:
         set_up({}, "", left=why, timeout=_FAREWELL_SETUP_SECONDS)
     except (CollectiveError, CollectiveUsageError):
@@ -326,9 +325,9 @@ def _finalize_if_nobody_will() -> None:
     """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told mpi4py
     not to (``mpi4py.rc.finalize = False``) and did not itself (without it MPICH's launcher kills the
     others); not after a death before the setup or a setup that timed out (``leaving.end_unset``)."""
-    if mpi_running() and the_world is None and (notices.failure_notices() or setup_missed):
-        leaving.end_unset(sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank(), setup_missed)
-    if mpi_running() and (started_mpi or sys.modules["mpi4py"].rc.finalize is False):
+    if mpi_running() and life.world is None and (notices.failure_notices() or life.setup_missed):
+        leaving.end_unset(sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank(), life.setup_missed)
+    if mpi_running() and (life.started_mpi or sys.modules["mpi4py"].rc.finalize is False):
         sys.modules["mpi4py.MPI"].Finalize()
 
 
@@ -343,8 +342,8 @@ def abort(code: int = 1, grace: float = leaving.REPORT_GRACE_SECONDS) -> None:
     ...     print(f"[rank {col.rank()}] error: {e}", file=sys.stderr, flush=True)
     ...     col.abort(1)
     """
-    if the_world is not None:
-        leaving.leave(the_world, finishing=False)
+    if life.world is not None:
+        leaving.leave(life.world, finishing=False)
     time.sleep(grace)
     mpi().COMM_WORLD.Abort(code)
     os._exit(code)   # (MPICH's Abort has been seen to return when another process had already ended)
