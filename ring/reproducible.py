@@ -7,10 +7,14 @@ uses it in three steps around two integer all-reduces:
    contributions, whether any is special); every rank's facts travel to every rank, and
    :func:`grid` makes the one grid they imply: a unit ``2**bottom`` fine enough to hold every
    contribution exactly, and ``words`` int64 words per element of ``bits`` bits each, with
-   headroom for the sum of every contribution.
-2. :func:`encode` adds this rank's contributions, as integers on the grid, into an int64 array;
-   the integer all-reduce sums those across ranks. Integer sums are exact and associative, so
-   the total is the exact sum of every contribution, whichever rank held which, in any order.
+   headroom for the sum of every contribution. Where the grid's whole span, headroom included,
+   fits a float's significand (float32's 24 bits, float64's 53), the grid's one word travels as
+   that float instead (``Grid.wire``): every float sum of values on the grid is then exact,
+   so the float all-reduce adds integers too, and nothing needs scaling.
+2. :func:`encode` puts this rank's contributions, summed on the grid, into an array of the
+   wire's dtype; the all-reduce sums those across ranks. Sums on the grid are exact and
+   associative, so the total is the exact sum of every contribution, whichever rank held which,
+   in any order.
 3. :func:`decode` rounds that exact total once, to nearest (ties to even), into the data's dtype.
 
 So the result is the exact sum correctly rounded: within half a unit in the last place, for
@@ -19,11 +23,11 @@ how many words travel; it never changes the result:
 
 >>> x = [np.array([1e30, 1.0], np.float32), np.array([-1e30, 2.0**-149], np.float32)]
 >>> g = grid(np.stack([facts([c]) for c in x]), np.dtype(np.float32))
->>> g.words, g.bits                        # 2**-149 .. 2**100: 250 bits in 5 words of 61
-(5, 61)
->>> total = np.zeros((g.words, 2), np.int64)
->>> for c in x:
-...     encode([c], g, total)
+>>> g.words, g.bits, g.wire                # 2**-149 .. 2**100: 250 bits in 5 words of 61
+(5, 61, dtype('int64'))
+>>> total, mine = np.empty((2, g.words, 2), np.int64)
+>>> encode(x[:1], g, total); encode(x[1:], g, mine)      # (two ranks: each encodes its own,
+>>> total += mine                                        # and the all-reduce sums them)
 >>> decode(total, g, None, "sum", np.empty(2, np.float32)).tolist()   # a float sum gives [0.0, 1.0]
 [0.0, 1.0]
 
@@ -42,8 +46,13 @@ from ring.compression import BLOCK, blocks
 
 #: The significant bits and the smallest unit (exponent of the smallest subnormal) of each dtype.
 PRECISION = {"float16": (11, -24), "bfloat16": (8, -133), "float32": (24, -149), "float64": (53, -1074)}
-#: The facts of one rank: [largest exponent, -finest unit, contributions, special].
+#: The facts of one rank: [largest exponent, -finest unit, contributions, special (the flags below)].
 FACTS = 4
+#: The flags of the facts' last column: some value is NaN or infinite; some value is -0.0.
+NONFINITE, NEGATIVE_ZERO = 1, 2
+#: The float wires, narrowest first, each with the exponent that its sums must stay below (2**emax
+#: is past its largest finite value).
+FLOAT_WIRES = ((np.dtype(np.float32), 128), (np.dtype(np.float64), 1024))
 _NONE = 1 << 20   # an exponent past every dtype's: "no nonzero finite value"
 _WINDOW = 62      # bits of the total kept to round it (and a sticky bit): at least p + 2 for float64
 
@@ -52,7 +61,9 @@ _WINDOW = 62      # bits of the total kept to round it (and a sticky bit): at le
 class Grid:
     """The grid every rank agreed on: the unit ``2**bottom``, ``words`` int64 words of ``bits``
     bits per element, ``count`` contributions in all, ``special`` if any is not finite or -0.0,
-    and the data's ``digits`` and ``lowest`` unit exponent (see PRECISION)."""
+    the data's ``digits`` and ``lowest`` unit exponent (see PRECISION), the dtype that travels
+    (``wire``: int64 words, or a float that holds the one word's sums exactly: see :func:`grid`)
+    and ``nonfinite`` if any value is NaN or infinite."""
     bottom: int
     bits: int
     words: int
@@ -60,6 +71,14 @@ class Grid:
     special: bool
     digits: int
     lowest: int
+    wire: np.dtype = np.dtype(np.int64)
+    nonfinite: bool = False
+
+    @property
+    def marked(self) -> bool:
+        """Whether the special results travel apart (:func:`marks`): on int64 words, where some
+        value is special; a float wire adds NaN, infinities and signed zeros as IEEE sums do."""
+        return self.special and self.wire.kind == "i"
 
 
 def precision(dtype: np.dtype) -> tuple[int, int]:
@@ -74,36 +93,47 @@ def precision(dtype: np.dtype) -> tuple[int, int]:
 def facts(contributions: list) -> np.ndarray:
     """This rank's facts (int64, FACTS of them): |x| < 2**top for every nonzero finite x, each
     such x a multiple of 2**bottom (its unit in the last place), the number of contributions,
-    and 1 if any element is NaN, infinite or -0.0. Nothing nonzero: top -_NONE, bottom _NONE.
+    and the flags NONFINITE (some element is NaN or infinite) and NEGATIVE_ZERO (some is -0.0).
+    Nothing nonzero: top -_NONE, bottom _NONE.
 
     >>> facts([np.array([3.0, -0.5], np.float32)]).tolist()     # 3 < 2**2; 0.5's unit is 2**-24
     [2, 24, 1, 0]
+    >>> facts([np.array([np.inf, -0.0], np.float32)]).tolist()  # (NONFINITE | NEGATIVE_ZERO)
+    [-1048576, -1048576, 1, 3]
     """
     dtype = contributions[0].dtype
     digits, lowest = precision(dtype)
-    # On the bits with the sign cleared, an IEEE float's order is its magnitude's, and the exponent
-    # of all ones (inf, NaN) lies above every finite value: a few integer passes find both ends.
-    unsigned = np.dtype(f"uint{8 * dtype.itemsize}")
-    sign = unsigned.type(1 << (8 * dtype.itemsize - 1))
-    infinite = np.array(np.inf, np.float32).astype(dtype).view(unsigned)[()]
-    largest, smallest, special = unsigned.type(0), np.iinfo(unsigned).max, False
+    # The bits shifted left by one drop the sign: as unsigned integers, twice the magnitudes, in
+    # the magnitudes' order, the exponent of all ones (inf, NaN) above every finite value. Minus
+    # one, a zero wraps to the largest: the minimum is then the least nonzero magnitude. -0.0 is
+    # the smallest signed integer. A few integer passes over each block, in cache, find them all.
+    bits = 8 * dtype.itemsize
+    unsigned, signed = np.dtype(f"uint{bits}"), np.dtype(f"int{bits}")
+    one = unsigned.type(1)
+    doubled_infinity = unsigned.type(int(np.array(np.inf, np.float32).astype(dtype).view(unsigned)[()]) << 1)
+    negative_zero = np.iinfo(signed).min
+    largest, least, flags = unsigned.type(0), np.iinfo(unsigned).max, 0
+    doubled = np.empty(min(BLOCK, max(x.size for x in contributions)), unsigned)
     for x in contributions:
         raw = x.reshape(-1).view(unsigned)
         for b in blocks(raw.size):
-            size = raw[b] & (sign - unsigned.type(1))
-            most = size.max()
-            if most >= infinite:
-                special = True
-                most = np.max(size, where=size < infinite, initial=0)
-            special = special or bool((raw[b] == sign).any())   # (-0.0)
+            twice = doubled[:b.stop - b.start]
+            np.left_shift(raw[b], one, out=twice)
+            most = twice.max()
+            if most >= doubled_infinity:
+                flags |= NONFINITE
+                most = np.max(twice, where=twice < doubled_infinity, initial=0)
             largest = max(largest, most)
-            size -= unsigned.type(1)   # (zero wraps to the largest: the minimum is the least nonzero)
-            smallest = min(smallest, size.min())
+            if raw[b].view(signed).min() == negative_zero:
+                flags |= NEGATIVE_ZERO
+            twice -= one
+            least = min(least, twice.min())
     if largest == 0:
-        return np.array([-_NONE, -_NONE, len(contributions), special], np.int64)
-    largest, smallest = (float(np.array(v, unsigned).view(dtype).astype(np.float64)) for v in (largest, smallest + 1))
-    bottom = max(int(np.frexp(smallest)[1]) - digits, lowest)
-    return np.array([int(np.frexp(largest)[1]), -bottom, len(contributions), special], np.int64)
+        return np.array([-_NONE, -_NONE, len(contributions), flags], np.int64)
+    largest, least = (float(np.array(v >> 1, unsigned).view(dtype).astype(np.float64))
+                      for v in (int(largest), int(least) + 1))
+    bottom = max(int(np.frexp(least)[1]) - digits, lowest)
+    return np.array([int(np.frexp(largest)[1]), -bottom, len(contributions), flags], np.int64)
 
 
 def _working(x: np.ndarray) -> np.ndarray:
@@ -119,20 +149,36 @@ def grid(every: np.ndarray, dtype: np.dtype) -> Grid:
     """The grid that every rank's facts (rows of ``every``) imply for data of ``dtype``.
 
     Each contribution's integer has at most ``top - bottom`` bits, so each word of it is under
-    2**bits in magnitude, and a sum of ``count`` of them under count * 2**bits < 2**63.
+    2**bits in magnitude, and a sum of ``count`` of them under count * 2**bits < 2**63. Where
+    ``top - bottom + count.bit_length()`` bits fit a float's significand, and the sums its range
+    (bottom at or above its smallest unit, ``top + count.bit_length()`` at most its emax), every
+    partial sum of contributions, in any order, is a multiple of 2**bottom that the float holds
+    exactly: the narrowest such float is the wire, and x itself (unscaled) its encoding.
 
     >>> g = grid(np.array([[2, 24, 3, 0], [5, 20, 9, 0]]), np.dtype(np.float32))
-    >>> g.bottom, g.count, g.bits, g.words    # 2**-24 .. 2**5: 29 bits; 12 contributions: 59 bits a word
-    (-24, 12, 59, 1)
+    >>> g.bottom, g.count, g.bits, g.words, g.wire   # 2**-24 .. 2**5: 29 bits; 12 contributions: 59 a word
+    (-24, 12, 59, 1, dtype('float64'))
+    >>> grid(np.array([[5, 0, 2, 0]]), np.dtype(np.float32)).wire   # integers below 2**5: 7 bits
+    dtype('float32')
+    >>> grid(np.array([[2, 60, 2, 0]]), np.dtype(np.float32)).wire   # 62 + 2 bits: more than 53
+    dtype('int64')
     """
     digits, lowest = precision(dtype)
     top, bottom = int(every[:, 0].max()), -int(every[:, 1].max())
     count = int(every[:, 2].sum())
+    flags = int(np.bitwise_or.reduce(every[:, 3]))
     if top == -_NONE:
         top = bottom = 0
     bits = 63 - count.bit_length()
     words = max(1, -(-(top - bottom) // bits))
-    return Grid(bottom, bits, words, count, bool(every[:, 3].max()), digits, lowest)
+    wire = np.dtype(np.int64)
+    headroom = count.bit_length()
+    for candidate, emax in FLOAT_WIRES:
+        significand, smallest = precision(candidate)
+        if top - bottom + headroom <= significand and bottom >= smallest and top + headroom <= emax:
+            wire = candidate
+            break
+    return Grid(bottom, bits, words, count, bool(flags), digits, lowest, wire, bool(flags & NONFINITE))
 
 
 def scale(x: np.ndarray, exponent: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -149,34 +195,61 @@ def scale(x: np.ndarray, exponent: int, out: np.ndarray | None = None) -> np.nda
 
 
 def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
-    """Add each contribution, as integers on grid ``g``, into ``total`` (int64, ``(words, size)``):
-    word j holds the bits ``bits * j`` and up of x / 2**bottom, truncated, with x's sign. Non-finite
-    values count as 0 here (see :func:`marks`).
+    """``total`` (``g.wire``, ``(words, size)``) = the sum of ``contributions`` on grid ``g``
+    (overwritten). int64 words: word j holds the bits ``bits * j`` and up of x / 2**bottom,
+    truncated, with x's sign, and non-finite values count as 0 (see :func:`marks`). A float
+    wire: the values themselves, summed (exactly: see :func:`grid`), NaN and infinities too.
 
     >>> g = Grid(bottom=-2, bits=3, words=2, count=2, special=False, digits=24, lowest=-149)
-    >>> total = np.zeros((2, 2), np.int64); encode([np.array([5.25, -1.0]), np.array([2.0, 0.5])], g, total)
+    >>> total = np.empty((2, 2), np.int64); encode([np.array([5.25, -1.0]), np.array([2.0, 0.5])], g, total)
     >>> total.tolist()          # 29 = 3 * 8 + 5 and -4 + 2 = -2 (units of 2**-2, words of 3 bits)
     [[5, -2], [3, 0]]
+    >>> g = Grid(bottom=-2, bits=3, words=1, count=2, special=True, digits=24, lowest=-149, wire=np.dtype(np.float32))
+    >>> total = np.empty((1, 2), np.float32); encode([np.array([5.25, -0.0]), np.array([2.0, -0.0])], g, total)
+    >>> total.tolist()          # (-0.0 + -0.0 is -0.0, as IEEE adds)
+    [[7.25, -0.0]]
     """
     quiet = ieee_floating_point()
     try:
         size = min(total.shape[1], BLOCK)
         scratch = {np.dtype(t): np.empty(size, t) for t in (np.float32, np.float64)}, np.empty(size, np.int64)
-        for x in contributions:
-            flat = x.reshape(-1)
-            for b in blocks(flat.size):
-                _encode(_working(flat[b]), g, total[:, b], scratch)
+        whole = g.wire.kind == "i" and not _fast(g)
+        if whole:
+            total[...] = 0   # (the general path adds every word into it)
+        for b in blocks(total.shape[1]):   # (block by block: each block of the total stays in cache)
+            for i, x in enumerate(contributions):
+                x = _working(x.reshape(-1)[b])
+                if g.wire.kind == "f":
+                    _add(total[0, b], x, first=i == 0)
+                elif whole:
+                    _encode(x, g, total[:, b])
+                else:
+                    scaled = scratch[0][x.dtype][:x.size]
+                    np.multiply(x, x.dtype.type(2.0 ** -g.bottom), out=scaled)   # (exact: x / 2**bottom)
+                    _add(total[0, b], scaled, first=i == 0, words=scratch[1][:x.size])
     finally:
         restore_floating_point(quiet)
 
 
-def _encode(x: np.ndarray, g: Grid, total: np.ndarray, scratch: tuple) -> None:
-    if g.words == 1 and not g.special and -126 <= g.bottom <= 126:   # (the common case: x / 2**bottom itself,
-        scaled, words = scratch[0][x.dtype][:x.size], scratch[1][:x.size]   # exact in x's own dtype)
-        np.multiply(x, x.dtype.type(2.0 ** -g.bottom), out=scaled)
-        np.copyto(words, scaled, casting="unsafe")
-        total[0] += words
-        return
+def _fast(g: Grid) -> bool:
+    """One int64 word whose integers x / 2**bottom come exact from one multiplication in x's own
+    dtype (the common case of int64 words)."""
+    return g.words == 1 and not g.special and -126 <= g.bottom <= 126
+
+
+def _add(total: np.ndarray, x: np.ndarray, first: bool, words: np.ndarray | None = None) -> None:
+    """``total`` = ``x`` (``first``) or ``total + x``, x cast to total's dtype (through ``words``,
+    int64 scratch, where total is integer: numpy's mixed add would compute in float64)."""
+    if first:
+        np.copyto(total, x, casting="unsafe")
+    elif words is None:
+        np.add(total, x, out=total, casting="unsafe")
+    else:
+        np.copyto(words, x, casting="unsafe")
+        total += words
+
+
+def _encode(x: np.ndarray, g: Grid, total: np.ndarray) -> None:
     value = x.astype(np.float64)
     if g.special:
         value[~np.isfinite(value)] = 0.0
@@ -214,20 +287,42 @@ def _mark(flat: np.ndarray, out: np.ndarray) -> None:
 def decode(total: np.ndarray, g: Grid, special: np.ndarray | None, op: str, out: np.ndarray) -> np.ndarray:
     """``out`` (flat, the data's dtype) = the exact sum that ``total`` holds (every rank's
     :func:`encode` summed), divided by ``count`` for "avg", rounded once to nearest, ties to even;
-    ``special``: the :func:`marks` of every rank, or None where :attr:`Grid.special` is not set.
+    ``special``: the :func:`marks` of every rank, or None where :attr:`Grid.marked` is not set.
     ``total`` is overwritten.
 
     >>> g = Grid(bottom=-2, bits=3, words=2, count=3, special=False, digits=24, lowest=-149)
     >>> decode(np.array([[5, -2], [3, 0]]), g, None, "avg", np.empty(2, np.float32)).tolist()
     [2.4166667461395264, -0.1666666716337204]
+    >>> g = Grid(bottom=-50, bits=61, words=1, count=2, special=False, digits=24, lowest=-149, wire=np.dtype(np.float64))
+    >>> decode(np.array([[1 + 2.0 ** -24 + 2.0 ** -50]]), g, None, "sum", np.empty(1, np.float32)).tolist()   # (above the tie)
+    [1.0000001192092896]
     """
     quiet = ieee_floating_point()
     try:
         for b in blocks(out.size):
-            _decode(total[:, b], g, None if special is None else special[:, b], op, out[b])
+            if g.wire.kind == "f":
+                _decode_float(total[0, b], g, op, out[b])
+            else:
+                _decode(total[:, b], g, None if special is None else special[:, b], op, out[b])
     finally:
         restore_floating_point(quiet)
     return out
+
+
+def _decode_float(total: np.ndarray, g: Grid, op: str, out: np.ndarray) -> None:
+    """``out`` = the exact sum that a float wire's ``total`` holds, rounded once (see decode)."""
+    if op == "sum" and out.dtype.name != "bfloat16":
+        np.copyto(out, total, casting="unsafe")   # (the one rounding, from the exact sum: numpy's casts round once)
+    else:   # ("avg" divides in integers; ml_dtypes rounds float64 to bfloat16 through float32, twice)
+        units = scale(total, -g.bottom)            # (exact: multiples of 2**bottom, under 2**53 of them)
+        if g.special:
+            units[~np.isfinite(units)] = 0.0
+        _decode(units.astype(np.int64)[None], g, None, op, out)
+        if g.special:   # (what IEEE sums gave on the wire: NaN, infinities, -0.0 where every one was -0.0)
+            kept = ~np.isfinite(total) | ((total == 0) & np.signbit(total))
+            out[kept] = total[kept].astype(np.float32)
+    if g.nonfinite:
+        out[np.isnan(out)] = np.nan   # (one NaN: which payload and sign a float sum keeps depends on the order)
 
 
 #: The smallest normal exponent of each dtype whose conversion from int64 rounds once (correctly).

@@ -53,13 +53,13 @@ def reduce_simulated(held: list[list], op: str = "sum") -> np.ndarray:
     every = np.stack([reproducible.facts(h) for h in held])
     g = reproducible.grid(every, held[0][0].dtype)
     size = held[0][0].size
-    total = np.zeros((g.words, size), np.int64)
-    for h in held:   # (each rank's own words; their sum is the integer all-reduce)
-        mine = np.zeros_like(total)
+    total = None
+    for h in held:   # (each rank's own words; their sum, in the wire's dtype, is the all-reduce)
+        mine = np.empty((g.words, size), g.wire)
         reproducible.encode(h, g, mine)
-        total += mine
+        total = mine if total is None else total + mine
     special = None
-    if g.special:
+    if g.marked:
         special = np.zeros((2, size), np.uint8)
         for h in held:
             reproducible.marks(h, special)
@@ -144,8 +144,9 @@ def test_the_facts_read_from_the_bits_are_those_of_the_values(dtype, data):
     contributions = [np.array(p, view).view(DTYPES[dtype]) for p in patterns]
     every = np.concatenate([c.astype(np.float64) for c in contributions])
     sizes = np.abs(every[np.isfinite(every) & (every != 0)])
-    special = bool((~np.isfinite(every)).any() or ((every == 0) & np.signbit(every)).any())
+    special = (reproducible.NONFINITE * bool((~np.isfinite(every)).any())
+               | reproducible.NEGATIVE_ZERO * bool(((every == 0) & np.signbit(every)).any()))
     digits, lowest = reproducible.PRECISION[dtype]
     expected = [-(1 << 20), -(1 << 20)] if not sizes.size else \
         [int(np.frexp(sizes.max())[1]), -max(int(np.frexp(sizes.min())[1]) - digits, lowest)]
-    assert reproducible.facts(contributions).tolist() == [*expected, len(contributions), int(special)]
+    assert reproducible.facts(contributions).tolist() == [*expected, len(contributions), special]

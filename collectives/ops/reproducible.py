@@ -6,9 +6,12 @@ on the group's integer all-reduces (``collectives.ops.dispatch.allreduce_flat``)
 1. every rank's facts (one row of a small int64 matrix, the others zero) summed: every rank then
    holds every row, and makes the same grid; this exchange carries the cross-rank check;
 2. only where some rank holds a NaN, an infinity or -0.0: each element's marks, by "max";
-3. the contributions as int64 words on the grid, summed. Integer sums are exact whatever the
-   algorithm, the segments or the order, so the total is the same on every rank and at any
-   world size; it is rounded once, into the result.
+3. the contributions as words on the grid (int64, or a float where the grid's sums fit its
+   significand), summed. Sums on the grid are exact whatever the algorithm, the segments or the
+   order, so the total is the same on every rank and at any world size; it is rounded once,
+   into the result. Past recursive doubling's sizes the ring runs in two halves with the
+   rounding between them (:func:`_split`): each rank rounds its own chunk, and the rounded
+   chunks travel in the data's dtype.
 
 ``x`` is one array, or a list of same-shape arrays that this rank holds (each counted as if
 another rank held it). "avg" divides by the number of contributions of every rank together.
@@ -22,8 +25,8 @@ import numpy as np
 
 from collectives.calls import validate
 from collectives.calls.call import Call
-from collectives.ops.dispatch import allreduce_flat, flat_target, write_back
-from ring import arrays, reproducible as codec
+from collectives.ops.dispatch import allreduce_flat, choose, flat_target, transport_for, write_back
+from ring import algorithms, arrays, reproducible as codec
 
 #: The scratch slot (``ring.arrays.scratch``) of the words, past the executor's own.
 _TOTAL = 8
@@ -67,23 +70,57 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
     grid = codec.grid(every, first.dtype)
     clock("grid")
     special = None
-    if grid.special:
+    if grid.marked:
         special = np.zeros((2, first.size), np.uint8)
         codec.marks(parts, special)
         _sum_in_place(call, special, "max", sig)
         clock("marks")
-    total = arrays.scratch(first, grid.words * first.size, _TOTAL, np.dtype(np.int64)).reshape(grid.words, -1)
-    total[...] = 0   # (kept between calls: a fresh one costs a page fault every 4 KiB)
-    codec.encode(parts, grid, total)
-    clock("encode")
-    _sum_in_place(call, total, "sum", sig)
-    clock("wire")
     result = out if out is not None else np.empty(first.shape, first.dtype)
     target = flat_target(result)
-    codec.decode(total, grid, special, op, target)
-    result = write_back(result, target)
+    flats = [p.reshape(-1) for p in parts]
+    algorithm = choose(call, "allreduce", grid.words * first.size * grid.wire.itemsize, True)
+    if algorithm != "doubling" and call.forced in (None, "ring") and first.size >= transport.size:
+        call.algorithm = "ring"
+        _split(call, flats, grid, special, op, target, clock)
+    else:
+        total = arrays.scratch(first, grid.words * first.size, _TOTAL, grid.wire).reshape(grid.words, -1)
+        codec.encode(flats, grid, total)
+        clock("encode")
+        _sum_in_place(call, total, "sum", sig)
+        clock("wire")
+        codec.decode(total, grid, special, op, target)
+        clock("decode")
+    return write_back(result, target)
+
+
+def _split(call: Call, flats: list, grid: codec.Grid, special: np.ndarray | None, op: str, target: np.ndarray,
+           clock: _Stages) -> None:
+    """The ring's all-reduce with the decoding between its halves: the words are reduced and
+    scattered, each rank rounds its own chunk of the exact total, and the rounded chunks (the
+    data's dtype, narrower than the words) go round to every rank. So each rank decodes 1/n of
+    the elements, and the all-gather carries the data's bytes, not the words'. The chunks are
+    ``per`` elements each (the last ones padded with zeros), each laid out as its words, so that
+    the reduce-scatter's equal chunks of the words are the ranks' chunks of the elements."""
+    transport = transport_for(call, target)
+    n, me, size = transport.size, transport.rank, target.size
+    per = -(-size // n)
+    ranges = [(min(k * per, size), min((k + 1) * per, size)) for k in range(n)]
+    total = arrays.scratch(target, n * grid.words * per, _TOTAL, grid.wire)
+    chunks = total.reshape(n, grid.words, per)
+    for k, (start, stop) in enumerate(ranges):
+        if stop > start:
+            codec.encode([f[start:stop] for f in flats], grid, chunks[k, :, :stop - start])
+        chunks[k, :, stop - start:] = 0
+    clock("encode")
+    algorithms.reduce_scatter(transport, call, total, total, "sum", call.runtime.segment_elems(grid.wire, transport))
+    clock("wire")
+    start, stop = ranges[me]
+    codec.decode(chunks[me, :, :stop - start], grid, None if special is None else special[:, start:stop], op,
+                 target[start:stop])
     clock("decode")
-    return result
+    algorithms.allgather(transport, call, arrays.transportable(target[start:stop]), arrays.transportable(target),
+                         [b - a for a, b in ranges], call.runtime.segment_elems(target.dtype, transport))
+    clock("wire")
 
 
 def _sum_in_place(call: Call, x: np.ndarray, op: str, sig: bytes, checked: bool = True) -> None:
