@@ -1,8 +1,13 @@
-"""Each rank's share of the host's cores for BLAS: imports nothing but ``os``, so that a program
-can call it before numpy is imported (numpy's BLAS reads these variables when it loads)."""
+"""Each rank's share of the host's cores for BLAS, set before numpy is imported (numpy's BLAS reads
+these variables when it loads). So this module imports nothing that loads numpy: the launchers'
+count of ranks on this host comes from ``collectives/process/launch_environment.py``, loaded by its
+path (importing it through ``collectives`` would load numpy first)."""
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
+from types import ModuleType
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -13,31 +18,22 @@ def share_cores_between_local_ranks() -> None:
     Several ranks each starting one BLAS thread per core oversubscribe the machine and
     make every step wait for the slowest rank. Must run before numpy is imported.
     """
-    local_ranks = int(os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
-                      or srun_tasks_on_this_node(os.environ))
+    local_ranks = launch_environment().ranks_on_this_host(os.environ)
     if local_ranks > 1:
         threads = str(max(1, (os.cpu_count() or 1) // local_ranks))
         for variable in THREAD_VARIABLES:
             os.environ.setdefault(variable, threads)
 
 
-def srun_tasks_on_this_node(environment) -> int:
-    """How many tasks of this step srun started on this node (1 when srun did not start it, or
-    says nothing readable): ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``: 2 on each of the first
-    three nodes, 1 on the fourth) at this node's index in the step, ``SLURM_NODEID``.
+def launch_environment() -> ModuleType:
+    """``collectives/process/launch_environment.py`` (standard library only), loaded on its own: not
+    through its package, whose ``__init__`` loads numpy.
 
-    >>> srun_tasks_on_this_node({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"})
-    1
-    >>> srun_tasks_on_this_node({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "1"})
-    2
-    >>> srun_tasks_on_this_node({})
-    1
+    >>> launch_environment().ranks_on_this_host({"MPI_LOCALNRANKS": "4"})
+    4
     """
-    try:
-        counts = []
-        for part in environment["SLURM_STEP_TASKS_PER_NODE"].split(","):
-            count, _, times = part.partition("(x")
-            counts += [int(count)] * (int(times.rstrip(")")) if times else 1)
-        return counts[int(environment["SLURM_NODEID"])]
-    except (KeyError, ValueError, IndexError):
-        return 1
+    path = Path(__file__).resolve().parent.parent / "collectives" / "process" / "launch_environment.py"
+    spec = importlib.util.spec_from_file_location("_launch_environment", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,7 +3,8 @@ sizes against before they allocate, so that too large a size is a usage error, n
 (or the OOM killer) in the middle of a run."""
 from __future__ import annotations
 
-import os
+# How many ranks share this host's memory, as their launcher counts them (srun's too): the trainer asks here.
+from collectives.process.launchers import ranks_on_this_host  # noqa: F401
 
 
 def available_memory() -> int | None:
@@ -16,15 +17,6 @@ def available_memory() -> int | None:
     except OSError:
         pass
     return None
-
-
-def ranks_on_this_host() -> int:
-    """How many ranks the launcher started on this host (MPICH's and Open MPI's variables; 1 if neither)."""
-    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 1
 
 
 def gib(nbytes: float) -> str:

@@ -11,6 +11,8 @@ MODULES = ["ring.partition", "ring.schedule", "ring.personalized", "ring.doublin
            "collectives.api", "collectives.calls.timeline", "trainer.model", "trainer.optim",
            "trainer.buckets", "trainer.strategies.ps", "trainer.strategies.periodic",
            "trainer.strategies.local_sgd", "trainer.strategies.diloco", "trainer.compression", "trainer.strategies.allreduce", "trainer.checkpoint", "trainer.resuming", "trainer.shards", "bench.sizes", "bench.model", "collectives.about", "cmdline.interrupt", "cmdline.cores", "collectives.process.launchers",
+           "collectives.process.launch_environment", "collectives.process.supervision", "collectives.process.ending",
+           "collectives.process.life", "collectives.process.changes",
            "ring.transport.base", "ring.transport.mpi.departures", "ring.reproducible", "ring.compression", "collectives.ops.reproducible"]
 MODULES += ["collectives.torch.tensors"] if importlib.util.find_spec("torch") else []   # (the extra [torch])
 

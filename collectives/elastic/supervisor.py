@@ -191,14 +191,14 @@ def _siblings() -> set[int]:
 
 
 def _local_ranks() -> int:
-    """How many processes MPICH's launcher started on this host (MPI_LOCALNRANKS), where this
-    process's parent is its proxy; 0 where it cannot tell (a wrapper between them, another launcher)."""
+    """How many processes MPICH's launcher started on this host (``launchers.ranks_on_this_host``), where
+    this process's parent is its proxy; 0 where it cannot tell (a wrapper between them, another launcher)."""
     try:
         with open(f"/proc/{os.getppid()}/comm") as f:
             proxy = f.read().strip() == "hydra_pmi_proxy"
-        return int(os.environ.get("MPI_LOCALNRANKS", "0")) if proxy else 0
-    except (OSError, ValueError):
+    except OSError:
         return 0
+    return launchers.ranks_on_this_host() if proxy else 0
 
 
 def _named(rank: str) -> str:

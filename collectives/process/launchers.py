@@ -17,6 +17,8 @@ the environment (a PyTorchJob's pods)   the same four, without ``TORCHELASTIC_RU
 
 (srun sets ``PMI_SIZE`` and ``PMI_FD`` too under ``--mpi=pmi2``, and an mpiexec inside an
 allocation inherits ``SLURM_*`` of the step that started its proxies: the order above decides.)
+How many ranks run on this host, and whether srun started this process, are read by
+``launch_environment`` (standard library only: a program asks before numpy loads), named here too.
 
 >>> launcher({"PMI_SIZE": "4", "MPI_LOCALNRANKS": "2"})
 ("MPICH's or Intel MPI's mpiexec", 'PMI_SIZE', '4')
@@ -38,12 +40,7 @@ from typing import Iterator
 
 from collectives.errors import CollectiveUsageError
 from collectives.process import config
-
-
-def srun_directly(environment=os.environ) -> bool:
-    """Whether srun started this process itself (not an mpiexec's proxy that srun started)."""
-    return ("SLURM_STEP_NUM_TASKS" in environment and "MPI_LOCALNRANKS" not in environment
-            and "OMPI_COMM_WORLD_SIZE" not in environment)
+from collectives.process.launch_environment import ranks_on_this_host, srun_directly  # noqa: F401 (asked here too)
 
 
 #: What torch's launchers set, all four needed to form a world without an MPI launcher.
