@@ -3,7 +3,6 @@
 Small sweeps only: the bench's figures are measured by running it, never asserted here.
 """
 import csv
-import json
 import os
 import re
 import signal
@@ -14,20 +13,8 @@ import pytest
 
 from ring import cost
 from ring.transport.polling import usable_cores
+from tests.support.bench import QUICK, TIMEOUT_S, bench, rows_of
 from tests.worlds import ROOT, killed_by_ctrl_c, mpi_name, mpiexec, run_world
-
-TIMEOUT_S = 240
-#: (--no-gloo: the gloo column has its own tests, in test_bench_gloo.py; these stay quick without torch's start)
-QUICK = ["--max-bytes", "64K", "--factor", "16", "--iters", "5", "--warmup", "1", "--no-gloo"]
-
-
-def bench(n, *flags, timeout=TIMEOUT_S, env=None):
-    return run_world(n, ["-m", "bench", *QUICK, *flags], timeout, env=env)
-
-
-def rows_of(path):
-    report = json.loads(path.read_text())
-    return report["environment"], report["rows"]
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])

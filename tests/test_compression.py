@@ -12,23 +12,14 @@ import pytest
 from ring import algorithms, arrays
 from ring.compression import BLOCK, CODECS, bf16_bits, fp16_bits, fp16_to_float32
 from ring.partition import chunk_bounds
-from tests.test_compression_bounds import bound
-from tests.test_simulated_ring import BOUND, simulate
-from tests.test_two_level import simulate_hosts
+from tests.support.compression import bound, ring_model, through
+from tests.support.simulated import BOUND, simulate, simulate_hosts
+
 
 pytestmark = pytest.mark.quick
 
 def _ml_dtypes():
     return pytest.importorskip("ml_dtypes")
-
-
-def _through(codec, x):
-    """``x`` rounded through ``codec``'s wire type (a new array)."""
-    wire = np.empty(x.size, codec.wire)
-    codec.encode(x, wire)
-    back = np.empty_like(x)
-    codec.decode(wire, back)
-    return back
 
 
 # The codecs.
@@ -65,15 +56,18 @@ def test_bf16_rounds_to_nearest_even():
 
 def test_nan_and_infinities_survive_and_overflow_goes_to_infinity():
     for codec in CODECS.values():
-        big = 3.4e38 if codec.name == "bf16" else 7e4   # past the largest finite wire value, by more than half a unit
+        big = codec.largest * (1 + 2.0 ** -codec.digits)   # past the largest finite wire value, by more than half a unit
         x = np.array([np.nan, -np.nan, np.inf, -np.inf, big, -big, 0.0, -0.0], np.float32)
-        back = _through(codec, x)
+        assert np.isfinite(x[4]), codec   # (within float32's range: only the wire overflows)
+        back = through(codec, x)
+        assert np.array_equal(through(codec, np.float32([codec.largest, -codec.largest])),
+                              [codec.largest, -codec.largest]), codec
         assert np.isnan(back[:2]).all(), codec
         assert back[2:6].tolist() == [np.inf, -np.inf, np.inf, -np.inf], codec
         assert np.signbit(back[6:]).tolist() == [False, True], codec
     # a NaN whose payload lies only in the low bits would round into the exponent: an infinity
     sneaky = np.array([0x7F800001, 0xFF800001, 0xFFFFFFFF], np.uint32).view(np.float32)
-    assert np.isnan(_through(CODECS["bf16"], sneaky)).all()
+    assert np.isnan(through(CODECS["bf16"], sneaky)).all()
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
@@ -81,7 +75,7 @@ def test_every_wire_value_round_trips_exactly(name):
     """Every one of the 65536 wire values decodes and encodes back to itself (NaNs to a NaN), so
     forwarding a decoded chunk re-encodes it exactly, in float32 and in float64."""
     codec = CODECS[name]
-    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(codec.wire)
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(codec.wire_dtype)
     for dtype in (np.float32, np.float64):
         decoded = np.empty(every.size, dtype)
         codec.decode(every, decoded)
@@ -98,11 +92,11 @@ def test_fp16_is_numpys_float16_and_float64_goes_through_the_same_rounding():
     ml = _ml_dtypes()
     rng = np.random.default_rng(2)
     x64 = rng.standard_normal(BLOCK * 2 + 3) * 10.0 ** rng.integers(-6, 6, BLOCK * 2 + 3)   # (several blocks)
-    assert np.array_equal(_through(CODECS["fp16"], x64), x64.astype(np.float16).astype(np.float64))
-    assert np.array_equal(_through(CODECS["fp16"], x64.astype(np.float32)),
+    assert np.array_equal(through(CODECS["fp16"], x64), x64.astype(np.float16).astype(np.float64))
+    assert np.array_equal(through(CODECS["fp16"], x64.astype(np.float32)),
                           x64.astype(np.float32).astype(np.float16).astype(np.float32))
     expected = x64.astype(np.float32).astype(ml.bfloat16).astype(np.float64)   # float64: via float32, documented
-    assert np.array_equal(_through(CODECS["bf16"], x64), expected)
+    assert np.array_equal(through(CODECS["bf16"], x64), expected)
 
 
 def _assert_fp16_encode_is_numpys_cast(x):
@@ -187,37 +181,15 @@ def test_fp16_bits_on_more_than_a_block():
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
 def test_round_in_place_is_encode_then_decode(name):
     x = np.random.default_rng(3).standard_normal(BLOCK + 17).astype(np.float32)
-    expected = _through(CODECS[name], x)
+    expected = through(CODECS[name], x)
     CODECS[name].round_(x)
     assert np.array_equal(x, expected)
     empty = np.empty(0, np.float32)
     CODECS[name].round_(empty)
-    CODECS[name].encode(empty, np.empty(0, CODECS[name].wire))
+    CODECS[name].encode(empty, np.empty(0, CODECS[name].wire_dtype))
 
 
 # The model of the compressed ring, in one process.
-
-def ring_model(inputs, op, codec):
-    """What the ring all-reduce computes with ``codec`` (None: uncompressed) over ``inputs`` (one
-    flat array per rank, float32 or float64), element for element: chunk c (``chunk_bounds``)
-    starts on rank c + 1 and picks up ranks c + 2, ..., c in turn. Each hop rounds the partial sum
-    through the wire type (it is encoded to be sent) and adds the next rank's contribution exactly
-    as that rank holds it, in the data's dtype; "avg" divides each contribution by n first over a
-    float16 wire, else the finished sum once; the owner then rounds the finished chunk."""
-    n, count = len(inputs), inputs[0].size
-    hop = (lambda v: v) if codec is None else (lambda v: _through(codec, v))
-    prescale = op == "avg" and codec is not None and codec.wire == np.float16
-    if prescale:
-        inputs = [np.true_divide(x, n, out=np.empty_like(x)) for x in inputs]
-    out = np.empty(count, inputs[0].dtype)
-    for c, (start, stop) in enumerate(chunk_bounds(count, n)):
-        acc = inputs[(c + 1) % n][start:stop].copy()
-        for j in range(2, n + 1):
-            acc = hop(acc) + inputs[(c + j) % n][start:stop]
-        if op == "avg" and not prescale and n > 1:
-            np.true_divide(acc, n, out=acc, casting="unsafe")
-        out[start:stop] = hop(acc)
-    return out
 
 
 def _inputs(n, count, dtype, scale=100.0, seed=0):
@@ -264,7 +236,7 @@ def test_the_model_is_not_the_uncompressed_sum():
     inputs = _inputs(4, 1000, np.float32)
     compressed = ring_model(inputs, "sum", CODECS["bf16"])
     assert np.mean(compressed != ring_model(inputs, "sum", None)) > 0.9
-    one_rounding = _through(CODECS["bf16"], ring_model(inputs, "sum", None))   # rounding the sum once is not it
+    one_rounding = through(CODECS["bf16"], ring_model(inputs, "sum", None))   # rounding the sum once is not it
     assert np.mean(compressed != one_rounding) > 0.2   # (0.28 with these inputs)
 
 
@@ -326,7 +298,7 @@ def test_halving_doubling_carries_compression(n, name):
         exact = np.sum(np.stack(inputs).astype(np.float64), axis=0) / n
         assert np.all(np.abs(results[0] - exact) <= bound(inputs, "avg", CODECS[name], "halving"))
         if count > 100:
-            assert np.array_equal(results[0], _through(CODECS[name], results[0])), "not rounded to the wire type"
+            assert np.array_equal(results[0], through(CODECS[name], results[0])), "not rounded to the wire type"
 
 
 @pytest.mark.parametrize("hosts, per_host", [(2, 2), (3, 2), (2, 3)])

@@ -12,85 +12,17 @@ through; k: the most additions and divisions; r: all the wire roundings of the e
 sums; d: the divisions by n of "avg". :func:`counts` gives them per algorithm.
 """
 import doctest
-import sys
 from fractions import Fraction
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ring import algorithms, compression
+from ring import algorithms
 from ring.compression import CODECS
-from tests.test_simulated_ring import BOUND, simulate
-from tests.test_two_level import simulate_hosts
-
-#: eps and t_data of the data's dtype (float64's t_data, 2**-1075, is not a float64: 2**-1074
-#: stands for it).
-DATA = {np.dtype(np.float32): (2.0 ** -24, 2.0 ** -150), np.dtype(np.float64): (2.0 ** -53, 2.0 ** -1074)}
-
-
-def log2_up(n: int) -> int:
-    """ceil(log2 n): the steps of halving (or of recursive doubling) on n ranks, the fold of the
-    ranks past the largest power of two included.
-
-    >>> [log2_up(n) for n in range(1, 9)]
-    [0, 1, 2, 2, 3, 3, 3, 3]
-    """
-    return (n - 1).bit_length()
-
-
-def counts(algorithm: str, n: int, op: str, prescale: bool, hosts: int = 1) -> tuple[int, int, int, int]:
-    """(m, k, r, d) of the documented bound for ``algorithm`` (``algorithm=``'s names) on n ranks,
-    on ``hosts`` hosts of n // hosts ranks for "hierarchical"; ``prescale``: "avg" divides each
-    contribution by n first (the fp16 wire does).
-
-    >>> counts("ring", 4, "sum", False), counts("halving", 5, "sum", False), counts("doubling", 5, "avg", False)
-    ((4, 3, 4, 0), (4, 3, 5, 0), (0, 4, 0, 1))
-    >>> counts("ring", 4, "avg", True), counts("hierarchical", 6, "avg", True, hosts=3)
-    ((4, 4, 4, 4), (3, 5, 3, 4))
-    """
-    d = 0
-    if algorithm == "ring":
-        m, k, r, ranks = n, n - 1, n, n
-    elif algorithm == "halving":
-        m, k, r, ranks = log2_up(n) + 1, log2_up(n), n, n
-    elif algorithm == "doubling":   # (uncompressed: no wire rounding)
-        m, k, r, ranks = 0, log2_up(n), 0, n
-    else:   # the uncompressed ring within each host, then the compressed ring across the hosts
-        m, k, r, ranks = hosts, n // hosts - 1 + hosts - 1, hosts, hosts
-        if op == "avg":
-            k, d = k + 1, 1   # (within a host the sum is divided once)
-    if op == "avg":
-        k += 1
-        d += ranks if prescale and algorithm != "doubling" else 1
-    return m, k, r, d
-
-
-def bound(inputs, op, codec, algorithm="ring", hosts=1) -> np.ndarray:
-    """The documented bound on |result - exact sum (or mean)| for each element of ``inputs`` (one
-    flat float32 or float64 array per rank), in float64 (whose own rounding, a part in 1e16, is far
-    inside the bound's second-order slack).
-
-    >>> one_tie = [np.array([2.0 ** -134], np.float32)] * 2    # each rounds to 0 on the bf16 wire
-    >>> round(float(bound(one_tie, "sum", CODECS["bf16"])[0] / 2.0 ** -133), 4)   # sum |x| is 2**-133
-    1.0157
-    """
-    n, dtype = len(inputs), inputs[0].dtype
-    eps, t_data = DATA[dtype]
-    u, t = 2.0 ** -codec.digits, codec.tiny
-    if codec.name == "bf16" and dtype == np.float64:   # rounded to float32 on the way to bfloat16
-        u, t = u + 2.0 ** -24, t + 2.0 ** -150
-    m, k, r, d = counts(algorithm, n, op, prescale=codec.wire == np.float16, hosts=hosts)
-    y = m * u + k * eps
-    magnitude = np.sum(np.abs(np.stack(inputs).astype(np.float64)), axis=0) / (n if op == "avg" else 1)
-    return np.expm1(y) * magnitude + np.exp(y) * (r * t + d * t_data)
-
-
-def errors(inputs, op, result) -> list[Fraction]:
-    """|result - exact| per element, exactly."""
-    scale = Fraction(1, len(inputs)) if op == "avg" else 1
-    return [abs(Fraction(float(result[i])) - scale * sum(Fraction(float(x[i])) for x in inputs))
-            for i in range(result.size)]
+from tests.support import compression as support_compression
+from tests.support.compression import bound, errors
+from tests.support.simulated import BOUND, simulate, simulate_hosts
 
 
 def reduce(inputs, op, codec, algorithm, hosts=1) -> list[np.ndarray]:
@@ -207,9 +139,8 @@ def test_the_absolute_term_of_avg_is_not_divided_by_n():
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("module", [compression, sys.modules[__name__]], ids=["ring.compression", "this module"])
-def test_the_worked_examples_hold(module):
-    """The examples of the per-rounding error (ring.compression) and of the bound's counts (here),
-    which tests/test_doctests.py does not run."""
-    result = doctest.testmod(module, extraglobs={"np": np})
+def test_the_worked_examples_of_the_bound_hold():
+    """The examples of the bound's counts (tests/support/compression.py; tests/test_doctests.py runs
+    those of the packages only)."""
+    result = doctest.testmod(support_compression, extraglobs={"np": np, "CODECS": CODECS})
     assert result.attempted > 0 and result.failed == 0

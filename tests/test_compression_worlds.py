@@ -3,7 +3,8 @@ among all of tests/mpi in real worlds of 1 to 5 ranks): the same file at 4 ranks
 (the two-level all-reduce, compressed across them), and the bench's compressed column."""
 import pytest
 
-from tests.test_bench import bench, rows_of
+from tests.support.bench import bench, rows_of
+
 
 PATHS = ["tests/mpi/test_compression.py"]
 

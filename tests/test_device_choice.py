@@ -8,10 +8,11 @@ import types
 
 import pytest
 
-from ring.transport.gpu import device, nccl
 from ring.transport.base import TransportError
 from ring.transport.base import unbounded
-from tests.test_simulated_ring import simulate
+from ring.transport.gpu import device, nccl
+from tests.support.simulated import simulate
+
 
 BOUND = unbounded()   # (the simulated world has its own timeout)
 

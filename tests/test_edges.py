@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_faults import BOUND_S, LEAVE_BOUND_S, _errors, _fault, _trace
+from tests.support.faults import (BOUND_S, LEAVE_BOUND_S, OWN_OUTPUT, fault, read_own_output, reported_errors,
+                                  trace_events)
 from tests.worlds import ROOT, keep_survivors, mpi_name, mpiexec, run_world
-
-OWN_OUTPUT = ROOT / "tests" / "programs" / "own_output.sh"
 
 
 def _edge(n: int, *scenario: str, env: dict | None = None):
@@ -35,7 +34,7 @@ def _edge(n: int, *scenario: str, env: dict | None = None):
 ])
 def test_a_message_that_does_not_fit_its_buffer_is_refused_naming_both_ranks_sizes_and_dtypes(buffer, what):
     status, output, wall = _edge(2, "p2p-mismatch", buffer)
-    errors = _errors(output)
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [1] and wall < 30, output
     assert errors[1][1] == (f"recv from rank 0 (tag 3) on rank 1: the message from rank 0 has 32 bytes (4 float64), "
                             f"{what}; nothing was written into it"), output
@@ -87,16 +86,16 @@ def test_a_timeline_directory_where_no_file_can_be_made_is_refused_at_setup():
 
 
 def test_a_rank_that_ends_one_call_early_is_named_the_same_with_the_timeline_on(tmp_path):
-    status, output, _ = _fault(3, "skipped")
-    without = _errors(output)
+    status, output, _ = fault(3, "skipped")
+    without = reported_errors(output)
     result = run_world(3, ["-m", "tests.programs.faults", "skipped"], BOUND_S,
                        env={"COLLECTIVES_TIMELINE": str(tmp_path / "trace.json")})
-    with_timeline = _errors(result.stdout)
+    with_timeline = reported_errors(result.stdout)
     assert sorted(with_timeline) == sorted(without) == [0, 2], (output, result.stdout)
     for rank, (_, message) in with_timeline.items():
         assert message.endswith("rank 1 ended its program after 4 collective(s)"), result.stdout
     for rank in (0, 2):   # the failed ranks' own files; rank 1's own events went nowhere it could not meet
-        assert {e["pid"] for e in _trace(tmp_path / f"trace.rank{rank}.json")} == {rank}, result.stdout
+        assert {e["pid"] for e in trace_events(tmp_path / f"trace.rank{rank}.json")} == {rank}, result.stdout
     assert not (tmp_path / "trace.json").exists(), "trace.json holds only a merged trace"
 
 
@@ -115,7 +114,7 @@ def _run_with_own_output(n: int, args: list[str], tmp_path: Path, victim_from=No
         give_up = time.monotonic() + BOUND_S
         while time.monotonic() < give_up:
             for r in range(n):
-                found = re.search(r"pid (\d+)", _read(tmp_path, r))
+                found = re.search(r"pid (\d+)", read_own_output(tmp_path, r))
                 if found:
                     pids[r] = int(found.group(1))
             for r, pid in pids.items():
@@ -127,12 +126,7 @@ def _run_with_own_output(n: int, args: list[str], tmp_path: Path, victim_from=No
         job.communicate(timeout=BOUND_S)
     finally:
         guard.cancel()
-    return {r: _read(tmp_path, r) for r in range(n)}, ended, job.returncode
-
-
-def _read(tmp_path: Path, rank: int) -> str:
-    path = tmp_path / f"out.{rank}"
-    return path.read_text() if path.exists() else ""
+    return {r: read_own_output(tmp_path, r) for r in range(n)}, ended, job.returncode
 
 
 def _alive(pid: int) -> bool:
@@ -190,7 +184,7 @@ def test_after_a_rank_is_killed_every_survivor_says_so_and_exits_non_zero_within
 def test_a_rank_that_ends_before_its_first_collective_is_named_at_once():
     """At once: by its farewell, within LEAVE_BOUND_S, where the call's timeout is 30 s."""
     status, output, wall = _edge(3, "ended-early")
-    errors = _errors(output)
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 2] and wall < 30, output
     for seconds, message in errors.values():
         assert seconds < LEAVE_BOUND_S, output
@@ -261,13 +255,13 @@ def _kill_during_ps_training(directory: Path, victim: int):
     guard.start()
     try:
         pids = {}
-        while not pids or "epoch" not in _read(directory, 0):
-            assert job.poll() is None, _read(directory, 0)
-            found = re.search(r"ranks \(pid\): (.*)", _read(directory, 0))
+        while not pids or "epoch" not in read_own_output(directory, 0):
+            assert job.poll() is None, read_own_output(directory, 0)
+            found = re.search(r"ranks \(pid\): (.*)", read_own_output(directory, 0))
             if found:
                 pids = {int(r): int(p) for r, p in re.findall(r"(\d+) \((\d+)\)", found.group(1))}
             time.sleep(0.05)
-        assert "as 1 server(s), 3 worker(s)" in _read(directory, 0)
+        assert "as 1 server(s), 3 worker(s)" in read_own_output(directory, 0)
         try:
             os.kill(pids[victim], signal.SIGKILL)
         except ProcessLookupError:
@@ -280,7 +274,7 @@ def _kill_during_ps_training(directory: Path, victim: int):
         job.communicate(timeout=30)
     finally:
         guard.cancel()
-    return {r: _read(directory, r) for r in range(4) if r != victim}, pids, ended
+    return {r: read_own_output(directory, r) for r in range(4) if r != victim}, pids, ended
 
 
 def test_a_failure_notice_that_comes_after_the_runtime_left_ends_nothing():
@@ -305,7 +299,7 @@ def test_a_rank_terminated_before_its_first_collective_is_reported_by_the_others
         run_world(3, [str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges", "terminated-before-setup",
                       str(directory)], 60,
                   env={"OWN_OUTPUT": str(directory / "out")}, launcher_args=keep_survivors(), python=False)
-        return {r: _read(directory, r) for r in range(3)}, None, None
+        return {r: read_own_output(directory, r) for r in range(3)}, None, None
     outputs, _, _ = _until_every_survivor_speaks(run, (0, 2), lambda output: bool(output))
     for rank in (0, 2):
         output = outputs[rank]

@@ -7,10 +7,11 @@ import re
 
 import pytest
 
-from tests.worlds import keep_survivors, mpi_name, run_world
+from tests.support.trainer import CLEANUP, ends_as_a_restart, trainer_killing
+from tests.worlds import mpi_name, run_world
+
 
 JOB = ["-m", "tests.programs.elastic_job", "--steps", "80"]
-CLEANUP = keep_survivors()
 
 
 def _final(output: str) -> str:
@@ -194,64 +195,19 @@ def test_the_trainer_loses_a_rank_and_ends_with_the_bits_of_a_restart(tmp_path):
     back to, and the run ends with the parameters of 4 ranks to that step (--max-steps, a
     checkpoint) then 3 ranks resumed from it."""
     train = ["-m", "trainer", "--epochs", "6", "--dtype", "float64"]
-    out, _ = _trainer_killing(train, "epoch   2/", 2)
+    out, _ = trainer_killing(train, "epoch   2/", 2)
     found = re.search(r"elastic: rank 2 gone: 4 -> 3 ranks; back to step (\d+)", out)
     assert found and "done: " in out, out[-3000:]
-    _ends_as_a_restart(out, train, 4, int(found.group(1)), 3, tmp_path)
+    ends_as_a_restart(out, train, 4, int(found.group(1)), 3, tmp_path)
 
 
 def test_the_trainer_killed_after_its_done_line_ends_without_hanging():
     """A death after the work ended (the ``done:`` line): the survivors, at exit, must not wait for
     the dead rank (3 of 3 runs hung for ever, the survivors in MPI_Finalize)."""
-    out, status = _trainer_killing(["-m", "trainer", "--epochs", "3"], "done: ", 3, seconds=60)
+    out, status = trainer_killing(["-m", "trainer", "--epochs", "3"], "done: ", 3, seconds=60)
     assert status == 0 and "done: " in out, out[-3000:]   # (the work was done: the job finished)
     assert out.count("exiting with status 0 (the elastic job finished) without MPI_Finalize, which would wait for "
                      "ever for rank(s) ") == 3, out[-3000:]
-
-
-def _trainer_killing(train: list[str], when: str, victim: int, seconds: float = 120) -> tuple[str, int]:
-    """``train`` under ``--elastic`` at n = 4; once a line starts with ``when``, SIGKILL the process of
-    rank ``victim`` (by the pid the trainer prints). Returns the output and mpiexec's status (-9: the
-    job did not end within ``seconds`` of that line, or 120 s in all, and was killed)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import threading
-    from tests.worlds import ROOT, mpiexec
-    command = [*mpiexec(), *CLEANUP, "-n", "4", sys.executable, *train, "--elastic", "--min-ranks", "2"]
-    job = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    bound = threading.Timer(120, os.killpg, (job.pid, signal.SIGKILL))   # (a silent hang ends the loop too)
-    bound.start()
-    lines = []
-    try:
-        for line in job.stdout:
-            lines.append(line)
-            if line.startswith(when):
-                pids = re.search(r"ranks \(pid\): (.*?)  \(", "".join(lines)).group(1)
-                os.kill(int(re.search(rf"{victim} \((\d+)\)", pids).group(1)), signal.SIGKILL)
-                bound.cancel()
-                bound = threading.Timer(seconds, os.killpg, (job.pid, signal.SIGKILL))
-                bound.start()
-        job.wait()
-    finally:
-        bound.cancel()
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-    return "".join(lines), job.returncode
-
-
-def _ends_as_a_restart(out: str, train: list[str], before: int, step: int, after: int, tmp_path) -> None:
-    """The elastic run's final parameters (its output ``out``) are those of ``before`` ranks to
-    ``step`` (--max-steps, a checkpoint), then ``after`` ranks resumed from it, bit for bit."""
-    digest = re.search(r"parameters identical on every rank \(blake2b (\w+)\)", out).group(1)
-    directory = str(tmp_path / "reference")
-    first = run_world(before, [*train, "--max-steps", str(step), "--checkpoint-dir", directory], 120)
-    assert first.returncode == 0, first.stdout[-3000:]
-    second = run_world(after, [*train, "--checkpoint-dir", directory, "--resume"], 120)
-    assert second.returncode == 0 and f"blake2b {digest}" in second.stdout, (out[-2000:], second.stdout[-2000:])
 
 
 def test_the_trainer_grows_by_host_discovery_and_ends_with_the_bits_of_a_restart(tmp_path):
@@ -270,4 +226,4 @@ def test_the_trainer_grows_by_host_discovery_and_ends_with_the_bits_of_a_restart
     found = re.search(r"elastic: 1 joined: 2 -> 3 ranks; back to step (\d+)", out)
     assert grown.returncode == 0 and found and "done: 100 epoch(s)" in out and "on 3 rank(s)" in out, out[-3000:]
     assert 0 < int(found.group(1)) < 100 * 23, out[-3000:]   # (23 steps an epoch: 1438 digits, batches of 64)
-    _ends_as_a_restart(out, train, 2, int(found.group(1)), 3, tmp_path)
+    ends_as_a_restart(out, train, 2, int(found.group(1)), 3, tmp_path)

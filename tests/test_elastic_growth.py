@@ -19,7 +19,9 @@ import pytest
 
 from collectives.elastic.discovery import Discovery
 from tests.programs.elastic_grow import reference
+from tests.support.hosts import SCRIPT, hostfiles_removed, kill_host, why_not
 from tests.worlds import ROOT, keep_survivors, mpi_name, mpiexec, run_world
+
 
 BOUND_S = 120
 PROGRAM = ["tests/programs/elastic_grow.py"]
@@ -131,8 +133,7 @@ GROWTH_HOSTS = "ringg"   # (a prefix of its own: tests/test_hosts.py's hosts, "r
 def two_hosts():
     """Two emulated hosts, ringg1 and ringg2 (scripts/emulate_hosts.sh), removed whatever happens, with the
     hostfiles of the runs killed on them."""
-    from tests.test_hosts import SCRIPT, _why_not, hostfiles_removed
-    why = _why_not("MPICH")
+    why = why_not("MPICH")
     if why:
         pytest.skip(why)
     env = {**os.environ, "EMULATED_HOSTS_PREFIX": GROWTH_HOSTS}
@@ -147,7 +148,6 @@ def two_hosts():
 @needs_mpich
 @pytest.mark.parametrize("kill", [False, True], ids=["grows-onto-another-host", "and-loses-it"])
 def test_a_job_on_one_host_grows_onto_another_that_discovery_lists(two_hosts, tmp_path, kill):
-    from tests.test_hosts import SCRIPT, _kill_host
     out = tmp_path / "w.npy"
     listed = f"printf '{GROWTH_HOSTS}1:2\\n{GROWTH_HOSTS}2:2\\n'"
     args = [*PROGRAM, "--steps", "60", "--discovery", listed, "--out", str(out),
@@ -161,7 +161,7 @@ def test_a_job_on_one_host_grows_onto_another_that_discovery_lists(two_hosts, tm
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             for host in (f"{GROWTH_HOSTS}1", f"{GROWTH_HOSTS}2"):   # (the proxies lead sessions of their own)
-                _kill_host(host)
+                kill_host(host)
             job.communicate()
     assert job.returncode == 0, output[-3000:]
     assert "elastic: 2 joined: 2 -> 4 ranks" in output, output[-3000:]

@@ -9,43 +9,26 @@ runtime. Where the time is the promise, the bounds hold on a loaded 2-core machi
 left is heard within LEAVE_BOUND_S, by message: the runtime's timeout is far longer there (600 s
 unless the scenario sets one), so an error that names the rank that left and came at all came
 by message; a call with timeout=T raises at T at the earliest and within DEADLINE_SLACK_S after."""
-import json
 import os
 import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from ring.transport.base import ROLL_CALL_GRACE
-from ring.transport.polling import process_state as _process_state
-from tests.worlds import keep_survivors, mpi_name, run_world
-
-BOUND_S = 60   # "well under a minute": no scenario may take longer to end
-LEAVE_BOUND_S = 10.0   # a rank waiting for one that left knows within this (by message: about 0.1 s when idle)
-DEADLINE_SLACK_S = 5.0   # how late past its deadline a timed-out call may raise on a loaded machine
 #: Two ranks that wait for the same absent one: the one whose timeout ends first tells the other it gave up,
 #: and then its program ends, which it says too; the other may hear either before its own timeout ends (its
 #: error then names the first's, which is a timeout too).
+
+from ring.transport.base import ROLL_CALL_GRACE
+from ring.transport.polling import process_state as _process_state
+from tests.support.faults import BOUND_S, DEADLINE_SLACK_S, LEAVE_BOUND_S, fault, reported_errors, trace_events
+from tests.worlds import keep_survivors, mpi_name, run_world
+
+
 HEARD_FIRST = (r"(rank \d (gave up \(its runtime stopped after \d+ collective\(s\) of this group\)"
                r"|left: it stopped after a failure): allreduce #2 on rank \d: )?")
-
-
-def _fault(n: int, *scenario: str, bound: float = BOUND_S):
-    """Run a scenario of tests/programs/faults.py; return (exit status, output, wall seconds)."""
-    started = time.monotonic()
-    result = run_world(n, ["-m", "tests.programs.faults", *scenario], bound)
-    return result.returncode, result.stdout, time.monotonic() - started
-
-
-def _errors(output: str, kind: str = "CollectiveError") -> dict[int, tuple[float, str]]:
-    """rank -> (seconds the call took, message), from the ``_report`` lines of every rank."""
-    found = {}
-    for rank, seconds, message in re.findall(rf"rank (\d+): {kind} after ([\d.]+) s in [^:]+: (.*)", output):
-        found[int(rank)] = (float(seconds), message)
-    return found
 
 
 def test_an_absent_rank_makes_the_others_time_out_naming_it():
@@ -96,8 +79,8 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_at_exit(cleanup):
 def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeout(absent):
     """The others then end without MPI_Finalize, so that the launcher ends the job even where the
     absent rank never ends (for-ever: MPICH's launcher waited for it for ever after their finalize)."""
-    status, output, wall = _fault(3, "absent-at-setup", absent)
-    errors = _errors(output)
+    status, output, wall = fault(3, "absent-at-setup", absent)
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < 30, output
     assert "exiting with status 1 without MPI_Finalize: a rank of this job did not come to the runtime's setup" \
         in output, output
@@ -111,8 +94,8 @@ def test_a_retry_after_a_setup_timeout_times_out_too_and_every_rank_ends_with_st
     """The runtime is set up once in a job: a rank that catches the setup's timeout and calls again
     waits for a setup the late rank never joins (the late rank's first call met the abandoned one, and
     waits a step further on), so both calls time out and the job ends with status 1."""
-    status, output, wall = _fault(2, "retry-at-setup")
-    errors = _errors(output)
+    status, output, wall = fault(2, "retry-at-setup")
+    errors = reported_errors(output)
     assert status == 1 and sorted(errors) == [0, 1] and wall < 30, output
     assert "rank 0: caught init: timed out after 2" in output, output
     assert re.match(r"init: timed out after 4(\.\d+)? s waiting for every rank to make the runtime's communicator",
@@ -143,14 +126,14 @@ def test_a_farewell_setup_that_nobody_joins_still_ends_with_mpi_finalize_and_sta
     """A setup at exit that only says farewell and times out is not a setup the program missed: the
     process finalizes as usual (it ended with status 1 for a session, which killed healthy jobs
     whose ranks ended more than 10 s apart)."""
-    status, output, _ = _fault(2, "farewell-alone")
+    status, output, _ = fault(2, "farewell-alone")
     assert status == 0 and "rank 0: done" in output and "rank 1: done after rank 0's farewell" in output, output
     assert "without MPI_Finalize" not in output, output
 
 
 def test_after_a_timeout_the_census_tells_a_late_rank_from_an_absent_one():
-    status, output, _ = _fault(3, "late")
-    errors = _errors(output)
+    status, output, _ = fault(3, "late")
+    errors = reported_errors(output)
     assert status not in (0, -9) and 0 in errors, output
     assert "waiting for rank 2; rank(s) not answering (in no collective call, computing between two messages of this one, or gone): 2; " \
            "rank(s) waiting in this call too: 1" in errors[0][1], errors[0][1]
@@ -167,8 +150,8 @@ def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call
     """The others' data of the call reached the late rank before they gave up: completing it with that
     data would leave the ranks disagreeing on whether the call happened. The late rank hears why
     (their message when they gave up, or their farewell), at once: no wait of its own timeout (30 s)."""
-    status, output, _ = _fault(n, "late-after-timeout", call, others)
-    errors = _errors(output)
+    status, output, _ = fault(n, "late-after-timeout", call, others)
+    errors = reported_errors(output)
     assert "ok late call" not in output and status not in (0, -9), output
     assert sorted(errors) == list(range(n)), output
     for rank in (0, 2)[:n - 1]:   # (its own timeout, or the other's, whose give-up came first)
@@ -193,7 +176,7 @@ def test_a_call_that_keeps_moving_data_outlasts_its_timeout_and_one_that_hears_n
     assert time.monotonic() - started < BOUND_S, output
     for rank in range(n):
         assert f"rank {rank}: slow call right, longer than its timeout: True" in output, output
-    errors = _errors(output)
+    errors = reported_errors(output)
     assert sorted(errors) == list(range(n - 1)), output
     for seconds, message in errors.values():
         assert re.search(r"allreduce #4 on rank \d: timed out after 1(\.\d+)? s waiting for rank", message), output
@@ -201,8 +184,8 @@ def test_a_call_that_keeps_moving_data_outlasts_its_timeout_and_one_that_hears_n
 
 
 def test_the_census_tells_a_rank_in_another_collective_of_the_same_number():
-    status, output, _ = _fault(4, "census-other-call")
-    errors = _errors(output)
+    status, output, _ = fault(4, "census-other-call")
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1, 2], output
     assert "rank(s) not answering (in no collective call, computing between two messages of this one, or gone): 3; rank(s) in another call: 2 (#2 barrier); " \
            "rank(s) waiting in this call too: 1" in errors[0][1], output
@@ -220,9 +203,9 @@ def test_the_census_tells_a_rank_in_another_collective_of_the_same_number():
 ])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_a_rank_that_leaves_fails_the_waiting_ranks_fast_naming_it(scenario, why, n):
-    status, output, wall = _fault(n, scenario)
+    status, output, wall = fault(n, scenario)
     assert status not in (0, -9), output
-    errors = _errors(output)
+    errors = reported_errors(output)
     waiting = [r for r in range(n) if r != 1]
     # MPICH's launcher may kill the others once a rank dies of a signal (Ctrl-C): each rank that
     # was not killed reports; every report names rank 1 and why it left, within the bound.
@@ -236,8 +219,8 @@ def test_a_rank_that_leaves_fails_the_waiting_ranks_fast_naming_it(scenario, why
 
 @pytest.mark.parametrize("bound", ["call", "wait"])
 def test_an_async_call_times_out_from_wait_on_every_rank(bound):
-    status, output, wall = _fault(3, "async-absent", bound)
-    errors = _errors(output)
+    status, output, wall = fault(3, "async-absent", bound)
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < 30, output
     for rank, (seconds, message) in errors.items():
         assert 2 <= seconds < 2 + DEADLINE_SLACK_S, output
@@ -250,8 +233,8 @@ def test_an_async_call_times_out_from_wait_on_every_rank(bound):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_rank_that_dies_with_handles_in_flight_fails_the_others_waits_fast(n):
-    status, output, wall = _fault(n, "async-uncaught")
-    errors = _errors(output)
+    status, output, wall = fault(n, "async-uncaught")
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [r for r in range(n) if r != 1] and wall < 30, output
     for seconds, message in errors.values():
         assert seconds < LEAVE_BOUND_S and message.endswith(
@@ -266,7 +249,7 @@ def test_a_late_rank_whose_call_differs_from_the_abandoned_one_does_not_hang_the
     result = run_world(3, ["-m", "tests.programs.faults", "late-other-call"], BOUND_S,
                        launcher_args=() if cleanup else keep_survivors())
     output, wall = result.stdout, time.monotonic() - started
-    errors = _errors(output)
+    errors = reported_errors(output)
     assert result.returncode not in (0, -9) and sorted(errors) == [0, 1, 2] and wall < 30, output
     for rank in (0, 2):
         # (the message has the seconds the wait itself lasted: an async call's deadline runs from its issue, a
@@ -279,7 +262,7 @@ def test_a_late_rank_whose_call_differs_from_the_abandoned_one_does_not_hang_the
                                                      r"timed out", errors[1][1]), output
 
 def test_ctrl_c_while_waiting_for_a_handle_stops_the_runtime_and_tells_the_others():
-    status, output, _ = _fault(3, "async-ctrl-c")
+    status, output, _ = fault(3, "async-ctrl-c")
     assert "rank 1: KeyboardInterrupt inside wait" in output, output
     # Ctrl-C lands in the wait, or in the call itself where the waiting thread runs it (Engine.help)
     interrupted = ("(rank 1: interrupted by KeyboardInterrupt while waiting for an async allreduce|allreduce #4 on "
@@ -287,7 +270,7 @@ def test_ctrl_c_while_waiting_for_a_handle_stops_the_runtime_and_tells_the_other
     assert re.search("rank 1: then CollectiveError: allreduce: the runtime stopped after an earlier failure "
                      rf"\({interrupted}\)", output), output
     assert "WRONG" not in output and "Traceback" not in output, output
-    errors = _errors(output)
+    errors = reported_errors(output)
     assert 2 in errors, output   # rank 0 may have had all it needed from rank 1 already (then its sum is right)
     for rank, (seconds, message) in errors.items():
         assert seconds < LEAVE_BOUND_S and re.search(f"rank 1 left: it stopped after a failure: {interrupted}",
@@ -295,13 +278,9 @@ def test_ctrl_c_while_waiting_for_a_handle_stops_the_runtime_and_tells_the_other
 
 
 def test_handles_a_program_leaves_unwaited_are_finished_at_exit():
-    status, output, _ = _fault(3, "async-dropped-at-exit")
+    status, output, _ = fault(3, "async-dropped-at-exit")
     assert status == 0 and output.count("right") == 4 and "WRONG" not in output, output
     assert "Warning" not in output and "Traceback" not in output, output
-
-
-def _trace(path: Path) -> list[dict]:
-    return json.loads(path.read_text())["traceEvents"]
 
 
 def test_the_timeline_is_a_chrome_trace_with_a_track_per_rank_and_every_phase(tmp_path):
@@ -309,7 +288,7 @@ def test_the_timeline_is_a_chrome_trace_with_a_track_per_rank_and_every_phase(tm
     result = run_world(3, ["-m", "tests.programs.faults", "timeline", "ok"], BOUND_S,
                        env={"COLLECTIVES_TIMELINE": str(path)})
     assert result.returncode == 0, result.stdout
-    events = _trace(path)
+    events = trace_events(path)
     assert {e["pid"] for e in events} == {0, 1, 2}
     spans = [e for e in events if e["ph"] == "X"]
     for rank in range(3):
@@ -337,7 +316,7 @@ def test_after_a_failure_each_rank_writes_its_own_timeline(tmp_path):
                        env={"COLLECTIVES_TIMELINE": str(path)})
     assert result.returncode not in (0, -9), result.stdout
     for rank in range(3):   # trace.json is only ever the merged trace
-        assert {e["pid"] for e in _trace(tmp_path / f"trace.rank{rank}.json")} == {rank}, result.stdout
+        assert {e["pid"] for e in trace_events(tmp_path / f"trace.rank{rank}.json")} == {rank}, result.stdout
     assert not path.exists(), result.stdout
 
 
@@ -350,8 +329,8 @@ def test_a_timeline_path_that_cannot_be_written_is_refused_at_setup(tmp_path):
 
 
 def test_a_rank_that_crashes_before_its_first_collective_is_named_at_setup():
-    status, output, _ = _fault(3, "crash-first")
-    errors = _errors(output)
+    status, output, _ = fault(3, "crash-first")
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 2], output
     for seconds, message in errors.values():
         assert seconds < LEAVE_BOUND_S and message == ("init: rank 1 left before its first collective: "
@@ -361,8 +340,8 @@ def test_a_rank_that_crashes_before_its_first_collective_is_named_at_setup():
 def test_a_rank_that_crashes_before_its_first_collective_is_named_to_a_rank_that_comes_later():
     """Rank 2 comes 3 s after rank 1 raised: rank 1, at exit, still waits in the setup to say why (up to
     10 s). The 3 s are the promise (longer than the 2 s a failed rank used to wait)."""
-    status, output, _ = _fault(3, "crash-first-late")
-    errors = _errors(output)
+    status, output, _ = fault(3, "crash-first-late")
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 2], output
     for rank, (seconds, message) in errors.items():
         assert seconds < (3 if rank == 0 else 0) + LEAVE_BOUND_S and message == (
@@ -370,8 +349,8 @@ def test_a_rank_that_crashes_before_its_first_collective_is_named_to_a_rank_that
 
 
 def test_named_calls_turn_a_skipped_step_into_an_error_on_every_rank():
-    status, output, _ = _fault(3, "skipped-named")
-    errors = _errors(output, "CollectiveUsageError")
+    status, output, _ = fault(3, "skipped-named")
+    errors = reported_errors(output, "CollectiveUsageError")
     assert status not in (0, -9) and sorted(errors) == [0, 1, 2], output
     for _, message in errors.values():
         assert message == "allreduce: name: name differs across ranks: rank 0: grad step 2, rank 1: grad step 3"
@@ -379,7 +358,7 @@ def test_named_calls_turn_a_skipped_step_into_an_error_on_every_rank():
 
 
 def test_ctrl_c_inside_a_call_leaves_a_defined_state_and_a_clean_exit():
-    status, output, _ = _fault(3, "interrupted")
+    status, output, _ = fault(3, "interrupted")
     assert "rank 1: KeyboardInterrupt inside the allreduce" in output, output
     assert "rank 1: then CollectiveError: allreduce: the runtime stopped after an earlier failure (allreduce #4 " \
            "on rank 1 was interrupted by KeyboardInterrupt)" in output, output
@@ -395,7 +374,7 @@ def test_ctrl_c_inside_a_call_leaves_a_defined_state_and_a_clean_exit():
 
 @pytest.mark.parametrize("how", ["by-hand", "finalize", "initialize"])
 def test_a_program_that_finalizes_mpi_itself_exits_cleanly(how):
-    status, output, _ = _fault(3, "finalize", how)
+    status, output, _ = fault(3, "finalize", how)
     assert status == 0 and output.count("sum right") == 3 and output.count("done") == 3, output
     assert "Traceback" not in output and "WARN" not in output, output
 
@@ -411,7 +390,7 @@ def test_a_program_that_finalizes_mpi_itself_exits_cleanly(how):
                      "expected a byte count from 0 \\(the defaults\\) to 1073741824"),
 ])
 def test_settings_are_agreed_at_setup_and_every_rank_raises_alike(what, expected):
-    status, output, _ = _fault(3, "settings", what)
+    status, output, _ = fault(3, "settings", what)
     assert status == 3, output
     for rank in range(3):
         assert re.search(f"rank {rank}: {expected}", output), output
@@ -419,21 +398,21 @@ def test_settings_are_agreed_at_setup_and_every_rank_raises_alike(what, expected
 
 
 def test_with_the_check_off_a_longer_message_is_named_not_corrupting():
-    status, output, wall = _fault(2, "unchecked")
-    errors = _errors(output)
+    status, output, wall = fault(2, "unchecked")
+    errors = reported_errors(output)
     assert status not in (0, -9) and wall < 30, output
     assert any("a message from rank" in m and "was longer than this rank expected" in m for _, m in errors.values()), \
         output
 
 
 def test_rank_and_size_are_local():
-    status, output, _ = _fault(3, "rank-only")
+    status, output, _ = fault(3, "rank-only")
     assert status == 0 and "rank 0: size 3" in output and output.count("ok allreduce") == 3, output
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_two_threads_per_rank_never_get_wrong_data(n):
-    status, output, _ = _fault(n, "threads")
+    status, output, _ = fault(n, "threads")
     outcomes = re.findall(r"rank \d+: threads \{'right': (\d+), 'refused': (\d+), 'wrong': (\d+)\}", output)
     assert status == 0 and len(outcomes) == n, output
     for right, refused, wrong in outcomes:
@@ -441,7 +420,7 @@ def test_two_threads_per_rank_never_get_wrong_data(n):
 
 
 def test_without_thread_support_only_the_main_thread_may_call():
-    status, output, _ = _fault(2, "funneled")
+    status, output, _ = fault(2, "funneled")
     assert status == 0, output
     for rank in range(2):
         assert (f"rank {rank}: from a thread: allreduce: called from thread 'loader', but MPI was started with "
@@ -450,7 +429,7 @@ def test_without_thread_support_only_the_main_thread_may_call():
 
 
 def test_a_long_wait_does_not_burn_a_core():
-    status, output, _ = _fault(2, "idle")
+    status, output, _ = fault(2, "idle")
     waited, cpu = map(float, re.search(r"waited ([\d.]+) s using ([\d.]+) s of CPU", output).groups())
     assert status == 0 and waited > 3.5, output
     assert cpu < 0.25 * waited, f"a rank waiting {waited:.1f} s used {cpu:.2f} s of CPU"
@@ -473,8 +452,8 @@ def test_a_dead_process_is_told_apart_from_a_live_one():
 
 
 def test_a_rank_absent_from_a_groups_call_is_named_by_its_world_rank():
-    status, output, wall = _fault(3, "group-absent")
-    errors = _errors(output)
+    status, output, wall = fault(3, "group-absent")
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [1] and wall < BOUND_S, output
     group_call = re.search(r"rank 1: CollectiveError after ([\d.]+) s in group call: (.*)", output)
     assert group_call and 2 <= float(group_call[1]) < 2 + DEADLINE_SLACK_S, output
@@ -486,8 +465,8 @@ def test_a_rank_absent_from_a_groups_call_is_named_by_its_world_rank():
 
 
 def test_a_group_member_that_dies_ends_the_groups_and_the_worlds_calls():
-    status, output, wall = _fault(3, "group-member-dies")
-    errors = _errors(output)
+    status, output, wall = fault(3, "group-member-dies")
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < BOUND_S, output
     why = "rank 2 left: uncaught RuntimeError: user bug on rank 2 (after 1 collective(s))"
     assert errors[1][1] == f"allreduce #2 on rank 1 in group [1, 2]: {why}", output
@@ -496,8 +475,8 @@ def test_a_group_member_that_dies_ends_the_groups_and_the_worlds_calls():
 
 
 def test_a_group_made_on_some_ranks_only_ends_when_the_last_rank_leaves():
-    status, output, wall = _fault(3, "group-partial")
-    errors = _errors(output)
+    status, output, wall = fault(3, "group-partial")
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < BOUND_S, output
     for rank, (seconds, message) in errors.items():
         assert seconds < LEAVE_BOUND_S and message == f"new_group #2 on rank {rank}: rank 2 ended its program " \
@@ -505,8 +484,8 @@ def test_a_group_made_on_some_ranks_only_ends_when_the_last_rank_leaves():
 
 
 def test_a_group_of_its_members_alone_names_a_member_that_ended_at_once():
-    status, output, wall = _fault(3, "group-member-left")
-    errors = _errors(output)
+    status, output, wall = fault(3, "group-member-left")
+    errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < 20, output
     for rank, (seconds, message) in errors.items():
         assert seconds < LEAVE_BOUND_S and message == f"new_group (members_only=True) on rank {rank}: rank 2 ended " \
@@ -514,7 +493,7 @@ def test_a_group_of_its_members_alone_names_a_member_that_ended_at_once():
 
 
 def test_init_with_a_communicator_makes_it_the_world():
-    status, output, _ = _fault(4, "group-comm")
+    status, output, _ = fault(4, "group-comm")
     assert status == 0, output
     for world_rank in range(4):
         assert (f"rank {world_rank}: runtime rank {world_rank // 2} of 2, half rank {world_rank // 2} of 2, "

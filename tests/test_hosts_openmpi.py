@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.test_edges import OWN_OUTPUT, _read
-from tests.test_hosts import DEATH, HOSTS, SCRIPT, _finish, _kill_host, _tx_bytes, emulated_hosts
+from tests.support.faults import OWN_OUTPUT, read_own_output
+from tests.support.hosts import DEATH, HOSTS, SCRIPT, emulated_hosts, finish, kill_host, tx_bytes
 from tests.worlds import ROOT, WORLD_PYTEST, keep_survivors
 
 
@@ -33,12 +33,12 @@ def _launch(layout: str, args: list[str], env: dict | None = None) -> subprocess
 
 
 def _run(layout: str, args: list[str], bound: float = 300) -> subprocess.CompletedProcess:
-    return _finish(_launch(layout, [sys.executable, *args]), bound)
+    return finish(_launch(layout, [sys.executable, *args]), bound)
 
 
 @pytest.mark.parametrize("layout", ["2,2", "3,1"])
 def test_ranks_know_their_hosts_and_the_bytes_cross_the_links(cluster, layout):
-    before = _tx_bytes("ringh2")
+    before = tx_bytes("ringh2")
     result = _run(layout, ["-m", "tests.programs.edges", "hosts"], 120)
     assert result.returncode == 0, result.stdout[-3000:]
     found = {int(r): (host, int(local), int(size)) for r, host, local, size in
@@ -49,7 +49,7 @@ def test_ranks_know_their_hosts_and_the_bytes_cross_the_links(cluster, layout):
             expected[rank] = (f"ringh{h}", local, count)
             rank += 1
     assert found == expected, result.stdout[-3000:]
-    assert _tx_bytes("ringh2") - before > 1 << 20, "host 2 sent less than a chunk: shared memory, not the link?"
+    assert tx_bytes("ringh2") - before > 1 << 20, "host 2 sent less than a chunk: shared memory, not the link?"
 
 
 def test_every_collective_matches_mpi4py_across_2x2_hosts(cluster):
@@ -67,8 +67,8 @@ def _killed_on_host_2(tmp_path, launcher_args: tuple[str, ...]):
     output in a file of its own. Returns (launcher's result, each rank's output, when the job ended)."""
     process = _launch("2,2", [*launcher_args, str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges",
                               "killed", "waiting", "3"], {"OWN_OUTPUT": str(tmp_path / "out")})
-    result = _finish(process, 60)
-    return result, {r: _read(tmp_path, r) for r in range(4)}, time.monotonic()
+    result = finish(process, 60)
+    return result, {r: read_own_output(tmp_path, r) for r in range(4)}, time.monotonic()
 
 
 def test_a_rank_killed_on_another_host_makes_open_mpi_abort_the_job_before_any_survivor_speaks(cluster, tmp_path):
@@ -86,6 +86,17 @@ def test_a_rank_killed_on_another_host_makes_open_mpi_abort_the_job_before_any_s
     assert _aborted_by_mpi(banner), result.stdout
     for rank in (0, 1, 2):
         assert "CollectiveError" not in outputs[rank] or re.search(DEATH, outputs[rank]), outputs
+
+
+def _processes_on_the_hosts(until_none_within: float) -> dict[str, list[str]]:
+    """The pids running in each host, once none runs, or after ``until_none_within`` seconds."""
+    give_up = time.monotonic() + until_none_within
+    while True:
+        left = {h: subprocess.run(["ip", "netns", "pids", h], capture_output=True, text=True).stdout.split()
+                for h in HOSTS}
+        if not any(left.values()) or time.monotonic() > give_up:
+            return left
+        time.sleep(0.05)
 
 
 def _aborted_by_mpi(banner: str) -> bool:
@@ -110,8 +121,7 @@ def test_with_prteruns_default_cleanup_it_names_the_dead_process_and_ends_the_jo
         in banner or _aborted_by_mpi(banner), result.stdout
     for rank in (0, 1, 2):
         assert "CollectiveError" not in outputs[rank] or re.search(DEATH, outputs[rank]), outputs
-    time.sleep(1)   # (a prted may still be on its way out)
-    left = {h: subprocess.run(["ip", "netns", "pids", h], capture_output=True, text=True).stdout.split() for h in HOSTS}
+    left = _processes_on_the_hosts(until_none_within=10)   # (a prted may still be on its way out)
     for host in HOSTS:
-        _kill_host(host)
+        kill_host(host)
     assert not any(left.values()), f"processes left running on the hosts: {left}"

@@ -223,7 +223,7 @@ def test_files_whose_tests_share_state_run_in_one_stream():
     """Under -n (tests/streams.py) a file whose tests share a module fixture, or which makes network
     namespaces (emulated hosts, the emulated Slurm cluster), must be one stream's, in order; a file
     named there must exist (a renamed file would otherwise go out test by test)."""
-    makes_namespaces = re.compile(r'"emulate_(hosts|slurm)\.sh"|from tests\.test_hosts import .*\b(SCRIPT|emulated_hosts)\b')
+    makes_namespaces = re.compile(r'"emulate_(hosts|slurm)\.sh"|from tests\.support\.hosts import \(?[^)\n]*\b(SCRIPT|emulated_hosts)\b')
     module_fixture = re.compile(r'@pytest\.fixture\([^)]*scope="module"')
     for path in sorted((ROOT / "tests").glob("test_*.py")):
         name, text = f"tests/{path.name}", path.read_text()

@@ -18,10 +18,11 @@ import types
 import numpy as np
 import pytest
 
-from ring.transport.gpu import nccl as nccl_transport
+from tests.support.watchdog import Work, watchdog_clock  # noqa: F401 - (a fixture: the watchdog's clock, moved by the test)
+
 from ring.transport.base import Bound, TransportError, unbounded
-from tests.test_simulated_ring import allreduce_each, check_allgather_then_broadcast, rank_input, reference, simulate
-from tests.test_watchdog import Work, watchdog_clock  # noqa: F401 - (a fixture: the watchdog's clock, moved by the test)
+from ring.transport.gpu import nccl as nccl_transport
+from tests.support.simulated import allreduce_each, check_allgather_then_broadcast, rank_input, reference, simulate
 
 
 class FakeNccl:

@@ -8,7 +8,8 @@ from ring import algorithms
 from ring.partition import bounds_from_counts
 from ring.personalized import alltoall_plan, alltoall_steps, gather_plan, scatter_plan
 from ring.transport.base import unbounded
-from tests.test_simulated_ring import rank_input, reference, simulate
+from tests.support.simulated import rank_input, reference, simulate
+
 
 BOUND = unbounded()   # (the simulated world has its own timeout)
 

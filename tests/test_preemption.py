@@ -10,8 +10,9 @@ import signal
 
 import pytest
 
-from tests.test_trainer_cli import finish, read_until, start
+from tests.support.trainer import finish, read_until, start
 from tests.worlds import mpi_name, run_world
+
 
 TIMEOUT_S = 180
 LONG = ["--epochs", "5000"]   # still running when the signal comes: the epochs are cut short by it

@@ -12,9 +12,10 @@ import time
 import numpy as np
 import pytest
 
-from tests.test_trainer import final_params, train
+from tests.support.trainer import final_params, train
 from tests.worlds import ROOT, keep_survivors, mpiexec, run_world
 from trainer.strategies import ps
+
 
 TWO_EPOCHS = ["--epochs", "2", "--hidden", "32", "16"]
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_trainer import final_params
+from tests.support.trainer import final_params
 from tests.worlds import ROOT, mpiexec, run_world
+
 
 FAULT_SEED = int(os.environ.get("FAULT_SEED", "37"))
 BOUND_S = 60   # the killed job must end within this

@@ -1,88 +1,14 @@
 """Tier 1: the real algorithms and executor, with n = 1..8 ranks as threads of one process."""
-import threading
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from ring import algorithms
 from ring.partition import chunk_bounds
-from ring.transport.inprocess import InProcessWorld
-from ring.transport.base import unbounded
+from tests.support.simulated import BOUND, allreduce_each, rank_input, reference, simulate
 
-BOUND = unbounded()   # (the simulated world has its own timeout)
 
-REFERENCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 pytestmark = pytest.mark.quick   # (every algorithm on 1 to 8 ranks as threads, in seconds)
-
-
-def simulate(n, body):
-    """Run ``body(transport)`` on n threads (one per rank); return each rank's result, re-raise any error."""
-    world = InProcessWorld(n, timeout=20)
-    return run_ranks([lambda rank=rank: body(world.transport(rank)) for rank in range(n)])
-
-
-def run_ranks(bodies):
-    """Run each of ``bodies`` on its own thread (one per simulated rank); return their results in
-    order, re-raise any error, and fail if one hangs."""
-    results, errors = [None] * len(bodies), []
-
-    def rank_main(rank):
-        try:
-            results[rank] = bodies[rank]()
-        except BaseException as e:   # noqa: BLE001 - handed to the test thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a simulated rank hung"
-    if errors:
-        raise errors[0]
-    return results
-
-
-def rank_input(rank, count, dtype, op="sum"):
-    """Integer-valued, rank-dependent data whose reductions are exact in every dtype tested."""
-    i = np.arange(count)
-    values = (i * 7 + rank * 13) % 11 + 1 if op != "prod" else (i + rank) % 3 + 1
-    return values.astype(dtype)
-
-
-def reference(inputs, op):
-    if op == "avg":
-        return (np.add.reduce(np.stack(inputs), axis=0) / len(inputs)).astype(inputs[0].dtype)
-    return REFERENCE[op].reduce(np.stack(inputs), axis=0)
-
-
-def allreduce_each(inputs, op, segment, in_place, reduce=algorithms.allreduce):
-    """A simulated rank's body: all-reduce ``inputs[rank]`` (into itself if ``in_place``) by ``reduce``
-    (an all-reduce of ``ring.algorithms``), return the result."""
-    def body(t):
-        x = inputs[t.rank]
-        out = x if in_place else np.empty_like(x)
-        reduce(t, BOUND, x, out, op, segment)
-        return out
-    return body
-
-
-def check_allgather_then_broadcast(n, wrap, counts, dtype, root, segments):
-    """Over ``wrap(body)`` (a transport wrapper), allgather every rank's input, then broadcast
-    ``root``'s (segment sizes ``segments``), and check both results on every rank."""
-    inputs = [rank_input(r, c, dtype) for r, c in enumerate(counts)]
-
-    def body(t):
-        gathered = np.empty(sum(counts), dtype)
-        algorithms.allgather(t, BOUND, inputs[t.rank], gathered, counts, segments[0])
-        buffer = inputs[root].copy() if t.rank == root else np.zeros(counts[root], dtype)
-        algorithms.broadcast(t, BOUND, buffer, root, segments[1])
-        return gathered, buffer
-
-    for gathered, buffer in simulate(n, wrap(body)):
-        np.testing.assert_array_equal(gathered, np.concatenate(inputs))
-        np.testing.assert_array_equal(buffer, inputs[root])
 
 
 @settings(max_examples=100, deadline=None)
@@ -166,7 +92,6 @@ def test_broadcast_copies_the_roots_buffer_everywhere(n, count, segment, root):
 
     for result in simulate(n, body):
         np.testing.assert_array_equal(result, np.arange(count, dtype=float))
-
 
 
 SCALE = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 31, 33, 64]   # up to 64 ranks: powers of two, one off, odd

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from ring.transport.base import unbounded
 from ring.transport.gpu.staged import StagedTransport
-from tests.test_simulated_ring import allreduce_each, check_allgather_then_broadcast, rank_input, reference, simulate
+from tests.support.simulated import allreduce_each, check_allgather_then_broadcast, rank_input, reference, simulate
 
 
 def staged(body):

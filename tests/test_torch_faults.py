@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from tests.test_faults import DEADLINE_SLACK_S, LEAVE_BOUND_S
+from tests.support.faults import DEADLINE_SLACK_S, LEAVE_BOUND_S
 from tests.worlds import ROOT, keep_survivors, mpiexec, run_world
+
 
 pytest.importorskip("torch")
 BOUND_S = 120

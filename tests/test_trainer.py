@@ -9,24 +9,12 @@ import time
 import numpy as np
 import pytest
 
+from tests.support.trainer import SMALL, TIMEOUT_S, final_params, train
 from tests.worlds import ROOT, run_world
 from trainer import checkpoint, data
 
-TIMEOUT_S = 180
-SMALL = ["--epochs", "3", "--dtype", "float64", "--batch-size", "50"]   # 50 does not divide by 3: uneven shards
+
 SYNTHETIC_LONG = ["--dataset", "synthetic", "--samples", "20000", "--epochs", "50"]   # runs long enough to be in the way
-
-
-def train(n, tmp_path, name, *flags):
-    directory = tmp_path / name
-    result = run_world(n, ["-m", "trainer", *SMALL, "--checkpoint-dir", str(directory), *flags], TIMEOUT_S)
-    assert result.returncode == 0, result.stdout[-4000:]
-    return directory, result.stdout
-
-
-def final_params(directory):
-    path, saved = checkpoint.newest_valid(directory)
-    return saved["params"], saved["velocity"]
 
 
 def test_n_ranks_train_the_same_model_as_one(tmp_path):

@@ -5,46 +5,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from cmdline import interrupt as interrupt_module
-from tests.worlds import ROOT, killed_by_ctrl_c, mpi_name, mpiexec, run_world
+from tests.support.trainer import finish, read_until, start
+from tests.worlds import ROOT, killed_by_ctrl_c, mpi_name, run_world
 from trainer import checkpoint
+
 
 TIMEOUT_S = 180
 OPEN_MPI = mpi_name() == "Open MPI"   # (its mpiexec does not pass Ctrl-C on: tests.worlds.killed_by_ctrl_c)
 LONG = ["--epochs", "5000"]   # the digits: a few ms an epoch, so the run is still going when Ctrl-C comes
-
-
-def start(n: int, flags: list[str]) -> subprocess.Popen:
-    """``mpiexec -n n python -m trainer FLAGS`` in its own session (a Ctrl-C to mpiexec alone)."""
-    return subprocess.Popen([*mpiexec(), "-n", str(n), sys.executable, "-m", "trainer", *flags], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def read_until(process: subprocess.Popen, text: str, seconds: float = 120) -> str:
-    """The output up to the first line holding ``text`` (the run is killed if none comes in time)."""
-    lines, deadline = [], time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if text in line:
-            return "".join(lines)
-    os.killpg(process.pid, signal.SIGKILL)
-    pytest.fail(f"no line with {text!r} in time:\n" + "".join(lines) + process.communicate()[0])
-
-
-def finish(process: subprocess.Popen, seconds: float = 60) -> str:
-    try:
-        return process.communicate(timeout=seconds)[0]
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        return "TIMED OUT\n" + process.communicate()[0]
 
 
 def interrupt(process: subprocess.Popen, after: str, pid_of_rank: int | None = None) -> str:

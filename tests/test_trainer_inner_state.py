@@ -7,12 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from tests.test_trainer_strategies import DIGEST, PER_EPOCH, TIMEOUT_S, newest, train
-from tests.worlds import run_world
-
 #: One sync, by a program of its own: each rank takes 3 inner steps on a batch of its own, then the
 #: strategy's sync runs with col.allreduce and col.allreduce_many wrapped to count the bytes handed
 #: to them. Prints (rank 0) every rank's bytes and the digests of its parameters and momentum.
+
+from tests.support.strategies import PER_EPOCH, TIMEOUT_S, newest, train
+from tests.worlds import run_world
+
+
 ONE_SYNC = """
 import hashlib, json, sys
 import numpy as np

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from tests.test_elastic import _trainer_killing
+from tests.support.trainer import trainer_killing
 from tests.worlds import run_world
+
 
 BOUND_S = 240   # (6 ranks on 2 cores: about 30 s here)
 TRAIN = ["-m", "trainer", "--reproducible", "--epochs", "2"]   # float32, the default: the hardest dtype
@@ -74,7 +75,7 @@ def test_an_elastic_run_that_loses_a_rank_ends_with_the_calm_digest(shards):
     with 3 (the shards dealt again: 8 unequally) and ends with the digest of the calm run, at any
     world size."""
     flags = ("--epochs", "4", "--shards", shards)
-    out, status = _trainer_killing([*TRAIN, *flags], "epoch   1/", 2)
+    out, status = trainer_killing([*TRAIN, *flags], "epoch   1/", 2)
     assert status == 0 and re.search(r"elastic: rank 2 gone: 4 -> 3 ranks; back to step \d+", out), out[-3000:]
     assert ("3 rank(s) take unequal parts of the 8 shards" in out) == (shards == "8"), out[-3000:]
     assert digest(out) == calm(2, *flags), out[-3000:]

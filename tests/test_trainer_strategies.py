@@ -7,35 +7,15 @@ import signal
 
 import numpy as np
 
-import collectives as col
 import pytest
 
-from tests.test_elastic import _ends_as_a_restart, _trainer_killing
-from tests.test_trainer_cli import finish, read_until, start
+import collectives as col
+from tests.support.strategies import DIGEST, PER_EPOCH, TIMEOUT_S, newest, train
+from tests.support.trainer import ends_as_a_restart, finish, read_until, start, trainer_killing
 from tests.worlds import run_world
-from trainer import checkpoint, compression, data
+from trainer import compression, data
 from trainer.model import MLP
 from trainer.optim import SGD
-
-TIMEOUT_S = 180
-SMALL = ["--epochs", "2", "--dtype", "float64", "--batch-size", "50", "--hidden", "16"]   # 29 steps an epoch
-PER_EPOCH = -(-1438 // 50)
-DIGEST = re.compile(r"parameters identical on every rank \(blake2b (\w+)\)")
-
-
-def train(n, tmp_path, name, *flags, ok=True):
-    """``mpiexec -n n python -m trainer SMALL --checkpoint-dir tmp_path/name FLAGS``: its directory,
-    output and digest (the run must end with identical replicas)."""
-    directory = tmp_path / name
-    result = run_world(n, ["-m", "trainer", *SMALL, "--checkpoint-dir", str(directory), *flags], TIMEOUT_S)
-    assert result.returncode == 0, result.stdout[-4000:]
-    found = DIGEST.search(result.stdout)
-    assert found, result.stdout[-4000:]
-    return directory, result.stdout, found.group(1)
-
-
-def newest(directory):
-    return checkpoint.newest_valid(directory)[1]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -226,9 +206,9 @@ def test_elastic_diloco_survivors_go_on_from_the_last_sync(tmp_path):
     the digits' 23 steps an epoch), and end with the bits of 4 ranks to that step then 3 resumed."""
     train_flags = ["-m", "trainer", "--epochs", "5", "--dtype", "float64", "--strategy", "diloco",
                    "--sync-every", "5"]
-    out, status = _trainer_killing(train_flags, "epoch   2/", 2)
+    out, status = trainer_killing(train_flags, "epoch   2/", 2)
     found = re.search(r"elastic: rank 2 gone: 4 -> 3 ranks; back to step (\d+)", out)
     assert status == 0 and found and "done: " in out, out[-3000:]
     step = int(found.group(1))
     assert step % 23 % 5 == 0, out[-3000:]
-    _ends_as_a_restart(out, train_flags, 4, step, 3, tmp_path)
+    ends_as_a_restart(out, train_flags, 4, step, 3, tmp_path)

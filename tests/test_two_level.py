@@ -4,22 +4,9 @@ import numpy as np
 import pytest
 
 from ring import algorithms
-from ring.transport.inprocess import InProcessWorld
-from ring.transport.base import unbounded
-from tests.test_simulated_ring import reference, run_ranks
+from tests.support.simulated import BOUND, simulate_hosts
+from tests.support.simulated import reference
 from tests.worlds import run_world
-
-BOUND = unbounded()   # (the simulated world has its own timeout)
-
-
-def simulate_hosts(hosts: int, per_host: int, body):
-    """Run ``body(local, across, world_rank)`` on hosts x per_host threads: each host an in-process world
-    of its ranks, and one world across hosts per place on a host. Returns each rank's result."""
-    local_worlds = [InProcessWorld(per_host, timeout=20) for _ in range(hosts)]
-    across_worlds = [InProcessWorld(hosts, timeout=20) for _ in range(per_host)]
-    return run_ranks([lambda h=h, p=p: body(local_worlds[h].transport(p), across_worlds[p].transport(h),
-                                            h * per_host + p)
-                      for h in range(hosts) for p in range(per_host)])
 
 
 @pytest.mark.parametrize("hosts, per_host", [(2, 2), (2, 3), (3, 2), (4, 2), (2, 4)])

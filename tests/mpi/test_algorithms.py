@@ -11,7 +11,8 @@ import pytest
 
 import collectives as col
 from ring import cost
-from tests.mpi.test_collectives import COMM, N, RANK, agree, mpi_reference, rank_input, same_on_every_rank
+from tests.support.in_world import COMM, N, RANK, agree, mpi_reference, rank_input, same_on_every_rank
+
 
 pytestmark = pytest.mark.mpi
 

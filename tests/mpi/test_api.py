@@ -9,7 +9,8 @@ import pytest
 
 import collectives as col
 from ring import cost
-from tests.mpi.test_collectives import COMM, N, RANK, agree, mpi_reference, rank_input
+from tests.support.in_world import COMM, N, RANK, agree, mpi_reference, rank_input
+
 
 pytestmark = pytest.mark.mpi
 

@@ -9,7 +9,8 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
-from tests.mpi.test_collectives import N, RANK, agree, mpi_reference, rank_input, same_on_every_rank
+from tests.support.in_world import N, RANK, agree, mpi_reference, rank_input, same_on_every_rank
+
 
 pytestmark = pytest.mark.mpi
 

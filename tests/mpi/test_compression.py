@@ -11,9 +11,9 @@ import pytest
 import collectives as col
 from ring.compression import CODECS
 from ring.partition import chunk_bounds
-from tests.mpi.test_collectives import COMM, N, RANK, agree, same_on_every_rank
-from tests.test_compression import ring_model
-from tests.test_compression_bounds import bound, errors
+from tests.support.compression import bound, errors, ring_model
+from tests.support.in_world import N, RANK, agree, same_on_every_rank
+
 
 pytestmark = pytest.mark.mpi
 

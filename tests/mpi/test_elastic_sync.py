@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import collectives as col
-from tests.mpi.test_collectives import COMM, N, RANK, agree
+from tests.support.in_world import COMM, N, RANK, agree
+
 
 pytestmark = pytest.mark.mpi
 

@@ -12,7 +12,8 @@ from mpi4py import MPI
 
 import collectives as col
 from ring.partition import chunk_bounds
-from tests.mpi.test_collectives import agree
+from tests.support.in_world import agree
+
 
 pytestmark = pytest.mark.mpi
 

@@ -8,7 +8,8 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
-from tests.mpi.test_collectives import N, RANK, agree
+from tests.support.in_world import N, RANK, agree
+
 
 pytestmark = pytest.mark.mpi
 

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from tests.support.in_world import MPI_OPS, agree, pipelined, rank_input, segment_size  # noqa: F401 (autouse)
+
 import collectives as col
-from tests.mpi.test_collectives import MPI_OPS, agree, pipelined, rank_input, segment_size  # noqa: F401 (autouse)
+
 
 pytestmark = pytest.mark.mpi
 

@@ -11,7 +11,7 @@ import pytest
 
 import collectives as col
 from collectives.errors import CollectiveUsageError
-from tests.mpi.test_collectives import COMM, N, RANK, agree
+from tests.support.in_world import COMM, N, RANK, agree
 from tests.test_reproducible import dealt, exact, reduce_simulated
 
 pytestmark = pytest.mark.mpi
@@ -59,6 +59,22 @@ def test_every_algorithm_and_size_gives_the_same_bits(algorithm):
             result = col.allreduce(dealt(parts, N, way)[RANK], reproducible=True, algorithm=algorithm,
                                    timeout=BOUND_S)
             agree(result.tobytes() == expected.tobytes(), f"{algorithm} x {count}, deal {way}: other bits")
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_ring_that_rounds_between_its_halves_gives_the_same_bits(dtype, op):
+    """Past recursive doubling's sizes each rank rounds its own chunk of the exact total and the
+    chunks go round in the data's dtype: float32 normal data on a float64 wire, the twelve's wide
+    float64 on several int64 words, a NaN and -0.0 among them; sizes that the ranks do not divide."""
+    for count in (70_001, 5):
+        parts = twelve(count, dtype) if dtype == "float64" else \
+            [np.random.default_rng([62, k]).standard_normal(count).astype(dtype) for k in range(12)]
+        parts[1][:2] = [np.nan, -0.0]
+        parts[2][1] = -0.0
+        expected = reduce_simulated([parts], op)
+        result = col.allreduce(dealt(parts, N, 1)[RANK], op, reproducible=True, algorithm="ring", timeout=BOUND_S)
+        agree(result.tobytes() == expected.tobytes(), f"{dtype} {op} x {count}: other bits")
 
 
 def test_special_values_and_signed_zeros_as_ieee_sums_give_them():

@@ -5,7 +5,6 @@ group over the same ranks, so every call runs on both and the results are compar
 rank-dependent and integer-valued, so every dtype's result is exact and must be equal. Skipped
 cleanly where torch is not installed (the extra ``[torch]``).
 """
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -17,7 +16,7 @@ import collectives.torch  # noqa: E402,F401 - registers "ring"
 from collectives.torch import rendezvous  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
-from tests.mpi.test_collectives import agree  # noqa: E402
+from tests.support.in_world import agree  # noqa: E402
 from tests.worlds import free_port
 
 pytestmark = pytest.mark.mpi

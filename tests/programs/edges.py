@@ -12,7 +12,7 @@ import numpy as np
 
 import collectives as col
 from collectives.groups.group import Group
-from tests.programs.faults import _await_cues, _await_ended, _cue, _report, _say, _when_inside
+from tests.programs.cues import await_cues, await_file, await_ended, cue, report, say, when_inside
 
 
 def p2p_mismatch() -> None:
@@ -20,14 +20,14 @@ def p2p_mismatch() -> None:
     "larger": 8 float64, "dtype": 8 int32, the same 32 bytes, "shorter": 2 float64)."""
     col.barrier()
     if col.rank() == 0:
-        _report("send", col.send, np.arange(4.0), dest=1, tag=3, timeout=10)
+        report("send", col.send, np.arange(4.0), dest=1, tag=3, timeout=10)
     elif col.rank() == 1:
         buffer = {"larger": np.full(8, -1.0), "dtype": np.full(8, -1, np.int32),
                   "shorter": np.full(2, -1.0)}[sys.argv[2]]
         try:
-            _report("recv", col.recv, buffer, source=0, tag=3, timeout=10)
+            report("recv", col.recv, buffer, source=0, tag=3, timeout=10)
         finally:
-            _say(f"rank 1: buffer {'untouched' if np.all(buffer == -1) else 'WRITTEN'}")
+            say(f"rank 1: buffer {'untouched' if np.all(buffer == -1) else 'WRITTEN'}")
 
 
 def killed() -> None:
@@ -37,32 +37,32 @@ def killed() -> None:
     prints its pid, its error if any, and when its program ended (time.monotonic())."""
     from mpi4py import MPI
     victim = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-    _say(f"rank {col.rank()}: pid {os.getpid()}")
+    say(f"rank {col.rank()}: pid {os.getpid()}")
     pids = MPI.COMM_WORLD.allgather(os.getpid())
     x = np.ones(1000, np.float32)
     for _ in range(3):   # every pair connected before the death (a death during MPI's start is another story)
         col.allreduce(x)
         col.barrier()
     if col.rank() == victim:
-        _await_cues(r for r in range(col.size()) if r != victim)
+        await_cues(r for r in range(col.size()) if r != victim)
         os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[2] == "waiting":
-        _when_inside(Group.allreduce, lambda: _cue(victim))
+        when_inside(Group.allreduce, lambda: cue(victim))
         try:
-            _report("call 2", col.allreduce, x, timeout=30)
+            report("call 2", col.allreduce, x, timeout=30)
         except SystemExit:
             pass
     else:
-        _cue(victim)
-        _await_ended([pids[victim]])
-    _say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
+        cue(victim)
+        await_ended([pids[victim]])
+    say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
 
 
 def killed_async() -> None:
     """Rank argv[2] is SIGKILLed 0.2 s into 20 async all-reduces of 16 MB each, in flight on every
     rank (across hosts: the two-level all-reduce's reduce-scatter sends to it meanwhile)."""
     victim = int(sys.argv[2])
-    _say(f"rank {col.rank()}: pid {os.getpid()}")
+    say(f"rank {col.rank()}: pid {os.getpid()}")
     col.allreduce(np.ones(1000, np.float32))
     col.barrier()
     if col.rank() == victim:
@@ -71,10 +71,10 @@ def killed_async() -> None:
     works = [col.allreduce(x, async_op=True, timeout=30) for _ in range(20)]
     try:
         for i, work in enumerate(works):
-            _report(f"work {i}", work.wait)
+            report(f"work {i}", work.wait)
     except SystemExit:
         pass
-    _say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
+    say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
 
 
 def terminated_before_setup() -> None:
@@ -90,22 +90,22 @@ def terminated_before_setup() -> None:
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGTERM)
     from ring.transport.mpi import setup   # (imported once MPI runs)
-    _when_inside(setup._wait_setup, lambda: (cues / f"inside.{me}").touch())
-    _report("first call", col.allreduce, np.ones(10), timeout=30)
+    when_inside(setup._wait_setup, lambda: (cues / f"inside.{me}").touch())
+    report("first call", col.allreduce, np.ones(10), timeout=30)
 
 
 def ended_early() -> None:
     """Rank 1 ends its program normally before its first collective; the others call one."""
     if col.rank() == 1:
-        _say("rank 1: ends")
+        say("rank 1: ends")
         return
-    _report("first call", col.allreduce, np.ones(10), timeout=30)
+    report("first call", col.allreduce, np.ones(10), timeout=30)
 
 
 def never_used() -> None:
     """No rank makes a collective: each asks only its rank (which counts as a use: the exit hooks are
     installed, and every rank joins one setup exchange at exit, which must end cleanly)."""
-    _say(f"rank {col.rank()}: done at {time.monotonic():.3f}")
+    say(f"rank {col.rank()}: done at {time.monotonic():.3f}")
 
 
 def groups_in_a_loop() -> None:
@@ -115,12 +115,12 @@ def groups_in_a_loop() -> None:
         while len(made) < 5000:
             made.append(col.new_group(range(col.size())))
     except col.CollectiveError as e:
-        _say(f"rank {col.rank()}: CollectiveError after {len(made)} groups: {e}")
+        say(f"rank {col.rank()}: CollectiveError after {len(made)} groups: {e}")
     for group in made[:100]:
         group.destroy()
     pair = col.new_group([0, col.size() - 1])
     total = pair.allreduce(np.ones(2)) if pair else None
-    _say(f"rank {col.rank()}: after destroying 100: {'sum right' if total is None or total[0] == 2 else 'WRONG'}, "
+    say(f"rank {col.rank()}: after destroying 100: {'sum right' if total is None or total[0] == 2 else 'WRONG'}, "
          f"world {'right' if col.allreduce(np.ones(1))[0] == col.size() else 'WRONG'}")
     for group in made[100:]:
         group.destroy()
@@ -131,8 +131,8 @@ def groups_in_a_loop() -> None:
     try:
         group.barrier()
     except col.CollectiveUsageError as e:
-        _say(f"rank {col.rank()}: then: {e}")
-    _say(f"rank {col.rank()}: 2100 groups made and destroyed")
+        say(f"rank {col.rank()}: then: {e}")
+    say(f"rank {col.rank()}: 2100 groups made and destroyed")
 
 
 def hosts() -> None:
@@ -140,24 +140,25 @@ def hosts() -> None:
     import socket
     total = col.allreduce(np.full(1 << 20, col.rank() + 1.0, np.float32))
     right = np.all(total == col.size() * (col.size() + 1) / 2)
-    _say(f"rank {col.rank()}: host {socket.gethostname()} local {col.local_rank()}/{col.local_size()} "
+    say(f"rank {col.rank()}: host {socket.gethostname()} local {col.local_rank()}/{col.local_size()} "
          f"sum {'right' if right else 'WRONG'}")
 
 
 def vanished() -> None:
-    """Every rank says it is ready, then waits 1 s (the test takes host 2 off the network and
-    kills its processes meanwhile) and calls an all-reduce with ``timeout=`` argv[2] seconds."""
+    """Every rank says it is ready, then waits until the test has taken host 2 off the network and
+    killed its processes (the test then makes the file argv[3]) and calls an all-reduce with
+    ``timeout=`` argv[2] seconds."""
     x = np.ones(1000, np.float32)
     for _ in range(3):
         col.allreduce(x)
     col.barrier()
-    _say(f"rank {col.rank()}: pid {os.getpid()} ready")
-    time.sleep(1.0)
+    say(f"rank {col.rank()}: pid {os.getpid()} ready")
+    await_file(sys.argv[3], f"rank {col.rank()}", "host 2's end")
     try:
-        _report("the call after", col.allreduce, x, timeout=float(sys.argv[2]))
+        report("the call after", col.allreduce, x, timeout=float(sys.argv[2]))
     except SystemExit:
         pass
-    _say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
+    say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
 
 
 if __name__ == "__main__":

@@ -130,28 +130,28 @@ def kill_at_exit(victim: int, launched_as: int) -> None:
     the others (its farewell said); the others end their programs only once it has died (cues,
     not times: on a busy machine they could come first, or it could die before its farewell)."""
     from ring.transport.mpi.exits import Exits
-    from tests.programs.faults import _await_ended, _when_inside
+    from tests.programs.cues import await_ended, when_inside
     pids = col.allgather(np.array([[launched_as, os.getpid()]], np.int64))
     if launched_as == victim:
-        _when_inside(Exits.exit_barrier, lambda: (print(f"killed at exit at {time.time():.6f}", flush=True),
+        when_inside(Exits.exit_barrier, lambda: (print(f"killed at exit at {time.time():.6f}", flush=True),
                                                   os.kill(os.getpid(), signal.SIGKILL)))
     else:
-        _await_ended([int(pid) for launched, pid in pids if launched == victim])
+        await_ended([int(pid) for launched, pid in pids if launched == victim])
 
 
 def kill_in_finalize() -> None:
     """Die the moment the runtime tells this process's supervisor that it goes into MPI_Finalize,
     the elastic job finished (after the exit barrier: cued by the runtime's own word, not a time)."""
-    from collectives.process import changes
-    tell = changes.tell_supervisor
+    from collectives.process import supervision
+    tell = supervision.tell
 
-    def tell_then_die(what: bytes, last: bool = False) -> None:
-        tell(what, last)
-        if what == b"f":
+    def tell_then_die(word: supervision.Word, last: bool = False) -> None:
+        tell(word, last)
+        if word == supervision.Word.FINALIZING:
             print(f"killed in MPI_Finalize at {time.time():.6f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    changes.tell_supervisor = tell_then_die
+    supervision.tell = tell_then_die
 
 
 def die_in_the_agreement() -> None:

@@ -2,7 +2,6 @@
 ``mpiexec -n N python -m tests.programs.faults SCENARIO``. Ranks print how they ended:
 ``rank R: CollectiveError after T s: message``, ``rank R: ok ...``, and so on."""
 import atexit
-import inspect
 import os
 import signal
 import sys
@@ -16,12 +15,7 @@ import collectives as col
 from collectives.groups.group import Group
 from collectives.calls import progress
 from ring.transport.polling import process_state
-
-
-def _say(line: str) -> None:
-    """One whole line in one write, so that the launcher never splices two ranks' lines together."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+from tests.programs.cues import CUE_BOUND_S, await_cue, await_cues, await_ended, await_file, cue, report, say, when_inside
 
 
 def _ints(n: int, rank: int, salt: int = 0) -> np.ndarray:
@@ -33,18 +27,6 @@ def _expected_sum(n: int, size: int, salt: int = 0) -> np.ndarray:
     return sum(_ints(n, r, salt) for r in range(size))
 
 
-def _report(label: str, fn, *args, **kwargs):
-    """Run ``fn``; print how it ended, with the time it took; exit 3 on a collective's error."""
-    started = time.monotonic()
-    try:
-        result = fn(*args, **kwargs)
-    except (col.CollectiveError, col.CollectiveUsageError) as e:
-        _say(f"rank {col.rank()}: {type(e).__name__} after {time.monotonic() - started:.2f} s in {label}: {e}")
-        raise SystemExit(3)
-    _say(f"rank {col.rank()}: ok {label} after {time.monotonic() - started:.2f} s")
-    return result
-
-
 def _three_calls():
     x = _ints(1000, col.rank())
     for _ in range(3):
@@ -54,7 +36,7 @@ def _three_calls():
 def _then_the_others_wait(victim: int) -> None:
     """Every rank but ``victim`` makes a fourth call, which ``victim`` never joins."""
     if col.rank() != victim:
-        _report("call 4", col.allreduce, _ints(1000, col.rank()))
+        report("call 4", col.allreduce, _ints(1000, col.rank()))
 
 
 def absent() -> None:
@@ -64,22 +46,22 @@ def absent() -> None:
     col.barrier()
     last = col.size() - 1
     if col.rank() == last:
-        _await_cues(range(last))
-        _say(f"rank {col.rank()}: stayed away")
+        await_cues(range(last))
+        say(f"rank {col.rank()}: stayed away")
         return
     x = np.ones(1000, np.float32)
     started = time.monotonic()
     try:
         col.allreduce(x, timeout=2)
     except col.CollectiveError as e:
-        _say(f"rank {col.rank()}: CollectiveError: {e}")
-        _say(f"rank {col.rank()}: raised after {time.monotonic() - started:.2f} s")
+        say(f"rank {col.rank()}: CollectiveError: {e}")
+        say(f"rank {col.rank()}: raised after {time.monotonic() - started:.2f} s")
     finally:
-        _cue(last)
+        cue(last)
     try:
         col.allreduce(x, timeout=2)
     except col.CollectiveError as e:
-        _say(f"rank {col.rank()}: then: {e}")
+        say(f"rank {col.rank()}: then: {e}")
         raise SystemExit(3)
 
 
@@ -94,14 +76,14 @@ def stuck() -> None:
     if col.rank() == col.size() - 1:
         if sys.argv[2] == "for-ever":
             time.sleep(3600)
-        _await_ended(pids[:-1])
-        _say(f"rank {col.rank()}: woke")
+        await_ended(pids[:-1])
+        say(f"rank {col.rank()}: woke")
         col.allreduce(np.ones(10, np.float32))   # (the others are gone: raises at once)
         return
     try:
         col.allreduce(np.ones(10, np.float32), timeout=2)
     except col.CollectiveError as e:
-        _say(f"rank {col.rank()}: CollectiveError: {e}")
+        say(f"rank {col.rank()}: CollectiveError: {e}")
 
 
 def farewell_alone() -> None:
@@ -112,19 +94,14 @@ def farewell_alone() -> None:
     runs after the runtime's (and never, where the runtime ends the process itself)."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    cue = os.path.join(tempfile.gettempdir(), f"collectives-farewell-alone.{comm.allgather(os.getpid())[0]}")
+    past = os.path.join(tempfile.gettempdir(), f"collectives-farewell-alone.{comm.allgather(os.getpid())[0]}")
     if comm.Get_rank() == 0:
-        atexit.register(lambda: open(cue, "w").close())
-        _say(f"rank {col.rank()}: done")
+        atexit.register(lambda: open(past, "w").close())
+        say(f"rank {col.rank()}: done")
         return
-    give_up = time.monotonic() + _CUE_BOUND_S
-    while not os.path.exists(cue):
-        if time.monotonic() > give_up:
-            _say(f"rank {comm.Get_rank()}: rank 0's exit did not come past the runtime's within {_CUE_BOUND_S} s")
-            raise SystemExit(4)
-        time.sleep(0.01)
-    os.remove(cue)
-    _say(f"rank {comm.Get_rank()}: done after rank 0's farewell")
+    await_file(past, f"rank {comm.Get_rank()}", "rank 0's exit past the runtime's")
+    os.remove(past)
+    say(f"rank {comm.Get_rank()}: done after rank 0's farewell")
 
 
 def absent_at_setup() -> None:
@@ -135,12 +112,12 @@ def absent_at_setup() -> None:
     if col.rank() == last:
         if sys.argv[2:] == ["for-ever"]:
             time.sleep(3600)
-        _await_cues(range(last))   # (until the others' calls ended: then it may end its program)
+        await_cues(range(last))   # (until the others' calls ended: then it may end its program)
         return
     try:
-        _report("first call", col.allreduce, np.ones(10, np.float32), timeout=2)
+        report("first call", col.allreduce, np.ones(10, np.float32), timeout=2)
     finally:
-        _cue(last)
+        cue(last)
 
 
 def retry_at_setup() -> None:
@@ -150,15 +127,15 @@ def retry_at_setup() -> None:
     last = col.size() - 1
     x = _ints(10, col.rank())
     if col.rank() == last:
-        _await_cue(0)
-        _report("first call", col.allreduce, x, timeout=4)
+        await_cue(0)
+        report("first call", col.allreduce, x, timeout=4)
         return
     try:
         col.allreduce(x, timeout=2)
     except col.CollectiveError as e:
-        _say(f"rank {col.rank()}: caught {e}")
-    _cue(last)
-    _report("retry", col.allreduce, x, timeout=4)
+        say(f"rank {col.rank()}: caught {e}")
+    cue(last)
+    report("retry", col.allreduce, x, timeout=4)
 
 
 def late() -> None:
@@ -168,17 +145,17 @@ def late() -> None:
     timeout, or wake the absent one too soon."""
     col.barrier()
     if col.rank() == 2:
-        _await_cue(1)
+        await_cue(1)
         return
     if col.rank() == 0:
-        _cue(1)
+        cue(1)
     else:
-        _await_cue(0)
+        await_cue(0)
     try:
-        _report("call 1", col.allreduce, np.ones(1000, np.float32), timeout=2 if col.rank() == 0 else 30)
+        report("call 1", col.allreduce, np.ones(1000, np.float32), timeout=2 if col.rank() == 0 else 30)
     finally:
         if col.rank() == 1:
-            _cue(2)
+            cue(2)
 
 
 def late_after_timeout() -> None:
@@ -199,21 +176,21 @@ def late_after_timeout() -> None:
     do = (lambda: col.barrier(timeout=timeout, group=group)) if call == "barrier" else \
         (lambda: col.allreduce(x, timeout=timeout, algorithm="ring" if call == "ring" else None, group=group))
     if col.rank() == late:
-        _await_cues([r for r in range(col.size()) if r != late])
+        await_cues([r for r in range(col.size()) if r != late])
         try:
-            _report("late call", do)
+            report("late call", do)
         finally:
             if others == "staying":
                 for r in range(col.size()):
                     if r != late:
-                        _cue(r)
+                        cue(r)
         return
     try:
-        _report("call", do)
+        report("call", do)
     finally:
-        _cue(late)
+        cue(late)
         if others == "staying":
-            _await_cue(late)
+            await_cue(late)
 
 
 def slow_but_moving() -> None:
@@ -230,19 +207,19 @@ def slow_but_moving() -> None:
     x = _ints(1 << 18, col.rank())
     col.barrier()
     started = time.monotonic()
-    result = _report("slow call", col.allreduce, x, timeout=1.0, algorithm="ring")
+    result = report("slow call", col.allreduce, x, timeout=1.0, algorithm="ring")
     took = time.monotonic() - started
     right = np.array_equal(result, _expected_sum(1 << 18, col.size()))
-    _say(f"rank {col.rank()}: slow call {'right' if right else 'WRONG'}, longer than its timeout: {took > 1.0}")
+    say(f"rank {col.rank()}: slow call {'right' if right else 'WRONG'}, longer than its timeout: {took > 1.0}")
     MPITransport.send_to_right = send
     col.barrier()
     if col.rank() == col.size() - 1:
-        _await_cues(range(col.size() - 1))
+        await_cues(range(col.size() - 1))
         return
     try:
-        _report("absent call", col.allreduce, x, timeout=1.0)
+        report("absent call", col.allreduce, x, timeout=1.0)
     finally:
-        _cue(col.size() - 1)
+        cue(col.size() - 1)
 
 
 def never_starts_mpi() -> None:
@@ -250,13 +227,13 @@ def never_starts_mpi() -> None:
     the last of the launcher's processes on this host (its parent's other children have ended). The
     others' first call waits inside MPI_Init, which COLLECTIVES_TIMEOUT bounds: each must say so."""
     if os.environ.get("PMI_RANK") == "1":
-        give_up = time.monotonic() + _CUE_BOUND_S
+        give_up = time.monotonic() + CUE_BOUND_S
         while _siblings() and time.monotonic() < give_up:
             time.sleep(0.05)
-        _say(f"rank 1: alone, ending {'' if not _siblings() else 'though not alone'}")
+        say(f"rank 1: alone, ending {'' if not _siblings() else 'though not alone'}")
         return
     col.allreduce(np.ones(4, np.float32))
-    _say(f"rank {col.rank()}: MPI started after all")
+    say(f"rank {col.rank()}: MPI started after all")
 
 
 def _siblings() -> list[int]:
@@ -269,77 +246,11 @@ def _siblings() -> list[int]:
     return [pid for pid in children if pid != os.getpid() and process_state(pid) is None]
 
 
-#: Cues between ranks, on MPI_COMM_WORLD (the runtime works on its own duplicate, so they never meet
-#: its messages), for scenarios where one rank must act only after another has.
-_CUE_TAG = 3701
-_CUE_BOUND_S = 30
-
-
-def _cue(rank: int) -> None:
-    from mpi4py import MPI
-    MPI.COMM_WORLD.send(None, dest=rank, tag=_CUE_TAG)   # (a few bytes: sent at once, whatever the receiver does)
-
-
-def _await_cue(source: int) -> None:
-    """Wait for ``source``'s cue, polling (a blocking receive could not be bounded); exit 4 after
-    _CUE_BOUND_S, saying so."""
-    _await_cues([source])
-
-
-def _await_cues(sources) -> None:
-    """Wait for a cue from each of ``sources``, as _await_cue."""
-    from mpi4py import MPI
-    waiting = {source: MPI.COMM_WORLD.irecv(source=source, tag=_CUE_TAG) for source in sources}
-    give_up = time.monotonic() + _CUE_BOUND_S
-    while waiting:
-        waiting = {source: r for source, r in waiting.items() if not r.test()[0]}
-        if waiting and time.monotonic() > give_up:
-            _say(f"rank {col.rank()}: no cue from rank(s) {sorted(waiting)} within {_CUE_BOUND_S} s")
-            raise SystemExit(4)
-        time.sleep(0.01)
-
-
-def _await_ended(pids) -> None:
-    """Wait until the processes ``pids`` (on this host) have ended; exit 4 after _CUE_BOUND_S, saying so."""
-    give_up = time.monotonic() + _CUE_BOUND_S
-    while any(process_state(pid) is None for pid in pids):
-        if time.monotonic() > give_up:
-            _say(f"rank {col.rank()}: processes {list(pids)} still ran after {_CUE_BOUND_S} s")
-            raise SystemExit(4)
-        time.sleep(0.01)
-
-
-def _when_inside(function, then) -> None:
-    """Call ``then()``, from a thread of its own, once the main thread is inside ``function`` (its
-    code on the main thread's stack; a tuple: any of them): what must happen during a call waits
-    for the call, where a timer started before it could fire before the call began on a busy
-    machine. Exit 4 after _CUE_BOUND_S, saying so."""
-    functions = function if isinstance(function, tuple) else (function,)
-    codes = {inspect.unwrap(f).__code__ for f in functions}
-    main, rank = threading.main_thread().ident, col.rank()
-
-    def watch():
-        give_up = time.monotonic() + _CUE_BOUND_S
-        while time.monotonic() < give_up:
-            frame = sys._current_frames().get(main)
-            while frame is not None and frame.f_code not in codes:
-                frame = frame.f_back
-            if frame is not None:
-                then()
-                return
-            time.sleep(0.005)
-        _say(f"rank {rank}: the main thread was not inside {' or '.join(c.co_name for c in codes)} within "
-             f"{_CUE_BOUND_S} s")
-        os._exit(4)
-
-    threading.Thread(target=watch, name="cue watcher", daemon=True).start()
-
-
 def _cue_once_left(ranks) -> None:
     """Cue ``ranks`` once this rank has left the runtime: its farewell said, it waits at exit for
     the others (as a rank that comes a while after one that ended finds it)."""
     from ring.transport.mpi.exits import Exits   # (imports MPI: here, not at import, so that "funneled" may start it)
-    _when_inside(Exits.exit_barrier, lambda: [_cue(r) for r in ranks])
+    when_inside(Exits.exit_barrier, lambda: [cue(r) for r in ranks])
 
 
 def _wait_for():
@@ -358,7 +269,7 @@ def crash_first() -> None:
     """Rank 1 raises before its first collective; the others are setting up."""
     if col.rank() == 1:
         raise OSError("cannot read the training data")
-    _report("first call", col.allreduce, _ints(10, col.rank()))
+    report("first call", col.allreduce, _ints(10, col.rank()))
 
 
 def census_other_call() -> None:
@@ -366,16 +277,16 @@ def census_other_call() -> None:
     until rank 2's call has ended: the census must tell the barrier from the all-reduce."""
     col.barrier()
     if col.rank() == 3:
-        _await_cue(2)
+        await_cue(2)
         return
     try:
         if col.rank() == 2:
-            _report("call 2", col.barrier, timeout=2)
+            report("call 2", col.barrier, timeout=2)
         else:
-            _report("call 2", col.allreduce, np.ones(4, np.float32), timeout=2)
+            report("call 2", col.allreduce, np.ones(4, np.float32), timeout=2)
     finally:
         if col.rank() == 2:
-            _cue(3)
+            cue(3)
 
 
 def crash_first_late() -> None:
@@ -383,12 +294,12 @@ def crash_first_late() -> None:
     rank 1's raise (cued: the time is the property, longer than the 2 s a failed rank used to wait
     at exit to be heard)."""
     if col.rank() == 1:
-        _cue(2)
+        cue(2)
         raise OSError("cannot read the training data")
     if col.rank() == 2:
-        _await_cue(1)
+        await_cue(1)
         time.sleep(3)
-    _report("first call", col.allreduce, _ints(10, col.rank()))
+    report("first call", col.allreduce, _ints(10, col.rank()))
 
 
 def killed_mid_allreduce() -> None:
@@ -396,18 +307,18 @@ def killed_mid_allreduce() -> None:
     the others are in it or on their way (argument: its elements, default 16 Mi: 64 MiB)."""
     x = np.ones(int(sys.argv[2]) if len(sys.argv) > 2 else 16 << 20, np.float32)
     if col.rank() == 0:
-        _say(f"algorithm: {col.algorithm_for('allreduce', x)}")
+        say(f"algorithm: {col.algorithm_for('allreduce', x)}")
     col.allreduce(x, out=x, op="max")
     if col.rank() == 1:
-        _when_inside(Group.allreduce, lambda: os.kill(os.getpid(), signal.SIGKILL))
+        when_inside(Group.allreduce, lambda: os.kill(os.getpid(), signal.SIGKILL))
     started = time.monotonic()
     try:
         while time.monotonic() - started < 60:
             col.allreduce(x, out=x, op="max")
     except col.CollectiveError as e:
-        _say(f"rank {col.rank()}: CollectiveError after {time.monotonic() - started:.1f} s: {e}")
+        say(f"rank {col.rank()}: CollectiveError after {time.monotonic() - started:.1f} s: {e}")
         raise SystemExit(3)
-    _say(f"rank {col.rank()}: never noticed")
+    say(f"rank {col.rank()}: never noticed")
 
 
 def uncaught() -> None:
@@ -438,7 +349,7 @@ def skipped() -> None:
     """Rank 1 skips the last step of a loop of identical calls, then ends its program."""
     steps = 4 if col.rank() == 1 else 5
     for step in range(steps):
-        _report(f"step {step}", col.allreduce, _ints(1000, col.rank()))
+        report(f"step {step}", col.allreduce, _ints(1000, col.rank()))
 
 
 def skipped_named() -> None:
@@ -446,7 +357,7 @@ def skipped_named() -> None:
     for step in range(5):
         if col.rank() == 1 and step == 2:
             continue
-        _report(f"step {step}", col.allreduce, _ints(1000, col.rank()), name=f"grad step {step}")
+        report(f"step {step}", col.allreduce, _ints(1000, col.rank()), name=f"grad step {step}")
 
 
 def interrupted() -> None:
@@ -456,27 +367,27 @@ def interrupted() -> None:
     _three_calls()
     x = _ints(100, col.rank())
     if col.rank() == 1:
-        _when_inside(_wait_for(), _ctrl_c)
+        when_inside(_wait_for(), _ctrl_c)
         _cue_once_left([r for r in range(col.size()) if r != 1])
         try:
             col.allreduce(x)
-            _say("rank 1: the allreduce was not interrupted")
+            say("rank 1: the allreduce was not interrupted")
         except KeyboardInterrupt:
-            _say("rank 1: KeyboardInterrupt inside the allreduce")
+            say("rank 1: KeyboardInterrupt inside the allreduce")
         try:
             col.allreduce(x)
         except col.CollectiveError as e:
-            _say(f"rank 1: then CollectiveError: {e}")
+            say(f"rank 1: then CollectiveError: {e}")
         return   # a clean exit
-    _await_cue(1)
+    await_cue(1)
     try:
         result = col.allreduce(x)
         right = np.array_equal(result, _expected_sum(100, col.size()))
-        _say(f"rank {col.rank()}: the interrupted call returned {'the right sum' if right else 'WRONG DATA'}")
+        say(f"rank {col.rank()}: the interrupted call returned {'the right sum' if right else 'WRONG DATA'}")
     except col.CollectiveError as e:
-        _say(f"rank {col.rank()}: CollectiveError in the interrupted call: {e}")
+        say(f"rank {col.rank()}: CollectiveError in the interrupted call: {e}")
         raise SystemExit(3)
-    _report("the next call", col.allreduce, x)
+    report("the next call", col.allreduce, x)
 
 
 def finalize() -> None:
@@ -488,10 +399,10 @@ def finalize() -> None:
     from mpi4py import MPI
     x = _ints(1000, col.rank())
     result = col.allreduce(x)
-    _say(f"rank {col.rank()}: sum {'right' if np.array_equal(result, _expected_sum(1000, col.size())) else 'WRONG'}")
+    say(f"rank {col.rank()}: sum {'right' if np.array_equal(result, _expected_sum(1000, col.size())) else 'WRONG'}")
     if how == "by-hand":
         MPI.Finalize()
-    _say(f"rank {col.rank()}: done")
+    say(f"rank {col.rank()}: done")
 
 
 def settings_differ() -> None:
@@ -500,31 +411,35 @@ def settings_differ() -> None:
     rank = col.rank()   # local: sets nothing up
     if what == "segment":
         os.environ["COLLECTIVES_SEGMENT_BYTES"] = "64K" if rank == 1 else str(4 << 20)
-        _report("first call", col.broadcast, np.zeros(3_000_000, np.float32))
+        report("first call", col.broadcast, np.zeros(3_000_000, np.float32))
     elif what == "check":
-        _report("init", col.init, check=rank != 1)
+        report("init", col.init, check=rank != 1)
     elif what == "bad-env":
         if rank == 1:
             os.environ["COLLECTIVES_TIMEOUT"] = "soon"
-        _report("first call", col.allreduce, np.ones(10, np.float32))
+        report("first call", col.allreduce, np.ones(10, np.float32))
     elif what == "huge-segment":
         os.environ["COLLECTIVES_SEGMENT_BYTES"] = str(1 << 40)
-        _report("first call", col.allreduce, np.ones(10, np.float32))
+        report("first call", col.allreduce, np.ones(10, np.float32))
 
 
 def unchecked() -> None:
     """With the check off, rank 1 passes one element more: a message longer than expected."""
     col.init(check=False)
     count = 300_000 + (1 if col.rank() == 1 else 0)
-    _report("allreduce", col.allreduce, np.ones(count, np.float32), timeout=5)
+    report("allreduce", col.allreduce, np.ones(count, np.float32), timeout=5)
 
 
 def rank_only() -> None:
-    """Some ranks ask for rank() and size() (local), the others not; then everyone works together."""
+    """Rank 0 asks for rank() and size(), the others not; then everyone works together. The others
+    come to the call only once rank 0 has its answers (cued): rank() and size() need no other rank."""
     if col.rank() == 0:
-        _say(f"rank 0: size {col.size()}")
-        time.sleep(1)
-    result = _report("allreduce", col.allreduce, _ints(1000, col.rank()))
+        say(f"rank 0: size {col.size()}")
+        for other in range(1, col.size()):
+            cue(other)
+    else:
+        await_cue(0)
+    result = report("allreduce", col.allreduce, _ints(1000, col.rank()))
     assert np.array_equal(result, _expected_sum(1000, col.size()))
 
 
@@ -551,7 +466,7 @@ def threads() -> None:
         w.start()
     for w in workers:
         w.join()
-    _say(f"rank {col.rank()}: threads {outcomes}")
+    say(f"rank {col.rank()}: threads {outcomes}")
 
 
 def funneled() -> None:
@@ -572,9 +487,9 @@ def funneled() -> None:
     worker = threading.Thread(target=from_a_thread, name="loader")
     worker.start()
     worker.join()
-    _say(f"rank {col.rank()}: from a thread: {outcome[0]}")
+    say(f"rank {col.rank()}: from a thread: {outcome[0]}")
     result = col.allreduce(_ints(10, col.rank()))
-    _say(f"rank {col.rank()}: from the main thread: "
+    say(f"rank {col.rank()}: from the main thread: "
          f"{'right' if np.array_equal(result, _expected_sum(10, col.size())) else 'WRONG'}")
 
 
@@ -582,14 +497,14 @@ def idle() -> None:
     """Rank 0 waits in an allreduce for rank 1, which stays away 4 s from the start of that wait
     (cued): how much of a core does the wait take?"""
     if col.rank() == 1:
-        _await_cue(0)
+        await_cue(0)
         time.sleep(4)
     cpu, wall = time.process_time(), time.monotonic()
     if col.rank() == 0:
-        _cue(1)
+        cue(1)
     col.allreduce(np.ones(10, np.float32))
     if col.rank() == 0:
-        _say(f"rank 0: waited {time.monotonic() - wall:.2f} s using {time.process_time() - cpu:.2f} s of CPU")
+        say(f"rank 0: waited {time.monotonic() - wall:.2f} s using {time.process_time() - cpu:.2f} s of CPU")
 
 
 def async_absent() -> None:
@@ -598,15 +513,15 @@ def async_absent() -> None:
     col.barrier()
     last = col.size() - 1
     if col.rank() == last:
-        _await_cues(range(last))   # (until the others' waits ended)
-        _say(f"rank {col.rank()}: stayed away")
+        await_cues(range(last))   # (until the others' waits ended)
+        say(f"rank {col.rank()}: stayed away")
         return
     bound = {"call": {"timeout": 2}, "wait": {}}[sys.argv[2]]
     work = col.allreduce(_ints(1000, col.rank()), async_op=True, **bound)
     try:
-        _report("wait", work.wait, **({"timeout": 2} if sys.argv[2] == "wait" else {}))
+        report("wait", work.wait, **({"timeout": 2} if sys.argv[2] == "wait" else {}))
     finally:
-        _cue(last)
+        cue(last)
 
 
 def async_uncaught() -> None:
@@ -614,13 +529,13 @@ def async_uncaught() -> None:
     rank 1 is about to raise, cued, so they cannot have finished); the others wait on theirs."""
     _three_calls()
     if col.rank() == 0:
-        _await_cue(1)
+        await_cue(1)
     works = [col.allreduce(_ints(300_000, col.rank()), async_op=True) for _ in range(3)]
     if col.rank() == 1:
-        _cue(0)
+        cue(0)
         raise RuntimeError("user bug on rank 1")
     for k, work in enumerate(works):
-        _report(f"wait {k}", work.wait)
+        report(f"wait {k}", work.wait)
 
 
 def async_ctrl_c() -> None:
@@ -630,31 +545,31 @@ def async_ctrl_c() -> None:
     finish from what rank 1 sent before it stopped). 3 ranks."""
     _three_calls()
     if col.rank() == 0:
-        _await_cue(2)
+        await_cue(2)
     if col.rank() == 1:
         # Ctrl-C lands in the call, run by the waiting thread (Engine.help) and waiting there for
         # rank 0: kept from the engine thread, which takes a call 200 us old, since a call it ran
         # went on there after the Ctrl-C and finished once rank 0 came, however late.
         progress._PICKUP_SECONDS = 3600.0
-        _when_inside(_wait_for(), _ctrl_c)
+        when_inside(_wait_for(), _ctrl_c)
     work = col.allreduce(_ints(1000, col.rank()), async_op=True)
     if col.rank() == 1:
         try:
             work.wait()
-            _say("rank 1: the wait was not interrupted")
+            say("rank 1: the wait was not interrupted")
         except KeyboardInterrupt:
-            _say("rank 1: KeyboardInterrupt inside wait")
+            say("rank 1: KeyboardInterrupt inside wait")
         try:
             col.allreduce(_ints(10, 1))
         except col.CollectiveError as e:
-            _say(f"rank 1: then CollectiveError: {e}")
+            say(f"rank 1: then CollectiveError: {e}")
         return
     try:
-        right = np.array_equal(_report("wait", work.wait), _expected_sum(1000, col.size()))
+        right = np.array_equal(report("wait", work.wait), _expected_sum(1000, col.size()))
     finally:
         if col.rank() == 2:
-            _cue(0)
-    _say(f"rank {col.rank()}: sum {'right' if right else 'WRONG'}")
+            cue(0)
+    say(f"rank {col.rank()}: sum {'right' if right else 'WRONG'}")
 
 
 def async_dropped_at_exit() -> None:
@@ -662,11 +577,11 @@ def async_dropped_at_exit() -> None:
     wait for theirs: the runtime finishes rank 0's calls at exit, so the others get the right sums."""
     works = [col.allreduce(_ints(200_000, col.rank(), salt), async_op=True) for salt in (1, 2)]
     if col.rank() == 0:
-        _say("rank 0: leaving without waiting")
+        say("rank 0: leaving without waiting")
         return
     for salt, work in zip((1, 2), works):
-        right = np.array_equal(_report(f"wait {salt}", work.wait), _expected_sum(200_000, col.size(), salt))
-        _say(f"rank {col.rank()}: sum {salt} {'right' if right else 'WRONG'}")
+        right = np.array_equal(report(f"wait {salt}", work.wait), _expected_sum(200_000, col.size(), salt))
+        say(f"rank {col.rank()}: sum {salt} {'right' if right else 'WRONG'}")
 
 
 def late_other_call() -> None:
@@ -676,15 +591,15 @@ def late_other_call() -> None:
     none hang. Rank 1's own timeout is long: an error that names a rank that left came by message."""
     col.barrier()
     if col.rank() == 1:
-        _await_cues([0, 2])
-        _report("late call", col.allreduce, _ints(4, 1), timeout=30)
+        await_cues([0, 2])
+        report("late call", col.allreduce, _ints(4, 1), timeout=30)
         return
     works = [col.allreduce(_ints(1000, col.rank(), salt), async_op=True, timeout=2) for salt in (1, 2)]
     try:
         for k, work in enumerate(works):
-            _report(f"wait {k}", work.wait)
+            report(f"wait {k}", work.wait)
     finally:
-        _cue(1)
+        cue(1)
 
 
 def timeline() -> None:
@@ -710,15 +625,15 @@ def group_absent() -> None:
     The others end their programs only once rank 1's group call has ended (cued)."""
     group = col.new_group([1, 2])
     if col.rank() != 1:
-        _await_cue(1)
+        await_cue(1)
         return
     try:
-        _report("group call", group.allreduce, _ints(1000, 1), timeout=2)
+        report("group call", group.allreduce, _ints(1000, 1), timeout=2)
     except SystemExit:
-        _report("world call after", col.barrier)   # the runtime has stopped on this rank, for every group
+        report("world call after", col.barrier)   # the runtime has stopped on this rank, for every group
     finally:
         for other in (0, 2):
-            _cue(other)
+            cue(other)
 
 
 def group_member_dies() -> None:
@@ -730,9 +645,9 @@ def group_member_dies() -> None:
     if col.rank() == 2:
         raise RuntimeError("user bug on rank 2")
     if group:
-        _report("group call 2", group.allreduce, _ints(1000, col.rank()))
+        report("group call 2", group.allreduce, _ints(1000, col.rank()))
     else:
-        _report("world call", col.barrier)
+        report("world call", col.barrier)
 
 
 def group_partial() -> None:
@@ -740,7 +655,7 @@ def group_partial() -> None:
     col.barrier()
     if col.rank() == col.size() - 1:
         return
-    _report("new_group", col.new_group, [0, 1])
+    report("new_group", col.new_group, [0, 1])
 
 
 def group_member_left() -> None:
@@ -749,7 +664,7 @@ def group_member_left() -> None:
     col.barrier()
     if col.rank() == col.size() - 1:
         return
-    _report("new_group", col.new_group, list(range(col.size())), members_only=True, timeout=30)
+    report("new_group", col.new_group, list(range(col.size())), members_only=True, timeout=30)
 
 
 def group_comm() -> None:
@@ -762,18 +677,18 @@ def group_comm() -> None:
     expected = np.empty_like(x)
     half.Allreduce(x, expected)
     ours = col.allreduce(x)
-    _say(f"rank {world.Get_rank()}: runtime rank {col.rank()} of {col.size()}, half rank {half.Get_rank()} of "
+    say(f"rank {world.Get_rank()}: runtime rank {col.rank()} of {col.size()}, half rank {half.Get_rank()} of "
          f"{half.Get_size()}, allreduce {'right' if np.array_equal(ours, expected) else 'WRONG'}")
     try:
         col.init(comm=world)
     except col.CollectiveUsageError as e:
-        _say(f"rank {world.Get_rank()}: second init: {e}")
+        say(f"rank {world.Get_rank()}: second init: {e}")
     col.init(comm=half)   # the same ranks: nothing to change
     if world.Get_rank() == 0:
         try:
             col.init(comm="world")
         except col.CollectiveUsageError as e:
-            _say(f"rank 0: bad comm: {e}")
+            say(f"rank 0: bad comm: {e}")
 
 
 if __name__ == "__main__":

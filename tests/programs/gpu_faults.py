@@ -23,7 +23,7 @@ import cupy
 import collectives as col
 from collectives.groups.group import Group
 from collectives.process.world import world
-from tests.programs.faults import _await_cues, _cue, _say, _when_inside
+from tests.programs.cues import await_cues, cue, say, when_inside
 
 ELEMENTS = 16 << 20   # 64 MiB of float32: long enough on the GPU for a death to land inside a call
 
@@ -36,9 +36,9 @@ def _calls_until_an_error(x, timeout: float, seconds: float) -> None:
             col.allreduce(x, out=x, op="max", timeout=timeout)
             cupy.cuda.get_current_stream().synchronize()
     except col.CollectiveError as e:
-        _say(f"rank {col.rank()}: CollectiveError after {time.monotonic() - started:.2f} s: {e}")
+        say(f"rank {col.rank()}: CollectiveError after {time.monotonic() - started:.2f} s: {e}")
         return
-    _say(f"rank {col.rank()}: never noticed")
+    say(f"rank {col.rank()}: never noticed")
 
 
 def absent() -> None:
@@ -47,13 +47,13 @@ def absent() -> None:
     col.allreduce(x, out=x, op="max")
     cupy.cuda.get_current_stream().synchronize()
     if col.rank() == last:
-        _await_cues(range(last))
-        _say(f"rank {col.rank()}: stayed away")
+        await_cues(range(last))
+        say(f"rank {col.rank()}: stayed away")
         return
     try:
         _calls_until_an_error(x, timeout=3, seconds=3)
     finally:
-        _cue(last)
+        cue(last)
 
 
 def killed() -> None:
@@ -61,7 +61,7 @@ def killed() -> None:
     col.allreduce(x, out=x, op="max")
     cupy.cuda.get_current_stream().synchronize()
     if col.rank() == 1:
-        _when_inside(Group.allreduce, lambda: os.kill(os.getpid(), signal.SIGKILL))
+        when_inside(Group.allreduce, lambda: os.kill(os.getpid(), signal.SIGKILL))
     _calls_until_an_error(x, timeout=5, seconds=60)
     raise SystemExit(3)
 
@@ -71,5 +71,5 @@ if __name__ == "__main__":
     faulthandler.dump_traceback_later(60, exit=True)   # (a hang shows where: every thread's stack, then exit 1)
     col.use_local_gpu()
     col.init(timeout=20)
-    _say(f"rank {col.rank()}: over {type(world().device_transport).__name__}")
+    say(f"rank {col.rank()}: over {type(world().device_transport).__name__}")
     {"absent": absent, "killed": killed}[sys.argv[1]]()

@@ -10,6 +10,8 @@ import signal
 import sys
 import time
 
+from tests.programs.cues import await_file
+
 RANK = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 _baseline: dict = {}
 _exit_handlers: list = []   # registered after the baseline, and not unregistered
@@ -48,17 +50,25 @@ def _look(label: str) -> None:
 def import_only() -> None:
     """MPI is running (the program imported mpi4py itself), then ``collectives`` (argv[2]:
     "collectives" or "collectives.torch") is imported and never called. Rank 0 ends its program
-    1.5 s after the others. An exit handler registered before the import, so run after any that
-    the import registered, says how long those took."""
+    only once the other rank's exit handlers have all run (its last one makes the file argv[3]). An
+    exit handler registered before the import, so run after any that the import registered, says
+    how long those took."""
     from mpi4py import MPI   # noqa: F401 - (started: an exit handler of collectives would find MPI running)
     if sys.argv[2] == "collectives.torch":
         import torch.distributed  # noqa: F401 - (torch's own exit handlers are not collectives')
-    atexit.register(lambda: _say(f"exit handlers after the program's end took {time.monotonic() - ended:.3f} s"))
+    others_ended = sys.argv[3]
+
+    def took():
+        _say(f"exit handlers after the program's end took {time.monotonic() - ended:.3f} s")
+        if RANK != "0":
+            open(others_ended, "w").close()
+
+    atexit.register(took)
     _take_baseline()
     importlib.import_module(sys.argv[2])
     _look("after import")
     if RANK == "0":
-        time.sleep(1.5)
+        await_file(others_ended, f"rank {RANK}", "the other rank's end")
     ended = time.monotonic()
 
 

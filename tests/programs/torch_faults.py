@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import collectives.torch  # noqa: F401 - registers "ring"
-from tests.programs.faults import _await_cues, _cue
+from tests.programs.cues import await_cues, cue
 
 TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT", "4"))
 LATE = ("late", "barrier_late", "ddp_late")   # rank 1 comes after the others' calls timed out
@@ -89,7 +89,7 @@ def peer(name: str, rank: int, n: int):
     if rank == 1 and name in ("killed", "ddp_killed"):
         os.kill(os.getpid(), signal.SIGKILL)
     if rank == 1 and name in LATE:
-        _await_cues(r for r in range(n) if r != 1)
+        await_cues(r for r in range(n) if r != 1)
     if name == "barrier_late":
         dist.barrier()
         return "passed"
@@ -159,7 +159,7 @@ def main(name: str) -> None:
         text = " ".join(str(error).split())
         print(f"rank {rank}: {type(error).__name__} after {time.monotonic() - started:.2f} s: {text}", flush=True)
         if name in LATE and rank != 1:
-            _cue(1)
+            cue(1)
         sys.exit(1)
     print(f"rank {rank}: ok {result}", flush=True)
     dist.destroy_process_group()
