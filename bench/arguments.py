@@ -101,7 +101,7 @@ def _flags(p: ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: numpy arrays; cuda: cupy arrays on each rank's GPU (default: cpu)")
     p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=None,
-                   help="implementations to time: ring (ours), ring-bf16 and ring-fp16 (ours with "
+                   help=f"implementations to time: ring (ours), {' and '.join(COMPRESSED)} (ours with "
                         "compression=: a float32 or float64 allreduce by sum or avg, host arrays), mpi (the MPI "
                         "library's own, host arrays), gloo (torch.distributed's gloo, host arrays), nccl (NCCL's own, GPU arrays) "
                         "(default: ring mpi gloo, gloo where torch is installed; with --device cuda: ring nccl)")

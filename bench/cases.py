@@ -39,8 +39,8 @@ REDUCING = tuple(op for op in OPS if col.table.BY_NAME[op].reduces)
 REDOPS = ("sum", "avg", "min", "max", "prod")
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
           "uint8", "uint16", "uint32", "uint64")
-#: Our all-reduce with ``compression=`` (see IMPLEMENTATIONS), each a column of its own.
-COMPRESSED = ("ring-bf16", "ring-fp16")
+#: Our all-reduce with ``compression=``, one column per codec (see IMPLEMENTATIONS): "ring-bf16", ...
+COMPRESSED = tuple(f"ring-{codec}" for codec in col.table.CODECS)
 PERIOD = 8
 
 
@@ -286,8 +286,8 @@ def _gloo_broadcast(c: Case) -> np.ndarray:
 IMPLEMENTATIONS: dict[str, dict[str, Callable[[Case], Any]]] = {
     "ring": {"allreduce": _ring_allreduce, "reduce_scatter": _ring_reduce_scatter,
              "allgather": _ring_allgather, "broadcast": _ring_broadcast},
-    "ring-bf16": {"allreduce": _ring_allreduce_compressed("bf16")},   # (compression=: the all-reduce only)
-    "ring-fp16": {"allreduce": _ring_allreduce_compressed("fp16")},
+    **{f"ring-{codec}": {"allreduce": _ring_allreduce_compressed(codec)}   # (compression=: the all-reduce only)
+       for codec in col.table.CODECS},
     "mpi": {"allreduce": _mpi_allreduce, "reduce_scatter": _mpi_reduce_scatter,
             "allgather": _mpi_allgather, "broadcast": _mpi_broadcast},
     "gloo": {"allreduce": _gloo_allreduce, "reduce_scatter": _gloo_reduce_scatter,

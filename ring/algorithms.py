@@ -64,8 +64,8 @@ def _reduce_by(transport: Transport, bound: Bound, plans: tuple, owned: tuple[in
 
 def _prescales(op: str, dtype, wire: Codec | None = None) -> bool:
     """float16 "avg" divides each contribution by n before summing (see reduce_scatter), and so
-    does "avg" whose partial sums travel as float16."""
-    return op == "avg" and (dtype == np.float16 or (wire is not None and wire.wire == np.float16))
+    does "avg" whose partial sums travel in a codec of float16's narrow range (``Codec.narrow_range``)."""
+    return op == "avg" and (dtype == np.float16 or (wire is not None and wire.narrow_range))
 
 
 def allreduce_small(transport: Transport, bound: Bound, input: Any, output: Any, op: str, signature: bytes) -> bool:

@@ -5,7 +5,9 @@ small wire-dtype buffer, receives into another, and decodes what it received bef
 to this rank's own contribution in the data's own dtype. So a partial sum is rounded to the
 wire type once per hop, and this rank's contribution never is before it is added.
 
-Two codecs (:data:`CODECS`):
+Two codecs (:data:`CODECS`), each one entry that carries its own limits (``digits``, ``tiny``,
+``largest``, ``narrow_range``), which the all-reduce, its error bound and the trainer's error
+feedback read from it:
 
 - ``"bf16"``: bfloat16, float32's exponent with 8 significant bits (relative rounding error at
   most 2**-8). It has float32's range, so sums do not overflow where float32's would not.
@@ -24,7 +26,7 @@ re-encodes it exactly:
 
 >>> codec = CODECS["bf16"]
 >>> x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -2.5, np.inf, np.nan], np.float32)
->>> wire = np.empty(x.size, codec.wire); codec.encode(x, wire)
+>>> wire = np.empty(x.size, codec.wire_dtype); codec.encode(x, wire)
 >>> back = np.empty_like(x); codec.decode(wire, back); back       # ties go to the even neighbour
 array([ 1.      ,  1.      ,  1.015625, -2.5     ,       inf,       nan],
       dtype=float32)
@@ -89,9 +91,14 @@ def bf16_bits(x32: np.ndarray, out: np.ndarray) -> None:
 # where gradients live. Each function works in blocks of BLOCK, with a few whole-array ufuncs
 # (no masks or fancy indexing on the common path: those cost more than the arithmetic).
 
+#: float16's largest finite value; from 65520 (half a unit, 16, above it) up, a value rounds to inf.
+FP16_LARGEST = 65504.0
+#: bfloat16's: float32's largest exponent with 8 significant bits (float32's own ends 2**104 higher).
+BF16_LARGEST = float(np.uint32(0x7F7F0000).view(np.float32))
+
 #: min/max against a full array: numpy's integer minimum/maximum against a scalar is several
 #: times slower than against an array (no SIMD loop for the broadcast operand).
-_F16_HIGH = np.full(BLOCK, 0x477FF000, np.uint32)   # 65520 = 65504 + half a unit: rounds to inf
+_F16_HIGH = np.full(BLOCK, np.float32(FP16_LARGEST + 16).view(np.uint32))   # 65520 (0x477FF000): rounds to inf
 _F16_LOW = np.full(BLOCK, 0x38800000, np.uint32)    # 2**-14, float16's smallest normal
 
 
@@ -184,26 +191,40 @@ def _fp16_to_float32_block(h: np.ndarray, out: np.ndarray) -> bool:
 
 
 class Codec:
-    """One wire format: ``wire`` is the dtype that travels (2 bytes), ``encode(src, dst)`` fills
-    a wire buffer from float32/float64 data, ``decode(src, dst)`` the reverse (same lengths,
-    flat, contiguous, any length including 0).
+    """One wire format and its limits: ``wire_dtype`` is the dtype that travels (2 bytes),
+    ``encode(src, dst)`` fills a wire buffer from float32/float64 data, ``decode(src, dst)`` the
+    reverse (same lengths, flat, contiguous, any length including 0).
 
-    >>> c = CODECS["fp16"]; w = np.empty(2, c.wire); c.encode(np.array([3.0, 1e5]), w); w
+    >>> c = CODECS["fp16"]; w = np.empty(2, c.wire_dtype); c.encode(np.array([3.0, 1e5]), w); w
     array([ 3., inf], dtype=float16)
+    >>> c.largest, c.narrow_range, CODECS["bf16"].narrow_range
+    (65504.0, True, False)
     """
 
-    def __init__(self, name: str, wire: np.dtype, encode: Callable, decode: Callable, digits: int, tiny: float):
+    def __init__(self, name: str, wire_dtype: np.dtype, encode: Callable, decode: Callable, digits: int,
+                 tiny: float, largest: float, narrow_range: bool = False):
         self.name = name
-        self.wire = np.dtype(wire)
+        self.wire_dtype = np.dtype(wire_dtype)
         self._encode, self._decode = encode, decode
         #: Significant bits of the wire type (its unit roundoff is 2**-digits).
         self.digits = digits
         #: The largest error of rounding a value below the wire type's normal range (half its
         #: smallest subnormal): an absolute error where the relative bound no longer holds.
         self.tiny = tiny
+        #: The largest finite value on the wire: past it by half a unit, a value becomes inf.
+        self.largest = largest
+        #: Its range is far below float32's (float16's 65504), so a sum can overflow where float32's
+        #: would not: "avg" divides each contribution by n before summing (``ring.algorithms``), and
+        #: error feedback saturates at ``largest`` (``trainer.compression``).
+        self.narrow_range = narrow_range
+
+    @property
+    def wire(self) -> np.dtype:
+        """The former name of ``wire_dtype`` (``ring.execute`` and ``collectives.ops.dispatch`` still read it)."""
+        return self.wire_dtype
 
     def __repr__(self) -> str:
-        return f"<Codec {self.name}: {self.wire} on the wire>"
+        return f"<Codec {self.name}: {self.wire_dtype} on the wire>"
 
     def encode(self, src: np.ndarray, dst: np.ndarray) -> None:
         """``dst`` (wire dtype) = ``src`` (float32 or float64) rounded to the wire type."""
@@ -229,11 +250,11 @@ class Codec:
         >>> x = np.array([1 + 2**-8, 0.1], np.float32); CODECS["bf16"].round_(x); x
         array([1.        , 0.10009766], dtype=float32)
         """
-        wire = np.empty(min(x.size, BLOCK), self.wire)
+        encoded = np.empty(min(x.size, BLOCK), self.wire_dtype)
         quiet = ieee_floating_point()
         try:
             for b in blocks(x.size):
-                w = wire[:b.stop - b.start]
+                w = encoded[:b.stop - b.start]
                 self._encode(x[b], w)
                 self._decode(w, x[b])
         finally:
@@ -245,7 +266,7 @@ class Codec:
         >>> CODECS["bf16"].wire_bytes(1000)
         2000
         """
-        return count * self.wire.itemsize
+        return count * self.wire_dtype.itemsize
 
 
 def _bf16_encode(src: np.ndarray, dst: np.ndarray) -> None:
@@ -284,10 +305,12 @@ def _fp16_decode(src: np.ndarray, dst: np.ndarray) -> None:
         np.copyto(dst, narrow)
 
 
-#: The codecs by the name ``compression=`` takes.
+#: The codecs by the name ``compression=`` takes: the one list of them (``col.table.CODECS`` for
+#: programs: the trainer's ``--compression``, the bench's compressed columns).
 CODECS: dict[str, Codec] = {
-    "bf16": Codec("bf16", np.uint16, _bf16_encode, _bf16_decode, digits=8, tiny=2.0 ** -134),
-    "fp16": Codec("fp16", np.float16, _fp16_encode, _fp16_decode, digits=11, tiny=2.0 ** -25),
+    "bf16": Codec("bf16", np.uint16, _bf16_encode, _bf16_decode, digits=8, tiny=2.0 ** -134, largest=BF16_LARGEST),
+    "fp16": Codec("fp16", np.float16, _fp16_encode, _fp16_decode, digits=11, tiny=2.0 ** -25, largest=FP16_LARGEST,
+                  narrow_range=True),
 }
 
 #: The dtypes whose data can be compressed (bfloat16 arrays are reduced through float32).

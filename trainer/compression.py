@@ -23,25 +23,24 @@ import numpy as np
 
 import collectives as col
 
-#: The wire types of ``--compression`` (besides "none").
-CODECS = ("bf16", "fp16")
-
-_FP16_MAX = 65504.0   # float16's largest finite value: larger magnitudes saturate (see wire_roundtrip)
+#: The wire types of ``--compression`` (besides "none"): the runtime's codecs (``col.table.CODECS``).
+CODECS = tuple(col.table.CODECS)
 
 
 def wire_roundtrip(x: np.ndarray, codec: str) -> np.ndarray:
     """``x`` rounded to the wire type ``codec`` and back, as a new array (``col.round_to_wire``,
-    the ring's own codec), but for "fp16" with magnitudes beyond float16's range saturated at its
-    largest finite value instead of becoming inf: an inf would make the residual -inf and the
-    next step NaN; saturated, the excess waits in the residual.
+    the ring's own codec), but where the codec's range is narrow (fp16: ``Codec.narrow_range``)
+    with magnitudes beyond it saturated at its largest finite value instead of becoming inf: an
+    inf would make the residual -inf and the next step NaN; saturated, the excess waits in the residual.
 
     >>> wire_roundtrip(np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -2.5], np.float32), "bf16")   # ties to even
     array([ 1.      ,  1.015625, -2.5     ], dtype=float32)
     >>> wire_roundtrip(np.array([0.1, 7e4]), "fp16")
     array([9.99755859e-02, 6.55040000e+04])
     """
-    if codec == "fp16":
-        x = np.clip(x, -_FP16_MAX, _FP16_MAX)
+    limits = col.table.CODECS[codec]
+    if limits.narrow_range:
+        x = np.clip(x, -limits.largest, limits.largest)
     return col.round_to_wire(x, codec)
 
 
