@@ -18,7 +18,7 @@ from collectives.calls import table, validate
 from collectives.calls.call import Call
 from collectives.errors import CollectiveError, CollectiveUsageError
 from ring import algorithms
-from ring.compression import CODECS, Codec
+from ring.compression import CODECS, COMPRESSIBLE, Codec
 from ring.arrays import is_array, transportable, xp_of
 from ring.partition import chunk_bounds
 from ring.transport.gpu import device as device_transports, nccl as nccl_transport
@@ -115,7 +115,7 @@ def _cannot_carry(call: Call, forced: str, nbytes: int, host: bool) -> str:
     return ""
 
 
-_COMPRESSIBLE = frozenset(np.dtype(t) for t in ("float32", "float64"))
+_COMPRESSIBLE = frozenset(COMPRESSIBLE)
 
 
 def wire_codec(collective: str, value: Any, x: Any, op: str, argument: str = "x") -> Codec | None:
@@ -172,7 +172,7 @@ def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, ho
     compressed call (``ring.compression``), which the ring, halving and the step across hosts of
     two levels carry; recursive doubling's few small messages run uncompressed, which leaves the
     exact sum, the same on every rank."""
-    ratio = 1.0 if wire is None else wire.wire.itemsize / source.dtype.itemsize
+    ratio = 1.0 if wire is None else wire.wire_dtype.itemsize / source.dtype.itemsize
     algorithm = choose(call, "allreduce", source.nbytes, host, ratio)
     g = call.group
     if algorithm == "doubling":
