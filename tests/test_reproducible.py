@@ -5,6 +5,7 @@ its own contributions, the integer totals are summed (as the ring's integer all-
 and the decoded result must be the exact sum rounded once to nearest (ties to even), with the
 same bits however the contributions were dealt.
 """
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -51,13 +52,18 @@ def dealt(contributions: list, ranks: int, way: int) -> list[list]:
 def reduce_simulated(held: list[list], op: str = "sum") -> np.ndarray:
     """What every rank of an all-reduce with ``reproducible=True`` computes from ``held``."""
     every = np.stack([reproducible.facts(h) for h in held])
-    g = reproducible.grid(every, held[0][0].dtype)
+    return simulated(held, reproducible.grid(every, held[0][0].dtype), op)
+
+
+def simulated(held: list[list], g: reproducible.Grid, op: str) -> np.ndarray:
+    """``reduce_simulated`` on a given grid."""
     size = held[0][0].size
     total = None
     for h in held:   # (each rank's own words; their sum, in the wire's dtype, is the all-reduce)
         mine = np.empty((g.words, size), g.wire)
         reproducible.encode(h, g, mine)
-        total = mine if total is None else total + mine
+        with np.errstate(invalid="ignore"):   # (inf + -inf: NaN, as the ring's sum gives it)
+            total = mine if total is None else total + mine
     special = None
     if g.marked:
         special = np.zeros((2, size), np.uint8)
@@ -101,6 +107,27 @@ def test_the_exact_sum_rounded_once_whoever_holds_what(dtype, op, data):
                for n in range(1, min(4, len(contributions)) + 1) for way in range(3)]
     for result in results:
         assert result.tobytes() == expected.tobytes(), (result, expected, contributions)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_float_wire_gives_the_bits_of_the_integer_words(dtype, op, data):
+    """Where the grid's span fits a float's significand the words travel as that float (the sums
+    of values on the grid are then exact in it): the bits of the int64 words, specials included.
+    (Not float64 data: the unit in the last place of its smallest value is 2**-52 of it, so the
+    span and the headroom never fit float64's 53 bits.)"""
+    k = data.draw(st.integers(1, 12))
+    scale = data.draw(st.sampled_from([1.0, 2.0 ** -8]))
+    element = st.one_of(st.integers(-6400, 6400).map(lambda i: i / 64 * scale),   # (2**-14 .. 2**7)
+                        st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan]))
+    contributions = [np.array(data.draw(st.lists(element, min_size=3, max_size=3)), DTYPES[dtype]) for _ in range(k)]
+    held = dealt(contributions, min(k, 3), 0)
+    g = reproducible.grid(np.stack([reproducible.facts(h) for h in held]), np.dtype(DTYPES[dtype]))
+    words = replace(g, wire=np.dtype(np.int64))
+    assert g.wire.kind == "f", g
+    assert simulated(held, g, op).tobytes() == simulated(held, words, op).tobytes()
 
 
 def test_cancellation_leaves_the_smallest_contribution_exactly():
