@@ -88,3 +88,12 @@ def test_no_file_but_the_table_lists_collectives_by_name():
              for path in sorted((ROOT / package).rglob("*.py")) if path != TABLE
              for line, names in _listed_names(path) if str(path.relative_to(ROOT)) not in NOT_YET]
     assert not lists, "read collectives.calls.table instead:\n" + "\n".join(lists)
+
+
+def test_the_architecture_page_names_every_folder_and_module():
+    """docs/architecture.md is the map: a folder or a module it does not name is one a reader cannot find."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    unnamed = [str(path.relative_to(ROOT)) for package in ("collectives", "ring", "trainer", "bench", "cmdline")
+               for path in sorted((ROOT / package).rglob("*.py"))
+               if (path.name != "__init__.py" and path.name not in page) or f"{path.parent.name}/" not in page]
+    assert not unnamed, "docs/architecture.md does not name:\n" + "\n".join(unnamed)
