@@ -167,19 +167,19 @@ def allgather_small(transport: Transport, bound: Bound, counts: tuple[int, ...],
     right; the bytes only when every rank brought as many as this one (which the counts tell).
     With ``data=None`` this is the all-gather's first step on the ring path: the counts alone.
     """
-    n, rank = transport.size, transport.rank
-    head = n * len(counts) * 8
+    n, rank, k = transport.size, transport.rank, len(counts)
+    head = n * k * 8
     width = 0 if data is None else data.nbytes
     message = np.zeros(head + n * width, np.uint8)
     mine = message[:head].view(np.int64)
     for j, count in enumerate(counts):   # (element by element: a tuple assigned to a row converts slowly)
-        mine[rank * len(counts) + j] = count
+        mine[rank * k + j] = count
     if width:
         message[head + rank * width:head + (rank + 1) * width] = data.view(np.uint8)
-    gathered = np.empty_like(message)
+    gathered = np.empty(message.size, np.uint8)   # (not empty_like: a Python function in numpy 2)
     if not doubling.agree(transport, bound, signature, message, np.bitwise_or, gathered):
         return None
-    return gathered[:head].view(np.int64).reshape(n, len(counts)), gathered[head:]
+    return gathered[:head].view(np.int64).reshape(n, k), gathered[head:]
 
 
 def allgather(transport: Transport, bound: Bound,

@@ -118,7 +118,10 @@ def agree(transport: Transport, bound: Bound, signature: bytes, payload: Any = N
     key = (None if payload is None else payload.dtype, nbytes)
     m = messages.layouts.get(key) or messages.layout(*key)
     m.send_header[:SIGNATURE_BYTES] = padded
-    m.send_header[SIGNATURE_BYTES] = 1
+    m.send_header[SIGNATURE_BYTES] = agreeing = 1
+    # What a peer that agrees sends: its bytes are compared as one bytes object (comparing a
+    # memoryview goes element by element: 1.5 us for a signature, ten times a copy and a compare).
+    agreed_header = padded + b"\1"
     if payload is not None:
         m.own[...] = payload
     final = steps[-1]
@@ -129,15 +132,13 @@ def agree(transport: Transport, bound: Bound, signature: bytes, payload: Any = N
         if step.recv_from is None:
             continue
         if step.merge == "replace":
-            m.send_header[SIGNATURE_BYTES] = m.recv_header[SIGNATURE_BYTES]
+            m.send_header[SIGNATURE_BYTES] = agreeing = m.recv_header[SIGNATURE_BYTES]
             if payload is not None:
                 m.own[...] = m.received
             continue
-        same = m.send_header[SIGNATURE_BYTES] and m.recv_header[SIGNATURE_BYTES] and \
-            m.recv_signature == padded
-        if not same:
-            m.send_header[SIGNATURE_BYTES] = 0
-        elif payload is not None:
+        if agreeing and m.recv_check.tobytes() != agreed_header:
+            m.send_header[SIGNATURE_BYTES] = agreeing = 0
+        elif agreeing and payload is not None:
             target = out if step is final and out is not None else m.own   # the last step writes where it belongs
             if step.merge == "mine_first":
                 combine(m.own, m.received, out=target)
@@ -145,10 +146,9 @@ def agree(transport: Transport, bound: Bound, signature: bytes, payload: Any = N
                 combine(m.received, m.own, out=target)
             if step is final:
                 return True
-    agreed = m.send_header[SIGNATURE_BYTES] == 1
-    if agreed and payload is not None and out is not None:
+    if agreeing and payload is not None and out is not None:
         np.copyto(out, m.own)
-    return agreed
+    return agreeing == 1
 
 
 class _Layout:
@@ -166,7 +166,7 @@ class _Layout:
         self.recv = recv
         self.send_header = memoryview(send)[:_HEADER]
         self.recv_header = recv[:_HEADER]
-        self.recv_signature = recv[:SIGNATURE_BYTES]
+        self.recv_check = recv[:SIGNATURE_BYTES + 1]   # the peer's signature and its "all agree so far" byte
         self.own = send[_HEADER:_HEADER + nbytes].view(dtype) if dtype is not None else None
         self.received = np.frombuffer(recv, dtype, nbytes // dtype.itemsize, _HEADER) if dtype is not None else None
 

@@ -1,34 +1,62 @@
-"""Small-call latency in a tight loop: an 8-byte ``col.allreduce(x, out=out)``, the median (and the
-best) of 7 rounds of 5000 calls, in microseconds per call, printed by rank 0.
+"""Small-call latency in a tight loop, ours against MPI's own call side by side: ``col.allreduce(x,
+out=out)`` and mpi4py's ``comm.Allreduce(x, out)`` (float32 sum), in alternating rounds of 5000
+calls each, so that both see the same load. Rank 0 prints, per size, the median microseconds per
+call of each over the rounds and the median of the rounds' ratios (ours over MPI's).
 
-    mpiexec -bind-to core -n 2 python scripts/small_call_latency.py
+    mpiexec -bind-to core -n 2 python scripts/small_call_latency.py              # 8 B and 4 KiB
+    mpiexec -bind-to core -n 2 python scripts/small_call_latency.py --sizes 8 --rounds 11
 
-To compare two commits, run it from each checkout in turn (``PYTHONPATH=<checkout>``), interleaved,
-several times in both orders: one run's spread on a shared 2-core machine is several microseconds.
+To compare two commits, run it from each checkout in turn (``PYTHONPATH=<checkout>``), several
+times in both orders, and compare the ratios: on a shared 2-core machine the microseconds of one
+launch move by half, the ratio much less.
 """
+import argparse
 import statistics
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 import collectives as col
 
-WARMUP, ROUNDS, CALLS = 2000, 7, 5000
+WARMUP = 2000
+
+
+def per_call(loop, calls: int, comm: MPI.Comm) -> float:
+    """Microseconds per call of ``loop(calls)``, started together on every rank (a barrier)."""
+    comm.Barrier()
+    started = time.perf_counter()
+    loop(calls)
+    return (time.perf_counter() - started) / calls * 1e6
 
 
 def main() -> None:
-    x, out = np.ones(2, np.float32), np.empty(2, np.float32)
-    for _ in range(WARMUP):
-        col.allreduce(x, out=out)
-    rounds = []
-    for _ in range(ROUNDS):
-        col.barrier()
-        started = time.perf_counter()
-        for _ in range(CALLS):
-            col.allreduce(x, out=out)
-        rounds.append((time.perf_counter() - started) / CALLS * 1e6)
-    if col.rank() == 0:
-        print(f"{statistics.median(rounds):.2f} {min(rounds):.2f}   # us per call: median, best of {ROUNDS} rounds")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 4096], help="bytes per call")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=5000, help="calls per round")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    col.init()
+    for nbytes in args.sizes:
+        x, out = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
+
+        def ours(calls: int) -> None:
+            for _ in range(calls):
+                col.allreduce(x, out=out)
+
+        def mpis(calls: int) -> None:
+            for _ in range(calls):
+                comm.Allreduce(x, out)
+
+        ours(WARMUP), mpis(WARMUP)
+        rounds = [(per_call(ours, args.calls, comm), per_call(mpis, args.calls, comm)) for _ in range(args.rounds)]
+        if comm.Get_rank() == 0:
+            ring = statistics.median(r for r, _ in rounds)
+            mpi = statistics.median(m for _, m in rounds)
+            ratio = statistics.median(r / m for r, m in rounds)
+            print(f"{nbytes:>8} B  ours {ring:6.2f} us  MPI {mpi:6.2f} us  ratio {ratio:5.2f}   "
+                  f"(n={comm.Get_size()}, medians of {args.rounds} rounds of {args.calls} calls each)", flush=True)
 
 
 if __name__ == "__main__":

@@ -127,9 +127,28 @@ class MPITransport(Subsets):
                  source: int | None = None, reuse: Any = None) -> None:
         source = self._left if source is None else source
         dest = self._right if dest is None else dest
-        if reuse is not None and send is not None and recv is not None:
-            self._exchange_again(send, recv, dest, source, reuse, bound)
+        if reuse is None or send is None or recv is None:
+            self._exchange_once(send, recv, bound, dest, source)
             return
+        # The latency path: persistent requests, made once per (``reuse``, peers), since its buffers
+        # are the same on every call (about 1 us less per exchange here), started and polled here.
+        key = (reuse, dest, source)
+        entry = self._persistent.get(key) or self._persist(send, recv, dest, source, key)
+        requests = entry[0]
+        if dest in self._remote:
+            self.control.guard(dest, bound.seq)
+        try:
+            _startall(requests)
+            self._wait_all(requests, entry[1], bound)
+        except BaseException:
+            # Started and unfinished persistent requests must be cancelled or kept, never freed in
+            # flight; forget this entry so that it is not started again (its buffers stay with it).
+            self._persistent.pop(key, None)
+            self.give_up(requests, entry, requests[:1])
+            raise
+
+    def _exchange_once(self, send: Any | None, recv: Any | None, bound: Bound, dest: int, source: int) -> None:
+        """exchange() over requests of its own, for one call."""
         requests, peers = [], []
         try:
             if recv is not None:
@@ -148,33 +167,19 @@ class MPITransport(Subsets):
             self.give_up(requests, (send, recv), requests[:1] if recv is not None else [])
             raise
 
-    def _exchange_again(self, send: Any, recv: Any, dest: int, source: int, reuse: Any, bound: Bound) -> None:
-        """exchange() over persistent requests, made once per (``reuse``, peers): for the latency path,
-        whose buffers are the same on every call (about 1 us less per exchange here)."""
-        key = (reuse, dest, source)
-        entry = self._persistent.get(key)
-        if entry is None:
-            if len(self._persistent) >= 64:
-                self._free_persistent()
-            try:
-                requests = [self.comm.Recv_init([recv, MPI.BYTE], source, _TAG),
-                            self.comm.Send_init([send, MPI.BYTE], dest, _TAG)]
-            except MPI.Exception as e:
-                raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
-                                     f"{error_text(e)}") from e
-            entry = self._persistent[key] = (requests, (source, dest), send, recv)   # buffers kept alive: ids stay unique
-        requests = entry[0]
-        if dest in self._remote:
-            self.control.guard(dest, bound.seq)
+    def _persist(self, send: Any, recv: Any, dest: int, source: int, key: tuple) -> tuple:
+        """The persistent requests of an exchange of ``send`` and ``recv`` with these peers, kept
+        under ``key`` (with the buffers, so that their ids stay unique while the entry lives)."""
+        if len(self._persistent) >= 64:
+            self._free_persistent()
         try:
-            _startall(requests)
-            self._wait_all(requests, entry[1], bound)
-        except BaseException:
-            # Started and unfinished persistent requests must be cancelled or kept, never freed in
-            # flight; forget this entry so that it is not started again (its buffers stay with it).
-            self._persistent.pop(key, None)
-            self.give_up(requests, entry, requests[:1])
-            raise
+            requests = [self.comm.Recv_init([recv, MPI.BYTE], source, _TAG),
+                        self.comm.Send_init([send, MPI.BYTE], dest, _TAG)]
+        except MPI.Exception as e:
+            raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
+                                 f"{error_text(e)}") from e
+        entry = self._persistent[key] = (requests, (source, dest), send, recv)
+        return entry
 
     def _free_persistent(self) -> None:
         for requests, *_ in self._persistent.values():
