@@ -1,6 +1,7 @@
 """tests/mpi runs only inside MPI worlds (launched by tests/test_worlds.py with --with-mpi); each test of a
 world is reported as a test of the run that launched it (tests/world_outcomes.py)."""
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,19 @@ from tests.world_outcomes import WORLD_OUTCOMES, WORLD_TIMEOUT_S, WorldReports, 
 from tests.worlds import remove_orphan_segments
 
 MPI_TESTS = Path(__file__).parent / "mpi"
+
+
+#: A test file's tier (docs/testing.md) is the first words of its docstring, "Tier 1" (one process, no
+#: MPI launched), "Tier 2" (real MPI worlds) or "Tier 3" (a GPU); each of its tests gets the marker
+#: ``tier1``, ``tier2`` or ``tier3`` from them, unless the test has a tier marker of its own.
+TIER = re.compile(r"\s*Tier ([123])\b")
+TIERS = ("tier1", "tier2", "tier3")
+
+
+def pytest_itemcollected(item):
+    said = TIER.match(getattr(getattr(item, "module", None), "__doc__", None) or "")
+    if said and not any(item.get_closest_marker(tier) for tier in TIERS):
+        item.add_marker(f"tier{said.group(1)}")
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -1,4 +1,4 @@
-"""`mpiexec -n N python -m bench`, run as users run it: its table, JSON, CSV, plot and exit status.
+"""Tier 2: `mpiexec -n N python -m bench`, run as users run it: its table, JSON, CSV, plot and exit status.
 
 Small sweeps only: the bench's figures are measured by running it, never asserted here.
 """

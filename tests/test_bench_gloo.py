@@ -1,4 +1,4 @@
-"""`python -m bench`'s gloo column: torch.distributed's gloo timed beside the ring and MPI, in one launch.
+"""Tier 2: `python -m bench`'s gloo column: torch.distributed's gloo timed beside the ring and MPI, in one launch.
 
 Its numbers are shown, never asserted against each other (the shared machine's speed is noise);
 what is checked is that the column is there, exact, positive, and that a missing torch (or a dtype

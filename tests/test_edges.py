@@ -1,4 +1,4 @@
-"""Issue 24: the edges around the collectives, each as users meet it, asserting what every rank
+"""Tier 2, issue 24: the edges around the collectives, each as users meet it, asserting what every rank
 gets: point-to-point messages that do not fit, the timeline's files, exits after a rank died,
 a rank that ends before its first collective, groups made in a loop, and a parameter server
 losing a worker. Every world is bounded in time. (Messages posted behind queued collectives,

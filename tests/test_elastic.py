@@ -1,4 +1,4 @@
-"""Issue 38: elastic jobs. A rank (or two, or the chief) SIGKILLed while the world trains; the
+"""Tier 2, issue 38: elastic jobs. A rank (or two, or the chief) SIGKILLed while the world trains; the
 survivors go on in-process from the last commit and end with exactly the bits of a restart:
 the same job run to that commit, saved, then resumed on the survivors' number of ranks.
 Every run is bounded (``run_world``), under ``mpiexec -disable-auto-cleanup`` (MPICH) or a

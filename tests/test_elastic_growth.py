@@ -1,4 +1,4 @@
-"""Issue 38, item 2: an elastic job grows in-process. A host discovery script lists more slots than
+"""Tier 2, issue 38, item 2: an elastic job grows in-process. A host discovery script lists more slots than
 the ranks in use; at a commit every rank spawns newcomers that run the same program, they take
 the state from rank 0 and the whole world goes on, to the weights of a run alone, bit for bit
 (tests/programs/elastic_grow.py: its sums are exact for any number of ranks). A host whose rank

@@ -1,4 +1,4 @@
-"""col.elastic.State in one process, without MPI: a commit is a copy kept on this rank, restore
+"""Tier 1: col.elastic.State in one process, without MPI: a commit is a copy kept on this rank, restore
 puts it back (arrays in place, so views held elsewhere stay valid), and what sync could not send
 as it is (JSON gives back a tuple as a list, an int key as a string; an object array not at all)
 is refused when it is set, naming the item."""

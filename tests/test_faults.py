@@ -1,4 +1,4 @@
-"""Issue 6's and 12's fault suite, as users cause faults: absent, late, killed and departing ranks
+"""Tier 2, issue 6's and 12's fault suite, as users cause faults: absent, late, killed and departing ranks
 (an uncaught exception, sys.exit, Ctrl-C, a skipped step, a crash before the first collective),
 Ctrl-C inside a call, settings that differ, threads, MPI.Finalize by the program. Every world is
 bounded in time, and each test asserts what every rank printed.

@@ -1,4 +1,4 @@
-"""Issue 37, item 4: nothing at import. Importing ``collectives`` (or ``collectives.torch``)
+"""Tier 2, issue 37, item 4: nothing at import. Importing ``collectives`` (or ``collectives.torch``)
 installs no excepthook, exit handler or signal handler, and a program that never calls it exits at
 once; the program's first use installs them, and leaving the runtime (MPI.Finalize() by the
 program, or the exit) removes them. ``import collectives.torch`` starts no MPI; without MASTER_ADDR

@@ -1,4 +1,4 @@
-"""Issue 25: several hosts emulated on this machine (scripts/emulate_hosts.sh: a network
+"""Tier 2, issue 25: several hosts emulated on this machine (scripts/emulate_hosts.sh: a network
 namespace per host, with its own hostname and IPC namespace, a bridge between them), the conformance
 suite (tests/mpi) run across them at 2 x 2 (MPICH over UCX, and over libfabric's tcp), 3 x 2 and
 an uneven 3 + 1; faults across hosts (a rank killed, a host that vanishes, MPICH's own cleanup, the

@@ -1,4 +1,4 @@
-"""Issue 36: the emulated hosts of tests/test_hosts.py under Open MPI's launcher (prterun starting a
+"""Tier 2, issue 36: the emulated hosts of tests/test_hosts.py under Open MPI's launcher (prterun starting a
 prted on each other host through scripts/emulated_ssh.sh, as its ssh agent): where each rank runs,
 the conformance suite (tests/mpi) at 2 x 2, and what Open MPI does when a rank on another host is
 killed: MPI itself aborts the job, with or without prterun's cleanup (MPICH's survivors name it). Needs root and a venv whose mpiexec is

@@ -1,4 +1,4 @@
-"""The liveness watch across hosts (ring.transport.mpi.liveness), tier 1: no MPI, two "hosts" on the
+"""Tier 1: the liveness watch across hosts (ring.transport.mpi.liveness), no MPI: two "hosts" on the
 loopback ("127.0.0.1" and "localhost" are different host names to it, the same machine to TCP).
 Across emulated hosts, with real deaths and a host that vanishes: tests/test_hosts.py."""
 import fcntl

@@ -1,4 +1,4 @@
-"""Issue 48, preemption: SIGTERM (a batch system's preemption or requeue, ``scancel``) stops every
+"""Tier 2, issue 48, preemption: SIGTERM (a batch system's preemption or requeue, ``scancel``) stops every
 rank of ``python -m trainer`` at the same step; rank 0 first writes a checkpoint of that step; the
 job exits 143, which a batch script tells apart from a finish (0) or a failure. ``--resume`` on
 an empty checkpoint directory starts from the beginning, so one command serves the first run

@@ -1,4 +1,4 @@
-"""Parameter-server training (python -m trainer --strategy ps), judged against all-reduce training,
+"""Tier 2: parameter-server training (python -m trainer --strategy ps), judged against all-reduce training,
 by the accuracy it reaches, and by how it ends when a server or a worker is killed."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""The trainer's rank killed at a random moment (after the first checkpoint, inside a later epoch or
+"""Tier 2: the trainer's rank killed at a random moment (after the first checkpoint, inside a later epoch or
 a save), then resumed: it must end with the parameters of a run that was never killed.
 
 The moment and the victim come from a seeded generator, so that a failure can be replayed: the seed

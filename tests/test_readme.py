@@ -1,4 +1,4 @@
-"""The front page's and the manual's (docs/) examples, run as a reader would run them; and their
+"""Tier 2: the front page's and the manual's (docs/) examples, run as a reader would run them; and their
 links, which must all lead somewhere in a fresh clone."""
 import re
 

@@ -1,4 +1,4 @@
-"""``python -m collectives`` (issue 28): the installation described, and a self-check against mpi4py's
+"""Tier 2: ``python -m collectives`` (issue 28): the installation described, and a self-check against mpi4py's
 collectives that fails, naming the call, when a result is wrong."""
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""Settings read from the environment and init's keywords (tier 1: no MPI)."""
+"""Tier 1: settings read from the environment and init's keywords (no MPI)."""
 import pytest
 
 from collectives.process import config as world

@@ -1,4 +1,4 @@
-"""Issue 48: a real Slurm (22.05, Debian's slurm-wlm) on this machine, as a cluster's users meet
+"""Tier 2, issue 48: a real Slurm (22.05, Debian's slurm-wlm) on this machine, as a cluster's users meet
 it: slurmctld and two slurmd of 2 CPUs each in network namespaces (scripts/emulate_slurm.sh, which
 installs the packages where it is root and they are missing). The self-check and the trainer under
 ``srun`` across both nodes; a wrong ``--mpi`` refused on every task; ``mpiexec`` inside ``salloc``;

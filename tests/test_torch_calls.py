@@ -1,4 +1,4 @@
-"""scripts/torch_calls.py, run as its docstring says at n=2 on tiny sizes: the table's shape.
+"""Tier 2: scripts/torch_calls.py, run as its docstring says at n=2 on tiny sizes: the table's shape.
 
 Its timings are shown, never asserted (the shared machine's speed is noise); what is checked is
 that every collective and size has its row, with positive times, the col reference where asked

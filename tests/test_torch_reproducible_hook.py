@@ -1,4 +1,4 @@
-"""Issue 62: ``collectives.torch.reproducible_hook``, DDP's buckets averaged by the reproducible
+"""Tier 2, issue 62: ``collectives.torch.reproducible_hook``, DDP's buckets averaged by the reproducible
 all-reduce (``tests/programs/torch_reproducible_hook.py`` says each check). One contribution per
 rank: the bits do not depend on the algorithm or the segment size (they do on the world size)."""
 import re

@@ -1,4 +1,4 @@
-"""Launched as torch users launch (issue 59): torchrun, and processes started one by one with torch's
+"""Tier 2: launched as torch users launch (issue 59): torchrun, and processes started one by one with torch's
 variables (what a Kubernetes PyTorchJob gives each pod: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
 The runtime forms MPICH's world itself (collectives/process/rendezvous.py: a PMI-1 server of its own,
 its address in torch's store), and MPI moves the bytes. Every launch is bounded in time."""

@@ -1,4 +1,4 @@
-"""The trainer, run as a user runs it (mpiexec ... python -m trainer), judged from its checkpoint files."""
+"""Tier 2: the trainer, run as a user runs it (mpiexec ... python -m trainer), judged from its checkpoint files."""
 import errno
 import os
 import json

@@ -1,4 +1,4 @@
-"""The trainer's command line as users meet it (issue 28): Ctrl-C, a checkpoint directory that
+"""Tier 2: the trainer's command line as users meet it (issue 28): Ctrl-C, a checkpoint directory that
 holds another run, the communication shares of the epoch line, where the outputs went, --help."""
 import json
 import os

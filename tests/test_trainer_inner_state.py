@@ -1,4 +1,4 @@
-"""Issue 58 item 9: ``--inner-state averaged|local`` for local SGD and DiLoCo: what a sync sends
+"""Tier 2, issue 58 item 9: ``--inner-state averaged|local`` for local SGD and DiLoCo: what a sync sends
 (counted by wrapping the all-reduces a sync makes), replicas identical after a sync with local
 momentum, and what a checkpoint of local momentum gives back on as many and on another number of
 ranks (trainer/strategies/periodic.py)."""

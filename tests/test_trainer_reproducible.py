@@ -1,4 +1,4 @@
-"""Issue 62: ``python -m trainer --reproducible``. Each global batch is cut into a fixed number of
+"""Tier 2, issue 62: ``python -m trainer --reproducible``. Each global batch is cut into a fixed number of
 virtual shards (``--shards``), dealt to the ranks; each shard's gradient is a contribution of the
 reproducible all-reduce (the exact sum, rounded once). The final parameters' digest is then one
 at every world size, and after an elastic run lost a rank. Every run is bounded (``run_world``)."""

@@ -1,4 +1,4 @@
-"""Issue 49: ``--strategy local-sgd`` and ``diloco`` (replicas that meet every ``--sync-every`` steps), and
+"""Tier 2, issue 49: ``--strategy local-sgd`` and ``diloco`` (replicas that meet every ``--sync-every`` steps), and
 ``--compression`` with error feedback, run as a user runs them (mpiexec ... python -m trainer), judged
 from the printed digest and the checkpoint files, against one-process references of the same arithmetic."""
 import os

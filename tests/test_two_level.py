@@ -1,4 +1,4 @@
-"""The hierarchical (two-level) all-reduce: simulated hosts as threads (tier 1), then real worlds
+"""Tier 2: the hierarchical (two-level) all-reduce: simulated hosts as threads (in one process), then real worlds
 with declared hosts (COLLECTIVES_HOSTS) against the flat ring and MPI, and its settings' errors."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Tier 1 (and three worlds of 2): how the tests of a real world become one outcome each
+"""Tier 1 (but three worlds of 2, marked tier2): how the tests of a real world become one outcome each
 (tests/world_outcomes.py). A test fails if it failed on any rank, naming the ranks; a rank that
 died or ran out of time fails every test it never finished, saying how the world ended; and the
 whole path (each rank's record, the merge, the reports) is checked end to end on planted tests."""
@@ -107,6 +107,7 @@ OUTER, INNER = "tests/programs/planted_worlds.py::", "::tests/programs/planted_w
 
 
 @pytest.mark.quick
+@pytest.mark.tier2
 @pytest.mark.parametrize("streams", [[], ["-n", "2"]], ids=["one-stream", "two-streams"])
 def test_each_planted_test_of_two_worlds_is_reported_on_its_own(streams):
     """A world with a failure on rank 1, a skip and passes; a world where rank 1 dies inside a test.
@@ -130,6 +131,7 @@ def test_each_planted_test_of_two_worlds_is_reported_on_its_own(streams):
 
 
 # (not quick: it waits for the world's time bound)
+@pytest.mark.tier2
 def test_a_world_killed_at_its_bound_fails_the_test_it_hung_in_and_every_test_after():
     result, summary = planted("rank_hangs")
     hanging = f"{OUTER}test_a_world_where_a_rank_hangs"
