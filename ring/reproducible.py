@@ -37,10 +37,12 @@ every contribution is -0.0 sums to -0.0 (IEEE: -0 + -0 = -0), any other zero sum
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from ring import arrays
 from ring.arrays import ieee_floating_point, restore_floating_point
 from ring.compression import BLOCK, blocks
 
@@ -113,7 +115,7 @@ def facts(contributions: list) -> np.ndarray:
     doubled_infinity = unsigned.type(int(np.array(np.inf, np.float32).astype(dtype).view(unsigned)[()]) << 1)
     negative_zero = np.iinfo(signed).min
     largest, least, flags = unsigned.type(0), np.iinfo(unsigned).max, 0
-    doubled = np.empty(min(BLOCK, max(x.size for x in contributions)), unsigned)
+    doubled = _scratch(min(BLOCK, max(x.size for x in contributions)), unsigned, 0)
     for x in contributions:
         raw = x.reshape(-1).view(unsigned)
         for b in blocks(raw.size):
@@ -130,10 +132,9 @@ def facts(contributions: list) -> np.ndarray:
             least = min(least, twice.min())
     if largest == 0:
         return np.array([-_NONE, -_NONE, len(contributions), flags], np.int64)
-    largest, least = (float(np.array(v >> 1, unsigned).view(dtype).astype(np.float64))
-                      for v in (int(largest), int(least) + 1))
-    bottom = max(int(np.frexp(least)[1]) - digits, lowest)
-    return np.array([int(np.frexp(largest)[1]), -bottom, len(contributions), flags], np.int64)
+    largest, least = np.array([int(largest) >> 1, (int(least) + 1) >> 1], unsigned).view(dtype).astype(np.float64)
+    bottom = max(math.frexp(least)[1] - digits, lowest)
+    return np.array([math.frexp(largest)[1], -bottom, len(contributions), flags], np.int64)
 
 
 def _working(x: np.ndarray) -> np.ndarray:
@@ -164,9 +165,11 @@ def grid(every: np.ndarray, dtype: np.dtype) -> Grid:
     dtype('int64')
     """
     digits, lowest = precision(dtype)
-    top, bottom = int(every[:, 0].max()), -int(every[:, 1].max())
-    count = int(every[:, 2].sum())
-    flags = int(np.bitwise_or.reduce(every[:, 3]))
+    rows = every.tolist()   # (a few rows: Python's own max and sum are quicker than numpy's here)
+    top, bottom = max(r[0] for r in rows), -max(r[1] for r in rows)
+    count, flags = sum(r[2] for r in rows), 0
+    for r in rows:
+        flags |= r[3]
     if top == -_NONE:
         top = bottom = 0
     bits = 63 - count.bit_length()
@@ -212,8 +215,9 @@ def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
     quiet = ieee_floating_point()
     try:
         size = min(total.shape[1], BLOCK)
-        scratch = {np.dtype(t): np.empty(size, t) for t in (np.float32, np.float64)}, np.empty(size, np.int64)
+        integers = _scratch(size, np.int64, 0)   # (x's words, before they are added)
         whole = g.wire.kind == "i" and not _fast(g)
+        words = _scratch(size, np.float64, 1), _scratch(size, np.float64, 2), integers   # (value, word: whole)
         if whole:
             total[...] = 0   # (the general path adds every word into it)
         for b in blocks(total.shape[1]):   # (block by block: each block of the total stays in cache)
@@ -222,13 +226,31 @@ def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
                 if g.wire.kind == "f":
                     _add(total[0, b], x, first=i == 0)
                 elif whole:
-                    _encode(x, g, total[:, b])
+                    _encode(x, g, total[:, b], words)
                 else:
-                    scaled = scratch[0][x.dtype][:x.size]
+                    scaled = _scratch(x.size, x.dtype, 1)
                     np.multiply(x, x.dtype.type(2.0 ** -g.bottom), out=scaled)   # (exact: x / 2**bottom)
-                    _add(total[0, b], scaled, first=i == 0, words=scratch[1][:x.size])
+                    _add(total[0, b], scaled, first=i == 0, words=integers[:x.size])
     finally:
         restore_floating_point(quiet)
+
+
+#: The first of the scratch slots (``ring.arrays.scratch``) of the codec's blocks: past the
+#: executor's and collectives.ops.reproducible's own.
+_SCRATCH = 9
+
+
+def _scratch(size: int, dtype, slot: int) -> np.ndarray:
+    """A block's scratch of ``size`` elements of ``dtype``, kept between calls in slot ``slot``
+    (0, 1, 2) of this thread's: a fresh one costs a page fault every 4 KiB on each call.
+
+    >>> _scratch(3, np.int64, 0).shape
+    (3,)
+    """
+    return arrays.scratch(_HOST, size, _SCRATCH + slot, np.dtype(dtype))
+
+
+_HOST = np.empty(0)   # (what tells ring.arrays.scratch that the scratch is numpy's)
 
 
 def _fast(g: Grid) -> bool:
@@ -249,16 +271,20 @@ def _add(total: np.ndarray, x: np.ndarray, first: bool, words: np.ndarray | None
         total += words
 
 
-def _encode(x: np.ndarray, g: Grid, total: np.ndarray) -> None:
-    value = x.astype(np.float64)
+def _encode(x: np.ndarray, g: Grid, total: np.ndarray, scratch: tuple) -> None:
+    """Add ``x``'s words to ``total``, from the top word down: each the truncated quotient by its
+    unit, taken off the value (exactly: they are its leading bits) before the next."""
+    value, word, integers = (a[:x.size] for a in scratch)
+    np.copyto(value, x)
     if g.special:
         value[~np.isfinite(value)] = 0.0
     for j in range(g.words - 1, -1, -1):
         unit = g.bottom + g.bits * j
-        word = np.trunc(scale(value, -unit))
-        total[j] += word.astype(np.int64)
+        np.trunc(scale(value, -unit, out=word), out=word)
+        np.copyto(integers, word, casting="unsafe")
+        total[j] += integers
         if j:
-            value -= scale(word, unit, out=word)   # (exact: these are value's leading bits)
+            value -= scale(word, unit, out=word)
 
 
 def marks(contributions: list, out: np.ndarray) -> None:
@@ -334,6 +360,9 @@ def _decode(total: np.ndarray, g: Grid, special: np.ndarray | None, op: str, out
         np.copyto(out, total[0], casting="unsafe")   # (the one rounding: int64 to float)
         out *= out.dtype.type(2.0 ** g.bottom)         # (exact: nothing lands below the normal range)
         value = out
+    elif g.words == 2 and op == "sum" and g.bottom >= _NORMAL.get(out.dtype.name, 1 << 20):
+        _two_words(total, g, out)
+        value = out
     elif g.words == 1 and op == "avg" and out.dtype == np.float64 and _narrow(total[0]):
         value = scale(total[0], g.bottom)              # (exact: under 2**53 units, normal or not)
         value /= g.count                               # (the one rounding)
@@ -343,6 +372,32 @@ def _decode(total: np.ndarray, g: Grid, special: np.ndarray | None, op: str, out
         _specials(value, special)
     if value is not out:
         np.copyto(out, value if out.dtype.name != "bfloat16" else value.astype(np.float32), casting="unsafe")
+
+
+def _two_words(total: np.ndarray, g: Grid, out: np.ndarray) -> None:
+    """``out`` = the exact value of two words (``total``, overwritten), rounded once, where no
+    result can land below the normal range. The value's leading _WINDOW bits (fewer if it has
+    fewer) make one int64, every bit below them folded into its last bit ("round to odd": a window
+    with at least two bits past the dtype's precision rounds as the whole value does), and
+    numpy's int64 to float conversion rounds that once; the scaling by a power of two is exact.
+
+    >>> g = Grid(bottom=-4, bits=3, words=2, count=2, special=False, digits=24, lowest=-149)
+    >>> out = np.empty(2, np.float32); _two_words(np.array([[5, 0], [-1, 2]]), g, out); out.tolist()
+    [-0.1875, 1.0]
+    """
+    _carry(total, g.bits)
+    sign = (total[1] >> 63) | 1   # (-1 or 1: a multiplication is quicker than numpy's negative with where=)
+    total *= sign
+    _carry(total, g.bits)   # now both words are in [0, 2**bits)
+    high, low = total[1], total[0]
+    shift = np.maximum(_bit_length(high) + (g.bits - _WINDOW), 0)   # (the bits below the window: <= 62)
+    right = np.maximum(shift - g.bits, 0)   # (where the window lies within the high word: its bits below)
+    window = (high >> right) << np.maximum(g.bits - shift, 0)
+    window += low >> shift
+    window |= ((low & ((1 << shift) - 1)) | (high & ((1 << right) - 1))) != 0
+    np.copyto(out, window, casting="unsafe")   # (the one rounding)
+    np.ldexp(out, (shift + g.bottom).astype(np.int32), out=out)   # (int32: numpy's int64 loop is slower)
+    out *= sign
 
 
 def _narrow(words: np.ndarray) -> bool:
@@ -389,9 +444,16 @@ def _divide(total: np.ndarray, bits: int, count: int) -> np.ndarray:
 
 
 def _bit_length(x: np.ndarray) -> np.ndarray:
-    """The bits of each nonnegative int64 of ``x`` (0 for 0)."""
-    length = np.frexp(x.astype(np.float64))[1].astype(np.int64)   # (one too many where it rounded up)
-    return length - ((x >> np.maximum(length - 1, 0)) == 0) * (length > 0)
+    """The bits of each nonnegative int64 of ``x`` (0 for 0).
+
+    >>> _bit_length(np.array([0, 1, 2, 3, 2 ** 53 + 1, 2 ** 62 - 1, 2 ** 63 - 1])).tolist()
+    [0, 1, 2, 2, 54, 62, 63]
+    """
+    # The exponent field of x as a float64 (numpy's frexp is a slow loop); one too many where
+    # the conversion rounded up to a power of two.
+    length = np.maximum((x.astype(np.float64).view(np.int64) >> 52) - 1022, 0)
+    length -= (x >> np.maximum(length - 1, 0)) == 0
+    return np.maximum(length, 0, out=length)
 
 
 def _window(total: np.ndarray, bits: int, sticky: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -130,6 +130,28 @@ def test_a_float_wire_gives_the_bits_of_the_integer_words(dtype, op, data):
     assert simulated(held, g, op).tobytes() == simulated(held, words, op).tobytes()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_two_words_round_through_a_window_as_the_whole_integer_does(dtype, data):
+    """The quick decoding of two int64 words (the leading 62 bits, the rest folded into the last
+    one) against the general one (every bit carried into a window and rounded in integers), on
+    any words that a sum of ``count`` contributions can hold, overflow to infinity included."""
+    count = data.draw(st.integers(1, 12))
+    bits = 63 - count.bit_length()
+    word = st.integers(-(count << bits) + 1, (count << bits) - 1)
+    words = data.draw(st.lists(st.tuples(word, word), min_size=1, max_size=8))
+    digits, lowest = reproducible.PRECISION[dtype]
+    bottom = data.draw(st.integers(-126, 20) if dtype == "float32" else st.integers(-1022, 1000))
+    g = reproducible.Grid(bottom, bits, 2, count, False, digits, lowest)
+    total = np.array(words, np.int64).T.copy()
+    quick = np.empty(total.shape[1], dtype)
+    with np.errstate(over="ignore"):   # (an infinity is the rounding's result)
+        reproducible._two_words(total.copy(), g, quick)
+        general = reproducible._rounded(total, g, "sum").astype(dtype)
+    assert quick.tobytes() == general.tobytes(), (words, quick, general)
+
+
 def test_cancellation_leaves_the_smallest_contribution_exactly():
     x = [np.array([1e30, 3.0], np.float32), np.array([2.0 ** -149, -3.0], np.float32),
          np.array([-1e30, -0.0], np.float32)]
