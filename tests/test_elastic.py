@@ -73,8 +73,8 @@ def test_a_death_after_the_work_ended_does_not_hang_the_survivors(victim):
 @pytest.mark.skipif(mpi_name() != "MPICH", reason="the supervisor runs under MPICH's launcher only")
 def test_a_death_inside_mpi_finalize_does_not_hang_the_others():
     """Rank 2 dies as it goes into MPI_Finalize, its exit barrier passed: the others, in MPI_Finalize
-    or about to leave without it, waited for ever (1 run in 12 of the trainer killed after its
-    ``done:`` line). Their supervisors end them 3 s after it ended; the job finished: status 0."""
+    or about to leave without it, would wait for ever (as after the trainer's ``done:`` line). Their
+    supervisors end them 3 s after it ended; the job finished: status 0."""
     result = run_world(4, [*JOB, "--kill-in-finalize", "2"], 60, launcher_args=CLEANUP)
     out = result.stdout
     assert "final " in out and "killed in MPI_Finalize" in out, out[-3000:]
@@ -96,9 +96,9 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_for_ever():
                "this rank still runs (stuck in its own code?); it ends" in out, out[-3000:]
 
 
-#: MPICH's launcher sometimes fails by itself on a death that it sees while its proxies still set the
-#: job up (``assert (!closed) failed``, status 255: 2 runs in 16 of the test below): the job ends, but
-#: before any rank could speak. Such a run says nothing of the runtime, and is run again.
+#: MPICH's launcher may fail by itself on a death that it sees while its proxies still set the job up
+#: (``assert (!closed) failed``, status 255): the job ends, but before any rank could speak. Such a
+#: run says nothing of the runtime, and is run again.
 LAUNCHER_FAILED, LAUNCHER_ATTEMPTS = "assert (!closed) failed", 3
 
 
@@ -203,7 +203,7 @@ def test_the_trainer_loses_a_rank_and_ends_with_the_bits_of_a_restart(tmp_path):
 
 def test_the_trainer_killed_after_its_done_line_ends_without_hanging():
     """A death after the work ended (the ``done:`` line): the survivors, at exit, must not wait for
-    the dead rank (3 of 3 runs hung for ever, the survivors in MPI_Finalize)."""
+    the dead rank (MPI_Finalize would wait for it for ever)."""
     out, status = trainer_killing(["-m", "trainer", "--epochs", "3"], "done: ", 3, seconds=60)
     assert status == 0 and "done: " in out, out[-3000:]   # (the work was done: the job finished)
     assert out.count("exiting with status 0 (the elastic job finished) without MPI_Finalize, which would wait for "

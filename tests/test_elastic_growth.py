@@ -167,7 +167,7 @@ def test_a_job_on_one_host_grows_onto_another_that_discovery_lists(two_hosts, tm
     assert "elastic: 2 joined: 2 -> 4 ranks" in output, output[-3000:]
     hosts = dict(re.findall(r"\[(-?\d+->\d+)/\d+\] done step 60 sum [\d.]+ on ([\w.-]+)", output))
     if kill:   # (the newcomers' deaths seen across hosts, through their connections: both in one change, or
-        # one after the other when the second death is heard after the survivors agreed on the first, 1 run in 3)
+        # one after the other when the second death is heard after the survivors agreed on the first)
         assert "elastic: ranks 2, 3 gone: 4 -> 2 ranks; back to step 30" in output or (
             "elastic: rank 2 gone: 4 -> 3 ranks; back to step 30" in output
             and "elastic: rank 2 gone: 3 -> 2 ranks; back to step 30" in output), output[-3000:]

@@ -339,7 +339,7 @@ def test_a_rank_that_crashes_before_its_first_collective_is_named_at_setup():
 
 def test_a_rank_that_crashes_before_its_first_collective_is_named_to_a_rank_that_comes_later():
     """Rank 2 comes 3 s after rank 1 raised: rank 1, at exit, still waits in the setup to say why (up to
-    10 s). The 3 s are the promise (longer than the 2 s a failed rank used to wait)."""
+    10 s). The 3 s are the promise (longer than the 2 s grace of an exit after a failure)."""
     status, output, _ = fault(3, "crash-first-late")
     errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 2], output

@@ -99,10 +99,9 @@ def test_every_collective_matches_mpi4py_across_hosts(cluster, layout, netmod, t
     UCX, what depends on the hosts (ACROSS_HOSTS) over libfabric's tcp, what depends on the layout
     (BY_LAYOUT) at 2 x 2 x 2 and 3 + 1."""
     # Open bug, not this tier's: over UCX beside a CPU hog, rank 0's receives from any rank (tag 2)
-    # after the file's earlier tests time out: at 3 x 2 in 1 run of 2 (with and without issue 25's
-    # changes), at 2 x 2 in 1 run of 1 from a fresh clone (issue 35's session; alone 1 of 1 passed);
-    # over libfabric's tcp 4 of 4 passed. Left out over UCX only, until fixed; it runs over tcp here
-    # and on one host in every world of tests/test_worlds.py.
+    # after the file's earlier tests can time out (at 3 x 2 and at 2 x 2); over libfabric's tcp they do
+    # not. Left out over UCX only, until fixed; it runs over tcp here and on one host in every world
+    # of tests/test_worlds.py.
     known = (["--deselect", "tests/mpi/test_p2p.py::test_receives_from_any_rank_name_the_sender_and_keep_each_"
               "senders_order"] if netmod == "ucx" else [])
     # The torch backend's tests compare with gloo, whose rendezvous they put on 127.0.0.1: one host's own.
@@ -147,10 +146,9 @@ def test_a_rank_killed_on_another_host_is_named_by_every_survivor_on_both_hosts(
 def test_a_rank_killed_while_async_all_reduces_send_to_it_crashes_no_survivor(cluster, attempt, tmp_path):
     """Issue 36, item 1: 2 x 2 over UCX, rank 3 is SIGKILLed 0.2 s into 20 async 16 MB all-reduces,
     whose two-level reduce-scatter sends to it across hosts. MPICH over UCX dies of SIGSEGV when
-    asked to send to a peer whose connection it has seen close (3 of 10 runs, and 4 of 10 beside a
-    CPU hog, before every send to another host looked at the peer's liveness connection first; 0 of
-    30 after, beside a hog). Every survivor on host 1 names rank 3; none crashes. Three runs here:
-    the race struck about one run in three."""
+    asked to send to a peer whose connection it has seen close, so every send to another host looks
+    at the peer's liveness connection first. Every survivor on host 1 names rank 3; none crashes.
+    Three runs here: the race is hit by chance."""
     env = {"OWN_OUTPUT": str(tmp_path / "out")}
     process = _launch("2,2", ["-disable-auto-cleanup", str(OWN_OUTPUT), sys.executable, "-m", "tests.programs.edges",
                               "killed-async", "3"], env, python=False)
@@ -304,7 +302,7 @@ def test_an_elastic_job_loses_a_rank_on_another_host_and_ends_with_the_bits_of_a
     """Issue 38: 2 x 2, rank 3 (host 2) SIGKILLs itself before step 30; the three survivors, on
     two hosts, go on from their last commit, and end with the bits of 2 x 2 to that step, then 2 + 1.
     The commit is of step 30, or of step 29 where a survivor had not yet received all of step 29's
-    all-reduce from rank 3 (seen once beside a CPU hog): rank 3 had its result, not every peer."""
+    all-reduce from rank 3 (possible on a loaded machine): rank 3 had its result, not every peer."""
     job = ["-m", "tests.programs.elastic_job", "--steps", "80"]
     result = _run("2,2", ["-disable-auto-cleanup", sys.executable, *job, "--kill", "3@30"], python=False)
     back = re.search(r"elastic: rank 3 gone: 4 -> 3 ranks; back to step (30|29)\b", result.stdout)

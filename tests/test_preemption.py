@@ -144,7 +144,7 @@ def test_ctrl_c_still_reads_as_ctrl_c(tmp_path):
 def test_a_late_sigterm_to_a_rank_on_its_way_out_does_not_change_the_status(tmp_path):
     """The batch system signals every task, and not at one instant: a SIGTERM that reaches a rank
     after the ranks agreed to stop (here, once rank 0 has said so) is the same preemption, come
-    late. Before, that rank died of it and the job exited 15 (an adversarial helper: 3 runs of 3)."""
+    late: it must not kill that rank and end the job with status 15."""
     process = start(2, [*LONG, "--checkpoint-dir", str(tmp_path / "ckpt")])
     output = read_until(process, "epoch   2/")
     os.kill(pid_of(output, 0), signal.SIGTERM)

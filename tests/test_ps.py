@@ -104,7 +104,7 @@ def test_a_killed_server_or_worker_ends_the_job_naming_it(victim, role):
     output = "".join(seen) + rest
     assert job.returncode != 0 and ended < 30, (ended, output[-3000:])
     # A survivor that reports names the dead rank. MPICH can still take the job down before any survivor
-    # reports (2 runs in about 15 here, even so: its launcher reports the kill, or fails itself).
+    # reports (its launcher reports the kill, or fails itself).
     reports = re.findall(r"\[rank \d\] error: .*", output)
     assert all(f"rank {victim}" in report for report in reports), output[-3000:]
 

@@ -296,8 +296,7 @@ def test_an_elastic_job_under_srun_loses_a_task_and_finishes_with_status_0(clust
 def test_an_elastic_job_whose_task_dies_at_its_exit_ends_with_status_0(cluster):
     """The work done (``final`` printed), task 2, alone on the second node, dies inside the runtime's
     exit, after its farewell: under srun no launcher tells the others, and they must not wait for it
-    (``Exits.gone_at_exit``). (An adversarial pass saw survivors wait for ever when the trainer's
-    task died at its last epoch, 4 runs in 7, beside other load; not reproduced here, 0 in 6.)"""
+    (``Exits.gone_at_exit``), as when the trainer's task dies at its last epoch."""
     result = _slurm("env", "COLLECTIVES_TIMEOUT=30", "srun", "--kill-on-bad-exit=0", "-N2", "-n3", PMI,
                     sys.executable, "-m", "tests.programs.elastic_job", "--steps", "20", "--kill-at-exit", "2",
                     bound=90)
@@ -312,11 +311,10 @@ def test_an_elastic_job_whose_task_dies_at_its_exit_ends_with_status_0(cluster):
 def test_a_process_that_dies_before_mpi_starts_ends_the_others_at_the_timeout_not_never(cluster, door):
     """As elastic jobs run (srun ``--kill-on-bad-exit=0``; or MPICH's mpiexec ``-disable-auto-cleanup``
     inside salloc, its proxies started by srun on both nodes): rank 2, alone on the second node, ends
-    itself before MPI starts; the others, inside MPI_Init, wait on a PMI that never tells them. Before
-    ``launchers.bounded_mpi_init`` they waited for ever; now they end at the runtime's timeout (10 s
-    here), saying why. (Under salloc+mpiexec a rank's watch died of the SIGUSR1 with which MPICH's
-    proxy tells the rank's process group of the death, until the watch had a session of its own:
-    then the job hung to the 90 s bound, one rank silent, in about 1 run in 2 on a loaded machine.)"""
+    itself before MPI starts; the others, inside MPI_Init, wait on a PMI that never tells them, and
+    ``launchers.bounded_mpi_init`` ends them at the runtime's timeout (10 s here), saying why. (Under
+    salloc+mpiexec MPICH's proxy tells the rank's process group of the death by SIGUSR1: a rank's
+    watch has a session of its own, or it would die of it and leave its rank silent.)"""
     program = ("import os, signal\n"
                "rank = os.environ['PMI_RANK' if 'MPI_LOCALNRANKS' in os.environ else 'SLURM_PROCID']\n"
                "if rank == '2': os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -45,7 +45,7 @@ def test_a_finalizing_rank_is_ended_a_grace_after_a_rank_of_its_host_ended(host)
 
 def test_a_rank_that_ended_before_the_supervisor_ever_saw_it_counts_too(host):
     """Beside a CPU hog the rank killed in MPI_Finalize ended before this supervisor's first look: only
-    the launcher's count (MPI_LOCALNRANKS) shows it (the job hung to the launch's bound, 2 runs in 12)."""
+    the launcher's count (MPI_LOCALNRANKS) shows it (without it, the job would hang to the launch's bound)."""
     host.update({11, 12})
     reasons = _reasons(4)
     t = 1e9

@@ -1,4 +1,4 @@
-"""Tier 2, issue 12: inputs and program settings that used to give wrong results or stray errors.
+"""Tier 2, issue 12: inputs and program settings at the edges, where wrong results or stray errors hide.
 Every result is compared with mpi4py's own collectives on rank-dependent inputs."""
 import warnings
 

@@ -289,16 +289,21 @@ def census_other_call() -> None:
             cue(3)
 
 
+#: How long rank 2 of crash-first-late still loads its data after rank 1's raise: the time is the
+#: property (longer than the 2 s grace of an exit after a failure, inside the 10 s a rank that left
+#: before its first collective waits at exit to be heard).
+LATE_S = 3
+
+
 def crash_first_late() -> None:
-    """Rank 1 raises before its first collective while rank 2 still loads its data, for 3 s from
-    rank 1's raise (cued: the time is the property, longer than the 2 s a failed rank used to wait
-    at exit to be heard)."""
+    """Rank 1 raises before its first collective while rank 2 still loads its data, for LATE_S from
+    rank 1's raise (cued)."""
     if col.rank() == 1:
         cue(2)
         raise OSError("cannot read the training data")
     if col.rank() == 2:
         await_cue(1)
-        time.sleep(3)
+        time.sleep(LATE_S)
     report("first call", col.allreduce, _ints(10, col.rank()))
 
 
@@ -493,12 +498,16 @@ def funneled() -> None:
          f"{'right' if np.array_equal(result, _expected_sum(10, col.size())) else 'WRONG'}")
 
 
+#: How long rank 1 of idle stays away from rank 0's wait: the time over which the wait's CPU is measured.
+AWAY_S = 4
+
+
 def idle() -> None:
-    """Rank 0 waits in an allreduce for rank 1, which stays away 4 s from the start of that wait
+    """Rank 0 waits in an allreduce for rank 1, which stays away AWAY_S from the start of that wait
     (cued): how much of a core does the wait take?"""
     if col.rank() == 1:
         await_cue(0)
-        time.sleep(4)
+        time.sleep(AWAY_S)
     cpu, wall = time.process_time(), time.monotonic()
     if col.rank() == 0:
         cue(1)
