@@ -25,8 +25,8 @@ def test_the_tables_examples_hold():
 @pytest.mark.parametrize("name", table.NAMES)
 def test_a_non_member_refuses_every_collective_by_name(name):
     """A rank left out of a group (``new_group``, ``split(None)``) gets a NonMember: any collective
-    on it is this rank's CollectiveUsageError, never an AttributeError (gather, alltoall, scatter,
-    reduce and refuse raised one while the refusals kept a list of their own)."""
+    on it is this rank's CollectiveUsageError that says why, never an AttributeError, because the
+    refusals are made from the table and not from a list of their own."""
     outside = NonMember((0, 1), 3)
     with pytest.raises(col.CollectiveUsageError, match=f"^{name}: group: rank 3 is not a member of group"):
         getattr(outside, name)()
@@ -60,11 +60,6 @@ def test_the_sized_collectives_are_those_the_cost_model_chooses_for_and_the_benc
 ROOT = Path(__file__).resolve().parent.parent
 #: The one file that lists collectives by name.
 TABLE = ROOT / "collectives" / "calls" / "table.py"
-#: Files that still keep lists of names, and what they would read instead (to go).
-NOT_YET = {
-    # which collectives' shape field is no array's whole shape (axis 0 varies; a layout; members)
-    "collectives/calls/signature.py": "a field of the table's entries",
-}
 
 
 def _listed_names(path) -> list[tuple[int, list[str]]]:
@@ -80,13 +75,13 @@ def _listed_names(path) -> list[tuple[int, list[str]]]:
 
 
 def test_no_file_but_the_table_lists_collectives_by_name():
-    """A hand-written list of collective names drifts from the table (it did: the non-member's
-    refusals). A dict from a name to its own body (the bench's implementations, the cost model's
+    """A hand-written list of collective names drifts from the table (the non-member's refusals
+    missed five). A dict from a name to its own body (the bench's implementations, the cost model's
     algorithms) is the collective's code, not a list, and is not counted."""
     lists = [f"{path.relative_to(ROOT)}:{line} lists {names}"
              for package in ("collectives", "ring", "trainer", "bench", "cmdline", "scripts")
              for path in sorted((ROOT / package).rglob("*.py")) if path != TABLE
-             for line, names in _listed_names(path) if str(path.relative_to(ROOT)) not in NOT_YET]
+             for line, names in _listed_names(path)]
     assert not lists, "read collectives.calls.table instead:\n" + "\n".join(lists)
 
 

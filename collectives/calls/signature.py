@@ -25,6 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from collectives.calls.table import WHOLE_SHAPE, compared_shape
 from ring.doubling import SIGNATURE_BYTES
 
 
@@ -76,7 +77,7 @@ def template(collective: str, op: str, dtype: np.dtype | None, shape: tuple | No
     """Everything but the sequence number, as a ``%d`` template (cached: calls repeat, and a hit
     costs the call path no Python frame). At most ``SIGNATURE_BYTES`` with any sequence number."""
     dtype_text = "" if dtype is None else dtype.name if dtype.isnative and dtype.fields is None else str(dtype)
-    count = "" if shape is None or collective in ("allgather", "allreduce_many", "new_group", "alltoall", "gather") else _count(shape)
+    count = "" if shape is None or compared_shape(collective) != WHOLE_SHAPE else _count(shape)
     shape_text = "" if shape is None else str(shape)
     fields = [_fit(text.replace("%", "%%").replace("|", "/"))
               for text in (op, dtype_text, str(count), shape_text, str(root), name, thread)]
@@ -120,12 +121,8 @@ def disagreement(collective: str, signatures: list[bytes], names: tuple[int, ...
     clauses = []
     for i in differing:
         name, argument = FIELDS[i]
-        if collective in ("allgather", "alltoall", "gather") and name == "shape":
-            name = "trailing shape"
-        if collective == "allreduce_many" and name == "shape":
-            name, argument = "dtype and shape of each array", "arrays"
-        if collective == "new_group" and name == "shape":
-            name, argument = "members", "ranks"
+        if name == "shape":   # (what stands for x's whole shape: the table's)
+            name, argument = compared_shape(collective)
         if collective == "scatter" and argument == "x":
             argument = "out"   # (a scatter's signature carries its out, the root's x travels in the header)
         prefix = f"{argument}: " if argument else ""

@@ -7,7 +7,8 @@ every other list of names out of the code.
 Who reads it: the module-level functions and the package's exports (``collectives.api``,
 ``collectives/__init__.py``: one each per entry), the refusals of a rank outside a group
 (``collectives.groups.membership.NonMember``), the floating-point guard of the call's frame
-(``REDUCING``), ``algorithm_for`` and the bench (``SIZED``). Programs read it as ``col.table``.
+(``REDUCING``), the cross-rank check's messages (``collectives.calls.signature``: ``shape``),
+``algorithm_for`` and the bench (``SIZED``). Programs read it as ``col.table``.
 It lives on the floor of the calls (``collectives/calls``), the lowest that reads it, so every
 reader imports downwards.
 
@@ -26,12 +27,17 @@ from ring.compression import CODECS   # noqa: F401 - (the codecs: one entry each
 from ring.cost import ALGORITHMS
 
 
+#: The shape a signature compares by default: ``x``'s whole shape, and its element count with it.
+WHOLE_SHAPE = ("shape", "x")
+_TRAILING = ("trailing shape", "x")   # (axis 0 may differ between ranks)
+
+
 class Collective(NamedTuple):
     """One collective: its ``name`` (the ``Group`` method, the module-level function, the name in
     messages and signatures) and what the runtime must know of it without calling it.
 
-    >>> Collective("reduce", reduces=True).sized, BY_NAME["allgather"].blocks
-    (False, True)
+    >>> Collective("reduce", reduces=True).sized, BY_NAME["allgather"].blocks, BY_NAME["allgather"].shape
+    (False, True, ('trailing shape', 'x'))
     """
     name: str
     #: It combines values with ``op=``: the frame runs it under IEEE rules, with no warnings, the
@@ -39,6 +45,10 @@ class Collective(NamedTuple):
     reduces: bool = False
     #: Its data is one block per rank (of ``x`` or of the result): the bench's sizes split evenly.
     blocks: bool = False
+    #: What the cross-rank check compares as its shape, and the argument that holds it, as its
+    #: messages name them: ``x``'s whole shape (and its count), or what stands instead (the shape
+    #: past axis 0 where axis 0 may differ between ranks; each array's; the new group's members).
+    shape: tuple[str, str] = WHOLE_SHAPE
 
     @property
     def sized(self) -> bool:
@@ -49,17 +59,17 @@ class Collective(NamedTuple):
 #: Every collective, in the order ``help(collectives)`` lists them.
 COLLECTIVES: tuple[Collective, ...] = (
     Collective("allreduce", reduces=True),
-    Collective("allreduce_many", reduces=True),
+    Collective("allreduce_many", reduces=True, shape=("dtype and shape of each array", "arrays")),
     Collective("reduce_scatter", reduces=True, blocks=True),
-    Collective("allgather", blocks=True),
+    Collective("allgather", blocks=True, shape=_TRAILING),
     Collective("broadcast"),
-    Collective("alltoall", blocks=True),
-    Collective("gather", blocks=True),
+    Collective("alltoall", blocks=True, shape=_TRAILING),
+    Collective("gather", blocks=True, shape=_TRAILING),
     Collective("scatter", blocks=True),
     Collective("reduce", reduces=True),
     Collective("barrier"),
     Collective("refuse"),               # (a turn taken as a refusal: Group.refuse)
-    Collective("new_group"),            # making and freeing groups (collectives.groups.making)
+    Collective("new_group", shape=("members", "ranks")),   # making and freeing groups (collectives.groups.making)
     Collective("split"),
     Collective("destroy"),
     Collective("algorithm_for"),        # (local: what a call would run, no message)
@@ -71,3 +81,15 @@ NAMES: tuple[str, ...] = tuple(BY_NAME)
 REDUCING: frozenset[str] = frozenset(c.name for c in COLLECTIVES if c.reduces)
 #: The collectives whose algorithm the cost model chooses by size, in the table's order.
 SIZED: tuple[str, ...] = tuple(c.name for c in COLLECTIVES if c.sized)
+
+
+def compared_shape(collective: str) -> tuple[str, str]:
+    """What the cross-rank check of ``collective`` compares as its shape, and its argument (see
+    ``Collective.shape``); ``WHOLE_SHAPE`` for the calls that are not collectives of a group
+    (``use_local_gpu``, ``nccl_communicator``).
+
+    >>> compared_shape("new_group"), compared_shape("use_local_gpu")
+    (('members', 'ranks'), ('shape', 'x'))
+    """
+    entry = BY_NAME.get(collective)
+    return WHOLE_SHAPE if entry is None else entry.shape
