@@ -3,12 +3,13 @@
     mpiexec -n 2 python scripts/reproducible_cost.py [--min 4K] [--max 64M] [--sizes 4K,1M,64M] [--dtype float32]
 
 Each size is timed in rounds that alternate the two calls (so that a busy machine slows both),
-and the median of each is printed with their ratio, the words per element the grid took, and
+and the median of each is printed with their ratio, the words per element the grid took (their
+dtype: a float where the grid's sums fit its significand, else int64, and how many), and
 where the reproducible call's time went, stage by stage (medians over the rounds, rank 0, ms;
 ``collectives.ops.reproducible.stage_seconds``): its facts, their exchange and the grid, the
-encoding, the integer all-reduce on the wire and the decoding (with the marks of special values
-where there are any), and the rest of the call. The data is standard normal, one contribution per rank (a different one
-on each).
+encoding, the all-reduce of the words on the wire and the decoding (with the marks of special
+values where there are any), and the rest of the call. The data is standard normal, one
+contribution per rank (a different one on each).
 """
 import argparse
 import time
@@ -68,17 +69,18 @@ def main() -> None:
     rng = np.random.default_rng(col.rank())
     sizes = args.sizes or [args.min << (2 * k) for k in range(64) if args.min << (2 * k) <= args.max]
     if col.rank() == 0:
-        print(f"{col.size()} ranks, {args.dtype}, medians (ms); words: int64 words per element on the wire; "
+        print(f"{col.size()} ranks, {args.dtype}, medians (ms); wire: the grid's words per element on the wire; "
               f"then the reproducible call's stages")
-        print(f"{'bytes':>10} {'plain':>9} {'reproducible':>13} {'ratio':>6} {'words':>6} |"
+        print(f"{'bytes':>10} {'plain':>9} {'reproducible':>13} {'ratio':>6} {'wire':>9} |"
               + "".join(f"{s:>9}" for s in STAGES))
     for size in sizes:
         x = rng.standard_normal(size // np.dtype(args.dtype).itemsize).astype(args.dtype)
         plain, exact, stages = measure(x, args.seconds)
-        words = reproducible.grid(col.allgather(reproducible.facts([x])[None]), x.dtype).words
+        g = reproducible.grid(col.allgather(reproducible.facts([x])[None]), x.dtype)
+        wire = getattr(g, "wire", np.dtype(np.int64)).name + (f"x{g.words}" if g.words > 1 else "")
         if col.rank() == 0:
             a, b = np.median(plain) * 1e3, np.median(exact) * 1e3
-            print(f"{size:>10} {a:>9.3f} {b:>13.3f} {b / a:>6.2f} {words:>6} |"
+            print(f"{size:>10} {a:>9.3f} {b:>13.3f} {b / a:>6.2f} {wire:>9} |"
                   + "".join(f"{np.median(stages[s]) * 1e3:>9.3f}" for s in STAGES), flush=True)
 
 
