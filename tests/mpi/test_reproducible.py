@@ -11,8 +11,8 @@ import pytest
 
 import collectives as col
 from collectives.errors import CollectiveUsageError
-from tests.support.in_world import COMM, N, RANK, agree
-from tests.test_reproducible import dealt, exact, reduce_simulated
+from tests.support.in_world import N, RANK, agree
+from tests.support.reproducible import dealt, exact, reduce_simulated
 
 pytestmark = pytest.mark.mpi
 
