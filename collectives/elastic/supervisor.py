@@ -222,8 +222,8 @@ def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOther
     where it would wait for ever inside MPI, out of the runtime's reach:
 
     - a failure notice came and MPI has not started in it _START_GRACE seconds later: MPI_Init
-      waits for ever for a process of the job that died (every survivor of a kill in the first
-      0.15 s of a job spun there, in 5 runs of 6);
+      waits for ever for a process of the job that died (a kill in a job's first moments leaves
+      every survivor spinning there);
     - a process of the job on this host (another child of the launcher's proxy) ended before MPI
       started here: MPI_Init would wait for it for ever (a rank that failed while it loaded its
       data, before its first collective, held the others there: plain MPICH does too). One that
@@ -237,9 +237,9 @@ def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOther
       it would hold the launcher for ever (``mpiexec -disable-auto-cleanup`` kills nobody);
     - a rank of a finished elastic job still in MPI_Finalize (it said FINALIZING) _FINALIZE_GRACE
       seconds after a rank of this host ended: a rank killed after the exit barrier, or one that
-      saw that death before this one and left without MPI_Finalize, holds it there for ever (1 in
-      12 runs of the trainer killed after its ``done:`` line, beside a CPU hog). It ends with
-      status 0: the work was done."""
+      saw that death before this one and left without MPI_Finalize, holds it there for ever (the
+      trainer killed after its ``done:`` line: tests/test_elastic.py). It ends with status 0: the
+      work was done."""
     said, reading, reasons = b"", True, _Reasons(noticed, others)
     while True:
         ended, status = os.waitpid(child, os.WNOHANG)

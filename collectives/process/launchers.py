@@ -242,8 +242,8 @@ def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
 #: their watches spoke).
 #: It runs in a session of its own: MPICH's proxy signals a death to the rank's whole process group
 #: (SIGUSR1, whose default action ends a process; the rank inside MPI_Init survives it, seen),
-#: and a watch in that group died of it, leaving its rank in MPI_Init for ever (salloc + mpiexec
-#: -disable-auto-cleanup across nodes: about 1 run in 2 under load).
+#: and a watch in that group would die of it, leaving its rank in MPI_Init for ever (salloc + mpiexec
+#: -disable-auto-cleanup across nodes).
 WATCH_GRACE_SECONDS = 1.0
 _WATCH = ("import os, select, signal, sys\n"
           "if not select.select([0], [], [], float(sys.argv[1]))[0]:\n"

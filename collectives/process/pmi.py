@@ -22,8 +22,8 @@ request (``cmd=... key=value ...``)         answer
 The key-value space's name is new for every server: MPICH names its shared-memory segments after
 it, and a name used before met the segments a killed world left in /dev/shm (MPI_Init failed with
 "Message truncated" in the round after a restart, every time). MPICH asks for ``PMI_process_mapping``, which ranks share a host (``mapping``); told there is none,
-it falls back on ``hostname[r]`` keys and its MPI_Init failed 3 runs in 6 here (ranks that disagreed
-on a message's size, or UCX on an address), against none in 6 with it. The server runs as a process of its own (``serve``,
+it falls back on ``hostname[r]`` keys, with which its MPI_Init can fail (ranks that disagreed on a
+message's size, or UCX on an address). The server runs as a process of its own (``serve``,
 started by ``start``): in a thread of rank 0 it would deadlock, since rank 0 holds the GIL inside
 MPI_Init while its MPICH talks to it. It ends once every rank has finalized or closed its connection,
 or when not every rank has come within ``timeout`` seconds. Only the standard library: it runs as a
