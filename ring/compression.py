@@ -220,7 +220,7 @@ class Codec:
 
     @property
     def wire(self) -> np.dtype:
-        """The former name of ``wire_dtype`` (``ring.execute`` and ``collectives.ops.dispatch`` still read it)."""
+        """The former name of ``wire_dtype`` (``ring.execute`` still reads it)."""
         return self.wire_dtype
 
     def __repr__(self) -> str:
