@@ -15,6 +15,7 @@ from collectives.process.ending import AtExit, Ending
 from collectives.process.supervision import Heard, Word
 
 ROOT = Path(__file__).resolve().parent.parent
+LIFE_MODULES = [*(ROOT / "collectives" / "process").glob("*.py"), *(ROOT / "collectives" / "elastic").glob("*.py")]
 
 #: srun --mpi=pmi2 starting 8 tasks on 2 nodes, as this node's task 5 sees it (PMI_* are srun's own).
 SRUN_PMI2 = {"SLURM_JOB_ID": "24", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NUM_NODES": "2",
@@ -49,7 +50,7 @@ def test_the_launcher_that_started_the_process_says_how_many_share_its_host(envi
 
 
 def test_sharing_the_cores_loads_neither_numpy_nor_the_library():
-    probe = ("import sys; from cmdline.cores import share_cores_between_local_ranks; share_cores_between_local_ranks(); "
+    probe = ("import sys; from cmdline.cores import share_cores_between_local_ranks as share; share(); "
              "print(sorted({'numpy', 'collectives'} & sys.modules.keys()))")
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
                             env={**os.environ, **SRUN_PMI2})
@@ -89,8 +90,7 @@ def test_only_the_protocol_module_spells_the_words():
     """The rank's side and the supervisor's name the words (``Word.FINALIZING``), never their bytes."""
     spelled = {bytes(w) for w in Word} | {bytes(o) for o in supervision.Outcome}
     wrong = [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
-             for path in [*(ROOT / "collectives" / "process").glob("*.py"), *(ROOT / "collectives" / "elastic").glob("*.py")]
-             if path.name != "supervision.py"
+             for path in LIFE_MODULES if path.name != "supervision.py"
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Constant) and node.value in spelled]
     assert not wrong, "\n".join(wrong)
@@ -119,8 +119,8 @@ def test_the_process_and_elastic_modules_keep_no_state_of_the_life_in_globals():
     ``collectives/elastic`` but the per-call copy of the world (``world.the_world``) and the torch
     rendezvous's own objects (the store torch gave, the PMI server's address)."""
     found = sorted((path.name, name)
-                   for path in [*(ROOT / "collectives" / "process").glob("*.py"), *(ROOT / "collectives" / "elastic").glob("*.py")]
-                   for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Global) for name in node.names)
+                   for path in LIFE_MODULES for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Global) for name in node.names)
     assert found == [("rendezvous.py", "_given_store"), ("rendezvous.py", "server_address"), ("world.py", "the_world")]
 
 

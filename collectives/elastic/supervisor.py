@@ -73,7 +73,8 @@ def _exit(status: int, heard: Heard, others: outcome.TheOthers) -> None:
     """End the supervisor with its rank's ``status``, or 0 where the rank died of a signal in an elastic
     job that the other ranks finished (``ending.supervised``)."""
     if ending.awaits_the_others(status, heard):
-        verdict = ending.supervised(_rank(), status, heard, finished_without_it=outcome.await_word(others, _LOOK_SECONDS))
+        finished = outcome.await_word(others, _LOOK_SECONDS)
+        verdict = ending.supervised(_rank(), status, heard, finished_without_it=finished)
         if verdict.line:
             print(verdict.line, file=sys.stderr, flush=True)
         status = verdict.status

@@ -56,7 +56,8 @@ def at_exit(what: AtExit) -> Ending:
     [rank 1] collectives: exiting with status 0 (the elastic job finished) without MPI_Finalize, which would wait for ever for rank(s) 3 (gone)
     >>> at_exit(AtExit(rank=1, gone=(3,), lost=(3,), finished=True, why="uncaught KeyError")).status
     1
-    >>> print(at_exit(AtExit(rank=0, gone=(2,), late=(1,), patience=60, why="x")).line)  # doctest: +NORMALIZE_WHITESPACE
+    >>> late = AtExit(rank=0, gone=(2,), late=(1,), patience=60, why="x")
+    >>> print(at_exit(late).line)                                      # doctest: +NORMALIZE_WHITESPACE
     [rank 0] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever for rank(s)
     2 (leaving without it too) and 1 (not at exit 60 s after this rank's failure, its timeout: still in its own code?)
     >>> at_exit(AtExit(rank=0, outlived=True)), at_exit(AtExit(rank=0, outlived=True, finishing=False))
@@ -121,7 +122,7 @@ def awaits_the_others(status: int, heard: Heard) -> bool:
     """Whether a supervisor waits for the other ranks' word before it exits: its rank died of a
     signal (``status`` over 128) inside an elastic job.
 
-    >>> awaits_the_others(137, Heard.of(b"me")), awaits_the_others(137, Heard.of(b"m")), awaits_the_others(1, Heard.of(b"e"))
-    (True, False, False)
+    >>> [awaits_the_others(status, Heard.of(said)) for status, said in [(137, b"me"), (137, b"m"), (1, b"e")]]
+    [True, False, False]
     """
     return status > 128 and heard.in_elastic_job

@@ -27,8 +27,10 @@ from typing import Mapping
 def srun_directly(environment: Mapping[str, str] = os.environ) -> bool:
     """Whether srun started this process itself (not an mpiexec's proxy that srun started).
 
-    >>> srun_directly({"SLURM_STEP_NUM_TASKS": "4"}), srun_directly({"SLURM_STEP_NUM_TASKS": "1", "MPI_LOCALNRANKS": "2"})
-    (True, False)
+    >>> srun_directly({"SLURM_STEP_NUM_TASKS": "4"})
+    True
+    >>> srun_directly({"SLURM_STEP_NUM_TASKS": "1", "MPI_LOCALNRANKS": "2"})   # an mpiexec's proxy that srun started
+    False
     """
     return ("SLURM_STEP_NUM_TASKS" in environment and "MPI_LOCALNRANKS" not in environment
             and "OMPI_COMM_WORLD_SIZE" not in environment)

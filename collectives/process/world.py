@@ -24,7 +24,7 @@ from collectives.process.runtime import Runtime, hosts_of, two_level_layout
 from ring.transport.mpi import notices
 from ring.transport.base import Bound, TransportError, TransportTimeout
 
-#: ``life.world``'s copy for the per-call path of ``collectives.api`` (10 ns a read; 380 ns through a module __getattr__)
+#: ``life.world``'s copy for ``collectives.api``'s per-call path (10 ns a read; 380 ns by a module __getattr__)
 the_world: Group | None = None
 
 
