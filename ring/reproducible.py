@@ -280,7 +280,9 @@ def _encode(x: np.ndarray, g: Grid, total: np.ndarray, scratch: tuple) -> None:
         value[~np.isfinite(value)] = 0.0
     for j in range(g.words - 1, -1, -1):
         unit = g.bottom + g.bits * j
-        np.trunc(scale(value, -unit, out=word), out=word)
+        scale(value, -unit, out=word)
+        if j:   # (the last word is an integer already: x is a multiple of 2**bottom)
+            np.trunc(word, out=word)
         np.copyto(integers, word, casting="unsafe")
         total[j] += integers
         if j:
