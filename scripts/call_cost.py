@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
 import time
@@ -30,7 +31,7 @@ from mpi4py import MPI
 
 import collectives as col
 from ring import doubling
-from ring.transport.mpi import control, transport as mpi_transport
+from ring.transport.mpi import transport as mpi_transport
 
 ROOT = Path(col.__file__).resolve().parent.parent   # (the checkout whose calls are counted)
 CALLS, ROUNDS = 2000, 7
@@ -199,7 +200,8 @@ def main() -> None:
             timed["wire"].append(per_call(wires[name], comm))
             timed["MPI"].append(per_call(lambda k: [mpis() for _ in range(k)], comm))
     if me == 0:
-        print(f"\n# the same calls timed, us per call (medians of {ROUNDS} rounds, interleaved)")
+        print(f"\n# the same calls timed, us per call (medians of {ROUNDS} rounds, interleaved; "
+              f"load {os.getloadavg()[0]:.1f})")
         print("| collective | ours | frame (1 rank) | wire (bare) | rest | MPI's | ours / MPI's |")
         print("|---|---|---|---|---|---|---|")
         for name, timed in times.items():

@@ -11,6 +11,7 @@ times in both orders, and compare the ratios: on a shared 2-core machine the mic
 launch move by half, the ratio much less.
 """
 import argparse
+import os
 import statistics
 import time
 
@@ -56,7 +57,8 @@ def main() -> None:
             mpi = statistics.median(m for _, m in rounds)
             ratio = statistics.median(r / m for r, m in rounds)
             print(f"{nbytes:>8} B  ours {ring:6.2f} us  MPI {mpi:6.2f} us  ratio {ratio:5.2f}   "
-                  f"(n={comm.Get_size()}, medians of {args.rounds} rounds of {args.calls} calls each)", flush=True)
+                  f"(n={comm.Get_size()}, medians of {args.rounds} rounds of {args.calls} calls each; "
+                  f"load {os.getloadavg()[0]:.1f})", flush=True)
 
 
 if __name__ == "__main__":
