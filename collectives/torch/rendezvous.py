@@ -15,8 +15,13 @@ default ``env://``)                       set; where it is not, torch's own woul
 torch tells a rendezvous nothing of the backend it is for, so the second door decides by the
 environment alone: without MASTER_ADDR, ``env://`` is the ring rendezvous for every backend, and
 a backend that needs a store (gloo, nccl) is told by name to set MASTER_ADDR and MASTER_PORT.
-torch's public API refuses a second handler for a scheme it has, so this one replaces torch's
-``env://`` entry and keeps torch's handler for every rendezvous with MASTER_ADDR.
+
+torch's public API has no way to stand in front of a scheme it has (``register_rendezvous_handler``
+refuses a second ``env``, and ``init_process_group`` asks ``env://`` before any backend is made),
+so the second door replaces the entry in torch's table of handlers, keeping torch's own handler for
+every rendezvous with MASTER_ADDR. The runtime does not need that table: where a torch has none,
+the second door is not opened, and ``ring://`` (public) and torch's own ``env://`` (which then
+needs MASTER_ADDR) still serve.
 """
 from __future__ import annotations
 
@@ -61,12 +66,16 @@ def ring_rendezvous(url: str, **kwargs) -> Iterator[tuple[dist.Store, int, int]]
 
 def install() -> None:
     """Register ``ring://`` and put the ring rendezvous in front of torch's ``env://`` handler
-    for the case torch's own cannot serve (no MASTER_ADDR). Idempotent."""
-    handlers = importlib.import_module("torch.distributed.rendezvous")   # (the package names a function so too)
-    if SCHEME not in handlers._rendezvous_handlers:
+    for the case torch's own cannot serve (no MASTER_ADDR), where torch keeps a table of
+    handlers. Idempotent."""
+    try:
         dist.register_rendezvous_handler(SCHEME, ring_rendezvous)
-    torch_env = handlers._rendezvous_handlers["env"]
-    if getattr(torch_env, "stands_in_for", None) is not None:
+    except RuntimeError:   # (registered already: torch refuses a scheme twice)
+        pass
+    handlers = importlib.import_module("torch.distributed.rendezvous")   # (the package names a function so too)
+    table = getattr(handlers, "_rendezvous_handlers", {})   # (torch's own: see the module's docstring)
+    torch_env = table.get("env")
+    if torch_env is None or getattr(torch_env, "stands_in_for", None) is not None:
         return
 
     def env_or_ring(url: str, **kwargs):
@@ -75,4 +84,4 @@ def install() -> None:
         return ring_rendezvous(url, **kwargs)
 
     env_or_ring.stands_in_for = torch_env
-    handlers._rendezvous_handlers["env"] = env_or_ring   # (register_rendezvous_handler refuses a second "env")
+    table["env"] = env_or_ring   # (register_rendezvous_handler refuses a second "env")
