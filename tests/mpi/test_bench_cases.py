@@ -6,20 +6,13 @@ ranks, so that #wrong = 0 in the bench means what it says.
 """
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from bench.cases import DTYPES, OPS, REDOPS, Case
+from tests.support.in_world import COMM, N, RANK, agree
 
 pytestmark = pytest.mark.mpi
 
-COMM = MPI.COMM_WORLD
-N, RANK = COMM.Get_size(), COMM.Get_rank()
 UFUNCS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
-
-
-def agree(ok: bool, message: str) -> None:
-    failed = [r for r, good in enumerate(COMM.allgather(bool(ok))) if not good]
-    assert not failed, f"{message} (failed on ranks {failed})"
 
 
 def gathered(x: np.ndarray) -> np.ndarray:
