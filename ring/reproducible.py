@@ -31,9 +31,8 @@ how many words travel; it never changes the result:
 >>> decode(total, g, None, "sum", np.empty(2, np.float32)).tolist()   # a float sum gives [0.0, 1.0]
 [0.0, 1.0]
 
-Special values (:func:`marks`, one more all-reduce, only where some rank holds one): any NaN,
-or +inf with -inf, gives NaN; infinities of one sign give that infinity; an element whose
-every contribution is -0.0 sums to -0.0 (IEEE: -0 + -0 = -0), any other zero sum to +0.0.
+Special values as IEEE sums give them: a float wire adds them; int64 words need one more all-reduce
+(``ring.special_values``). Decoding several words is ``ring.rounding``'s (exact integer rounding).
 """
 from __future__ import annotations
 
@@ -42,9 +41,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ring import arrays
+from ring import arrays, rounding, special_values
 from ring.arrays import ieee_floating_point, restore_floating_point
 from ring.compression import BLOCK, blocks
+from ring.special_values import marks, working   # (marks: re-exported, the codec's step for specials)
 
 #: The significant bits and the smallest unit (exponent of the smallest subnormal) of each dtype.
 PRECISION = {"float16": (11, -24), "bfloat16": (8, -133), "float32": (24, -149), "float64": (53, -1074)}
@@ -56,7 +56,6 @@ NONFINITE, NEGATIVE_ZERO = 1, 2
 #: is past its largest finite value).
 FLOAT_WIRES = ((np.dtype(np.float32), 128), (np.dtype(np.float64), 1024))
 _NONE = 1 << 20   # an exponent past every dtype's: "no nonzero finite value"
-_WINDOW = 62      # bits of the total kept to round it (and a sticky bit): at least p + 2 for float64
 
 
 @dataclass(frozen=True)
@@ -137,15 +136,6 @@ def facts(contributions: list) -> np.ndarray:
     return np.array([math.frexp(largest)[1], -bottom, len(contributions), flags], np.int64)
 
 
-def _working(x: np.ndarray) -> np.ndarray:
-    """``x``, or for a 16-bit float dtype (ml_dtypes' bfloat16 among them) x as float32 (exact)."""
-    return x if x.dtype.itemsize > 2 else x.astype(np.float32)
-
-
-def _negative_zero(zeros: np.ndarray) -> bool:
-    return bool(zeros.size) and bool(np.signbit(_working(zeros)).any())
-
-
 def grid(every: np.ndarray, dtype: np.dtype) -> Grid:
     """The grid that every rank's facts (rows of ``every``) imply for data of ``dtype``.
 
@@ -222,7 +212,7 @@ def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
             total[...] = 0   # (the general path adds every word into it)
         for b in blocks(total.shape[1]):   # (block by block: each block of the total stays in cache)
             for i, x in enumerate(contributions):
-                x = _working(x.reshape(-1)[b])
+                x = working(x.reshape(-1)[b])
                 if g.wire.kind == "f":
                     _add(total[0, b], x, first=i == 0)
                 elif whole:
@@ -289,29 +279,6 @@ def _encode(x: np.ndarray, g: Grid, total: np.ndarray, scratch: tuple) -> None:
             value -= scale(word, unit, out=word)
 
 
-def marks(contributions: list, out: np.ndarray) -> None:
-    """``out`` (uint8, ``(2, size)``): per element, the largest of each contribution's mark, whose
-    largest over every rank (an all-reduce "max") says the special result (see :func:`decode`).
-    Row 0: 3 NaN, 2 +inf, 1 any other value but -0.0, 0 -0.0; row 1 the same with -inf for +inf.
-
-    >>> out = np.zeros((2, 4), np.uint8); marks([np.array([np.inf, -0.0, 0.0, -np.inf])], out); out.tolist()
-    [[2, 0, 1, 0], [0, 0, 1, 2]]
-    """
-    for x in contributions:
-        for b in blocks(x.size):
-            _mark(_working(x.reshape(-1)[b]), out[:, b])
-
-
-def _mark(flat: np.ndarray, out: np.ndarray) -> None:
-    nan, inf = np.isnan(flat), np.isinf(flat)
-    ordinary = ~(nan | inf | ((flat == 0) & np.signbit(flat)))
-    for row, infinite in ((0, inf & (flat > 0)), (1, inf & (flat < 0))):
-        mark = ordinary.astype(np.uint8)
-        mark[infinite] = 2
-        mark[nan] = 3
-        np.maximum(out[row], mark, out=out[row])
-
-
 def decode(total: np.ndarray, g: Grid, special: np.ndarray | None, op: str, out: np.ndarray) -> np.ndarray:
     """``out`` (flat, the data's dtype) = the exact sum that ``total`` holds (every rank's
     :func:`encode` summed), divided by ``count`` for "avg", rounded once to nearest, ties to even;
@@ -363,144 +330,19 @@ def _decode(total: np.ndarray, g: Grid, special: np.ndarray | None, op: str, out
         out *= out.dtype.type(2.0 ** g.bottom)         # (exact: nothing lands below the normal range)
         value = out
     elif g.words == 2 and op == "sum" and g.bottom >= _NORMAL.get(out.dtype.name, 1 << 20):
-        _two_words(total, g, out)
+        rounding.two_words(total, g.bits, g.bottom, out)
         value = out
     elif g.words == 1 and op == "avg" and out.dtype == np.float64 and _narrow(total[0]):
         value = scale(total[0], g.bottom)              # (exact: under 2**53 units, normal or not)
         value /= g.count                               # (the one rounding)
     else:
-        value = _rounded(total, g, op)
+        value = rounding.rounded(total, g.bits, g.bottom, g.count if op == "avg" else 1, g.digits, g.lowest)
     if special is not None:
-        _specials(value, special)
+        special_values.put(value, special)
     if value is not out:
         np.copyto(out, value if out.dtype.name != "bfloat16" else value.astype(np.float32), casting="unsafe")
-
-
-def _two_words(total: np.ndarray, g: Grid, out: np.ndarray) -> None:
-    """``out`` = the exact value of two words (``total``, overwritten), rounded once, where no
-    result can land below the normal range. The value's leading _WINDOW bits (fewer if it has
-    fewer) make one int64, every bit below them folded into its last bit ("round to odd": a window
-    with at least two bits past the dtype's precision rounds as the whole value does), and
-    numpy's int64 to float conversion rounds that once; the scaling by a power of two is exact.
-
-    >>> g = Grid(bottom=-4, bits=3, words=2, count=2, special=False, digits=24, lowest=-149)
-    >>> out = np.empty(2, np.float32); _two_words(np.array([[5, 0], [-1, 2]]), g, out); out.tolist()
-    [-0.1875, 1.0]
-    """
-    _carry(total, g.bits)
-    sign = (total[1] >> 63) | 1   # (-1 or 1: a multiplication is quicker than numpy's negative with where=)
-    total *= sign
-    _carry(total, g.bits)   # now both words are in [0, 2**bits)
-    high, low = total[1], total[0]
-    shift = np.maximum(_bit_length(high) + (g.bits - _WINDOW), 0)   # (the bits below the window: <= 62)
-    right = np.maximum(shift - g.bits, 0)   # (where the window lies within the high word: its bits below)
-    window = (high >> right) << np.maximum(g.bits - shift, 0)
-    window += low >> shift
-    window |= ((low & ((1 << shift) - 1)) | (high & ((1 << right) - 1))) != 0
-    np.copyto(out, window, casting="unsafe")   # (the one rounding)
-    np.ldexp(out, (shift + g.bottom).astype(np.int32), out=out)   # (int32: numpy's int64 loop is slower)
-    out *= sign
 
 
 def _narrow(words: np.ndarray) -> bool:
     """Every integer of ``words`` converts to float64 exactly (|w| <= 2**53)."""
     return not words.size or max(int(words.max()), -int(words.min())) <= 1 << 53
-
-
-def _rounded(total: np.ndarray, g: Grid, op: str) -> np.ndarray:
-    """The exact value of ``total`` (words of ``g.bits`` bits, units of 2**bottom), divided by the
-    count for "avg", rounded to the data's precision, as float64 (exactly the data's value)."""
-    _carry(total, g.bits)
-    negative = total[-1] < 0
-    np.negative(total, out=total, where=negative)
-    _carry(total, g.bits)   # now every word is in [0, 2**bits), the top one >= 0
-    bottom, sticky = g.bottom, np.zeros(total.shape[1], bool)
-    if op == "avg":   # words below the grid first, so that the quotient keeps a window's bits
-        below = -(-(_WINDOW + g.count.bit_length()) // g.bits)
-        total = np.concatenate([np.zeros((below, total.shape[1]), np.int64), total])
-        bottom -= below * g.bits
-        sticky = _divide(total, g.bits, g.count)
-    window, exponent = _window(total, g.bits, sticky)
-    value = _round(window, bottom + exponent, sticky, g.digits, g.lowest)
-    return np.negative(value, out=value, where=negative)
-
-
-def _carry(total: np.ndarray, bits: int) -> None:
-    """Carry each word's bits past ``bits`` into the next (the value is unchanged): the lower words
-    end in [0, 2**bits), the top one holds the sign."""
-    for j in range(total.shape[0] - 1):
-        carry = total[j] >> bits
-        total[j] -= carry << bits
-        total[j + 1] += carry
-
-
-def _divide(total: np.ndarray, bits: int, count: int) -> np.ndarray:
-    """``total`` (nonnegative words) = its value // ``count``, long division from the top word;
-    returns where a remainder was left. (remainder * 2**bits + word < count * 2**bits < 2**63.)"""
-    remainder = np.zeros(total.shape[1], np.int64)
-    for j in range(total.shape[0] - 1, -1, -1):
-        dividend = (remainder << bits) + total[j]
-        total[j] = dividend // count
-        remainder = dividend - total[j] * count
-    return remainder != 0
-
-
-def _bit_length(x: np.ndarray) -> np.ndarray:
-    """The bits of each nonnegative int64 of ``x`` (0 for 0).
-
-    >>> _bit_length(np.array([0, 1, 2, 3, 2 ** 53 + 1, 2 ** 62 - 1, 2 ** 63 - 1])).tolist()
-    [0, 1, 2, 2, 54, 62, 63]
-    """
-    # The exponent field of x as a float64 (numpy's frexp is a slow loop); one too many where
-    # the conversion rounded up to a power of two.
-    length = np.maximum((x.astype(np.float64).view(np.int64) >> 52) - 1022, 0)
-    length -= (x >> np.maximum(length - 1, 0)) == 0
-    return np.maximum(length, 0, out=length)
-
-
-def _window(total: np.ndarray, bits: int, sticky: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The leading _WINDOW bits of each element's value (nonnegative words), as int64, and the
-    exponent of the window's last bit; ``sticky`` is set where a 1 bit was left below it."""
-    words = total.shape[0]
-    leading = np.full(total.shape[1], -1, np.int64)
-    for j in range(words):
-        leading[total[j] != 0] = j
-    length = np.zeros_like(leading)
-    for j in range(words):
-        at = leading == j
-        length[at] = bits * j + _bit_length(total[j][at])
-    exponent = np.maximum(length - _WINDOW, 0)
-    window = np.zeros_like(leading)
-    for j in range(words):
-        shift = bits * j - exponent   # where word j's last bit lands in the window (< 0: below it)
-        right = np.clip(-shift, 0, 63)
-        window += np.where(shift >= 0, total[j] << np.clip(shift, 0, 62), total[j] >> right)
-        below = np.where(right >= 63, total[j], total[j] & ((1 << np.minimum(right, 62)) - 1))
-        sticky |= below != 0
-    return window, exponent
-
-
-def _round(window: np.ndarray, exponent: np.ndarray, sticky: np.ndarray, digits: int, lowest: int) -> np.ndarray:
-    """``window * 2**exponent`` (plus a little more where ``sticky``) rounded to ``digits``
-    significant bits and to a multiple of 2**lowest, to nearest, ties to even, as float64.
-
-    >>> _round(np.array([0b1011, 0b1011, 0b1001]), np.array([0, 0, 0]), np.array([False, True, False]), 3, -149)
-    array([12., 12.,  8.])
-    """
-    drop = np.clip(np.maximum(_bit_length(window) - digits, lowest - exponent), 0, 63)
-    kept = window >> drop
-    below = window - (kept << np.minimum(drop, 62)) * (drop < 63)
-    half = np.where(drop > 0, 1 << np.maximum(drop - 1, 0), 0)
-    up = (drop > 0) & ((below > half) | ((below == half) & (sticky | (kept & 1 == 1))))
-    kept += up
-    return np.ldexp(kept.astype(np.float64), exponent + drop)
-
-
-def _specials(value: np.ndarray, special: np.ndarray) -> None:
-    """Put the special results that every rank's :func:`marks` say into ``value``."""
-    positive, negative = special[0], special[1]
-    nan = (positive == 3) | (negative == 3) | ((positive == 2) & (negative == 2))
-    value[(positive == 0) & (negative == 0)] = -0.0
-    value[positive == 2] = np.inf
-    value[negative == 2] = -np.inf
-    value[nan] = np.nan

@@ -6,7 +6,7 @@ Each size is timed in rounds that alternate the two calls (so that a busy machin
 and the median of each is printed with their ratio, the words per element the grid took (their
 dtype: a float where the grid's sums fit its significand, else int64, and how many), and
 where the reproducible call's time went, stage by stage (medians over the rounds, rank 0, ms;
-``collectives.ops.reproducible.stage_seconds``): its facts, their exchange and the grid, the
+``collectives.ops.reproducible.record_stages``): its facts, their exchange and the grid, the
 encoding, the all-reduce of the words on the wire and the decoding (with the marks of special
 values where there are any), and the rest of the call. The data is standard normal, one
 contribution per rank (a different one on each).
@@ -47,12 +47,13 @@ def measure(x: np.ndarray, seconds: float) -> tuple[list, list, dict]:
     budget = time.perf_counter() + seconds
     while rounds < 3 or col.allreduce(np.array([time.perf_counter() < budget], np.int8), "min")[0]:
         plain.append(timed(lambda: col.allreduce(x, out=out)))
-        op.stage_seconds = {}
+        seconds: dict = {}
+        op.record_stages(seconds)
         exact.append(timed(lambda: col.allreduce(x, out=out, reproducible=True)))
+        op.record_stages(None)
         for s in STAGES[:-1]:
-            stages[s].append(op.stage_seconds.get(s, 0.0))
-        stages["other"].append(exact[-1] - sum(op.stage_seconds.values()))
-        op.stage_seconds = None
+            stages[s].append(seconds.get(s, 0.0))
+        stages["other"].append(exact[-1] - sum(seconds.values()))
         rounds += 1
     return plain, exact, stages
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ring import reproducible
+from ring import reproducible, rounding
 from tests.support.reproducible import dealt, exact, reduce_simulated, simulated
 
 
@@ -83,12 +83,11 @@ def test_two_words_round_through_a_window_as_the_whole_integer_does(dtype, data)
     words = data.draw(st.lists(st.tuples(word, word), min_size=1, max_size=8))
     digits, lowest = reproducible.PRECISION[dtype]
     bottom = data.draw(st.integers(-126, 20) if dtype == "float32" else st.integers(-1022, 1000))
-    g = reproducible.Grid(bottom, bits, 2, count, False, digits, lowest)
     total = np.array(words, np.int64).T.copy()
     quick = np.empty(total.shape[1], dtype)
     with np.errstate(over="ignore"):   # (an infinity is the rounding's result)
-        reproducible._two_words(total.copy(), g, quick)
-        general = reproducible._rounded(total, g, "sum").astype(dtype)
+        rounding.two_words(total.copy(), bits, bottom, quick)
+        general = rounding.rounded(total, bits, bottom, 1, digits, lowest).astype(dtype)
     assert quick.tobytes() == general.tobytes(), (words, quick, general)
 
 

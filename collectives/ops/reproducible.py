@@ -30,9 +30,20 @@ from ring import algorithms, arrays, reproducible as codec
 
 #: The scratch slot (``ring.arrays.scratch``) of the words, past the executor's own.
 _TOTAL = 8
-#: Diagnostic (``scripts/reproducible_cost.py``): where a dict, every call adds the seconds of each
-#: of its stages ("facts", "grid", "marks", "encode", "wire", "decode") into it.
+#: Diagnostic (``scripts/reproducible_cost.py``, through :func:`record_stages`): where a dict,
+#: every call adds the seconds of each of its stages ("facts", "grid", "marks", "encode", "wire",
+#: "decode") into it.
 stage_seconds: dict | None = None
+
+
+def record_stages(into: dict | None) -> None:
+    """From now on every call adds its stages' seconds into ``into`` (None: no more).
+
+    >>> seconds = {}; record_stages(seconds)   # ... calls ...; then seconds["encode"] and the others
+    >>> record_stages(None)
+    """
+    global stage_seconds
+    stage_seconds = into
 
 
 class _Stages:
