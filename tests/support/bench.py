@@ -10,9 +10,11 @@ QUICK = ["--max-bytes", "64K", "--factor", "16", "--iters", "5", "--warmup", "1"
 
 
 def bench(n, *flags, timeout=TIMEOUT_S, env=None):
+    """``mpiexec -n n python -m bench QUICK FLAGS``, bounded by ``timeout`` seconds."""
     return run_world(n, ["-m", "bench", *QUICK, *flags], timeout, env=env)
 
 
 def rows_of(path):
+    """The environment and the rows of the bench's JSON report at ``path``."""
     report = json.loads(path.read_text())
     return report["environment"], report["rows"]

@@ -23,4 +23,5 @@ def train(n, tmp_path, name, *flags, ok=True):
 
 
 def newest(directory):
+    """What the newest valid checkpoint in ``directory`` holds."""
     return checkpoint.newest_valid(directory)[1]
