@@ -171,15 +171,15 @@ def main() -> None:
     col.init()
     alone = col.split(me)   # (a group of this rank alone: the frame without a message)
     x, out = np.ones(args.bytes // 4, np.float32), np.empty(args.bytes // 4, np.float32)
-    world = col.world_group()
+    world = None   # (the module functions' own world, as a program calls them)
     gathered = {True: np.empty(n * x.size, np.float32), False: np.empty(x.size, np.float32)}   # (by g is world)
     cases = {   # collective: (ours on a group, MPI's own, the payload of its doubling message)
-        "allreduce": (lambda g: g.allreduce(x, out=out), lambda: comm.Allreduce(x, out), x.nbytes),
-        "allgather": (lambda g: g.allgather(x, out=gathered[g is world]), lambda: comm.Allgather(x, gathered[True]),
-                      n * (16 + x.nbytes)),
-        "broadcast": (lambda g: g.broadcast(out), lambda: comm.Bcast(out), x.nbytes),
+        "allreduce": (lambda g: col.allreduce(x, out=out, group=g), lambda: comm.Allreduce(x, out), x.nbytes),
+        "allgather": (lambda g: col.allgather(x, out=gathered[g is world], group=g),
+                      lambda: comm.Allgather(x, gathered[True]), n * (16 + x.nbytes)),
+        "broadcast": (lambda g: col.broadcast(out, group=g), lambda: comm.Bcast(out), x.nbytes),
     }
-    count_mpi(world)
+    count_mpi(col.world_group())
     table = {name: counts(lambda: ours(world)) for name, (ours, *_) in cases.items()}
     rows = sorted({k for found in table.values() for k in found}, key=_order)
     if me == 0:
