@@ -112,7 +112,7 @@ def main() -> int:
         return 2
     over = []
     print(f"# python scripts/call_budget.py; {col.size()} rank, numpy {np.__version__}, python "
-          f"{sys.version.split()[0]}, on {os.uname().nodename}")
+          f"{sys.version.split()[0]}, on {os.uname().nodename} (load {os.getloadavg()[0]:.1f}: the times move with it)")
     print(f"# {'collective (8 bytes)':24} {'calls':>7} {'budget':>7} {'instructions':>13} {'us':>7}")
     for name, fn in CALLS.items():
         budget = BUDGET.get(name.split()[0], DEFAULT_BUDGET)
