@@ -91,11 +91,12 @@ def precision(dtype: np.dtype) -> tuple[int, int]:
     return PRECISION[dtype.name]
 
 
-def facts(contributions: list) -> np.ndarray:
+def facts(contributions: list, cast: np.ndarray | None = None) -> np.ndarray:
     """This rank's facts (int64, FACTS of them): |x| < 2**top for every nonzero finite x, each
     such x a multiple of 2**bottom (its unit in the last place), the number of contributions,
     and the flags NONFINITE (some element is NaN or infinite) and NEGATIVE_ZERO (some is -0.0).
-    Nothing nonzero: top -_NONE, bottom _NONE.
+    Nothing nonzero: top -_NONE, bottom _NONE. ``cast`` (one contribution): x is copied into it
+    too, block by block as the facts read it: a float wire's encoding, for one read of x.
 
     >>> facts([np.array([3.0, -0.5], np.float32)]).tolist()     # 3 < 2**2; 0.5's unit is 2**-24
     [2, 24, 1, 0]
@@ -129,6 +130,8 @@ def facts(contributions: list) -> np.ndarray:
                 flags |= NEGATIVE_ZERO
             twice -= one
             least = min(least, twice.min())
+            if cast is not None:
+                np.copyto(cast[b], x.reshape(-1)[b], casting="unsafe")
     if largest == 0:
         return np.array([-_NONE, -_NONE, len(contributions), flags], np.int64)
     largest, least = np.array([int(largest) >> 1, (int(least) + 1) >> 1], unsigned).view(dtype).astype(np.float64)
@@ -225,9 +228,7 @@ def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
         restore_floating_point(quiet)
 
 
-#: The first of the scratch slots (``ring.arrays.scratch``) of the codec's blocks: past the
-#: executor's and collectives.ops.reproducible's own.
-_SCRATCH = 9
+_SCRATCH = 9   # (the codec's first scratch slot, past the executor's and the op's own)
 
 
 def _scratch(size: int, dtype, slot: int) -> np.ndarray:
@@ -237,10 +238,7 @@ def _scratch(size: int, dtype, slot: int) -> np.ndarray:
     >>> _scratch(3, np.int64, 0).shape
     (3,)
     """
-    return arrays.scratch(_HOST, size, _SCRATCH + slot, np.dtype(dtype))
-
-
-_HOST = np.empty(0)   # (what tells ring.arrays.scratch that the scratch is numpy's)
+    return arrays.scratch(np.empty(0), size, _SCRATCH + slot, np.dtype(dtype))   # (numpy's scratch)
 
 
 def _fast(g: Grid) -> bool:

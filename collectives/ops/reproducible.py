@@ -75,7 +75,12 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
     transport = call.group.transport
     clock = _Stages(stage_seconds)
     every = np.zeros((transport.size, codec.FACTS), np.int64)
-    every[transport.rank] = codec.facts(parts)
+    # One float32 contribution's grid is a float64 wire but for a wide span (a large model's
+    # gradients): the facts cast it there as they read it, for one read of x, in case it is.
+    cast = None
+    if len(parts) == 1 and first.dtype == np.float32:
+        cast = arrays.scratch(first, -(-first.size // transport.size) * transport.size, _TOTAL, np.dtype(np.float64))
+    every[transport.rank] = codec.facts(parts, cast)
     clock("facts")
     _sum_in_place(call, every, "sum", sig, checked=False)
     grid = codec.grid(every, first.dtype)
@@ -89,13 +94,15 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
     result = out if out is not None else np.empty(first.shape, first.dtype)
     target = flat_target(result)
     flats = [p.reshape(-1) for p in parts]
+    encoded = cast is not None and grid.wire == np.float64 and grid.words == 1   # (by the facts, in _TOTAL)
     algorithm = choose(call, "allreduce", grid.words * first.size * grid.wire.itemsize, True)
     if algorithm != "doubling" and call.forced in (None, "ring") and first.size >= transport.size:
         call.algorithm = "ring"
-        _split(call, flats, grid, special, op, target, clock)
+        _split(call, flats, grid, special, op, target, clock, encoded)
     else:
         total = arrays.scratch(first, grid.words * first.size, _TOTAL, grid.wire).reshape(grid.words, -1)
-        codec.encode(flats, grid, total)
+        if not encoded:
+            codec.encode(flats, grid, total)
         clock("encode")
         _sum_in_place(call, total, "sum", sig)
         clock("wire")
@@ -105,13 +112,14 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
 
 
 def _split(call: Call, flats: list, grid: codec.Grid, special: np.ndarray | None, op: str, target: np.ndarray,
-           clock: _Stages) -> None:
+           clock: _Stages, encoded: bool) -> None:
     """The ring's all-reduce with the decoding between its halves: the words are reduced and
     scattered, each rank rounds its own chunk of the exact total, and the rounded chunks (the
     data's dtype, narrower than the words) go round to every rank. So each rank decodes 1/n of
     the elements, and the all-gather carries the data's bytes, not the words'. The chunks are
     ``per`` elements each (the last ones padded with zeros), each laid out as its words, so that
-    the reduce-scatter's equal chunks of the words are the ranks' chunks of the elements."""
+    the reduce-scatter's equal chunks of the words are the ranks' chunks of the elements
+    (``encoded``: one word, there already, but for the padding)."""
     transport = transport_for(call, target)
     n, me, size = transport.size, transport.rank, target.size
     per = -(-size // n)
@@ -119,7 +127,7 @@ def _split(call: Call, flats: list, grid: codec.Grid, special: np.ndarray | None
     total = arrays.scratch(target, n * grid.words * per, _TOTAL, grid.wire)
     chunks = total.reshape(n, grid.words, per)
     for k, (start, stop) in enumerate(ranges):
-        if stop > start:
+        if stop > start and not encoded:
             codec.encode([f[start:stop] for f in flats], grid, chunks[k, :, :stop - start])
         chunks[k, :, stop - start:] = 0
     clock("encode")

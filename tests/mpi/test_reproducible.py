@@ -77,6 +77,23 @@ def test_the_ring_that_rounds_between_its_halves_gives_the_same_bits(dtype, op):
         agree(result.tobytes() == expected.tobytes(), f"{dtype} {op} x {count}: other bits")
 
 
+@pytest.mark.parametrize("algorithm", ["ring", None, "halving"])
+def test_one_float32_contribution_per_rank_cast_while_its_facts_are_read(algorithm):
+    """One float32 contribution on each rank is cast to float64 as its facts are read (its grid is
+    mostly a float64 wire): normal data, specials among it, and a span too wide for float64 (a
+    2**-140 on one rank) whose cast is dropped for int64 words; small and large, in place too."""
+    for count, tiny in ((70_001, False), (70_001, True), (3, False)):
+        every = [np.random.default_rng([62, r]).standard_normal(count).astype(np.float32) for r in range(N)]
+        every[0][:2] = [np.nan if count > 3 else 1.0, -0.0]
+        every[-1][1] = -0.0
+        if tiny:
+            every[N // 2][-1] = 2.0 ** -140
+        expected = reduce_simulated([[e] for e in every])
+        mine = every[RANK].copy()
+        result = col.allreduce(mine, out=mine, reproducible=True, algorithm=algorithm, timeout=BOUND_S)
+        agree(result.tobytes() == expected.tobytes(), f"{algorithm} x {count}, tiny {tiny}: other bits")
+
+
 def test_special_values_and_signed_zeros_as_ieee_sums_give_them():
     values = [[np.nan, 1.0], [np.inf, -np.inf], [np.inf, 5.0], [-np.inf, -np.inf], [-0.0, -0.0], [-0.0, 0.0]]
     parts = [np.array([v[k % 2] for v in values], np.float32) for k in range(4)]
