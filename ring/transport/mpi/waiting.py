@@ -29,13 +29,16 @@ CHECK_INTERVAL = 0.5   # seconds between looks at the control channel and the lo
 #: finish, as it did on the ranks that were quicker. Without it the ranks split on whether the call
 #: happened (an elastic job's ranks went back to different steps).
 DRAIN_SECONDS = 0.2
+#: ... and at least this many polls: on a loaded machine the rank may not run at all during those
+#: seconds, and what decides whether its part finishes is the polls that move MPI's progress.
+DRAIN_POLLS = 20
 
 
 def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seconds: float,
              waiting_for: Callable[[], int | None], expecting: Any = COLLECTIVE) -> None:
     """Poll ``done()`` until it is true; raise PeerLost (a peer that ``expecting`` needs is gone:
     see ``Control.check_peers``; COLLECTIVE: the ranks of collective ``bound.seq``; DRAIN_SECONDS
-    after it is found, unless ``done()`` comes true meanwhile) or, once
+    and DRAIN_POLLS after it is found, unless ``done()`` comes true meanwhile) or, once
     ``bound`` passes, its error naming ``waiting_for()``, the rank (as the control plane names
     it) still pending (None: any rank)."""
     seq = bound.seq if expecting is COLLECTIVE else None
@@ -49,11 +52,13 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     # (a notice that came while this rank computed, before the wait, is looked into at once: else it
     # waited CHECK_INTERVAL; so is a death already seen, by a wait that drained after it)
     lost, drain_until = None, math.inf   # (a PeerLost found, held DRAIN_SECONDS while this rank's part may finish)
+    drain_polls = 0
     while not _done(done, lost):
         now = time.monotonic()
         pause(now - started, spin_seconds, bound.background)
         if lost is not None:
-            if now >= drain_until:
+            drain_polls += 1
+            if now >= drain_until and drain_polls >= DRAIN_POLLS:
                 raise lost
             continue
         if now >= next_check or notices != control.notices():
