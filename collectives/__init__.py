@@ -30,7 +30,7 @@ from collectives.p2p import Request, irecv, isend, recv, send, wait_all
 from collectives.calls.progress import Work
 from collectives.calls.sizes import format_size, parse_size
 from collectives.process import launchers
-from collectives.process.config import Settings
+from collectives.calls.config import Settings
 from collectives.process.world import abort, init, local_rank, local_size, rank, settings, size
 
 # The collectives, one per entry of the table (collectives.calls.table): col.allreduce, col.gather, ...

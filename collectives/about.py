@@ -14,7 +14,8 @@ from importlib import metadata
 
 import numpy as np
 
-from collectives.process import config, launchers
+from collectives.calls import config
+from collectives.process import launchers
 from collectives.process.launchers import launcher, slurm_job  # noqa: F401 - (part of this module's words)
 from collectives.calls.sizes import format_size
 from ring.transport.gpu import device

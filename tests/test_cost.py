@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from bench.model import fit, parse_hosts, parse_link
-from collectives.process.runtime import Runtime
-from collectives.process.config import defaults
+from collectives.calls.runtime import Runtime
+from collectives.calls.config import defaults
 from ring import cost
 
 TRUE = cost.Costs(call=20e-6, alpha=4e-6, beta=0.25e-9, gamma=0.15e-9)

@@ -166,8 +166,8 @@ def test_every_rank_reaches_the_same_verdict(monkeypatch, n):
 def test_a_rank_keeps_one_gpu_once_its_device_transport_exists():
     from collectives.errors import CollectiveError
     from collectives.groups.group import Group
-    from collectives.process.runtime import Runtime
-    from collectives.process.config import defaults
+    from collectives.calls.runtime import Runtime
+    from collectives.calls.config import defaults
     from ring.transport.inprocess import InProcessWorld
     runtime = Runtime(defaults(segment_bytes=1024, small_bytes=0, timeout=5.0))
     w = Group(runtime, InProcessWorld(1).transport(0), (0,), world=True)

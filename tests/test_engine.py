@@ -14,7 +14,7 @@ pytestmark = pytest.mark.quick   # (the progress engine's queue, no MPI: fast)
 
 
 class _Runtime:
-    """What the engine needs of collectives.process.runtime.Runtime."""
+    """What the engine needs of collectives.calls.runtime.Runtime."""
 
     def __init__(self):
         self.failure = None

@@ -148,7 +148,7 @@ def test_no_file_or_function_is_long_enough_to_hold_two_jobs(path):
 
 #: The runtime's failure state and who may write it (issue 37: one owner).
 FAILURE_STATE = {"failure", "stopped_by", "stopped", "closed"}
-FAILURE_OWNER = "collectives.process.runtime"
+FAILURE_OWNER = "collectives.calls.runtime"
 
 
 def attribute_writes(tree: ast.AST) -> list[tuple[ast.Attribute, int]]:
@@ -171,7 +171,7 @@ def test_only_the_runtime_writes_the_failure_state():
              for path in sources(*PACKAGES) if module_name(path) != FAILURE_OWNER
              and not module_name(path).startswith("ring.")   # (below the runtime: its names are the ring's own)
              for t, line in attribute_writes(ast.parse(path.read_text())) if t.attr in FAILURE_STATE]
-    assert not wrong, "the failure state has one writer, collectives.process.runtime.Runtime.stop:\n" + "\n".join(wrong)
+    assert not wrong, "the failure state has one writer, collectives.calls.runtime.Runtime.stop:\n" + "\n".join(wrong)
 
 
 #: A group's counters and state, and their one owner (issue 47).

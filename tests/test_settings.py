@@ -1,7 +1,7 @@
 """Tier 1: settings read from the environment and init's keywords (no MPI)."""
 import pytest
 
-from collectives.process import config as world
+from collectives.calls import config as world
 from collectives.calls import validate
 
 

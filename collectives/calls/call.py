@@ -38,7 +38,9 @@ import numpy as np
 
 from collectives.calls import table, timeline, validate
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
+from collectives.calls.group_protocol import CallGroup
 from collectives.calls.progress import Work
+from collectives.calls.runtime import Runtime
 from collectives.calls.signature import disagreement, signature as make_signature, template
 from ring import arrays, cost, doubling
 from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, TransportTimeout
@@ -59,7 +61,7 @@ class Call(Bound):
     __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes", "signed",
                  "in_step")
 
-    def __init__(self, group, name: str, timeout: object, call_name: object = None, forced: object = None,
+    def __init__(self, group: CallGroup, name: str, timeout: object, call_name: object = None, forced: object = None,
                  thread: str = "", background: bool = False):
         self.group = group
         runtime = self.runtime = group.runtime
@@ -149,7 +151,7 @@ class Call(Bound):
                               if known else f"{self.name} has no algorithm to choose, got {algorithm!r}")
 
 
-def issue(g, name: str, body: Callable, args: tuple, async_op: object = False, timeout: object = None,
+def issue(g: CallGroup, name: str, body: Callable, args: tuple, async_op: object = False, timeout: object = None,
           call_name: object = None, algorithm: object = None) -> Any:
     """Run ``body(call, *args)``, collective ``name`` on group ``g``, through this rank's progress
     engine (``collectives.calls.progress``) in issue order: at once, or with ``async_op=True`` in the
@@ -170,7 +172,7 @@ def issue(g, name: str, body: Callable, args: tuple, async_op: object = False, t
     return runtime.engine.submit(Work(name, job, runtime.engine), inline=_on_gpu(args))
 
 
-def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name: object, algorithm: object,
+def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object, call_name: object, algorithm: object,
            issuer: str, detached: bool = False) -> tuple[Any, Call]:
     """Run one call (the engine's turn is held, in whichever thread); return its result and the
     call itself (its sequence number, the algorithm it ran). ``detached``: an async call, which
@@ -222,7 +224,7 @@ def _frame(g, name: str, body: Callable, args: tuple, timeout: object, call_name
             _record(call, started)
 
 
-def stopped(name: str, runtime) -> CollectiveError:
+def stopped(name: str, runtime: Runtime) -> CollectiveError:
     """The error for call ``name`` once the runtime has stopped on this rank after a failure, or
     was replaced by a new world's (MembershipChanged)."""
     if runtime.retired is not None:
@@ -286,7 +288,7 @@ def _failure(call: Call, error: TransportError) -> CollectiveError:
     return CollectiveError(runtime.stop(f"{where}: {detail}", error, by_peer=True, patience=call.window, group=g))
 
 
-def _census(g, seq: int, name: str) -> str:
+def _census(g: CallGroup, seq: int, name: str) -> str:
     """After a timeout in call ``seq`` (collective ``name``): which call of this group every other
     member is in, as far as they answer (see ``Control.roll_call``): ranks are world ranks, call
     numbers count this group's calls."""

@@ -31,11 +31,14 @@ import threading
 import warnings
 from collections import deque
 from time import perf_counter
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from collectives.calls import timeline
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.calls.validate import bounded, is_timeout
+
+if TYPE_CHECKING:   # (the runtime makes the engine: a real import would be a circle)
+    from collectives.calls.runtime import Runtime
 
 _allocate_lock = threading.Lock
 
@@ -202,8 +205,8 @@ class Engine:
     ``threaded``: async calls run on a background thread (MPI_THREAD_MULTIPLE); else at once.
     """
 
-    def __init__(self, runtime, threaded: bool):
-        self.runtime = runtime   # (collectives.process.runtime.Runtime)
+    def __init__(self, runtime: Runtime, threaded: bool):
+        self.runtime = runtime
         self.threaded = threaded
         self._lock = threading.Lock()
         self._turns = threading.Condition(self._lock)   # waited on only when a call must wait its turn

@@ -17,7 +17,7 @@ ranks. A 2 x 2 layout of 4 ranks::
 Calls on disjoint groups (A and B) run at the same time; a rank alternates between its
 groups (A, then C) in the order it issues the calls, which must be an order every rank
 of each group agrees with, as for MPI communicators. The settings, the progress engine
-and the failure state are the process's (``collectives.process.runtime.Runtime``): a failed call
+and the failure state are the process's (``collectives.calls.runtime.Runtime``): a failed call
 on any group stops the runtime on that rank, since it is then out of step with some peers.
 
 Every collective takes ``timeout=`` (seconds, bounding its waiting), ``name=`` (a string, the
@@ -35,7 +35,8 @@ from typing import Any
 
 from collectives.ops import dispatch, personalized, reproducible as exact
 from collectives.groups import making
-from collectives.calls.call import issue, refusal, stopped
+from collectives.calls.call import Call, issue, refusal, stopped
+from collectives.calls.runtime import Runtime
 from collectives.errors import CollectiveUsageError
 from collectives.groups.membership import NonMember, describe
 from collectives.groups.transports import Transports
@@ -55,7 +56,7 @@ class Group:
     array([2., 2.])
     """
 
-    def __init__(self, runtime, transport: Transport, ranks: tuple[int, ...], world: bool = False,
+    def __init__(self, runtime: Runtime, transport: Transport, ranks: tuple[int, ...], world: bool = False,
                  levels: tuple | None = None):
         self.runtime = runtime
         self.transports = Transports(transport, levels, self.where)
@@ -85,7 +86,7 @@ class Group:
     # The group's counters and state have one owner, this class: a call takes its number here
     # (tests/test_layout.py keeps it so); whether it ended in step, the call itself says.
 
-    def next_call(self, call) -> int:
+    def next_call(self, call: Call) -> int:
         """The number of ``call``, now made on this group (1, 2, ...: the same on every member in step)."""
         self.seq += 1
         self.last = call
@@ -333,7 +334,7 @@ class Group:
         return dispatch.predicted(self, collective, x)
 
 
-def member(group: object, collective: str, runtime) -> Group:
+def member(group: object, collective: str, runtime: Runtime) -> Group:
     """``group=`` of a call: a Group of ``runtime`` this rank belongs to; anything else is this
     rank's usage error (raised here alone: the members of a group it is not in are not waiting)."""
     if isinstance(group, NonMember):

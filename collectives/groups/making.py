@@ -7,14 +7,16 @@ from typing import Any, Callable
 
 from collectives.calls import validate
 from collectives.calls.call import Call, stopped
+from collectives.calls.group_protocol import CallGroup
+from collectives.calls.runtime import Runtime
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.groups.membership import NonMember
 from collectives.calls.signature import disagreement, signature
 from ring.doubling import SIGNATURE_BYTES
-from ring.transport.base import Bound, CommunicatorsExhausted, TransportError, TransportTimeout
+from ring.transport.base import Bound, CommunicatorsExhausted, Transport, TransportError, TransportTimeout
 
 
-def make_group(kind: type, runtime, transport, ranks: tuple[int, ...], world: bool = False) -> Any:
+def make_group(kind: type, runtime: Runtime, transport: Transport, ranks: tuple[int, ...], world: bool = False) -> Any:
     """A group over ``transport`` with the two levels of the hierarchical all-reduce when it
     can take that path (every member must call this together: it makes communicators)."""
     hosts = runtime.two_level_hosts(transport, ranks, world)
@@ -40,7 +42,7 @@ def new_group(call: Call, ranks: Any) -> Any:
                    members)
 
 
-def made_by_members(parent, ranks: Any, timeout: Any) -> Any:
+def made_by_members(parent: CallGroup, ranks: Any, timeout: Any) -> Any:
     """The group of ``ranks`` (world ranks, members of ``parent``), made by them alone: a usage
     error on this rank if it is not one of them (nobody waits for it). The members first tell
     each other their lists, so that lists in different orders raise on every member instead of

@@ -39,7 +39,7 @@ from importlib import metadata
 from typing import Iterator
 
 from collectives.errors import CollectiveUsageError
-from collectives.process import config
+from collectives.calls import config
 from collectives.process.launch_environment import ranks_on_this_host, srun_directly  # noqa: F401 (asked here too)
 
 

@@ -14,13 +14,14 @@ import threading
 import time
 from dataclasses import asdict, replace
 
-from collectives.process import changes, config, launchers, leaving, rendezvous, supervision
+from collectives.process import changes, launchers, leaving, rendezvous, supervision
+from collectives.calls import config
 from collectives.calls import timeline as timelines
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.groups.group import Group
 from collectives.groups.making import make_group
 from collectives.process.life import life
-from collectives.process.runtime import Runtime, hosts_of, two_level_layout
+from collectives.calls.runtime import Runtime, hosts_of, two_level_layout
 from ring.transport.mpi import notices
 from ring.transport.base import Bound, TransportError, TransportTimeout
 
@@ -35,7 +36,7 @@ def init(segment_bytes: int | None = None, *, small_bytes: int | None = None, ch
 
     Every rank sets up together (the first ``init`` or collective is a collective call),
     bounded by the timeout. Arguments override the environment variables of
-    ``collectives.process.config``. ``comm``: an mpi4py intracommunicator whose ranks are the world
+    ``collectives.calls.config``. ``comm``: an mpi4py intracommunicator whose ranks are the world
     (default: MPI.COMM_WORLD); the runtime works on its own duplicate of it. On a later call,
     the ones given replace the current settings: ``timeout`` on this rank alone; the others are
     compared across ranks again, so every rank must make that call (``algorithm``, ``hosts``

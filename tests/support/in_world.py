@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
-from collectives.process.config import DEFAULT_SEGMENT_BYTES
+from collectives.calls.config import DEFAULT_SEGMENT_BYTES
 
 COMM = MPI.COMM_WORLD
 N, RANK = COMM.Get_size(), COMM.Get_rank()

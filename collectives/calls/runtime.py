@@ -1,7 +1,8 @@
 """What one process's groups share: the settings in force, the progress engine that runs their
 calls one at a time, the choice of algorithm, and whether the runtime has stopped here.
 
-Below the groups (``collectives.groups.group``), which hold a Runtime; it knows them only as a list.
+Below the groups (``collectives.groups.group``), which hold a Runtime; it knows them only as a list of
+``CallGroup`` (``collectives.calls.group_protocol``).
 The runtime is the one owner of the failure state: :meth:`Runtime.stop` is the only way to set
 it (the first failure wins) and every module reads it (``runtime.failure``). Nothing clears it:
 the ranks are out of step. A recovery among the survivors (``collectives.process.world.rebuild``)
@@ -12,13 +13,18 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from collectives.calls import progress
-from collectives.process.config import Settings
+from collectives.calls.config import Settings
 from ring import cost
 from ring.partition import chunk_bounds
+from ring.transport.base import Transport
+
+if TYPE_CHECKING:   # (the groups' protocol names the runtime: a real import would be a circle)
+    from collectives.calls.group_protocol import CallGroup
 
 #: Whether a call on a group whose ranks span hosts takes two levels, by the algorithm it would
 #: otherwise take (see Runtime.algorithm_for).
@@ -49,7 +55,7 @@ class Runtime:
     def __init__(self, settings: Settings, threads_checked: str = "", threaded: bool = False,
                  outlived: bool = False):
         self.apply(settings)
-        self.groups: list = []             # the groups this rank belongs to, the world first
+        self.groups: list[CallGroup] = []             # the groups this rank belongs to, the world first
         self.world = None                  # the world group, once made
         self.failure: str | None = None       # why a failure left this rank out of step (read-only: see stop)
         self.stopped_by: Failure | None = None   # ... and the whole record, for the farewell that passes it on
@@ -103,7 +109,7 @@ class Runtime:
         return found
 
     def stop(self, failure: str, error: BaseException | None = None, by_peer: bool = False,
-             patience: float | None = None, tell: bool = True, group=None) -> str:
+             patience: float | None = None, tell: bool = True, group: CallGroup | None = None) -> str:
         """Stop the runtime on this rank: it is out of step with some peers because of ``failure``
         (``by_peer``: another rank caused it; an ``error`` that says a rank died gives the root
         cause and that rank, passed on at exit; ``patience``: see Failure). The first failure stands:
@@ -114,7 +120,7 @@ class Runtime:
         which a late rank is about to end) first, since MPI moves a pair's messages in the order they were
         sent. Returns the failure in force.
 
-        >>> from collectives.process.config import defaults
+        >>> from collectives.calls.config import defaults
         >>> r = Runtime(defaults())
         >>> r.stop("allreduce #3 on rank 1: timed out"), r.stop("later"), r.stopped.is_set()
         ('allreduce #3 on rank 1: timed out', 'allreduce #3 on rank 1: timed out', True)
@@ -145,7 +151,7 @@ class Runtime:
         after a failure, the failed call's own timeout (a rank it timed out on need not hold this one
         longer), else the setting's.
 
-        >>> from collectives.process.config import defaults
+        >>> from collectives.calls.config import defaults
         >>> r = Runtime(defaults(timeout=600.0))
         >>> r.exit_patience()
         inf
@@ -163,12 +169,12 @@ class Runtime:
         self.stop(change, by_peer=True, tell=False)   # (the new world's members agreed on it together)
         self.retired = change
 
-    def segment_elems(self, dtype: np.dtype, transport=None) -> int:
+    def segment_elems(self, dtype: np.dtype, transport: Transport | None = None) -> int:
         """The ring's segment in elements of ``dtype`` on ``transport``: the setting, else (0, the
         default) 4 MiB, or 1 MiB on a transport whose ranks span hosts."""
         return max(1, self.settings.segment(getattr(transport, "spans_hosts", False)) // dtype.itemsize)
 
-    def two_level_hosts(self, transport, ranks: tuple[int, ...], world: bool) -> list | None:
+    def two_level_hosts(self, transport: Transport, ranks: tuple[int, ...], world: bool) -> list | None:
         """The host of each rank of a group over ``transport`` (world ``ranks``) where its all-reduce
         takes two levels (the setting allows it, and so does the layout), else None."""
         if self.settings.algorithm not in ("auto", "hierarchical"):
