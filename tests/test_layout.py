@@ -1,8 +1,9 @@
 """Tier 1, issue 26: the house rules that keep the code readable, checked on the source itself.
 
 The floors of ``collectives`` import only downwards (no circle, and no import inside a function
-to dodge one), and the MPI and GPU transports not each other; the programs (``trainer``, ``bench``)
-live on the public API; a file or a function far longer than any job here needs is a smell. The
+to dodge one; an import for annotations counts), the parameters at the calls' and the groups'
+boundaries carry their types, and the MPI and GPU transports do not import each other; the
+programs (``trainer``, ``bench``) live on the public API; a file or a function far longer than any job here needs is a smell. The
 tests share helpers only through support modules, say their tier, and wait on cues; no comment
 logs an incident.
 """
@@ -41,6 +42,14 @@ def imported(tree: ast.AST, inside_functions: bool) -> list[tuple[str, int]]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             found += [(f"{node.module}.{alias.name}", node.lineno) for alias in node.names]
     return found
+
+
+def imported_for_annotations(tree: ast.Module) -> list[tuple[str, int]]:
+    """(module, line) of each import under ``if TYPE_CHECKING:`` at the top of a module: made for
+    the annotations alone (a real import would close a circle), and a dependency all the same."""
+    blocks = [node.body for node in tree.body
+              if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")]
+    return imported(ast.Module(body=[statement for block in blocks for statement in block], type_ignores=[]), False)
 
 
 def module_name(path: Path) -> str:
@@ -88,17 +97,37 @@ def floor_of(module: str) -> int:
 
 
 def test_each_floor_of_collectives_imports_only_its_own_or_those_below():
+    """Imports for the annotations alone (``if TYPE_CHECKING:``) count: a type names a dependency."""
     names = {module_name(p) for p in sources("collectives")}
     upward = []
     for path in sources("collectives"):
         name = module_name(path)
-        for m, line in imported(ast.parse(path.read_text()), False):
+        tree = ast.parse(path.read_text())
+        for m, line in imported(tree, False) + imported_for_annotations(tree):
             if not m.startswith("collectives"):
                 continue
             target = m if m in names else m.rsplit(".", 1)[0]
             if floor_of(target) > floor_of(name):
                 upward.append(f"{name}:{line} imports {target} (a floor above)")
     assert not upward, "\n".join(upward)
+
+
+#: The parameters of the calls and the groups that carry what a call runs on or through: the
+#: runtime and its engine, a transport, a group, a call, a call's work.
+BOUNDARY_PARAMETERS = {"runtime", "engine", "transport", "transports", "group", "g", "parent", "call", "work"}
+
+
+def test_the_boundaries_of_the_calls_and_the_groups_carry_their_types():
+    """In ``collectives/calls/`` and ``collectives/groups/`` every such parameter of a function is
+    annotated, so that what it depends on is imported (for the annotations at least) and the layer
+    rule above sees it; a group seen from the calls' floor is ``calls.group_protocol.CallGroup``."""
+    untyped = [f"{module_name(path)}:{function.lineno} {function.name}({parameter.arg})"
+               for path in sources("collectives/calls", "collectives/groups")
+               for function in ast.walk(ast.parse(path.read_text()))
+               if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+               for parameter in function.args.posonlyargs + function.args.args + function.args.kwonlyargs
+               if parameter.arg in BOUNDARY_PARAMETERS and parameter.annotation is None]
+    assert not untyped, "parameters at a floor's boundary without their type:\n" + "\n".join(untyped)
 
 
 def test_the_gpu_and_mpi_transports_do_not_import_each_other():
