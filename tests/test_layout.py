@@ -2,8 +2,9 @@
 
 The floors of ``collectives`` import only downwards (no circle, and no import inside a function
 to dodge one; an import for annotations counts), the parameters at the calls' and the groups'
-boundaries carry their types, and the MPI and GPU transports do not import each other; the
-programs (``trainer``, ``bench``) live on the public API; a file or a function far longer than any job here needs is a smell. The
+boundaries carry their types, what they ask of a transport is declared (ring/transport/base.py),
+and the MPI and GPU transports do not import each other; the programs (``trainer``, ``bench``)
+live on the public API; a file or a function far longer than any job here needs is a smell. The
 tests share helpers only through support modules, say their tier, and wait on cues; no comment
 logs an incident.
 """
@@ -128,6 +129,36 @@ def test_the_boundaries_of_the_calls_and_the_groups_carry_their_types():
                for parameter in function.args.posonlyargs + function.args.args + function.args.kwonlyargs
                if parameter.arg in BOUNDARY_PARAMETERS and parameter.annotation is None]
     assert not untyped, "parameters at a floor's boundary without their type:\n" + "\n".join(untyped)
+
+
+def declared_members(path: Path, *protocols: str) -> set[str]:
+    """The fields and methods that the classes ``protocols`` of module ``path`` declare."""
+    classes = [node for node in ast.parse(path.read_text()).body
+               if isinstance(node, ast.ClassDef) and node.name in protocols]
+    return {item.target.id if isinstance(item, ast.AnnAssign) else item.name for c in classes for item in c.body
+            if isinstance(item, ast.AnnAssign) or isinstance(item, ast.FunctionDef)}
+
+
+def test_what_collectives_asks_of_a_transport_is_declared():
+    """Every member of a transport that ``collectives`` uses (``x.transport.member``, ``transport.member``,
+    ``getattr(transport, "member", ...)``) is declared by ``Transport``, what every transport offers, or
+    by ``MPIOnlyTransport``, what only the MPI transport does (ring/transport/base.py): a reader sees
+    there what a new transport must offer."""
+    declared = declared_members(ROOT / "ring/transport/base.py", "Transport", "MPIOnlyTransport")
+    undeclared = []
+    for path in sources("collectives"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and ast.unparse(node.value).split(".")[-1] == "transport":
+                member = node.attr
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "getattr" and len(node.args) >= 2 \
+                    and ast.unparse(node.args[0]).split(".")[-1] == "transport" \
+                    and isinstance(node.args[1], ast.Constant):
+                member = node.args[1].value
+            else:
+                continue
+            if member not in declared:
+                undeclared.append(f"{module_name(path)}:{node.lineno} .{member}")
+    assert not undeclared, "transport members used but not declared in ring/transport/base.py:\n" + "\n".join(undeclared)
 
 
 def test_the_gpu_and_mpi_transports_do_not_import_each_other():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from collectives.calls.runtime import Runtime
-from ring.transport.base import Transport
+from ring.transport.base import MPIOnlyTransport
 
 
 class HostTransports(Protocol):
@@ -22,12 +22,12 @@ class HostTransports(Protocol):
 class CallGroup(Protocol):
     """A group as its calls and the runtime see it (``collectives.groups.group.Group``)."""
 
-    runtime: Runtime            # what the process's groups share: settings, engine, failure state
-    transport: Transport        # the group's host transport, which its calls' messages move over
-    transports: HostTransports  # the host transport and its two levels, abandoned together
-    ranks: tuple[int, ...]      # the members' world ranks, in group order
-    label: str                  # how messages name the group ("" for the world)
-    seq: int                    # the group's calls so far (its own to count: next_call)
+    runtime: Runtime              # what the process's groups share: settings, engine, failure state
+    transport: MPIOnlyTransport   # the group's host transport: its calls' messages, control plane, farewells
+    transports: HostTransports    # the host transport and its two levels, abandoned together
+    ranks: tuple[int, ...]        # the members' world ranks, in group order
+    label: str                    # how messages name the group ("" for the world)
+    seq: int                      # the group's calls so far (its own to count: next_call)
     is_world: bool
     destroyed: bool
 

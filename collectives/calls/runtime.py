@@ -21,7 +21,7 @@ from collectives.calls import progress
 from collectives.calls.config import Settings
 from ring import cost
 from ring.partition import chunk_bounds
-from ring.transport.base import Transport
+from ring.transport.base import MPIOnlyTransport, Transport
 
 if TYPE_CHECKING:   # (the groups' protocol names the runtime: a real import would be a circle)
     from collectives.calls.group_protocol import CallGroup
@@ -174,7 +174,7 @@ class Runtime:
         default) 4 MiB, or 1 MiB on a transport whose ranks span hosts."""
         return max(1, self.settings.segment(getattr(transport, "spans_hosts", False)) // dtype.itemsize)
 
-    def two_level_hosts(self, transport: Transport, ranks: tuple[int, ...], world: bool) -> list | None:
+    def two_level_hosts(self, transport: MPIOnlyTransport, ranks: tuple[int, ...], world: bool) -> list | None:
         """The host of each rank of a group over ``transport`` (world ``ranks``) where its all-reduce
         takes two levels (the setting allows it, and so does the layout), else None."""
         if self.settings.algorithm not in ("auto", "hierarchical"):

@@ -40,7 +40,7 @@ from collectives.calls.runtime import Runtime
 from collectives.errors import CollectiveUsageError
 from collectives.groups.membership import NonMember, describe
 from collectives.groups.transports import Transports
-from ring.transport.base import Transport
+from ring.transport.base import MPIOnlyTransport
 
 
 class Group:
@@ -56,7 +56,7 @@ class Group:
     array([2., 2.])
     """
 
-    def __init__(self, runtime: Runtime, transport: Transport, ranks: tuple[int, ...], world: bool = False,
+    def __init__(self, runtime: Runtime, transport: MPIOnlyTransport, ranks: tuple[int, ...], world: bool = False,
                  levels: tuple | None = None):
         self.runtime = runtime
         self.transports = Transports(transport, levels, self.where)

@@ -13,10 +13,11 @@ from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.groups.membership import NonMember
 from collectives.calls.signature import disagreement, signature
 from ring.doubling import SIGNATURE_BYTES
-from ring.transport.base import Bound, CommunicatorsExhausted, Transport, TransportError, TransportTimeout
+from ring.transport.base import Bound, CommunicatorsExhausted, MPIOnlyTransport, TransportError, TransportTimeout
 
 
-def make_group(kind: type, runtime: Runtime, transport: Transport, ranks: tuple[int, ...], world: bool = False) -> Any:
+def make_group(kind: type, runtime: Runtime, transport: MPIOnlyTransport, ranks: tuple[int, ...],
+               world: bool = False) -> Any:
     """A group over ``transport`` with the two levels of the hierarchical all-reduce when it
     can take that path (every member must call this together: it makes communicators)."""
     hosts = runtime.two_level_hosts(transport, ranks, world)

@@ -23,7 +23,7 @@ from collectives.groups.making import make_group
 from collectives.process.life import life
 from collectives.calls.runtime import Runtime, hosts_of, two_level_layout
 from ring.transport.mpi import notices
-from ring.transport.base import Bound, TransportError, TransportTimeout
+from ring.transport.base import Bound, MPIOnlyTransport, TransportError, TransportTimeout
 
 #: ``life.world``'s copy for ``collectives.api``'s per-call path (10 ns a read; 380 ns by a module __getattr__)
 the_world: Group | None = None
@@ -242,7 +242,7 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     return w
 
 
-def _check_layout(found: dict, transport) -> None:
+def _check_layout(found: dict, transport: MPIOnlyTransport) -> None:
     """The declared hosts fit the world, and a hierarchical all-reduce asked for can run on it (the
     same verdict on every rank: every rank knows every rank's host)."""
     declared, n = found.get("hosts", 0), transport.size

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 
@@ -161,6 +162,30 @@ class Transport(Protocol):
 
     def close(self, failed: bool = False) -> None:
         """Release the transport's resources (at exit; ``failed``: after a failure, abort instead)."""
+
+
+class MPIOnlyTransport(Transport, Protocol):
+    """What ``collectives`` asks of a group's host transport beyond :class:`Transport`: offered by
+    the MPI transport alone (``ring.transport.mpi.transport.MPITransport``, which its subsets share),
+    so a new host transport must offer these too. The device transports and the in-process one do
+    not: they carry a call's data, never a group.
+    """
+
+    hosts: list[str]    # each rank's host name, in rank order
+    spans_hosts: bool   # its ranks are on more than one host (the runtime's segments are smaller then)
+    comm: Any           # its mpi4py communicator (the world's is rebuilt from it after a change)
+    control: Any        # its control plane, ring.transport.mpi.control.Control: who left or died, the roll call
+    exits: Any          # the farewell and the exit barrier, ring.transport.mpi.exits.Exits
+    p2p: Any            # point-to-point sends and receives, ring.transport.mpi.p2p.PointToPoint
+
+    def split(self, color: int | None, key: int, watched: bool = False) -> MPIOnlyTransport | None:
+        """A transport over the ranks that pass the same ``color``, ordered by ``key`` (every rank calls)."""
+
+    def subset(self, ranks: Sequence[int]) -> MPIOnlyTransport:
+        """A transport over ``ranks`` of this one, in that order, made by those ranks alone."""
+
+    def among(self, peers: Sequence[int], data: bytes, bound: Bound) -> list[bytes]:
+        """Exchange ``data`` with each of ``peers``: an agreement among some ranks of this transport."""
 
 
 class OverHost:
