@@ -73,7 +73,7 @@ class _Forced(Case):
 
     def candidates(self) -> list[str]:
         """The algorithms that can carry this call (an all-gather chooses for every rank's rows and
-        counts: see ``collectives.ops.dispatch.allgather``)."""
+        counts: see ``collectives.ops.bodies.allgather``)."""
         nbytes = self.nbytes + 16 * self.n if self.op == "allgather" else self.nbytes
         return list(cost.candidates(self.op, nbytes, col.settings().small_bytes))
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from collectives.calls import table, validate
-from collectives.ops import dispatch
+from collectives.ops import bodies
 from collectives.process import world as worlds
 from collectives.calls.call import issue
 from collectives.groups.group import Group, member
@@ -87,7 +87,7 @@ def use_local_gpu(*, timeout: float | None = None) -> int:
     >>> gpu = col.use_local_gpu()                                    # doctest: +SKIP
     >>> g = cupy.ones(1 << 20, cupy.float32); col.allreduce(g, out=g)  # doctest: +SKIP
     """
-    return issue(worlds.world(timeout), "use_local_gpu", dispatch.use_local_gpu, (), False, timeout)
+    return issue(worlds.world(timeout), "use_local_gpu", bodies.use_local_gpu, (), False, timeout)
 
 
 def nccl_communicator(*, group: Group | None = None, timeout: float | None = None) -> Any:
@@ -98,7 +98,7 @@ def nccl_communicator(*, group: Group | None = None, timeout: float | None = Non
 
     >>> comm = col.nccl_communicator()                                # doctest: +SKIP
     """
-    return issue(_group(group, "nccl_communicator", timeout), "nccl_communicator", dispatch.nccl_communicator,
+    return issue(_group(group, "nccl_communicator", timeout), "nccl_communicator", bodies.nccl_communicator,
                  (), False, timeout)
 
 
@@ -136,8 +136,8 @@ def round_to_wire(x: np.ndarray, compression: str) -> np.ndarray:
     array([0.09997559,        inf])
     """
     x, _, _ = validate.reduction("round_to_wire", x, "sum", None)
-    codec = dispatch.wire_codec("round_to_wire", compression, x, "sum")
-    result = np.array(dispatch.widened(x)[0])   # (bfloat16 data: rounded through float32)
+    codec = bodies.wire_codec("round_to_wire", compression, x, "sum")
+    result = np.array(bodies.widened(x)[0])   # (bfloat16 data: rounded through float32)
     if codec is not None:
         codec.round_(result.reshape(-1))
     return result.astype(x.dtype, copy=False)

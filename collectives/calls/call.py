@@ -1,6 +1,6 @@
 """One collective call: its frame (turn, deadline, errors), the cross-rank check, and its failure.
 
-Every collective of a ``Group`` is :func:`issue`\\ d with its body (``collectives.ops.dispatch``):
+Every collective of a ``Group`` is :func:`issue`\\ d with its body (``collectives.ops.bodies``):
 
 * Before data moves, the ranks compare signatures (``collectives.calls.signature``) by
   recursive doubling (``ring.doubling``): on any difference every rank raises the

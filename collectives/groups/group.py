@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.ops import dispatch, personalized, reproducible as exact
+from collectives.ops import bodies, personalized, reproducible as exact
 from collectives.groups import making
 from collectives.calls.call import Call, issue, refusal, stopped
 from collectives.calls.runtime import Runtime
@@ -199,7 +199,7 @@ class Group:
         ...               reproducible=True)                  # on 2: 1e8 + 1 - 1e8, exactly  # doctest: +SKIP
         array([1.], dtype=float32)
         """
-        body, more = (dispatch.allreduce, ()) if reproducible is False else (exact.allreduce, (reproducible,))
+        body, more = (bodies.allreduce, ()) if reproducible is False else (exact.allreduce, (reproducible,))
         return issue(self, "allreduce", body, (x, op, out, compression, *more), async_op, timeout, name, algorithm)
 
     def allreduce_many(self, arrays: list, op: str = "sum", *, compression: str | None = None, async_op: bool = False,
@@ -215,7 +215,7 @@ class Group:
         >>> w, b = np.ones((2, 3)), np.arange(3.0)                       # doctest: +SKIP
         >>> col.allreduce_many([w, b], op="avg")                         # doctest: +SKIP
         """
-        return issue(self, "allreduce_many", dispatch.allreduce_many, (arrays, op, compression), async_op, timeout,
+        return issue(self, "allreduce_many", bodies.allreduce_many, (arrays, op, compression), async_op, timeout,
                      name, algorithm)
 
     def reduce_scatter(self, x, op: str = "sum", out=None, *, async_op: bool = False,
@@ -228,7 +228,7 @@ class Group:
         >>> col.reduce_scatter(np.arange(10.0))               # rank 1 of 3  # doctest: +SKIP
         array([12., 15., 18.])
         """
-        return issue(self, "reduce_scatter", dispatch.reduce_scatter, (x, op, out), async_op, timeout, name,
+        return issue(self, "reduce_scatter", bodies.reduce_scatter, (x, op, out), async_op, timeout, name,
                      algorithm)
 
     def allgather(self, x, out=None, *, async_op: bool = False, timeout: float | None = None,
@@ -244,7 +244,7 @@ class Group:
                [1, 1],
                [1, 1]])
         """
-        return issue(self, "allgather", dispatch.allgather, (x, out), async_op, timeout, name, algorithm)
+        return issue(self, "allgather", bodies.allgather, (x, out), async_op, timeout, name, algorithm)
 
     def broadcast(self, x, root: int = 0, *, async_op: bool = False, timeout: float | None = None,
                   name: str | None = None, algorithm: str | None = None) -> Any:
@@ -256,7 +256,7 @@ class Group:
 
         >>> params = col.broadcast(params, root=0)                         # doctest: +SKIP
         """
-        return issue(self, "broadcast", dispatch.broadcast, (x, root), async_op, timeout, name, algorithm)
+        return issue(self, "broadcast", bodies.broadcast, (x, root), async_op, timeout, name, algorithm)
 
     def alltoall(self, x, splits=None, out=None, *, out_splits=None, async_op: bool = False,
                  timeout: float | None = None, name: str | None = None) -> Any:
@@ -311,7 +311,7 @@ class Group:
 
     def barrier(self, *, async_op: bool = False, timeout: float | None = None, name: str | None = None) -> Any:
         """Return once every rank has entered the barrier (and checks that they all meant to)."""
-        return issue(self, "barrier", dispatch.barrier, (), async_op, timeout, name)
+        return issue(self, "barrier", bodies.barrier, (), async_op, timeout, name)
 
     def refuse(self, collective: str, problem: str, *, async_op: bool = False, timeout: float | None = None) -> Any:
         """Take this rank's turn in ``collective`` as a refusal: this rank raises
@@ -331,7 +331,7 @@ class Group:
         >>> col.algorithm_for("allreduce", np.zeros(2, np.float32))      # doctest: +SKIP
         'doubling'
         """
-        return dispatch.predicted(self, collective, x)
+        return bodies.predicted(self, collective, x)
 
 
 def member(group: object, collective: str, runtime: Runtime) -> Group:

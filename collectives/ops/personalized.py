@@ -1,6 +1,6 @@
 """The bodies of the collectives that give each rank's block to one rank (all-to-all, gather,
 scatter) and of reduce to a root, once their call has begun (``collectives.calls.call``); the others
-are in ``collectives.ops.dispatch``, whose helpers these share.
+are in ``collectives.ops.bodies``, whose helpers these share.
 
 Blocks are cut along axis 0: rows. A rank's rows for each rank (``splits``) may differ, and
 so may the rows each rank brings to a gather; the runtime tells every rank the others' counts
@@ -15,7 +15,7 @@ import numpy as np
 
 from collectives.calls import validate
 from collectives.calls.call import Call
-from collectives.ops.dispatch import choose, flat, flat_target, transport_for, widened, write_back
+from collectives.ops.bodies import choose, flat, flat_target, transport_for, widened, write_back
 from collectives.errors import CollectiveUsageError
 from ring import algorithms
 from ring.arrays import to_host, transportable, xp_of

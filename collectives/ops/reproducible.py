@@ -1,7 +1,7 @@
 """The body of ``allreduce(x, reproducible=True)``: the exact sum of every contribution, rounded once.
 
 The codec is ``ring.reproducible``; this module checks the arguments and runs its three steps
-on the group's integer all-reduces (``collectives.ops.dispatch.allreduce_flat``):
+on the group's integer all-reduces (``collectives.ops.bodies.allreduce_flat``):
 
 1. every rank's facts (one row of a small int64 matrix, the others zero) summed: every rank then
    holds every row, and makes the same grid; this exchange carries the cross-rank check;
@@ -25,7 +25,7 @@ import numpy as np
 
 from collectives.calls import validate
 from collectives.calls.call import Call
-from collectives.ops.dispatch import allreduce_flat, choose, flat_target, transport_for, write_back
+from collectives.ops.bodies import allreduce_flat, choose, flat_target, transport_for, write_back
 from ring import algorithms, arrays, reproducible as codec
 
 #: The scratch slot (``ring.arrays.scratch``) of the words, past the executor's own.

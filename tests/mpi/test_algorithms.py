@@ -33,7 +33,7 @@ def forced(algorithm: str, collective: str, nbytes: int) -> str:
 
 
 def gathered(x: np.ndarray) -> int:
-    return N * (x.nbytes + 16)   # (what allgather's choice is made for: see collectives.ops.dispatch)
+    return N * (x.nbytes + 16)   # (what allgather's choice is made for: see collectives.ops.bodies)
 
 
 @pytest.mark.parametrize("op, dtype", [("sum", "float64"), ("max", "int32"), ("avg", "float32"),
