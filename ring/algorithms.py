@@ -20,7 +20,7 @@ from ring.transport.base import Bound, Transport
 
 
 def reduce_scatter(transport: Transport, bound: Bound, input: Any, work: Any, op: str, segment_elems: int,
-                   wire: Codec | None = None) -> slice:
+                   codec: Codec | None = None) -> slice:
     """Reduce ``input`` across ranks into ``work``; returns the slice of ``work`` this rank owns.
 
     After the call ``work[owned]`` holds the reduction of every rank's ``input[owned]``
@@ -31,24 +31,24 @@ def reduce_scatter(transport: Transport, bound: Bound, input: Any, work: Any, op
     stay in range wherever the true average is (4 ranks of 30000 give 30000, not inf);
     wider types sum first and divide the owned chunk once, which rounds only once.
 
-    ``wire``: a codec (``ring.compression``) that every message travels in: each hop decodes the
+    ``codec``: the codec (``ring.compression``) that every message travels in: each hop decodes the
     partial sum it receives, adds its own contribution in ``work``'s dtype and encodes once to
     send it on. The owned chunk is left as summed, not rounded to the wire type. "avg" over a
-    float16 wire pre-scales as float16 data does (float16's range is the wire's).
+    float16 wire type pre-scales as float16 data does (float16's range is the wire's).
     """
     bounds = chunk_bounds(work.size, transport.size)
     plan = reduce_scatter_plan(transport.rank, bounds, segment_elems)
-    return _reduce_by(transport, bound, (plan,), bounds[transport.rank], input, work, op, wire)
+    return _reduce_by(transport, bound, (plan,), bounds[transport.rank], input, work, op, codec)
 
 
 def _reduce_by(transport: Transport, bound: Bound, plans: tuple, owned: tuple[int, int], input: Any, work: Any,
-               op: str, wire: Codec | None = None) -> slice:
+               op: str, codec: Codec | None = None) -> slice:
     """What every reduce-scatter does around its plans (see reduce_scatter): the first plan reads
     ``input``, the others reduce in place what it left in ``work``; "avg" pre-scales (float16 data
-    or wire) or divides the ``owned`` range once. Returns that range as a slice."""
+    or codec) or divides the ``owned`` range once. Returns that range as a slice."""
     n = transport.size
     xp = arrays.xp_of(work)
-    prescale = _prescales(op, work.dtype, wire)
+    prescale = _prescales(op, work.dtype, codec)
     if prescale:
         xp.true_divide(input, n, out=work)
         input = work
@@ -56,16 +56,16 @@ def _reduce_by(transport: Transport, bound: Bound, plans: tuple, owned: tuple[in
         arrays.copy_(work, input)
     combine = arrays.combiner(xp, op)
     for k, plan in enumerate(plans):
-        run(plan, transport, bound, work, input if k == 0 else None, combine, "reduce-scatter", wire)
+        run(plan, transport, bound, work, input if k == 0 else None, combine, "reduce-scatter", codec)
     if op == "avg" and not prescale and n > 1:
         arrays.divide_(work[slice(*owned)], n)
     return slice(*owned)
 
 
-def _prescales(op: str, dtype, wire: Codec | None = None) -> bool:
+def _prescales(op: str, dtype, codec: Codec | None = None) -> bool:
     """float16 "avg" divides each contribution by n before summing (see reduce_scatter), and so
     does "avg" whose partial sums travel in a codec of float16's narrow range (``Codec.narrow_range``)."""
-    return op == "avg" and (dtype == np.float16 or (wire is not None and wire.narrow_range))
+    return op == "avg" and (dtype == np.float16 or (codec is not None and codec.narrow_range))
 
 
 def allreduce_small(transport: Transport, bound: Bound, input: Any, output: Any, op: str, signature: bytes) -> bool:
@@ -85,46 +85,46 @@ def allreduce_small(transport: Transport, bound: Bound, input: Any, output: Any,
 
 
 def allreduce(transport: Transport, bound: Bound, input: Any, output: Any, op: str, segment_elems: int,
-              wire: Codec | None = None) -> None:
+              codec: Codec | None = None) -> None:
     """``output`` = reduction of every rank's ``input``, identical bits on every rank.
 
     Reduce-scatter leaves each rank one finished chunk; all-gather copies the
     finished chunks around the ring, so every rank ends with the same bytes.
 
-    ``wire``: a codec (``ring.compression``) for every message (see reduce_scatter). The owner
+    ``codec``: the codec (``ring.compression``) for every message (see reduce_scatter). The owner
     of each finished chunk rounds it through the wire type, so that its copy is what the others
     decode: every rank still ends with the same bits (re-encoding a decoded value is exact).
     """
-    owned = reduce_scatter(transport, bound, input, output, op, segment_elems, wire)
-    if wire is not None:
-        wire.round_(output[owned])
+    owned = reduce_scatter(transport, bound, input, output, op, segment_elems, codec)
+    if codec is not None:
+        codec.round_(output[owned])
     bounds = chunk_bounds(output.size, transport.size)
     run(allgather_plan(transport.rank, bounds, segment_elems), transport, bound, output, phase="all-gather",
-        wire=wire)
+        codec=codec)
 
 
 def allreduce_halving_doubling(transport: Transport, bound: Bound,
                                input: Any, output: Any, op: str, segment_elems: int,
-                               wire: Codec | None = None) -> None:
+                               codec: Codec | None = None) -> None:
     """``allreduce`` by Rabenseifner's algorithm: reduce-scatter by recursive halving, all-gather by
     recursive doubling (``ring.schedule.halving_plans``, ``doubling_gather_plan``). The ring's bytes
     per rank in 2 log2(n) messages instead of 2(n-1), for the sizes where latency still counts; a
     world that is not a power of two first folds its extra ranks in (two more messages of the
     whole buffer). Each chunk is reduced on one rank and copied to the others: identical bits.
-    ``wire``: a codec for every message, as in ``allreduce`` (the owner rounds its chunk).
+    ``codec``: the codec for every message, as in ``allreduce`` (the owner rounds its chunk).
     """
     n, rank = transport.size, transport.rank
     first, rest, owned = halving_plans(rank, n, output.size, segment_elems)
-    mine = _reduce_by(transport, bound, (first, rest), owned, input, output, op, wire)
-    if wire is not None:
-        wire.round_(output[mine])
+    mine = _reduce_by(transport, bound, (first, rest), owned, input, output, op, codec)
+    if codec is not None:
+        codec.round_(output[mine])
     run(doubling_gather_plan(rank, n, output.size, segment_elems), transport, bound, output, phase="all-gather",
-        wire=wire)
+        codec=codec)
 
 
 def allreduce_two_level(local: Transport, across: Transport, bound: Bound, input: Any, output: Any, op: str,
                         segment_elems: int, across_segment_elems: int | None = None,
-                        wire: Codec | None = None) -> None:
+                        codec: Codec | None = None) -> None:
     """``allreduce`` over ranks on several hosts, in two levels (the hierarchical all-reduce of
     Horovod and NCCL): reduce-scatter within each host, all-reduce of each rank's chunk across
     hosts among the ranks with the same place on theirs (``across``), all-gather within each
@@ -143,14 +143,14 @@ def allreduce_two_level(local: Transport, across: Transport, bound: Bound, input
     Only the chunks (1/local size of the data) cross between hosts. "avg" averages within a
     host, then across hosts: the hosts being equal, that is the mean over every rank.
 
-    ``wire``: a codec for the messages across hosts only, where the bytes cost most: within a
+    ``codec``: the codec for the messages across hosts only, where the bytes cost most: within a
     host the data moves as it is (through memory, where encoding would cost more than it saves).
     The across step's ring leaves every rank's chunk rounded alike, and the local all-gather
     copies it: every rank ends with the same bits.
     """
     owned = reduce_scatter(local, bound, input, output, op, segment_elems)
     chunk = output[owned]
-    allreduce(across, bound, chunk, chunk, op, across_segment_elems or segment_elems, wire)
+    allreduce(across, bound, chunk, chunk, op, across_segment_elems or segment_elems, codec)
     bounds = chunk_bounds(output.size, local.size)
     run(allgather_plan(local.rank, bounds, segment_elems), local, bound, output, phase="all-gather")
 

@@ -218,11 +218,6 @@ class Codec:
         #: error feedback saturates at ``largest`` (``trainer.compression``).
         self.narrow_range = narrow_range
 
-    @property
-    def wire(self) -> np.dtype:
-        """The former name of ``wire_dtype`` (``ring.execute`` still reads it)."""
-        return self.wire_dtype
-
     def __repr__(self) -> str:
         return f"<Codec {self.name}: {self.wire_dtype} on the wire>"
 

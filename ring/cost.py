@@ -32,20 +32,20 @@ one moves; the others run in lockstep). Two levels (H hosts of L ranks) add a lo
 reduce-scatter and all-gather (the ring on L ranks, local link) to an all-reduce of N/L
 across hosts (network link).
 
-A compressed all-reduce (``compression=``, ``ring.compression``) is told by ``wire``, the
+A compressed all-reduce (``compression=``, ``ring.compression``) is told by ``wire_ratio``, the
 wire's bytes per byte of data (1/2 for float32 as bfloat16 or float16, 1/4 for float64): the
-ring and halving send ``wire`` times the bytes above, and count every byte of data they send
+ring and halving send ``wire_ratio`` times the bytes above, and count every byte of data they send
 or receive once more as reduced (its encoding or decoding), and the owner's chunk twice (its
 rounding); recursive doubling, which runs uncompressed, is counted as it is. Two levels
 compress only across hosts. On one host's memory the codec costs more than the bytes it saves:
 
 >>> costs = Costs(call=10e-6, alpha=2e-6, beta=0.3e-9, gamma=0.2e-9)
->>> compressed = predict("allreduce", "ring", 4, 64 << 20, costs, wire=0.5)
+>>> compressed = predict("allreduce", "ring", 4, 64 << 20, costs, wire_ratio=0.5)
 >>> round(compressed / predict("allreduce", "ring", 4, 64 << 20, costs), 2)
 1.97
 >>> network = Costs(0, 50e-6, 8e-9, 1e-10)      # 125 MB/s between hosts: there it pays
 >>> plain = predict("allreduce", "two-level", 4, 16 << 20, costs, hosts=(2, 2), network=network)
->>> round(plain / predict("allreduce", "two-level", 4, 16 << 20, costs, hosts=(2, 2), network=network, wire=0.5), 2)
+>>> round(plain / predict("allreduce", "two-level", 4, 16 << 20, costs, hosts=(2, 2), network=network, wire_ratio=0.5), 2)
 1.78
 
 >>> costs = Costs(call=10e-6, alpha=2e-6, beta=0.3e-9, gamma=0.2e-9)
@@ -124,25 +124,25 @@ def doubling_steps(n: int) -> int:
 
 
 def terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int = 4 << 20,
-          check: bool = True, wire: float = 1.0) -> Terms:
+          check: bool = True, wire_ratio: float = 1.0) -> Terms:
     """The counts of the module's table for ``op`` by ``algorithm`` on ``n`` ranks of one host.
 
     ``nbytes`` is the buffer (allreduce, broadcast), the input (reduce_scatter) or the output
     (allgather). Before its ring, an all-gather spends one doubling exchange on the ranks'
     lengths (which carries the check); by doubling, the lengths travel with the data.
-    ``wire`` < 1: a compressed all-reduce (see the module).
+    ``wire_ratio`` < 1: a compressed all-reduce (see the module).
 
     >>> terms("allreduce", "ring", 4, 4096, check=False)
     Terms(messages=6, moved=6144.0, reduced=3072.0)
-    >>> terms("allreduce", "ring", 4, 4096, check=False, wire=0.5)   # half the bytes; the codec's work
+    >>> terms("allreduce", "ring", 4, 4096, check=False, wire_ratio=0.5)   # half the bytes; the codec's work
     Terms(messages=6, moved=3072.0, reduced=17408.0)
     """
     counted = _terms(op, algorithm, n, nbytes, segment_bytes, check)
-    if wire == 1.0 or algorithm == "doubling" or n == 1:
+    if wire_ratio == 1.0 or algorithm == "doubling" or n == 1:
         return counted
     # every byte sent was encoded and every byte received decoded; the owner rounds its chunk
     codec = 2 * counted.moved + 2 * nbytes / n
-    return Terms(counted.messages, counted.moved * wire, counted.reduced + codec)
+    return Terms(counted.messages, counted.moved * wire_ratio, counted.reduced + codec)
 
 
 def _terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int, check: bool) -> Terms:
@@ -177,7 +177,7 @@ def _terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int, che
 
 def predict(op: str, algorithm: str, n: int, nbytes: int, costs: Costs = MEASURED, *,
             segment_bytes: int = 4 << 20, check: bool = True, hosts: tuple[int, int] | None = None,
-            network: Costs | None = None, wire: float = 1.0) -> float:
+            network: Costs | None = None, wire_ratio: float = 1.0) -> float:
     """Predicted seconds of one call. ``hosts=(H, L)``: n = H*L ranks on H hosts of L, consecutive
     ranks on each, where ``network`` (default ``costs``) prices what crosses hosts, on one link per
     host that the host's ranks share. A flat algorithm's messages then pay the network's latency
@@ -186,7 +186,7 @@ def predict(op: str, algorithm: str, n: int, nbytes: int, costs: Costs = MEASURE
     L ranks' bytes across at its steps between hosts (:func:`crossing`). ``algorithm="two-level"``
     keeps the network to L concurrent all-reduces of N/L among H ranks (one per place on a host,
     all on the same links; by whichever flat algorithm is fastest there), so a host link
-    carries 2(H-1)/H N where the flat ring's carries 2(n-1)/n N. ``wire``: see the module.
+    carries 2(H-1)/H N where the flat ring's carries 2(n-1)/n N. ``wire_ratio``: see the module.
 
     >>> host = Costs(0, 1e-6, 1e-10, 1e-10); network = Costs(0, 50e-6, 8e-9, 1e-10)   # 125 MB/s
     >>> flat = predict("allreduce", "ring", 4, 16 << 20, host, hosts=(2, 2), network=network)
@@ -196,21 +196,21 @@ def predict(op: str, algorithm: str, n: int, nbytes: int, costs: Costs = MEASURE
     """
     network = network or costs
     if hosts is None or hosts[0] == 1:
-        return costs.time(terms(op, algorithm, n, nbytes, segment_bytes, check, wire))
+        return costs.time(terms(op, algorithm, n, nbytes, segment_bytes, check, wire_ratio))
     count, per_host = hosts
     if algorithm in ("halving", "doubling") and op == "allreduce":
-        counted = terms(op, algorithm, n, nbytes, segment_bytes, check, wire)
-        shrink = 1.0 if algorithm == "doubling" else wire
+        counted = terms(op, algorithm, n, nbytes, segment_bytes, check, wire_ratio)
+        shrink = 1.0 if algorithm == "doubling" else wire_ratio
         moved = shrink * sum(sent * (network.beta * across if across else costs.beta)
                              for sent, across in crossing(algorithm, n, per_host, nbytes))
         return costs.call + network.alpha * counted.messages + moved + costs.gamma * counted.reduced
     if algorithm != "two-level":
         link = Costs(costs.call, network.alpha, network.beta, costs.gamma)
-        return link.time(terms(op, algorithm, n, nbytes, segment_bytes, check, wire))
+        return link.time(terms(op, algorithm, n, nbytes, segment_bytes, check, wire_ratio))
     local = Terms(2 * (per_host - 1), 2 * (per_host - 1) / per_host * nbytes, (per_host - 1) / per_host * nbytes)
     chunk = math.ceil(nbytes / per_host)
     shared = Costs(0.0, network.alpha, network.beta * per_host, costs.gamma)   # L all-reduces on one link
-    best_across = min(shared.time(terms("allreduce", a, count, chunk, segment_bytes, check=False, wire=wire))
+    best_across = min(shared.time(terms("allreduce", a, count, chunk, segment_bytes, check=False, wire_ratio=wire_ratio))
                       for a in candidates("allreduce", chunk))
     checking = Terms(doubling_steps(n) if check else 0, 0, 0)
     return costs.time(local + checking) + best_across
@@ -258,13 +258,13 @@ def _powers_down(top: int) -> list[int]:
 
 
 def choose(op: str, n: int, nbytes: int, costs: Costs = MEASURED, *, segment_bytes: int = 4 << 20,
-           check: bool = True, doubling_bytes: int = DOUBLING_MAX_BYTES, wire: float = 1.0) -> str:
+           check: bool = True, doubling_bytes: int = DOUBLING_MAX_BYTES, wire_ratio: float = 1.0) -> str:
     """The algorithm with the least predicted time for ``op`` on ``n`` ranks and ``nbytes``
-    (ties go to the earlier in ``ALGORITHMS``), among its ``candidates``; ``wire``: a compressed
+    (ties go to the earlier in ``ALGORITHMS``), among its ``candidates``; ``wire_ratio``: a compressed
     all-reduce's bytes on the wire per byte of data (see the module)."""
     best, best_time = "", math.inf
     for algorithm in candidates(op, nbytes, doubling_bytes):
-        t = predict(op, algorithm, n, nbytes, costs, segment_bytes=segment_bytes, check=check, wire=wire)
+        t = predict(op, algorithm, n, nbytes, costs, segment_bytes=segment_bytes, check=check, wire_ratio=wire_ratio)
         if t < best_time:
             best, best_time = algorithm, t
     return best

@@ -29,7 +29,7 @@ def observe(told: Observer | None) -> None:
 
 
 def run(plan: Plan, transport: Transport, bound: Bound, output: Any, input: Any = None,
-        combine: Combine | None = None, phase: str = "ring", wire: Codec | None = None) -> None:
+        combine: Combine | None = None, phase: str = "ring", codec: Codec | None = None) -> None:
     """Carry out ``plan`` on flat contiguous arrays; ``input`` defaults to ``output`` (in place).
 
     In place means ``input is output``: the very same object. Two distinct arrays must not
@@ -51,7 +51,7 @@ def run(plan: Plan, transport: Transport, bound: Bound, output: Any, input: Any 
     Every wait is bounded by ``bound``, the call's (see ``ring.transport.base.Bound``).
     ``phase`` names the plan for the ``observer`` ("reduce-scatter", "all-gather", ...).
 
-    ``wire``: a codec (``ring.compression``) for the messages, or None to move the data as it
+    ``codec``: the codec (``ring.compression``) for the messages, or None to move the data as it
     is. With one, each segment sent is encoded into a wire-dtype scratch buffer, each segment
     received lands in another and is decoded: into a scratch buffer of the data's dtype that is
     then combined with this rank's own (never rounded) contribution, or, for a transfer that
@@ -62,32 +62,32 @@ def run(plan: Plan, transport: Transport, bound: Bound, output: Any, input: Any 
         return
     if observer is not None:
         started = perf_counter()
-        _walk(plan, transport, bound, output, input, combine, wire)
+        _walk(plan, transport, bound, output, input, combine, codec)
         observer(phase, started, perf_counter(), output.nbytes)
     else:
-        _walk(plan, transport, bound, output, input, combine, wire)
+        _walk(plan, transport, bound, output, input, combine, codec)
 
 
 def _walk(plan: Plan, transport: Transport, bound: Bound, output: Any, input: Any,
-          combine: Combine | None, wire: Codec | None) -> None:
+          combine: Combine | None, codec: Codec | None) -> None:
     if input is None:
         input = output
     in_place = input is output
 
     if plan.lockstep:
         for k, t in enumerate(plan):
-            received = _incoming(t, k, output, in_place, wire)
-            transport.exchange(_outgoing(t, k, input, output, wire), received, bound, dest=t.peer,
+            received = _incoming(t, k, output, in_place, codec)
+            transport.exchange(_outgoing(t, k, input, output, codec), received, bound, dest=t.peer,
                                source=t.peer if t.source is None else t.source)
-            _reduce(t, output, input, received, combine, wire)
+            _reduce(t, output, input, received, combine, codec)
         return
 
     def post_recv(k: int):
-        received = _incoming(plan[k], k, output, in_place, wire)
+        received = _incoming(plan[k], k, output, in_place, codec)
         return received, (transport.recv_from_left(received, bound) if received is not None else None)
 
     def post_send(k: int):
-        sending = _outgoing(plan[k], k, input, output, wire)
+        sending = _outgoing(plan[k], k, input, output, codec)
         return transport.send_to_right(sending, bound) if sending is not None else None
 
     received, recv = post_recv(0)
@@ -98,7 +98,7 @@ def _walk(plan: Plan, transport: Transport, bound: Bound, output: Any, input: An
         if has_next:
             next_received, next_recv = post_recv(k + 1)
             next_send = None if plan[k + 1].send_waits else post_send(k + 1)
-        _reduce(t, output, input, received, combine, wire)
+        _reduce(t, output, input, received, combine, codec)
         if has_next and plan[k + 1].send_waits:
             next_send = post_send(k + 1)
         transport.wait(send, bound)
@@ -106,47 +106,47 @@ def _walk(plan: Plan, transport: Transport, bound: Bound, output: Any, input: An
             received, recv, send = next_received, next_recv, next_send
 
 
-def _incoming(t: Transfer, k: int, output: Any, in_place: bool, wire: Codec | None):
+def _incoming(t: Transfer, k: int, output: Any, in_place: bool, codec: Codec | None):
     """Where transfer ``k`` receives: its place in ``output``, or scratch when that place is still
     needed or the message is encoded."""
     if t.recv is None:
         return None
     start, stop = t.recv
-    if wire is not None:
-        return arrays.scratch(output, stop - start, _WIRE_RECV + k % 2, wire.wire)
+    if codec is not None:
+        return arrays.scratch(output, stop - start, _WIRE_RECV + k % 2, codec.wire_dtype)
     if t.reduce and in_place:
         return arrays.scratch(output, stop - start, k % 2)
     return output[start:stop]
 
 
 def _reduce(t: Transfer, output: Any, input: Any, received: Any, combine: Combine | None,
-            wire: Codec | None) -> None:
+            codec: Codec | None) -> None:
     """``output[recv] = op(input[recv], received)`` for a reducing transfer that received something;
-    with a ``wire`` codec, ``received`` is decoded first (into ``output[recv]`` when not reducing)."""
+    with a ``codec``, ``received`` is decoded first (into ``output[recv]`` when not reducing)."""
     if received is None:
         return
-    if wire is None:
+    if codec is None:
         if t.reduce:
             start, stop = t.recv
             combine(output[start:stop], input[start:stop], received)
         return
     start, stop = t.recv
     if not t.reduce:
-        wire.decode(received, output[start:stop])
+        codec.decode(received, output[start:stop])
         return
     decoded = arrays.scratch(output, stop - start, _DECODED)
-    wire.decode(received, decoded)
+    codec.decode(received, decoded)
     combine(output[start:stop], input[start:stop], decoded)   # (this rank's part as it is: not rounded)
 
 
-def _outgoing(t: Transfer, k: int, input: Any, output: Any, wire: Codec | None):
-    """What transfer ``k`` (``t``) sends, or ``None``: with a ``wire`` codec, encoded into scratch."""
+def _outgoing(t: Transfer, k: int, input: Any, output: Any, codec: Codec | None):
+    """What transfer ``k`` (``t``) sends, or ``None``: with a ``codec``, encoded into scratch."""
     if t.send is None:
         return None
     start, stop = t.send
     data = (input if t.send_from_input else output)[start:stop]
-    if wire is None:
+    if codec is None:
         return data
-    encoded = arrays.scratch(output, stop - start, _WIRE_SEND + k % 2, wire.wire)
-    wire.encode(data, encoded)
+    encoded = arrays.scratch(output, stop - start, _WIRE_SEND + k % 2, codec.wire_dtype)
+    codec.encode(data, encoded)
     return encoded

@@ -9,7 +9,7 @@ uses it in three steps around two integer all-reduces:
    contribution exactly, and ``words`` int64 words per element of ``bits`` bits each, with
    headroom for the sum of every contribution. Where the grid's whole span, headroom included,
    fits a float's significand (float32's 24 bits, float64's 53), the grid's one word travels as
-   that float instead (``Grid.wire``): every float sum of values on the grid is then exact,
+   that float instead (``Grid.wire_dtype``): every float sum of values on the grid is then exact,
    so the float all-reduce adds integers too, and nothing needs scaling.
 2. :func:`encode` puts this rank's contributions, summed on the grid, into an array of the
    wire's dtype; the all-reduce sums those across ranks. Sums on the grid are exact and
@@ -23,7 +23,7 @@ how many words travel; it never changes the result:
 
 >>> x = [np.array([1e30, 1.0], np.float32), np.array([-1e30, 2.0**-149], np.float32)]
 >>> g = grid(np.stack([facts([c]) for c in x]), np.dtype(np.float32))
->>> g.words, g.bits, g.wire                # 2**-149 .. 2**100: 250 bits in 5 words of 61
+>>> g.words, g.bits, g.wire_dtype                # 2**-149 .. 2**100: 250 bits in 5 words of 61
 (5, 61, dtype('int64'))
 >>> total, mine = np.empty((2, g.words, 2), np.int64)
 >>> encode(x[:1], g, total); encode(x[1:], g, mine)      # (two ranks: each encodes its own,
@@ -63,7 +63,7 @@ class Grid:
     """The grid every rank agreed on: the unit ``2**bottom``, ``words`` int64 words of ``bits``
     bits per element, ``count`` contributions in all, ``special`` if any is not finite or -0.0,
     the data's ``digits`` and ``lowest`` unit exponent (see PRECISION), the dtype that travels
-    (``wire``: int64 words, or a float that holds the one word's sums exactly: see :func:`grid`)
+    (``wire_dtype``: int64 words, or a float that holds the one word's sums exactly: see :func:`grid`)
     and ``nonfinite`` if any value is NaN or infinite."""
     bottom: int
     bits: int
@@ -72,14 +72,14 @@ class Grid:
     special: bool
     digits: int
     lowest: int
-    wire: np.dtype = np.dtype(np.int64)
+    wire_dtype: np.dtype = np.dtype(np.int64)
     nonfinite: bool = False
 
     @property
     def marked(self) -> bool:
         """Whether the special results travel apart (:func:`marks`): on int64 words, where some
         value is special; a float wire adds NaN, infinities and signed zeros as IEEE sums do."""
-        return self.special and self.wire.kind == "i"
+        return self.special and self.wire_dtype.kind == "i"
 
 
 def precision(dtype: np.dtype) -> tuple[int, int]:
@@ -150,11 +150,11 @@ def grid(every: np.ndarray, dtype: np.dtype) -> Grid:
     exactly: the narrowest such float is the wire, and x itself (unscaled) its encoding.
 
     >>> g = grid(np.array([[2, 24, 3, 0], [5, 20, 9, 0]]), np.dtype(np.float32))
-    >>> g.bottom, g.count, g.bits, g.words, g.wire   # 2**-24 .. 2**5: 29 bits; 12 contributions: 59 a word
+    >>> g.bottom, g.count, g.bits, g.words, g.wire_dtype   # 2**-24 .. 2**5: 29 bits; 12 contributions: 59 a word
     (-24, 12, 59, 1, dtype('float64'))
-    >>> grid(np.array([[5, 0, 2, 0]]), np.dtype(np.float32)).wire   # integers below 2**5: 7 bits
+    >>> grid(np.array([[5, 0, 2, 0]]), np.dtype(np.float32)).wire_dtype   # integers below 2**5: 7 bits
     dtype('float32')
-    >>> grid(np.array([[2, 60, 2, 0]]), np.dtype(np.float32)).wire   # 62 + 2 bits: more than 53
+    >>> grid(np.array([[2, 60, 2, 0]]), np.dtype(np.float32)).wire_dtype   # 62 + 2 bits: more than 53
     dtype('int64')
     """
     digits, lowest = precision(dtype)
@@ -167,14 +167,14 @@ def grid(every: np.ndarray, dtype: np.dtype) -> Grid:
         top = bottom = 0
     bits = 63 - count.bit_length()
     words = max(1, -(-(top - bottom) // bits))
-    wire = np.dtype(np.int64)
+    wire_dtype = np.dtype(np.int64)
     headroom = count.bit_length()
     for candidate, emax in FLOAT_WIRES:
         significand, smallest = precision(candidate)
         if top - bottom + headroom <= significand and bottom >= smallest and top + headroom <= emax:
-            wire = candidate
+            wire_dtype = candidate
             break
-    return Grid(bottom, bits, words, count, bool(flags), digits, lowest, wire, bool(flags & NONFINITE))
+    return Grid(bottom, bits, words, count, bool(flags), digits, lowest, wire_dtype, bool(flags & NONFINITE))
 
 
 def scale(x: np.ndarray, exponent: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -191,7 +191,7 @@ def scale(x: np.ndarray, exponent: int, out: np.ndarray | None = None) -> np.nda
 
 
 def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
-    """``total`` (``g.wire``, ``(words, size)``) = the sum of ``contributions`` on grid ``g``
+    """``total`` (``g.wire_dtype``, ``(words, size)``) = the sum of ``contributions`` on grid ``g``
     (overwritten). int64 words: word j holds the bits ``bits * j`` and up of x / 2**bottom,
     truncated, with x's sign, and non-finite values count as 0 (see :func:`marks`). A float
     wire: the values themselves, summed (exactly: see :func:`grid`), NaN and infinities too.
@@ -200,7 +200,7 @@ def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
     >>> total = np.empty((2, 2), np.int64); encode([np.array([5.25, -1.0]), np.array([2.0, 0.5])], g, total)
     >>> total.tolist()          # 29 = 3 * 8 + 5 and -4 + 2 = -2 (units of 2**-2, words of 3 bits)
     [[5, -2], [3, 0]]
-    >>> g = Grid(bottom=-2, bits=3, words=1, count=2, special=True, digits=24, lowest=-149, wire=np.dtype(np.float32))
+    >>> g = Grid(bottom=-2, bits=3, words=1, count=2, special=True, digits=24, lowest=-149, wire_dtype=np.dtype(np.float32))
     >>> total = np.empty((1, 2), np.float32); encode([np.array([5.25, -0.0]), np.array([2.0, -0.0])], g, total)
     >>> total.tolist()          # (-0.0 + -0.0 is -0.0, as IEEE adds)
     [[7.25, -0.0]]
@@ -209,14 +209,14 @@ def encode(contributions: list, g: Grid, total: np.ndarray) -> None:
     try:
         size = min(total.shape[1], BLOCK)
         integers = _scratch(size, np.int64, 0)   # (x's words, before they are added)
-        whole = g.wire.kind == "i" and not _fast(g)
+        whole = g.wire_dtype.kind == "i" and not _fast(g)
         words = _scratch(size, np.float64, 1), _scratch(size, np.float64, 2), integers   # (value, word: whole)
         if whole:
             total[...] = 0   # (the general path adds every word into it)
         for b in blocks(total.shape[1]):   # (block by block: each block of the total stays in cache)
             for i, x in enumerate(contributions):
                 x = working(x.reshape(-1)[b])
-                if g.wire.kind == "f":
+                if g.wire_dtype.kind == "f":
                     _add(total[0, b], x, first=i == 0)
                 elif whole:
                     _encode(x, g, total[:, b], words)
@@ -286,14 +286,14 @@ def decode(total: np.ndarray, g: Grid, special: np.ndarray | None, op: str, out:
     >>> g = Grid(bottom=-2, bits=3, words=2, count=3, special=False, digits=24, lowest=-149)
     >>> decode(np.array([[5, -2], [3, 0]]), g, None, "avg", np.empty(2, np.float32)).tolist()
     [2.4166667461395264, -0.1666666716337204]
-    >>> g = Grid(bottom=-50, bits=61, words=1, count=2, special=False, digits=24, lowest=-149, wire=np.dtype(np.float64))
+    >>> g = Grid(bottom=-50, bits=61, words=1, count=2, special=False, digits=24, lowest=-149, wire_dtype=np.dtype(np.float64))
     >>> decode(np.array([[1 + 2.0 ** -24 + 2.0 ** -50]]), g, None, "sum", np.empty(1, np.float32)).tolist()   # (above the tie)
     [1.0000001192092896]
     """
     quiet = ieee_floating_point()
     try:
         for b in blocks(out.size):
-            if g.wire.kind == "f":
+            if g.wire_dtype.kind == "f":
                 _decode_float(total[0, b], g, op, out[b])
             else:
                 _decode(total[:, b], g, None if special is None else special[:, b], op, out[b])

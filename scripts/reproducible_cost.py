@@ -78,7 +78,7 @@ def main() -> None:
         x = rng.standard_normal(size // np.dtype(args.dtype).itemsize).astype(args.dtype)
         plain, exact, stages = measure(x, args.seconds)
         g = reproducible.grid(col.allgather(reproducible.facts([x])[None]), x.dtype)
-        wire = getattr(g, "wire", np.dtype(np.int64)).name + (f"x{g.words}" if g.words > 1 else "")
+        wire = getattr(g, "wire_dtype", np.dtype(np.int64)).name + (f"x{g.words}" if g.words > 1 else "")
         if col.rank() == 0:
             a, b = np.median(plain) * 1e3, np.median(exact) * 1e3
             print(f"{size:>10} {a:>9.3f} {b:>13.3f} {b / a:>6.2f} {wire:>9} |"

@@ -204,7 +204,7 @@ def _compressed(inputs, op, name, segment, in_place, reduce=algorithms.allreduce
     def body(t):
         x = inputs[t.rank].copy()
         out = x if in_place else np.empty_like(x)
-        reduce(t, BOUND, x, out, op, segment, wire=CODECS[name])
+        reduce(t, BOUND, x, out, op, segment, codec=CODECS[name])
         if not in_place:
             assert np.array_equal(x, inputs[t.rank]), "input modified"
         return out
@@ -313,7 +313,7 @@ def test_two_levels_compress_across_hosts_as_the_model_says(hosts, per_host, op)
     def body(local, across, rank):
         out = np.empty(count, np.float32)
         algorithms.allreduce_two_level(local, across, BOUND, inputs[rank], out, op, segment_elems=50,
-                                       wire=codec)
+                                       codec=codec)
         return out
 
     results = simulate_hosts(hosts, per_host, body)
@@ -331,7 +331,7 @@ def test_temporary_memory_stays_within_a_few_segments():
 
     def body(t):
         x = np.arange(count, dtype=np.float32) * (t.rank + 1)
-        algorithms.allreduce(t, BOUND, x, x, "sum", segment, wire=CODECS["bf16"])
+        algorithms.allreduce(t, BOUND, x, x, "sum", segment, codec=CODECS["bf16"])
         return {slot: buf.nbytes for slot, buf in arrays._scratch_pools.__dict__.items()}
 
     for pools in simulate(3, body):
@@ -340,7 +340,7 @@ def test_temporary_memory_stays_within_a_few_segments():
 
 
 def test_uncompressed_calls_are_unchanged():
-    """wire=None is the plain ring: the exact sum, not the model's rounding."""
+    """codec=None is the plain ring: the exact sum, not the model's rounding."""
     inputs = _inputs(3, 500, np.float32)
     results = simulate(3, lambda t: _plain(t, inputs[t.rank]))
     np.testing.assert_array_equal(results[0], ring_model(inputs, "sum", None))

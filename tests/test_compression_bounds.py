@@ -32,7 +32,7 @@ def reduce(inputs, op, codec, algorithm, hosts=1) -> list[np.ndarray]:
     if algorithm == "hierarchical":
         def on_hosts(local, across, rank):
             out = np.empty_like(inputs[rank])
-            algorithms.allreduce_two_level(local, across, BOUND, inputs[rank], out, op, 3, wire=codec)
+            algorithms.allreduce_two_level(local, across, BOUND, inputs[rank], out, op, 3, codec=codec)
             return out
         return simulate_hosts(hosts, n // hosts, on_hosts)
 
@@ -42,7 +42,7 @@ def reduce(inputs, op, codec, algorithm, hosts=1) -> list[np.ndarray]:
             assert algorithms.allreduce_small(t, BOUND, inputs[t.rank], out, op, b"bounds")
         else:
             run = algorithms.allreduce if algorithm == "ring" else algorithms.allreduce_halving_doubling
-            run(t, BOUND, inputs[t.rank], out, op, 3, wire=codec)
+            run(t, BOUND, inputs[t.rank], out, op, 3, codec=codec)
         return out
     return simulate(n, body)
 

@@ -65,8 +65,8 @@ def test_a_float_wire_gives_the_bits_of_the_integer_words(dtype, op, data):
     contributions = [np.array(data.draw(st.lists(element, min_size=3, max_size=3)), DTYPES[dtype]) for _ in range(k)]
     held = dealt(contributions, min(k, 3), 0)
     g = reproducible.grid(np.stack([reproducible.facts(h) for h in held]), np.dtype(DTYPES[dtype]))
-    words = replace(g, wire=np.dtype(np.int64))
-    assert g.wire.kind == "f", g
+    words = replace(g, wire_dtype=np.dtype(np.int64))
+    assert g.wire_dtype.kind == "f", g
     assert simulated(held, g, op).tobytes() == simulated(held, words, op).tobytes()
 
 

@@ -74,21 +74,21 @@ class Runtime:
     def apply(self, settings: Settings) -> None:
         """Put ``settings`` in force (every rank together: see ``init``), and choose again."""
         self.settings = settings
-        self._choices: dict = {}   # (collective, ranks, bytes, host, two levels[, wire]) -> algorithm
+        self._choices: dict = {}   # (collective, ranks, bytes, host, two levels[, wire ratio]) -> algorithm
         #: The algorithm remembered for ``algorithm_for``'s arguments as a tuple, or None: the
         #: lookup alone, which a small call makes before paying for a call of algorithm_for.
         self.chosen = self._choices.get
 
     def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True, two_level: bool = False,
-                      wire: float = 1.0) -> str:
+                      wire_ratio: float = 1.0) -> str:
         """The algorithm that runs ``op`` on ``n`` ranks and ``nbytes`` when the call forces none:
         the setting (COLLECTIVES_ALGORITHM) where ``op`` has it, else the cost model's choice, and
         "hierarchical" for an all-reduce on a group whose ``two_level`` layout allows it (unless
         recursive doubling is chosen). Recursive doubling is for host arrays up to ``small_bytes``;
         GPU arrays take the ring. The same on every rank for the same call (remembered: choosing
-        costs more than a small call). ``wire``: a compressed all-reduce's bytes on the wire per
+        costs more than a small call). ``wire_ratio``: a compressed all-reduce's bytes on the wire per
         byte of data (``ring.cost``)."""
-        key = (op, n, nbytes, host, two_level) if wire == 1.0 else (op, n, nbytes, host, two_level, wire)
+        key = (op, n, nbytes, host, two_level) if wire_ratio == 1.0 else (op, n, nbytes, host, two_level, wire_ratio)
         found = self._choices.get(key)
         if found is None:
             if len(self._choices) >= 4096:
@@ -102,7 +102,7 @@ class Runtime:
                 found = "ring"
             else:
                 found = cost.choose(op, n, nbytes, segment_bytes=s.segment(), check=s.check,
-                                    doubling_bytes=s.small_bytes, wire=wire)
+                                    doubling_bytes=s.small_bytes, wire_ratio=wire_ratio)
             if two_level and op == "allreduce" and found in _TWO_LEVEL_REPLACES:
                 found = "hierarchical"
             self._choices[key] = found

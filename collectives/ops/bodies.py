@@ -55,16 +55,16 @@ def widened(x: Any) -> tuple[Any, bool]:
     return x, False
 
 
-def choose(call: Call, collective: str, nbytes: int, host: bool, wire: float = 1.0) -> str:
+def choose(call: Call, collective: str, nbytes: int, host: bool, wire_ratio: float = 1.0) -> str:
     """The algorithm of ``collective`` (as ``ring.cost`` names it) this call runs for ``nbytes``:
     the runtime's choice, or the one it forces, which must be able to carry the call (a usage
-    error otherwise); kept as ``call.algorithm``. ``wire``: a compressed all-reduce's bytes on
+    error otherwise); kept as ``call.algorithm``. ``wire_ratio``: a compressed all-reduce's bytes on
     the wire per byte of data (``ring.cost``)."""
     g, forced = call.group, call.forced
     if forced is None:
         key = (collective, g.transport.size, nbytes, host, host and g.levels is not None)
-        if wire != 1.0:
-            key += (wire,)
+        if wire_ratio != 1.0:
+            key += (wire_ratio,)
         found = call.runtime.chosen(key) or call.runtime.algorithm_for(*key)
     else:
         found = forced
@@ -149,14 +149,14 @@ def wire_codec(collective: str, value: Any, x: Any, op: str, argument: str = "x"
 
 def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None) -> Any:
     x, out, in_place = validate.reduction(call.name, x, op, out)
-    wire = wire_codec(call.name, compression, x, op) if compression is not None else None
+    codec = wire_codec(call.name, compression, x, op) if compression is not None else None
     host = type(x) is np.ndarray
     sig = call.signature(op, x.dtype, x.shape, memory="host" if host else "gpu", compression=compression or "")
     call.nbytes = x.nbytes
     result = out if out is not None else (np if host else xp_of(x)).empty(x.shape, x.dtype)
     if x.dtype.isbuiltin == 2:   # (bfloat16: see widened)
         source, _ = widened(flat(x))
-        allreduce_flat(call, source, source, op, sig, host, wire=wire)
+        allreduce_flat(call, source, source, op, sig, host, codec=codec)
         result[...] = source.reshape(result.shape)
         return result
     if x.ndim == 1 and result.ndim == 1 and x.flags.c_contiguous and result.flags.c_contiguous:
@@ -164,18 +164,18 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None) ->
     else:
         source = flat(x)
         target = source if in_place else flat_target(result)
-    allreduce_flat(call, source, target, op, sig, host, wire=wire)
+    allreduce_flat(call, source, target, op, sig, host, codec=codec)
     return result if target is result else write_back(result, target)   # (is: nothing to write back)
 
 
 def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, host: bool,
-                   checked: bool = False, wire: Codec | None = None) -> None:
+                   checked: bool = False, codec: Codec | None = None) -> None:
     """All-reduce flat contiguous ``source`` into ``target``: recursive doubling carries the check
-    along; the others run after the check (unless ``checked`` already). ``wire``: the codec of a
+    along; the others run after the check (unless ``checked`` already). ``codec``: the codec of a
     compressed call (``ring.compression``), which the ring, halving and the step across hosts of
     two levels carry; recursive doubling's few small messages run uncompressed, which leaves the
     exact sum, the same on every rank."""
-    ratio = 1.0 if wire is None else wire.wire_dtype.itemsize / source.dtype.itemsize
+    ratio = 1.0 if codec is None else codec.wire_dtype.itemsize / source.dtype.itemsize
     algorithm = choose(call, "allreduce", source.nbytes, host, ratio)
     g = call.group
     if algorithm == "doubling":
@@ -188,21 +188,21 @@ def allreduce_flat(call: Call, source: Any, target: Any, op: str, sig: bytes, ho
     if algorithm == "hierarchical":
         local, across = g.levels
         algorithms.allreduce_two_level(local, across, call, source, target, op, segment(source.dtype, local),
-                                       segment(source.dtype, across), wire)
+                                       segment(source.dtype, across), codec)
     elif algorithm == "halving":
         algorithms.allreduce_halving_doubling(g.transport, call, source, target, op,
-                                              segment(source.dtype, g.transport), wire)
+                                              segment(source.dtype, g.transport), codec)
     else:
         transport = transport_for(call, source)
-        algorithms.allreduce(transport, call, source, target, op, segment(source.dtype, transport), wire)
+        algorithms.allreduce(transport, call, source, target, op, segment(source.dtype, transport), codec)
 
 
 def allreduce_many(call: Call, arrays: Any, op: Any, compression: Any = None) -> list:
     plain = validate.array_list(call.name, "arrays", arrays, op)
-    wire = None
+    codec = None
     if compression is not None:
         for i, a in enumerate(plain or [np.empty(0, np.float32)]):   # (no arrays: the name and op still)
-            wire = wire_codec(call.name, compression, a, op, f"arrays[{i}]")
+            codec = wire_codec(call.name, compression, a, op, f"arrays[{i}]")
     host = not plain or type(plain[0]) is np.ndarray
     by_dtype: dict = {}
     layout, nbytes = [], 0
@@ -217,10 +217,10 @@ def allreduce_many(call: Call, arrays: Any, op: Any, compression: Any = None) ->
     for members in by_dtype.values():
         if len(members) == 1 and members[0].flags.c_contiguous and members[0].dtype.isbuiltin != 2:
             alone = flat(members[0])
-            allreduce_flat(call, alone, alone, op, sig, host, checked, wire)
+            allreduce_flat(call, alone, alone, op, sig, host, checked, codec)
         else:
             fused, _ = widened(xp_of(members[0]).concatenate([m.reshape(-1) for m in members]))
-            allreduce_flat(call, fused, fused, op, sig, host, checked, wire)
+            allreduce_flat(call, fused, fused, op, sig, host, checked, codec)
             offset = 0
             for m in members:
                 m[...] = fused[offset:offset + m.size].reshape(m.shape)

@@ -94,13 +94,13 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
     result = out if out is not None else np.empty(first.shape, first.dtype)
     target = flat_target(result)
     flats = [p.reshape(-1) for p in parts]
-    encoded = cast is not None and grid.wire == np.float64 and grid.words == 1   # (by the facts, in _TOTAL)
-    algorithm = choose(call, "allreduce", grid.words * first.size * grid.wire.itemsize, True)
+    encoded = cast is not None and grid.wire_dtype == np.float64 and grid.words == 1   # (by the facts, in _TOTAL)
+    algorithm = choose(call, "allreduce", grid.words * first.size * grid.wire_dtype.itemsize, True)
     if algorithm != "doubling" and call.forced in (None, "ring") and first.size >= transport.size:
         call.algorithm = "ring"
         _split(call, flats, grid, special, op, target, clock, encoded)
     else:
-        total = arrays.scratch(first, grid.words * first.size, _TOTAL, grid.wire).reshape(grid.words, -1)
+        total = arrays.scratch(first, grid.words * first.size, _TOTAL, grid.wire_dtype).reshape(grid.words, -1)
         if not encoded:
             codec.encode(flats, grid, total)
         clock("encode")
@@ -124,14 +124,14 @@ def _split(call: Call, flats: list, grid: codec.Grid, special: np.ndarray | None
     n, me, size = transport.size, transport.rank, target.size
     per = -(-size // n)
     ranges = [(min(k * per, size), min((k + 1) * per, size)) for k in range(n)]
-    total = arrays.scratch(target, n * grid.words * per, _TOTAL, grid.wire)
+    total = arrays.scratch(target, n * grid.words * per, _TOTAL, grid.wire_dtype)
     chunks = total.reshape(n, grid.words, per)
     for k, (start, stop) in enumerate(ranges):
         if stop > start and not encoded:
             codec.encode([f[start:stop] for f in flats], grid, chunks[k, :, :stop - start])
         chunks[k, :, stop - start:] = 0
     clock("encode")
-    algorithms.reduce_scatter(transport, call, total, total, "sum", call.runtime.segment_elems(grid.wire, transport))
+    algorithms.reduce_scatter(transport, call, total, total, "sum", call.runtime.segment_elems(grid.wire_dtype, transport))
     clock("wire")
     start, stop = ranges[me]
     codec.decode(chunks[me, :, :stop - start], grid, None if special is None else special[:, start:stop], op,

@@ -45,7 +45,7 @@ def simulated(held: list[list], g: reproducible.Grid, op: str) -> np.ndarray:
     size = held[0][0].size
     total = None
     for h in held:   # (each rank's own words; their sum, in the wire's dtype, is the all-reduce)
-        mine = np.empty((g.words, size), g.wire)
+        mine = np.empty((g.words, size), g.wire_dtype)
         reproducible.encode(h, g, mine)
         with np.errstate(invalid="ignore"):   # (inf + -inf: NaN, as the ring's sum gives it)
             total = mine if total is None else total + mine
