@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ring import cost
-from ring.transport.polling import usable_cores
+from ring.transport.host_waits import usable_cores
 from tests.support.bench import QUICK, TIMEOUT_S, bench, rows_of
 from tests.worlds import ROOT, killed_by_ctrl_c, mpi_name, mpiexec, run_world
 

@@ -22,7 +22,7 @@ import pytest
 #: error then names the first's, which is a timeout too).
 
 from ring.transport.base import ROLL_CALL_GRACE
-from ring.transport.polling import process_state as _process_state
+from ring.transport.host_waits import process_state as _process_state
 from tests.support.faults import BOUND_S, DEADLINE_SLACK_S, LEAVE_BOUND_S, fault, reported_errors, trace_events
 from tests.worlds import keep_survivors, mpi_name, run_world
 

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from ring.transport.polling import process_state as _process_state
+from ring.transport.host_waits import process_state as _process_state
 from tests.support.faults import OWN_OUTPUT, read_own_output
 from tests.support.hosts import (BOUND_S, DEATH, HOSTFILES, HOSTS, SCRIPT, emulated_hosts, finish, hostfiles_removed,
                                  kill_everything, kill_host, rebuild, tx_bytes)

@@ -21,7 +21,7 @@ from collectives.errors import CollectiveError
 from collectives.process import supervision
 from ring.transport.base import TransportError
 from ring.transport.mpi.notices import NoticeWatch, failure_notices
-from ring.transport.polling import GivenUp, watched
+from ring.transport.host_waits import GivenUp, watched
 
 #: The interpreter option (``python -X collectives_joining ...``) that its spawners give a newcomer:
 #: it joins a world instead of starting one. (Not an environment variable: MPICH's launcher starts

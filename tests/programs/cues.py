@@ -65,7 +65,7 @@ def await_cues(sources) -> None:
 
 def await_ended(pids) -> None:
     """Wait until the processes ``pids`` (on this host) have ended."""
-    from ring.transport.polling import process_state
+    from ring.transport.host_waits import process_state
     give_up = time.monotonic() + CUE_BOUND_S
     while any(process_state(pid) is None for pid in pids):
         if time.monotonic() > give_up:

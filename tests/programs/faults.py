@@ -14,7 +14,7 @@ import numpy as np
 import collectives as col
 from collectives.groups.group import Group
 from collectives.calls import progress
-from ring.transport.polling import process_state
+from ring.transport.host_waits import process_state
 from tests.programs.cues import CUE_BOUND_S, await_cue, await_cues, await_ended, await_file, cue, report, say, when_inside
 
 

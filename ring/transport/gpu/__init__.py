@@ -3,5 +3,5 @@ cannot serve (``staged``), the choice between them from every rank's findings (`
 the watchdog that bounds a GPU wait (``watchdog``).
 
 Importing CuPy starts CUDA: this package's ``__init__`` imports nothing. May import:
-``ring.transport.base``, ``ring.transport.polling`` and ``ring``'s pure modules.
+``ring.transport.base``, ``ring.transport.host_waits`` and ``ring``'s pure modules.
 """

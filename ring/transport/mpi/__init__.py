@@ -6,5 +6,5 @@ the launcher's failure notices), the survivors' agreement after a death (``survi
 MPI's errors in words (``errors``).
 
 Importing a module here that imports mpi4py starts MPI: this package's ``__init__`` imports
-nothing. May import: ``ring.transport.base``, ``ring.transport.polling`` and ``ring``'s pure modules.
+nothing. May import: ``ring.transport.base``, ``ring.transport.host_waits`` and ``ring``'s pure modules.
 """

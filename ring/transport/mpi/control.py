@@ -22,7 +22,7 @@ from mpi4py import MPI
 from ring.transport.mpi import departures, liveness as liveness_watch
 from ring.transport.base import ROLL_CALL_GRACE, PeerLost
 from ring.transport.mpi.notices import failure_notices
-from ring.transport.polling import process_state
+from ring.transport.host_waits import process_state
 
 _CONTROL_TAG = 8
 EXIT_TAG = 9    # what a rank hands rank 0 at exit, after the farewells (the timeline's events)

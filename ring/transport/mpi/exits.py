@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ring.transport.mpi.control import AT_EXIT, EXIT_TAG, FAILED, LEFT, NOT_FINALIZING, ROOT, Control
-from ring.transport.polling import pause, process_state
+from ring.transport.host_waits import pause, process_state
 
 _testall = MPI.Request.Testall
 _SETTLE_SECONDS = 0.02   # how long the exit barrier reads on once every rank is there (see exit_barrier)

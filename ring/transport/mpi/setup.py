@@ -14,7 +14,7 @@ from ring.transport.mpi import liveness as liveness_watch
 from ring.transport.base import TransportError, TransportTimeout
 from ring.transport.mpi.notices import NoticeWatch, failure_notices
 from ring.transport.mpi.transport import MPITransport
-from ring.transport.polling import pause
+from ring.transport.host_waits import pause
 
 _HELLO_TAG = 10  # the setup's empty messages across hosts (see _connect_across_hosts)
 _SETUP_RECORD_BYTES = 1024

@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ring.transport.base import TransportTimeout
-from ring.transport.polling import GivenUp, pause, watched
+from ring.transport.host_waits import GivenUp, pause, watched
 
 _FIRST_ROUND_TAG = 1000   # round k's messages carry tag 1000 + k (the runtime's own tags are below 20)
 _FIRST_GROUP_TAG = 2000   # the Comm_create_group after round k carries tag 2000 + k

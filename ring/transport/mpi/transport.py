@@ -7,7 +7,7 @@ a peer that never comes always gets control back. How a peer is known to be gone
 asked of the transport's control plane every CHECK_INTERVAL seconds while a wait
 lasts (``ring.transport.mpi.waiting``, the one poll loop): its farewell arrived, or it died (``ring.transport.mpi.control``; the farewell
 and the exit barrier are ``ring.transport.mpi.exits``). A long wait backs off from
-spinning to yielding to short sleeps (``ring.transport.polling``), so a rank stuck
+spinning to yielding to short sleeps (``ring.transport.host_waits``), so a rank stuck
 for minutes does not burn its core. ``ring.transport.mpi.setup`` makes the first
 transport; ``split`` makes the others.
 """
@@ -26,7 +26,7 @@ from ring.transport.mpi.control import Control
 from ring.transport.mpi.exits import Exits
 from ring.transport.mpi.errors import error_text
 from ring.transport.mpi.p2p import PointToPoint
-from ring.transport.polling import SPIN_SECONDS, usable_cores
+from ring.transport.host_waits import SPIN_SECONDS, usable_cores
 from ring.transport.mpi.subsets import Subsets
 from ring.transport.mpi.waiting import wait_for
 
@@ -76,7 +76,7 @@ class MPITransport(Subsets):
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
         oversubscribed = self.local_size > usable_cores(self.control.local_pids.values())
-        self.spin_seconds = 0.0 if oversubscribed else SPIN_SECONDS   # (see polling.pause)
+        self.spin_seconds = 0.0 if oversubscribed else SPIN_SECONDS   # (see host_waits.pause)
         self._quick_polls = 1 if oversubscribed else _QUICK_POLLS
         self._persistent: dict = {}
         self._inflight: list = []      # (request, peer) posted and not yet waited for, with its buffer

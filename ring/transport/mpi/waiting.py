@@ -1,7 +1,7 @@
 """The one poll loop every wait of the MPI transport runs once its quick polls have not finished
 it (``wait_for``): a collective's requests, point-to-point messages, alike.
 
-Between polls it pauses (``ring.transport.polling.pause``: spin, yield, nap); every
+Between polls it pauses (``ring.transport.host_waits.pause``: spin, yield, nap); every
 CHECK_INTERVAL seconds, and at once when the launcher's failure notice comes, it asks the control
 plane whether a peer it needs is gone (``Control.check_peers``, which raises PeerLost); a
 collective's wait near its deadline asks the other ranks which call they are in (the roll call
@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from ring.transport.base import ROLL_CALL_GRACE, Bound, PeerLost
 from ring.transport.mpi.control import COLLECTIVE, Control
-from ring.transport.polling import pause
+from ring.transport.host_waits import pause
 
 CHECK_INTERVAL = 0.5   # seconds between looks at the control channel and the local peers' processes
 #: How long a wait goes on polling once a rank it needs is found gone, before it raises: a rank that

@@ -1,6 +1,7 @@
-"""How a rank waits without blocking inside MPI: between two polls of a request, spin, then give
-up the core, then nap (``pause``); how it makes a call that blocks inside MPI all the same
-(``watched``); and what it asks the host about its peers (``process_state``, ``usable_cores``)."""
+"""How a rank waits on its host, and what it asks the host: between two polls of a request, spin,
+then give up the core, then nap (``pause``); how it makes a call that blocks inside MPI all the
+same (``watched``); and what the host says of its peers and cores (``process_state``,
+``usable_cores``). The poll loop itself is ``ring.transport.mpi.waiting``."""
 from __future__ import annotations
 
 import os
