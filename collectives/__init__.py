@@ -31,7 +31,7 @@ from collectives.calls.progress import Work
 from collectives.calls.sizes import format_size, parse_size
 from collectives.process import launchers
 from collectives.calls.config import Settings
-from collectives.process.world import abort, init, local_rank, local_size, rank, settings, size
+from collectives.process.startup import abort, init, local_rank, local_size, rank, settings, size
 
 # The collectives, one per entry of the table (collectives.calls.table): col.allreduce, col.gather, ...
 globals().update({name: getattr(api, name) for name in table.NAMES})

@@ -1,6 +1,6 @@
 """The module-level collectives: each is the world's method (``collectives.groups.group.Group``), or,
 with ``group=``, that group's; one per entry of the table of collectives (``collectives.calls.table``).
-The first call sets the world up (``collectives.process.world.init``).
+The first call sets the world up (``collectives.process.startup.init``).
 
 Also the helpers that programs need beside the calls: where a reduce-scatter's blocks lie
 (:func:`block_bounds`), and the two places where host and GPU arrays differ for a caller
@@ -15,7 +15,7 @@ import numpy as np
 
 from collectives.calls import table, validate
 from collectives.ops import bodies
-from collectives.process import world as worlds
+from collectives.process import startup
 from collectives.calls.call import issue
 from collectives.groups.group import Group, member
 from ring import arrays
@@ -25,7 +25,7 @@ from ring.partition import chunk_bounds
 def _group(group: object, collective: str, timeout: object) -> Group:
     """``group=`` of a module-level call: the world for None (set up first if need be, within the
     call's ``timeout``), else a group this rank belongs to."""
-    world = worlds.world(timeout)
+    world = startup.world(timeout)
     return world if group is None else member(group, collective, world.runtime)
 
 
@@ -40,8 +40,8 @@ def _on_group(method: Callable) -> Callable:
     name, signature = method.__name__, inspect.signature(method)
     if "timeout" in signature.parameters:   # (named, not read from **kwargs: a call less on the hot path)
         def on_group(*args: Any, group: Group | None = None, timeout: float | None = None, **kwargs: Any) -> Any:
-            g = worlds.the_world if group is None else _group(group, name, timeout)
-            return method(g or worlds.world(timeout), *args, timeout=timeout, **kwargs)
+            g = startup.the_world if group is None else _group(group, name, timeout)
+            return method(g or startup.world(timeout), *args, timeout=timeout, **kwargs)
     else:
         def on_group(*args: Any, group: Group | None = None, **kwargs: Any) -> Any:
             return method(_group(group, name, None), *args, **kwargs)
@@ -71,7 +71,7 @@ def world_group(*, timeout: float | None = None) -> Group:
     >>> world.size() == col.size(), world.allreduce(grads) is not None   # doctest: +SKIP
     (True, True)
     """
-    return worlds.world(timeout)
+    return startup.world(timeout)
 
 
 def use_local_gpu(*, timeout: float | None = None) -> int:
@@ -87,7 +87,7 @@ def use_local_gpu(*, timeout: float | None = None) -> int:
     >>> gpu = col.use_local_gpu()                                    # doctest: +SKIP
     >>> g = cupy.ones(1 << 20, cupy.float32); col.allreduce(g, out=g)  # doctest: +SKIP
     """
-    return issue(worlds.world(timeout), "use_local_gpu", bodies.use_local_gpu, (), False, timeout)
+    return issue(startup.world(timeout), "use_local_gpu", bodies.use_local_gpu, (), False, timeout)
 
 
 def nccl_communicator(*, group: Group | None = None, timeout: float | None = None) -> Any:
@@ -120,7 +120,7 @@ def block_bounds(count: int, size: int | None = None) -> tuple[tuple[int, int], 
     >>> block_bounds(10, 3)
     ((0, 4), (4, 7), (7, 10))
     """
-    return chunk_bounds(count, worlds.size() if size is None else size)
+    return chunk_bounds(count, startup.size() if size is None else size)
 
 
 def round_to_wire(x: np.ndarray, compression: str) -> np.ndarray:

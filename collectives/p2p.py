@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from collectives.calls import validate
-from collectives.process import world as worlds
+from collectives.process import startup
 from collectives.calls.call import named, stopped
 from collectives.errors import CollectiveError, CollectiveUsageError
 from collectives.groups.group import Group, member
@@ -87,7 +87,7 @@ def wait_all(requests: list[Request], timeout: float | None = None) -> list[int]
 
 
 def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive: bool) -> Request:
-    world = worlds.world()
+    world = startup.world()
     g = member(group, what, world.runtime) if group is not None else world
     if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
         validate.fail(what, "x", "expected a contiguous numpy.ndarray (point-to-point moves host arrays)")

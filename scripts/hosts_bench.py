@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 import collectives as col
 from bench.model import parse_hosts, parse_link
-from collectives.process.world import world
+from collectives.process.startup import world
 from collectives.calls.sizes import parse_size
 from ring import algorithms, cost
 from ring.transport.base import unbounded

@@ -116,12 +116,12 @@ def test_only_life_writes_the_process_life():
 
 def test_the_process_and_elastic_modules_keep_no_state_of_the_life_in_globals():
     """The process's life is ``life``'s: no ``global`` statement in ``collectives/process`` or
-    ``collectives/elastic`` but the per-call copy of the world (``world.the_world``) and the torch
+    ``collectives/elastic`` but the per-call copy of the world (``startup.the_world``) and the torch
     rendezvous's own objects (the store torch gave, the PMI server's address)."""
     found = sorted((path.name, name)
                    for path in LIFE_MODULES for node in ast.walk(ast.parse(path.read_text()))
                    if isinstance(node, ast.Global) for name in node.names)
-    assert found == [("rendezvous.py", "_given_store"), ("rendezvous.py", "server_address"), ("world.py", "the_world")]
+    assert found == [("rendezvous.py", "_given_store"), ("rendezvous.py", "server_address"), ("startup.py", "the_world")]
 
 
 # How a process ends: the rank's verdict at its farewell.

@@ -5,7 +5,7 @@ Below the groups (``collectives.groups.group``), which hold a Runtime; it knows 
 ``CallGroup`` (``collectives.calls.group_protocol``).
 The runtime is the one owner of the failure state: :meth:`Runtime.stop` is the only way to set
 it (the first failure wins) and every module reads it (``runtime.failure``). Nothing clears it:
-the ranks are out of step. A recovery among the survivors (``collectives.process.world.rebuild``)
+the ranks are out of step. A recovery among the survivors (``collectives.process.startup.rebuild``)
 replaces the whole runtime instead, and retires this one (:meth:`Runtime.retire`).
 """
 from __future__ import annotations
@@ -163,7 +163,7 @@ class Runtime:
         return math.inf if failure is None else failure.patience or self.settings.timeout
 
     def retire(self, change: str) -> None:
-        """A new world replaced this runtime's (``collectives.process.world.rebuild``): ``change`` says how.
+        """A new world replaced this runtime's (``collectives.process.startup.rebuild``): ``change`` says how.
         Its groups and calls still in flight raise MembershipChanged from now on (its engine was
         closed before the change began)."""
         self.stop(change, by_peer=True, tell=False)   # (the new world's members agreed on it together)

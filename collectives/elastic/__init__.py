@@ -1,7 +1,7 @@
 """Elastic training: when a rank dies or its host vanishes, the survivors go on in-process, in a
 world of their own, from the last commit; newcomers found by a host discovery script join at a
 commit. No process restarts and no driver: the survivors agree on who is gone and make their
-communicator with MPI itself (``collectives.process.world.rebuild``).
+communicator with MPI itself (``collectives.process.startup.rebuild``).
 
     state = col.elastic.State(params=params, velocity=velocity, step=0)
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.process import changes, launchers, world as worlds
+from collectives.process import changes, launchers, startup
 from collectives.elastic import outcome, supervisor
 from collectives.api import allgather, broadcast
 from collectives.process.changes import Change
@@ -18,7 +18,7 @@ from collectives.elastic.discovery import Discovery
 from collectives.elastic.state import State, broadcast_json
 from collectives.elastic.supervisor import supervise
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
-from collectives.process.world import rank, size
+from collectives.process.startup import rank, size
 
 __all__ = ["State", "run", "supervise", "joining", "Change", "MembershipChanged"]
 
@@ -26,7 +26,7 @@ __all__ = ["State", "run", "supervise", "joining", "Change", "MembershipChanged"
 def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ranks: int | None = None,
         announce: bool = True, host_discovery: str | None = None, discovery_interval: float = 1.0) -> Any:
     """Run ``fn(state)`` until it returns, through every change of the world: when a rank dies (or
-    its host vanishes), the survivors make a world of their own (``collectives.process.world.rebuild``),
+    its host vanishes), the survivors make a world of their own (``collectives.process.startup.rebuild``),
     roll back to the last commit that the new rank 0 holds, and call ``fn`` again. Rank 0 prints
     one line per change.
 
@@ -45,7 +45,7 @@ def run(fn: Callable[[State], Any], state: State, *, min_ranks: int = 1, max_ran
     >>> result = col.elastic.run(train, state, max_ranks=8, host_discovery="./hosts.sh")  # doctest: +SKIP
     """
     _check_arguments(min_ranks, max_ranks, host_discovery, discovery_interval)
-    worlds.world()   # (a newcomer joins the running job here: its MPI world is itself alone)
+    startup.world()   # (a newcomer joins the running job here: its MPI world is itself alone)
     _check_start(min_ranks, max_ranks, announce)
     discovery = Discovery(host_discovery, discovery_interval) if host_discovery else None
     settle = _Settle(state, None, time.monotonic(), announce) if joining() else state.sync
@@ -191,7 +191,7 @@ def _change_world(interruption: Exception, discovery: Discovery | None, settling
     a commit), or the survivors of a death make a world of their own (the dead ranks' hosts left
     out of discovery); None if the world did not change (the program's own error)."""
     if isinstance(interruption, _Growing):
-        return worlds.rebuild(newcomers=interruption.count, hosts=interruption.hosts)
+        return startup.rebuild(newcomers=interruption.count, hosts=interruption.hosts)
     if not _a_rank_is_gone():
         return None
     hosts = life.world.transport.hosts
@@ -203,7 +203,7 @@ def _change_world(interruption: Exception, discovery: Discovery | None, settling
 
 def _recover(error: Exception) -> Change:
     try:
-        return worlds.rebuild()
+        return startup.rebuild()
     except CollectiveError as e:
         raise CollectiveError(f"elastic: the survivors could not make a new world after {error}: {e}") from e
 

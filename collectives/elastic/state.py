@@ -13,7 +13,7 @@ import numpy as np
 from collectives.api import broadcast
 from collectives.process.changes import Change
 from collectives.errors import CollectiveUsageError
-from collectives.process.world import rank
+from collectives.process.startup import rank
 from ring import arrays
 
 

@@ -1,12 +1,12 @@
 """Changes of the world's membership: the survivors of a death make a world of their own, and
 newcomers join one. Below ``collectives.elastic`` (which decides when), beside group making;
-``collectives.process.world.rebuild`` puts the new world in place of the old one.
+``collectives.process.startup.rebuild`` puts the new world in place of the old one.
 
 The survivors first agree on who is gone (``ring.transport.mpi.survivors``), then make their
 communicator with MPI's Comm_create_group, which only they call. Newcomers are spawned by
 every member together (MPI's Comm_spawn) and merged with them into one communicator, the
 members' ranks first, in their order. Either way the new world is set up as the first one was
-(``collectives.process.world.set_up``: its own duplicate, hosts, liveness), so its groups, levels and
+(``collectives.process.startup.set_up``: its own duplicate, hosts, liveness), so its groups, levels and
 the cost model's view are those of a fresh start.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ it completed (on each of its groups) and why it left, so that a rank waiting for
 call raises CollectiveError within a second instead of waiting for the timeout. Then every
 rank waits for the others in a barrier it polls, so that MPI_Finalize never waits for a rank
 that died; the timeline, if recorded, is written between the two (``collectives.calls.timeline``).
-``collectives.process.world`` calls :func:`leave` from the hooks that its first use installs
+``collectives.process.startup`` calls :func:`leave` from the hooks that its first use installs
 (``life.install_hooks``); how the process ends (its status, its last line) is ``ending``'s verdict.
 """
 from __future__ import annotations
@@ -82,7 +82,7 @@ def leave(w: Group, finishing: bool = True) -> None:
 
 
 #: How long a process that ends after a failure gives the other ranks to report theirs before its end
-#: lets MPICH's launcher kill them (``end_unset``; ``collectives.process.world.abort``'s default).
+#: lets MPICH's launcher kill them (``end_unset``; ``collectives.process.startup.abort``'s default).
 REPORT_GRACE_SECONDS = 2.0
 
 

@@ -7,7 +7,7 @@ last line) is decided from what ``life`` holds by ``collectives.process.ending``
 
 The hooks: importing ``collectives`` installs nothing, so a program that imports it and never
 calls it exits as it would without it. The program's first use (anything that asks
-``collectives.process.world.mpi`` for MPI: ``init``, ``rank``, ``size``, any collective) installs,
+``collectives.process.startup.mpi`` for MPI: ``init``, ``rank``, ``size``, any collective) installs,
 once per process (``install_hooks``):
 
 - ``sys.excepthook``: notes why the process ends (an uncaught exception; Ctrl-C is an uncaught
@@ -45,7 +45,7 @@ class Life:
         self.told_started = False
         #: This process runs under a supervisor (``collectives.elastic.supervise``).
         self.supervised = False
-        #: Membership: the world group once set up (``collectives.process.world.world()`` sets it up).
+        #: Membership: the world group once set up (``collectives.process.startup.world()`` sets it up).
         self.world: Group | None = None
         #: This process took part in a setup (a rank that did never joins another at exit); one timed out.
         self.joined_setup = False

@@ -12,7 +12,7 @@ import cupy
 import numpy as np
 
 import collectives as col
-from collectives.process.world import world
+from collectives.process.startup import world
 
 DTYPES = ["float16", "float32", "float64", "int8", "int32", "int64", "uint8", "uint64"]
 OPS = ["sum", "avg", "min", "max", "prod"]

@@ -22,7 +22,7 @@ import cupy
 
 import collectives as col
 from collectives.groups.group import Group
-from collectives.process.world import world
+from collectives.process.startup import world
 from tests.programs.cues import await_cues, cue, say, when_inside
 
 ELEMENTS = 16 << 20   # 64 MiB of float32: long enough on the GPU for a death to land inside a call

@@ -10,7 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as col
-from collectives.process.world import world
+from collectives.process.startup import world
 
 
 def _say(line: str) -> None:

@@ -1,7 +1,7 @@
 """The launcher's failure notices: MPICH's ``mpiexec``, told not to clean up after a failure
 (``-disable-auto-cleanup``), tells the surviving processes that one died by SIGUSR1.
 
-Counted from MPI's start by the runtime (``collectives.process.world.mpi``: a death before the setup
+Counted from MPI's start by the runtime (``collectives.process.startup.mpi``: a death before the setup
 must be heard there) until the process has said its farewell (``collectives.process.leaving``), then ignored. Apart from ``ring.transport.mpi.control`` (whose
 waits read the count) because that module starts MPI when imported, and the code that installs
 and removes this handler must not.

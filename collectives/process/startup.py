@@ -173,7 +173,7 @@ def rebuild(newcomers: int = 0, hosts: list[str] | None = None, timeout: float |
     The old world, its groups and a ``wait()`` on a call in flight raise MembershipChanged from
     then on. Bounded by ``timeout`` (default: the runtime's). ``col.elastic.run`` calls it.
 
-    >>> change = world.rebuild()   # collectives.process.world, on the survivors of rank 3 of 4  # doctest: +SKIP
+    >>> change = startup.rebuild()   # collectives.process.startup, on the survivors of rank 3 of 4  # doctest: +SKIP
     >>> change.gone, col.size(), change.text                                          # doctest: +SKIP
     ((3,), 3, 'rank 3 gone: 4 -> 3 ranks')
     """
