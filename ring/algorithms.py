@@ -1,4 +1,4 @@
-"""The collectives, each composed from plans (``ring.schedule``, ``ring.personalized``) and the executor.
+"""The collectives, each composed from plans (``ring.schedule``, ``ring.personalized_schedule``) and the executor.
 
 All take flat, contiguous arrays of one dtype, a transport and the call's ``bound``
 (which every wait honours: ``ring.transport.base.Bound``); validation and shapes
@@ -14,7 +14,7 @@ from ring import arrays, doubling
 from ring.compression import Codec
 from ring.execute import run
 from ring.partition import bounds_from_counts, chunk_bounds
-from ring.personalized import alltoall_plan, gather_plan, scatter_plan
+from ring.personalized_schedule import alltoall_plan, gather_plan, scatter_plan
 from ring.schedule import allgather_plan, broadcast_plan, doubling_gather_plan, halving_plans, reduce_scatter_plan
 from ring.transport.base import Bound, Transport
 
@@ -248,7 +248,7 @@ def scatter(transport: Transport, bound: Bound,
 def alltoall(transport: Transport, bound: Bound,
              input: Any, output: Any, sends: tuple, recvs: tuple, segment_elems: int) -> None:
     """Every rank's block for every rank: ``input[sends[j]]`` goes to rank j, and ``output[recvs[j]]``
-    receives rank j's block for this one (pairwise exchange: ``ring.personalized``)."""
+    receives rank j's block for this one (pairwise exchange: ``ring.personalized_schedule``)."""
     me = transport.rank
     arrays.copy_(output[slice(*recvs[me])], input[slice(*sends[me])])
     run(alltoall_plan(me, sends, recvs, segment_elems), transport, bound, output, input, phase="all-to-all")

@@ -60,7 +60,7 @@ class Transfer:
     ``peer``: the rank both directions talk to, for the schedules that are not rings
     (``None``: the ring's neighbours). A plan with peers runs in lockstep.
     ``source``: where the receive comes from when that is not ``peer`` (the all-to-all's
-    pairwise steps, ``ring.personalized``).
+    pairwise steps, ``ring.personalized_schedule``).
     """
 
     send: Range | None

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from ring import algorithms
 from ring.partition import bounds_from_counts
-from ring.personalized import alltoall_plan, alltoall_steps, gather_plan, scatter_plan
+from ring.personalized_schedule import alltoall_plan, alltoall_steps, gather_plan, scatter_plan
 from ring.transport.base import unbounded
 from tests.support.simulated import rank_input, reference, simulate
 

@@ -1,5 +1,5 @@
 """The table of collectives: every call a ``Group`` makes, once, with the facts the rest of the
-runtime asks of it. A new collective is its plan (``ring/schedule.py``, ``ring/personalized.py``),
+runtime asks of it. A new collective is its plan (``ring/schedule.py``, ``ring/personalized_schedule.py``),
 its algorithm (``ring/algorithms.py``; a choice by size: ``ring.cost.ALGORITHMS``), its body
 (``collectives/ops``), its ``Group`` method, and one entry here; ``tests/test_table.py`` keeps
 every other list of names out of the code.
