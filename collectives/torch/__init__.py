@@ -6,7 +6,7 @@ Under ``mpiexec`` a DDP script needs one word changed::
     dist.init_process_group("ring")               # rank and size from MPI: no MASTER_ADDR/PORT
     model = DistributedDataParallel(model)        # its buckets are all-reduced by the runtime
 
-The process group (``group.py``) is an adapter on the public API (``collectives``): it turns
+The process group (``process_group.py``) is an adapter on the public API (``collectives``): it turns
 tensors into arrays that share their memory (``tensors.py``) and torch's options into the
 runtime's arguments. Its ``Work`` (``work.py``) carries every error the runtime raises to every
 door torch has (a synchronous call, ``wait()``, the future DDP's reducer waits on), so a rank
@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import collectives as col
 from collectives.process.rendezvous import use_store
-from collectives.torch.group import BACKEND, RingProcessGroup
+from collectives.torch.process_group import BACKEND, RingProcessGroup
 from collectives.torch.hooks import reproducible_hook
 from collectives.torch.rendezvous import install as install_rendezvous
 from collectives.torch.tensors import as_array

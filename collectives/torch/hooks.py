@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 import collectives as col
-from collectives.torch.group import RingProcessGroup
+from collectives.torch.process_group import RingProcessGroup
 from collectives.torch.tensors import as_array
 from collectives.torch.work import RingWork, for_torch
 
