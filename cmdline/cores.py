@@ -13,16 +13,19 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 
 def share_cores_between_local_ranks() -> None:
-    """Give each rank its share of the cores for BLAS, unless the user chose (as torchrun does).
+    """Give each rank its share of the cores for BLAS, unless any of THREAD_VARIABLES is set: the user
+    chose (as torchrun does, with OMP_NUM_THREADS=1).
 
     Several ranks each starting one BLAS thread per core oversubscribe the machine and
     make every step wait for the slowest rank. Must run before numpy is imported.
     """
+    if any(variable in os.environ for variable in THREAD_VARIABLES):   # (the user's, or torchrun's
+        return   # OMP_NUM_THREADS=1: OpenBLAS reads its own variable first, so setting it would overrule theirs)
     local_ranks = launch_environment().ranks_on_this_host(os.environ)
     if local_ranks > 1:
         threads = str(max(1, (os.cpu_count() or 1) // local_ranks))
         for variable in THREAD_VARIABLES:
-            os.environ.setdefault(variable, threads)
+            os.environ[variable] = threads
 
 
 def launch_environment() -> ModuleType:

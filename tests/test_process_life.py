@@ -38,6 +38,21 @@ def test_under_srun_pmi2_every_reader_counts_the_ranks_srun_started_on_this_node
     assert os.environ["OMP_NUM_THREADS"] == "4"   # 16 cores, 4 ranks here
 
 
+@pytest.mark.parametrize("chosen", ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"])
+def test_a_thread_count_already_chosen_is_kept_for_every_blas(monkeypatch, chosen):
+    # torchrun sets OMP_NUM_THREADS=1; OpenBLAS reads OPENBLAS_NUM_THREADS first, so setting the others
+    # would overrule that choice
+    from cmdline import cores
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", *cores.THREAD_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv(chosen, "1")
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    cores.share_cores_between_local_ranks()
+    assert {name: os.environ.get(name) for name in cores.THREAD_VARIABLES} == {
+        name: "1" if name == chosen else None for name in cores.THREAD_VARIABLES}
+
+
 @pytest.mark.parametrize("environment, ranks", [
     ({"PMI_SIZE": "4", "MPI_LOCALNRANKS": "2", **{k: v for k, v in SRUN_PMI2.items() if k.startswith("SLURM")}}, 2),
     ({"OMPI_COMM_WORLD_SIZE": "6", "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, 3),
