@@ -29,28 +29,22 @@ def test_a_few_collectives_in_a_small_world(n, world_tests):
     world_tests(n, QUICK_FILES)
 
 
-def test_only_shared_memory_no_process_maps_and_older_than_a_world_start_is_removed():
+def test_only_shared_memory_no_process_maps_and_older_than_a_world_start_is_removed(tmp_path):
     """MPICH's segments a killed world leaves in /dev/shm are removed after each test
     (tests/worlds.py): an old one nobody maps goes; one a process maps, or a new one, stays."""
+    # (in a directory of its own: the other test stream removes /dev/shm's orphans after each of its tests)
     import mmap
     import os
     import time
 
-    from tests.worlds import ORPHAN_AGE_S, SHM, remove_orphan_segments
-    if not SHM.is_dir():
-        pytest.skip("no /dev/shm on this machine")
-    tag = f"mpich_shm_test{os.getpid()}"
-    orphan, in_use, new = (SHM / f"{tag}_{kind}" for kind in ("orphan", "mapped", "new"))
+    from tests.worlds import ORPHAN_AGE_S, remove_orphan_segments
+    orphan, in_use, new = (tmp_path / f"mpich_shm_test_{kind}" for kind in ("orphan", "mapped", "new"))
     long_ago = time.time() - 2 * ORPHAN_AGE_S
     for path in (orphan, in_use, new):
         path.write_bytes(b"\0" * 4096)
     os.utime(orphan, (long_ago, long_ago))
     os.utime(in_use, (long_ago, long_ago))
     with open(in_use, "r+b") as f, mmap.mmap(f.fileno(), 4096) as mapped:
-        try:
-            removed = remove_orphan_segments()
-            assert orphan in removed and not orphan.exists()
-            assert in_use.exists() and new.exists() and mapped[0] == 0
-        finally:
-            for path in (orphan, in_use, new):
-                path.unlink(missing_ok=True)
+        removed = remove_orphan_segments(directory=tmp_path)
+        assert removed == [orphan] and not orphan.exists()
+        assert in_use.exists() and new.exists() and mapped[0] == 0

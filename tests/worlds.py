@@ -27,12 +27,12 @@ SHM = Path("/dev/shm")
 ORPHAN_AGE_S = 30.0   # (a segment this old that no process maps is no world's: a world maps it as it makes it)
 
 
-def remove_orphan_segments(now: float | None = None) -> list[Path]:
-    """Remove MPICH's shared-memory segments that no live process maps and that are older than
-    ORPHAN_AGE_S; return them. Cheap where there are none (one directory listing)."""
+def remove_orphan_segments(now: float | None = None, directory: Path = SHM) -> list[Path]:
+    """Remove MPICH's shared-memory segments in ``directory`` that no live process maps and that are
+    older than ORPHAN_AGE_S; return them. Cheap where there are none (one directory listing)."""
     now = time.time() if now is None else now
     try:
-        old = [p for p in SHM.glob("mpich_shm_*") if now - p.stat().st_mtime > ORPHAN_AGE_S]
+        old = [p for p in directory.glob("mpich_shm_*") if now - p.stat().st_mtime > ORPHAN_AGE_S]
     except OSError:
         return []
     if not old:
