@@ -210,6 +210,22 @@ def test_a_rank_left_in_mpi_init_by_a_death_is_ended_after_the_start_grace(clock
     assert verdict == Ending(1, f"[rank 3] collectives: {why}; it ends")
 
 
+def test_a_rank_whose_sibling_ended_before_mpi_has_the_exit_grace_to_end_by_itself(clock, monkeypatch):
+    here = {101}
+    monkeypatch.setattr(supervisor, "_siblings", lambda: set(here))
+    monkeypatch.setattr(supervisor, "_rank_of", lambda pid: "1")
+    watch = reasons(clock)
+    assert watch.to_end(b"") == ""          # (rank 1's supervisor seen)
+    here.clear()                            # it ended, a usage error perhaps, which this child may share
+    clock.move(supervisor._SIBLING_LOOK_SECONDS)
+    assert watch.to_end(b"") == ""
+    clock.move(supervisor._EXIT_GRACE)
+    assert watch.to_end(b"") == ""
+    clock.move(0.01)
+    why = watch.to_end(b"")
+    assert why.startswith("rank 1 of this job (its supervisor's pid 101, on this host) ended before MPI started")
+
+
 def test_a_rank_alone_after_the_others_failed_is_ended_after_the_alone_grace(clock):
     watch = reasons(clock, others=Others(all_gone_after_a_failure=True))
     assert watch.to_end(Word.STARTED + Word.ELASTIC) == ""   # (alone from now)

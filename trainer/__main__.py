@@ -29,6 +29,8 @@ import sys  # noqa: E402
 import collectives as col  # noqa: E402
 
 if __name__ == "__main__" and "--elastic" in sys.argv[1:]:
+    from trainer.arguments import parse_args as _check_flags
+    _check_flags()   # a usage error ends every rank alike here, before a supervisor could take another's for a death
     col.elastic.supervise()   # (before MPI starts: see its docstring)
 import time  # noqa: E402
 import traceback  # noqa: E402

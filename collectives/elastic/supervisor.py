@@ -122,7 +122,7 @@ class _Reasons:
         self.siblings: dict[int, str] = {}   # the other processes of the launcher's proxy here: pid -> rank
         self.next_sibling_look = 0.0
         self.local_ranks = _local_ranks()    # how many the proxy started here (0: unknown)
-        self.sibling_ended_at, self.ended_rank = math.inf, "?"   # (see _held_in_finalize)
+        self.sibling_ended_at, self.ended_rank, self.ended_pid = math.inf, "?", 0   # a rank of this host that ended
 
     def to_end(self, said: bytes) -> str:
         """Why to end the child now, given what it ``said`` so far ("": not now)."""
@@ -137,12 +137,16 @@ class _Reasons:
                     "rank still runs (stuck in its own code?)")
         if self.noticed and not started and now - self.noticed[0] > _START_GRACE:
             return "a process of this job died while MPI was starting here, and MPI_Init would wait for it for ever"
-        if not started and now >= self.next_sibling_look:
+        if not started and now - self.sibling_ended_at > _EXIT_GRACE:
+            return (f"{self.ended_rank} of this job (its supervisor's pid {self.ended_pid}, on this host) ended "
+                    "before MPI started here, and MPI_Init would wait for it for ever")
+        if not started and now >= self.next_sibling_look and self.sibling_ended_at == math.inf:
             self.next_sibling_look = now + _SIBLING_LOOK_SECONDS
             ended, _ = self._look_at_siblings()
-            if ended:
-                return (f"{_named(self.siblings[ended[0]])} of this job (its supervisor's pid {ended[0]}, on this "
-                        "host) ended before MPI started here, and MPI_Init would wait for it for ever")
+            if ended:   # (the child may be ending too, for the same reason, a usage error: it has
+                # _EXIT_GRACE seconds to end by itself, with its own status)
+                self.sibling_ended_at, self.ended_rank, self.ended_pid = now, _named(self.siblings[ended[0]]), ended[0]
+                return ""
             unseen = self.local_ranks - 1 - len(self.siblings)
             if unseen > 0 and now - self.began > _FORK_GRACE:   # (ended before this supervisor's first look)
                 return (f"{unseen} of the {self.local_ranks} processes the launcher started on this host ended "
@@ -277,6 +281,7 @@ _SIBLING_LOOK_SECONDS = 0.25   # between looks at the other processes here, unti
 _FORK_GRACE = 5.0      # seconds the proxy may take to start every process of this host (then one unseen has ended)
 _ALONE_GRACE = 5.0     # seconds a rank may still take to end once every other rank ended after a failure
 _FINALIZE_GRACE = 3.0  # seconds MPI_Finalize may still take once another rank of this host has ended
+_EXIT_GRACE = 1.0      # seconds a child may still take to end by itself once another rank of this host ended before MPI
 #: In a job that spawned processes (the child said SPAWNED), the supervisor outlives its child by this
 #: much. MPICH's launcher (hydra 5, under -disable-auto-cleanup) answers every process's end, even a
 #: normal one, with a notice to the proxy of each other process group on its host (the newcomers of
