@@ -59,7 +59,7 @@ class Call(Bound):
     call alone: its body fills in what it ran, the frame returns it with the result."""
 
     __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes", "signed",
-                 "in_step")
+                 "template", "in_step")
 
     def __init__(self, group: CallGroup, name: str, timeout: object, call_name: object = None, forced: object = None,
                  thread: str = "", background: bool = False):
@@ -72,12 +72,21 @@ class Call(Bound):
         self.algorithm = ""    # the algorithm it runs, once chosen
         self.nbytes = 0        # the bytes this rank brings (for the timeline)
         self.signed = False    # the body has made its signature (its arguments are checked)
+        self.template = b""    # ... from this template, ``% seq``
         self.in_step = False   # it returned, or raised alike on every member (the group's ``completed``)
         self.seq = group.next_call(self)
         self.window = runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout) else timeout
         self.until = monotonic() + self.window   # (moved on by every wait that completes: see Bound.progressed)
         self.stop = runtime.stopped   # (set by runtime.stop: a wait in flight ends at its next look)
         self.background = background
+
+    def renew(self) -> int:
+        """Make this call the group's next of its kind, as a lane reuses it (``collectives.ops.express``):
+        a new number (returned), a fresh deadline, not yet in step."""
+        self.seq = seq = self.group.next_call(self)
+        self.in_step = False
+        self.until = monotonic() + self.window
+        return seq
 
     def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,
                   memory: str = "", compression: str = "", reproducible: bool = False) -> bytes:
@@ -88,8 +97,9 @@ class Call(Bound):
         body has checked its arguments, before anything moves: from here on a usage error is no
         longer this rank's refusal (see _frame)."""
         self.signed = True
-        return template(self.name, op, dtype, shape, root, False, memory, self.call_name, self.thread,
-                        self.forced or "", compression, reproducible) % self.seq
+        self.template = template(self.name, op, dtype, shape, root, False, memory, self.call_name, self.thread,
+                                 self.forced or "", compression, reproducible)
+        return self.template % self.seq
 
     def agree(self, signature: bytes, always: bool = False) -> None:
         """Check that every rank makes this same call; raise on every rank if not. Skipped when the
@@ -201,19 +211,8 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
             if call.signed:
                 raise
             call.reject(error)   # (the arguments' checks: every rank hears of this rank's refusal, and raises)
-    except CollectiveUsageError:
-        if runtime.failure is None:
-            call.in_step = True   # (raised alike on every rank)
-        raise
-    except TransportError as e:
-        g.transports.abandon()
-        raise _failure(call, e) from e
-    except CollectiveError:
-        raise
     except BaseException as e:
-        g.transports.abandon()
-        runtime.stop(f"{name} #{call.seq} on {g.where()} was interrupted by {named(e)}", group=g)
-        raise
+        ended(call, e)
     else:
         call.in_step = True
         return result, call
@@ -222,6 +221,26 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
             arrays.restore_floating_point(quiet)
         if started and timeline.current is not None:
             _record(call, started)
+
+
+def ended(call: Call, error: BaseException) -> NoReturn:
+    """Raise what ``error``, which ended ``call``, means for its caller (from the ``except`` that
+    caught it): a usage error shared by every rank leaves the ranks in step; a transport failure
+    becomes a CollectiveError naming the call and the ranks at fault; anything else (Ctrl-C's
+    KeyboardInterrupt, MemoryError) cancels what the call had posted. All but the first stop the
+    runtime on this rank."""
+    g, runtime = call.group, call.runtime
+    if isinstance(error, CollectiveUsageError):
+        if runtime.failure is None:
+            call.in_step = True   # (raised alike on every rank)
+        raise error
+    if isinstance(error, TransportError):
+        g.transports.abandon()
+        raise _failure(call, error) from error
+    if not isinstance(error, CollectiveError):
+        g.transports.abandon()
+        runtime.stop(f"{call.name} #{call.seq} on {g.where()} was interrupted by {named(error)}", group=g)
+    raise error
 
 
 def stopped(name: str, runtime: Runtime) -> CollectiveError:

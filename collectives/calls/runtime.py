@@ -78,6 +78,8 @@ class Runtime:
         #: The algorithm remembered for ``algorithm_for``'s arguments as a tuple, or None: the
         #: lookup alone, which a small call makes before paying for a call of algorithm_for.
         self.chosen = self._choices.get
+        #: The express lanes of small all-reduces (``collectives.ops.express``), which the settings shape.
+        self.lanes: dict = {}
 
     def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True, two_level: bool = False,
                       wire_ratio: float = 1.0) -> str:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.ops import bodies, personalized, reproducible as exact
+from collectives.ops import bodies, express, personalized, reproducible as exact
 from collectives.groups import making
 from collectives.calls.call import Call, issue, refusal, stopped
 from collectives.calls.runtime import Runtime
@@ -199,6 +199,11 @@ class Group:
         ...               reproducible=True)                  # on 2: 1e8 + 1 - 1e8, exactly  # doctest: +SKIP
         array([1.], dtype=float32)
         """
+        if async_op is False and timeout is None and name is None and algorithm is None and compression is None \
+                and reproducible is False:
+            lane = express.lane_for(self, x, op, out)
+            if lane is not None:
+                return self.runtime.engine.run_now(lane.run, x, out)
         body, more = (bodies.allreduce, ()) if reproducible is False else (exact.allreduce, (reproducible,))
         return issue(self, "allreduce", body, (x, op, out, compression, *more), async_op, timeout, name, algorithm)
 

@@ -162,18 +162,27 @@ def late_after_timeout() -> None:
     """Rank 1 comes to a call only after every other rank timed out of it (cued by each once its call
     has raised): it must fail the call too, not complete it alone with the data the others had sent
     before giving up. argv[2]: "allreduce" (small: recursive doubling), "ring" (large), "barrier",
-    or "group-allreduce", "group-barrier" (on a group of every rank, made first: its give-up is sent
-    beside the world's); argv[3]: "staying" (the others live on until rank 1's call has ended: their
-    give-up message tells it) or "gone" (they end their programs: their farewells tell it)."""
+    "lane-allreduce" (small, with no option: the express lane that its first call opened, with the
+    timeout set by init), or "group-allreduce", "group-barrier" (on a group of every rank, made
+    first: its give-up is sent beside the world's); argv[3]: "staying" (the others live on until
+    rank 1's call has ended: their give-up message tells it) or "gone" (they end their programs:
+    their farewells tell it)."""
     call, others = sys.argv[2], sys.argv[3]
     group = col.new_group(list(range(col.size()))) if call.startswith("group-") else None
     call = call.removeprefix("group-")
-    col.barrier(group=group)
     count = 1 << 20 if call == "ring" else 1000
     x = _ints(count, col.rank())
     late = 1
     timeout = 30 if col.rank() == late else 2
+    if call == "lane-allreduce":
+        col.init(timeout=timeout)
+        col.allreduce(x)   # (the first of its kind: the next one takes the lane)
+        from collectives.ops import express
+        assert express.lane_for(col.world_group(), x, "sum", None) is not None, "the lane did not open"
+    else:
+        col.barrier(group=group)
     do = (lambda: col.barrier(timeout=timeout, group=group)) if call == "barrier" else \
+        (lambda: col.allreduce(x)) if call == "lane-allreduce" else \
         (lambda: col.allreduce(x, timeout=timeout, algorithm="ring" if call == "ring" else None, group=group))
     if col.rank() == late:
         await_cues([r for r in range(col.size()) if r != late])

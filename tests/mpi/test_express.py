@@ -1,0 +1,126 @@
+"""Tier 2, issue 61: the express lane of a repeated small all-reduce (``collectives.ops.express``)
+gives the bits of the usual way and of mpi4py's own, keeps the cross-rank check and the usage
+errors, and gives way where the settings change. Runs at every world size."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives as col
+from collectives.ops import express
+
+pytestmark = pytest.mark.mpi
+
+COMM = MPI.COMM_WORLD
+N, RANK = COMM.Get_size(), COMM.Get_rank()
+ODD = RANK == N - 1
+REFERENCE_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+
+
+def _contribution(shape, dtype, step):
+    """Integer values that depend on the rank and the step (exact sums and products in any order)."""
+    count = int(np.prod(shape))
+    return ((np.arange(count) * (RANK + 2) + step) % 5 + 1).astype(dtype).reshape(shape)
+
+
+def _reference(x, op):
+    if op == "avg":
+        total = np.empty_like(x)
+        COMM.Allreduce(x, total, op=MPI.SUM)
+        return (total / N).astype(x.dtype)
+    result = np.empty_like(x)
+    COMM.Allreduce(x, result, op=REFERENCE_OPS[op])
+    return result
+
+
+def _lane_taken(x, op, out=None) -> bool:
+    return express.lane_for(col.world_group(), x, op, out) is not None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint8, np.float16])
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "prod"])
+@pytest.mark.parametrize("shape", [(3,), (2, 5), (1000,)])
+@pytest.mark.parametrize("out_kind", ["new", "in place", "own out"])
+def test_a_repeated_small_allreduce_takes_the_lane_with_the_usual_bits(dtype, op, shape, out_kind):
+    if op == "avg" and np.dtype(dtype).kind != "f":
+        pytest.skip("avg is for floating-point data")
+    for step in range(4):
+        x = _contribution(shape, dtype, step)
+        expected = _reference(x, op)
+        usual = col.allreduce(x, op, timeout=60)   # (an option: the usual way, never the lane)
+        assert usual.tobytes() == expected.tobytes() or np.dtype(dtype).kind == "f" and op == "avg"
+        out = {"new": None, "in place": x, "own out": np.full(shape, 99, dtype)}[out_kind]
+        if step > 0:
+            assert _lane_taken(x, op, out), "the lane was not taken for a call it had served before"
+        got = col.allreduce(x, op, out=out)
+        assert got.shape == shape and got.dtype == dtype
+        assert got.tobytes() == usual.tobytes()                 # the same bits as the usual way ...
+        if out is not None:
+            assert got is out
+        every = COMM.allgather(got.tobytes())
+        assert every == [every[0]] * N                          # ... on every rank
+
+
+def test_a_call_that_differs_across_ranks_is_refused_on_every_rank_through_the_lane():
+    if N < 2:
+        pytest.skip("needs two ranks to disagree")
+    x = _contribution((4,), np.float32, 0)
+    col.allreduce(x)
+    assert _lane_taken(x, "sum")
+    mine = _contribution((5,), np.float32, 0) if ODD else x   # (the odd rank's has no lane: the usual way)
+    with pytest.raises(col.CollectiveUsageError, match=rf"allreduce: x: count differs across ranks: rank 0: 4, "
+                                                       rf"rank {N - 1}: 5"):
+        col.allreduce(mine)
+    op = "max" if ODD else "sum"
+    with pytest.raises(col.CollectiveUsageError, match=rf"op differs across ranks: rank 0: sum, rank {N - 1}: max"):
+        col.allreduce(x, op)
+    assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()   # (in step again)
+
+
+@pytest.mark.parametrize("bad_out, says", [
+    (lambda x: np.empty(x.shape, np.float64), "out"),
+    (lambda x: np.empty(x.size + 1, x.dtype), "out"),
+    (lambda x: x[::-1], "out"),                   # overlaps x
+    (lambda x: np.frombuffer(bytes(x.nbytes), x.dtype), "out"),   # read-only
+])
+def test_a_bad_out_after_the_lane_opened_is_the_usual_usage_error(bad_out, says):
+    x = _contribution((6,), np.float32, 1)
+    col.allreduce(x)
+    before = x.copy()
+    with pytest.raises(col.CollectiveUsageError, match=rf"allreduce: {says}"):
+        col.allreduce(x, out=bad_out(x))
+    assert np.array_equal(x, before)
+    assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()
+
+
+def test_a_read_only_x_reduced_in_place_is_refused_through_the_lane():
+    x = _contribution((6,), np.float64, 2)
+    col.allreduce(x, out=x)
+    x.flags.writeable = False
+    assert not _lane_taken(x, "sum", x)
+    with pytest.raises(col.CollectiveUsageError, match="allreduce: out"):
+        col.allreduce(x, out=x)
+
+
+def test_the_lanes_follow_the_settings():
+    x = _contribution((8,), np.float32, 3)
+    col.allreduce(x)
+    assert _lane_taken(x, "sum")
+    small = col.settings().small_bytes
+    col.init(small_bytes=0)   # (every rank together: recursive doubling is no longer chosen)
+    try:
+        assert not _lane_taken(x, "sum")
+        col.allreduce(x)
+        assert not _lane_taken(x, "sum"), "a lane opened for a call the settings give the ring"
+        assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()
+    finally:
+        col.init(small_bytes=small)
+    col.allreduce(x)
+    assert _lane_taken(x, "sum")
+
+
+def test_the_lane_is_for_the_main_thread_and_calls_without_options():
+    x = _contribution((3,), np.float32, 4)
+    col.allreduce(x)
+    assert _lane_taken(x, "sum")
+    work = col.allreduce(x, async_op=True)     # (async, named, timed: each the usual way, in step)
+    assert work.wait().tobytes() == col.allreduce(x, name="metric").tobytes() == _reference(x, "sum").tobytes()
