@@ -8,13 +8,14 @@ Also the helpers that programs need beside the calls: where a reduce-scatter's b
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable
 
 import numpy as np
 
 from collectives.calls import table, validate
-from collectives.ops import bodies
+from collectives.ops import bodies, express
 from collectives.process import startup
 from collectives.calls.call import issue
 from collectives.groups.group import Group, member
@@ -57,9 +58,25 @@ def _on_group(method: Callable) -> Callable:
     return on_group
 
 
+def _through_the_lane(general: Callable) -> Callable:
+    """The module's ``allreduce``: a call with no option on the world goes straight to its express
+    lane where one is open (``collectives.ops.express``: a repeated small call), any other the way
+    of ``general`` (the world's method, ``_on_group``)."""
+    def allreduce(x: Any, op: str = "sum", out: Any = None, **options: Any) -> Any:
+        world = startup.the_world
+        if not options and world is not None:
+            lane = express.lane_for(world, x, op, out)
+            if lane is not None:
+                return lane.run(x, out)
+        return general(x, op, out, **options)
+    return functools.update_wrapper(allreduce, general)   # (its name, docstring and signature)
+
+
 # Every collective of the table (``collectives.calls.table``) as a function of this module:
 # ``allreduce``, ``allgather``, ... (made once, at import: the call itself is ``on_group``'s).
-globals().update({c.name: _on_group(getattr(Group, c.name)) for c in table.COLLECTIVES})
+_FUNCTIONS = {c.name: _on_group(getattr(Group, c.name)) for c in table.COLLECTIVES}
+_FUNCTIONS["allreduce"] = _through_the_lane(_FUNCTIONS["allreduce"])
+globals().update(_FUNCTIONS)
 
 
 def world_group(*, timeout: float | None = None) -> Group:

@@ -105,86 +105,102 @@ def agree(transport: Transport, bound: Bound, signature: bytes, payload: Any = N
     nbytes = 0 if payload is None else payload.nbytes
     if nbytes > MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload of {nbytes} bytes; at most {MAX_PAYLOAD_BYTES}")
-    steps = doubling_steps(transport.rank, transport.size)
-    if not steps:   # a world of one agrees with itself
-        if payload is not None and out is not None and out is not payload:
-            out[...] = payload
-        return True
-    padded = signature.ljust(SIGNATURE_BYTES, b"\0")   # (longer fails here: signature.template keeps it short)
+    ready = prepared(transport, None if payload is None else payload.dtype, nbytes)
+    return ready.run(transport, bound, signature, payload, combine, out)
+
+
+def prepared(transport: Transport, dtype: np.dtype | None, nbytes: int) -> Prepared:
+    """This thread's :class:`Prepared` for a payload of ``nbytes`` of ``dtype`` (None: no payload)
+    on ``transport``'s rank and size, made at its first use (at most MAX_PAYLOAD_BYTES)."""
     try:
         messages = _per_thread.messages
     except AttributeError:
         messages = _per_thread.messages = _Messages()
-    key = (None if payload is None else payload.dtype, nbytes)
-    m = messages.layouts.get(key) or messages.layout(*key)
-    m.send_header[:SIGNATURE_BYTES] = padded
-    m.send_header[SIGNATURE_BYTES] = agreeing = 1
-    # What a peer that agrees sends: its bytes are compared as one bytes object (comparing a
-    # memoryview goes element by element: 1.5 us for a signature, ten times a copy and a compare).
-    agreed_header = padded + b"\1"
-    if payload is not None:
-        m.own[...] = payload
-    final = steps[-1]
-    for step in steps:
-        transport.exchange(m.send if step.send_to is not None else None,
-                           m.recv if step.recv_from is not None else None, bound,
-                           dest=step.send_to, source=step.recv_from, reuse=m)
-        if step.recv_from is None:
-            continue
-        if step.merge == "replace":
-            m.send_header[SIGNATURE_BYTES] = agreeing = m.recv_header[SIGNATURE_BYTES]
-            if payload is not None:
-                m.own[...] = m.received
-            continue
-        if agreeing and m.recv_check.tobytes() != agreed_header:
-            m.send_header[SIGNATURE_BYTES] = agreeing = 0
-        elif agreeing and payload is not None:
-            target = out if step is final and out is not None else m.own   # the last step writes where it belongs
-            if step.merge == "mine_first":
-                combine(m.own, m.received, out=target)
-            else:
-                combine(m.received, m.own, out=target)
-            if step is final:
-                return True
-    if agreeing and payload is not None and out is not None:
-        np.copyto(out, m.own)
-    return agreeing == 1
+    key = (transport.rank, transport.size, dtype, nbytes)
+    return messages.ready.get(key) or messages.prepare(*key)
 
 
-class _Layout:
-    """The two message buffers seen for one payload (dtype, size): the message to send, the
-    receive buffer, their headers, and the payloads as arrays of that dtype. Made once and kept,
-    because making the views costs more than the exchange's arithmetic, and because the transport
-    keeps an exchange set up for the very same buffer objects (see ``Transport.exchange``).
+class Prepared:
+    """One kind of exchange made ready (:func:`agree` with a payload of one dtype and size, on one
+    rank of n ranks): its steps, and the two message buffers with their headers and the payloads as
+    arrays of that dtype. Made once and kept, because making the views costs more than the
+    exchange's arithmetic, and because the transport keeps an exchange set up for the very same
+    buffer objects (see ``Transport.exchange``); a caller that repeats one kind (the express lane of
+    ``collectives.ops.express``) keeps it too, and calls :meth:`run`.
 
     The receive buffer is always whole: a rank that disagrees may send a longer message, and it
     must land (to be found different), not overflow.
     """
 
-    def __init__(self, send: np.ndarray, recv: memoryview, dtype, nbytes: int):
+    def __init__(self, send: np.ndarray, recv: memoryview, rank: int, n: int, dtype, nbytes: int):
+        self.steps = doubling_steps(rank, n)
+        self.final = self.steps[-1] if self.steps else None
         self.send = memoryview(send)[:_HEADER + nbytes]
         self.recv = recv
-        self.send_header = memoryview(send)[:_HEADER]
+        self.send_check = memoryview(send)[:SIGNATURE_BYTES + 1]   # this rank's signature, "all agree so far"
         self.recv_header = recv[:_HEADER]
         self.recv_check = recv[:SIGNATURE_BYTES + 1]   # the peer's signature and its "all agree so far" byte
         self.own = send[_HEADER:_HEADER + nbytes].view(dtype) if dtype is not None else None
         self.received = np.frombuffer(recv, dtype, nbytes // dtype.itemsize, _HEADER) if dtype is not None else None
 
+    def run(self, transport: Transport, bound: Bound, signature: bytes, payload: Any = None,
+            combine: np.ufunc | None = None, out: Any = None) -> bool:
+        """:func:`agree` on ``transport`` (whose rank and size this was made for), unobserved."""
+        steps = self.steps
+        if not steps:   # a world of one agrees with itself
+            if payload is not None and out is not None and out is not payload:
+                out[...] = payload
+            return True
+        # What a peer that agrees sends: its bytes are compared as one bytes object (comparing a
+        # memoryview goes element by element: 1.5 us for a signature, ten times a copy and a compare).
+        # (A longer signature fails here: signature.template keeps it short.)
+        agreed_header = signature.ljust(SIGNATURE_BYTES, b"\0") + b"\1"
+        self.send_check[:] = agreed_header
+        agreeing = 1
+        if payload is not None:
+            self.own[...] = payload
+        final = self.final
+        for step in steps:
+            transport.exchange(self.send if step.send_to is not None else None,
+                               self.recv if step.recv_from is not None else None, bound,
+                               dest=step.send_to, source=step.recv_from, reuse=self)
+            if step.recv_from is None:
+                continue
+            if step.merge == "replace":
+                self.send_check[SIGNATURE_BYTES] = agreeing = self.recv_header[SIGNATURE_BYTES]
+                if payload is not None:
+                    self.own[...] = self.received
+                continue
+            if agreeing and self.recv_check.tobytes() != agreed_header:
+                self.send_check[SIGNATURE_BYTES] = agreeing = 0
+            elif agreeing and payload is not None:
+                target = out if step is final and out is not None else self.own   # the last step writes where
+                if step.merge == "mine_first":                                        # it belongs
+                    combine(self.own, self.received, out=target)
+                else:
+                    combine(self.received, self.own, out=target)
+                if step is final:
+                    return True
+        if agreeing and payload is not None and out is not None:
+            np.copyto(out, self.own)
+        return agreeing == 1
+
 
 class _Messages:
-    """This thread's send and receive buffers (2 x 256 KiB, allocated once) and their layouts."""
+    """This thread's send and receive buffers (2 x 256 KiB, allocated once) and the exchanges
+    prepared on them."""
 
     def __init__(self):
         self._send = np.zeros(_HEADER + MAX_PAYLOAD_BYTES, np.uint8)
         self._recv = np.zeros(_HEADER + MAX_PAYLOAD_BYTES, np.uint8)
         self._whole_recv = memoryview(self._recv)
-        self.layouts: dict = {}   # (dtype, nbytes) -> its _Layout
+        self.ready: dict = {}   # (rank, n, dtype, nbytes) -> its Prepared
 
-    def layout(self, dtype, nbytes: int) -> _Layout:
-        """Make the layout for a payload of ``nbytes`` of ``dtype`` (None: no payload), and keep it."""
-        if len(self.layouts) >= 64:
-            self.layouts.clear()
-        found = self.layouts[(dtype, nbytes)] = _Layout(self._send, self._whole_recv, dtype, nbytes)
+    def prepare(self, rank: int, n: int, dtype, nbytes: int) -> Prepared:
+        """Make the Prepared for these, and keep it."""
+        if len(self.ready) >= 64:
+            self.ready.clear()
+        found = self.ready[(rank, n, dtype, nbytes)] = Prepared(self._send, self._whole_recv, rank, n, dtype, nbytes)
         return found
 
 

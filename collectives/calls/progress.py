@@ -231,13 +231,26 @@ class Engine:
         try:
             return job(*args)
         finally:
-            # Handing the turn back takes no lock unless someone waits: a thread that waits for the
-            # turn queues its place (or sets _closing) under the lock before it waits, so either it
-            # is seen here and notified under the lock, or it finds the turn free when it looks.
-            self._busy = False
-            if self._queue or self._closing:
-                with self._lock:
-                    self._turns.notify_all()
+            self.end_turn()
+
+    def turn_at_once(self) -> bool:
+        """Take the turn if no call holds it or waits for it, without waiting (the express lane's way
+        in: ``collectives.ops.express``); hand it back with :meth:`end_turn`. False: nothing taken
+        (take :meth:`run_now`'s way)."""
+        with self._lock:
+            if self._busy or self._queue:
+                return False
+            self._owner, self._busy = threading.get_ident(), True
+            return True
+
+    def end_turn(self) -> None:
+        """Hand the turn back. It takes no lock unless someone waits: a thread that waits for the
+        turn queues its place (or sets _closing) under the lock before it waits, so either it is
+        seen here and notified under the lock, or it finds the turn free when it looks."""
+        self._busy = False
+        if self._queue or self._closing:
+            with self._lock:
+                self._turns.notify_all()
 
     def _wait_for_turn(self) -> None:
         """(Holding the lock) queue a place for the caller and wait until it is at the head; async

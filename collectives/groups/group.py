@@ -203,7 +203,7 @@ class Group:
                 and reproducible is False:
             lane = express.lane_for(self, x, op, out)
             if lane is not None:
-                return self.runtime.engine.run_now(lane.run, x, out)
+                return lane.run(x, out)
         body, more = (bodies.allreduce, ()) if reproducible is False else (exact.allreduce, (reproducible,))
         return issue(self, "allreduce", body, (x, op, out, compression, *more), async_op, timeout, name, algorithm)
 

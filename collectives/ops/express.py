@@ -26,25 +26,39 @@ import numpy as np
 from collectives.calls import timeline
 from collectives.calls.call import Call, ended, stopped
 from collectives.calls.group_protocol import CallGroup
-from ring import algorithms, arrays, execute
+from ring import algorithms, arrays, doubling, execute
 
 _MAIN_THREAD = main_thread().ident
 _MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making new shapes does not grow it)
 
 
 class Lane:
-    """What every call of one kind shares: the group, the array's ``dtype`` and ``shape``, the op,
-    the signature template, the reused ``call``, and whether its arithmetic is floating point."""
+    """What every call of one kind shares: the group, the array's ``dtype`` and ``shape``, the op
+    and its ufunc, the signature template, the reused ``call``, whether its arithmetic is floating
+    point, and its exchange made ready (``ring.doubling.Prepared``, in the main thread's buffers, at
+    its first run; "avg" takes ``algorithms.allreduce_small``, which scales)."""
 
-    __slots__ = ("group", "dtype", "shape", "op", "template", "call", "floating")
+    __slots__ = ("group", "dtype", "shape", "op", "combine", "template", "call", "floating", "ready")
 
     def __init__(self, group: CallGroup, x: np.ndarray, op: str, template: bytes, call: Call):
         self.group, self.dtype, self.shape, self.op, self.template = group, x.dtype, x.shape, op, template
+        self.combine = arrays.ufunc(np, op) if op != "avg" else None
         self.call = call
         self.floating = x.dtype.kind in "fc"
+        self.ready: doubling.Prepared | None = None
 
     def run(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        """One call, in the engine's turn: what ``_frame`` and ``bodies.allreduce`` do for it."""
+        """One call: the engine's turn taken at once where it is free (else in its place, as
+        ``run_now`` gives it), then what ``_frame`` and ``bodies.allreduce`` do for it."""
+        engine = self.group.runtime.engine
+        if not engine.turn_at_once():
+            return engine.run_now(self._in_turn, x, out)
+        try:
+            return self._in_turn(x, out)
+        finally:
+            engine.end_turn()
+
+    def _in_turn(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         g, call = self.group, self.call
         if g.runtime.failure is not None:   # (as the frame begins: collectives.calls.call)
             raise stopped(call.name, g.runtime)
@@ -55,7 +69,15 @@ class Lane:
             signature = self.template % seq
             flat_in = x if x.ndim == 1 else x.reshape(-1)
             flat_out = result if result.ndim == 1 else result.reshape(-1)
-            if not algorithms.allreduce_small(g.transport, call, flat_in, flat_out, self.op, signature):
+            ready = self.ready
+            if ready is not None:
+                agreed = ready.run(g.transport, call, signature, flat_in, self.combine, flat_out)
+            elif self.combine is not None:
+                self.ready = doubling.prepared(g.transport, self.dtype, x.nbytes)
+                agreed = self.ready.run(g.transport, call, signature, flat_in, self.combine, flat_out)
+            else:
+                agreed = algorithms.allreduce_small(g.transport, call, flat_in, flat_out, self.op, signature)
+            if not agreed:
                 call.disagree(signature)
             g.transport.control.check_gave_up(seq)
         except BaseException as e:
@@ -77,15 +99,15 @@ def lane_for(g: CallGroup, x: Any, op: Any, out: Any) -> Lane | None:
     lane = g.runtime.lanes.get((g, x.dtype, x.shape, op))
     if lane is None or g.destroyed:
         return None
-    flags = x.flags
-    if not flags.c_contiguous:
-        return None
-    if out is None or (out is x and flags.writeable):
-        return lane
+    if out is None:
+        return lane   # (a strided x is copied into the message as it is)
+    if out is x:
+        flags = x.flags
+        return lane if flags.writeable and flags.c_contiguous else None
     if type(out) is np.ndarray and out.dtype == lane.dtype and out.shape == lane.shape:
-        out_flags = out.flags
-        if out_flags.writeable and out_flags.c_contiguous and (
-                flags.owndata and out_flags.owndata or not np.may_share_memory(x, out)):
+        flags = out.flags
+        if flags.writeable and flags.c_contiguous and (   # (two arrays that own their memory never overlap)
+                x.base is None and out.base is None or not np.may_share_memory(x, out)):
             return lane
     return None
 
