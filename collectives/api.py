@@ -62,13 +62,13 @@ def _through_the_lane(general: Callable) -> Callable:
     """The module's ``allreduce``: a call with no option on the world goes straight to its express
     lane where one is open (``collectives.ops.express``: a repeated small call), any other the way
     of ``general`` (the world's method, ``_on_group``)."""
-    def allreduce(x: Any, op: str = "sum", out: Any = None, **options: Any) -> Any:
+    def allreduce(x: Any, op: str = "sum", out: Any = None, *, group: Group | None = None, **options: Any) -> Any:
         world = startup.the_world
-        if not options and world is not None:
+        if group is None and not options and world is not None:
             lane = express.lane_for(world, x, op, out)
             if lane is not None:
                 return lane.run(x, out)
-        return general(x, op, out, **options)
+        return general(x, op, out, group=group, **options)
     return functools.update_wrapper(allreduce, general)   # (its name, docstring and signature)
 
 

@@ -105,8 +105,12 @@ def agree(transport: Transport, bound: Bound, signature: bytes, payload: Any = N
     nbytes = 0 if payload is None else payload.nbytes
     if nbytes > MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload of {nbytes} bytes; at most {MAX_PAYLOAD_BYTES}")
-    ready = prepared(transport, None if payload is None else payload.dtype, nbytes)
-    return ready.run(transport, bound, signature, payload, combine, out)
+    dtype = None if payload is None else payload.dtype
+    try:   # (prepared's lookup, inline: this runs on every small call)
+        ready = _per_thread.messages.ready.get((transport.rank, transport.size, dtype, nbytes))
+    except AttributeError:
+        ready = None
+    return (ready or prepared(transport, dtype, nbytes)).run(transport, bound, signature, payload, combine, out)
 
 
 def prepared(transport: Transport, dtype: np.dtype | None, nbytes: int) -> Prepared:

@@ -42,7 +42,7 @@ LAYERS = (
                                           "collectives/process/")),
     ("argument checks", ("collectives/calls/validate.py",)),
     ("cross-rank check: signature", ("collectives/calls/signature.py",)),
-    ("body: its checks, algorithm choice", ("collectives/ops/",)),
+    ("body (its checks, algorithm choice), or the express lane", ("collectives/ops/",)),
     ("algorithm: recursive doubling", ("ring/algorithms.py", "ring/doubling.py", "ring/execute.py",
                                        "ring/arrays.py")),
     ("transport: exchange, wait, control", ("ring/transport/",)),
