@@ -1,5 +1,5 @@
 """Tier 2 for ``compression=`` beyond tests/test_worlds.py (which runs tests/mpi/test_compression.py
-among all of tests/mpi in real worlds of 1 to 5 ranks): the same file at 4 ranks on 2 declared hosts
+among all of tests/mpi in real worlds of 1 to 4 ranks): the same file at 4 ranks on 2 declared hosts
 (the two-level all-reduce, compressed across them), and the bench's compressed column."""
 import pytest
 

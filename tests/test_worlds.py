@@ -1,5 +1,6 @@
-"""Tier 2 launcher: runs tests/mpi in real MPI worlds of 1 to 4 ranks (and a share of it at 5), each
-world bounded in time.
+"""Tier 2 launcher: runs tests/mpi in real MPI worlds of 1 to 4 ranks (odd and even, and more ranks
+than this machine's 2 cores), each world bounded in time. Every algorithm of every collective at 5
+to 64 ranks runs in tests/test_simulated_ring.py (the real algorithms and executor, ranks as threads).
 
 Each test of a world is reported as a test of its own, with the ranks it failed on
 (tests/world_outcomes.py), e.g. ``test_collectives_in_a_real_world[3]::tests/mpi/test_api.py::test_x``;
@@ -15,12 +16,6 @@ QUICK_FILES = ["tests/mpi/test_collectives.py", "tests/mpi/test_api.py", "tests/
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_collectives_in_a_real_world(n, world_tests):
     world_tests(n, ["tests/mpi"])
-
-
-def test_collectives_and_algorithms_in_a_world_of_5(world_tests):
-    """5 ranks (an odd size that is not 3, and more ranks than cores): every collective against
-    mpi4py's and each algorithm forced (halving folds one rank in), not all of tests/mpi again."""
-    world_tests(5, QUICK_FILES + ["tests/mpi/test_algorithms.py"])
 
 
 @pytest.mark.quick

@@ -1,7 +1,7 @@
 """Tier 2, issue 26: what the programs live on. ``settings()``, a per-call ``algorithm=`` (covered by
 the cross-rank check), which algorithm a call ran (``Work.algorithm``, ``algorithm_for``),
 ``block_bounds``, ``to_host``/``synchronize``, and groups that run the collectives themselves.
-Run under mpiexec -n 1..5 by tests/test_worlds.py."""
+Run under mpiexec -n 1..4 by tests/test_worlds.py."""
 import dataclasses
 
 import numpy as np

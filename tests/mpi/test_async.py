@@ -1,5 +1,5 @@
 """Tier 2, issue 13: nonblocking collectives (async_op=True, Work) and allreduce_many, in real
-worlds of 1..5 ranks, against the blocking calls and mpi4py's own collectives. Every wait is
+worlds of 1..4 ranks, against the blocking calls and mpi4py's own collectives. Every wait is
 bounded (timeout=), so a regression fails instead of hanging."""
 import threading
 import time

@@ -1,4 +1,4 @@
-"""Tier 2: the bench's checker (bench/cases.py) in real worlds of 1 to 5 ranks.
+"""Tier 2: the bench's checker (bench/cases.py) in real worlds of 1 to 4 ranks.
 
 Its expected results are derived from a repeating pattern; here they are checked
 against the plain reduction of every rank's actual input, gathered from all

@@ -1,6 +1,6 @@
 """Tier 2: every collective in a real MPI world, against mpi4py's own collectives.
 
-One body, many worlds: tests/test_worlds.py runs this file under mpiexec -n 1..5.
+One body, many worlds: tests/test_worlds.py runs this file under mpiexec -n 1..4.
 Every rank runs the same tests in the same order; each check is agreed across
 ranks (see ``agree``) so a failure on one rank fails all of them, and none hangs.
 """

@@ -1,6 +1,6 @@
 """Tier 2: ``col.elastic.State.sync`` gives every rank rank 0's items, bit for bit, whatever their
 dtype (bfloat16 too, as numpy and as torch holds it) and whatever shape a rank held before.
-Run under mpiexec -n 1..5 by tests/test_worlds.py."""
+Run under mpiexec -n 1..4 by tests/test_worlds.py."""
 import numpy as np
 import pytest
 

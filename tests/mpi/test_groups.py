@@ -1,7 +1,7 @@
 """Tier 2: collectives on groups (split, new_group) against mpi4py's own on the matching Comm.Split.
 
-tests/test_worlds.py runs this file under mpiexec -n 1..5: parity groups (even at n=4,
-uneven at n=5), a singleton group, a reversed order, disjoint groups at once, and
+tests/test_worlds.py runs this file under mpiexec -n 1..4: parity groups (even at n=2 and 4,
+uneven at n=3), a singleton group, a reversed order, disjoint groups at once, and
 overlapping groups in alternation, with rank-dependent inputs.
 """
 import re

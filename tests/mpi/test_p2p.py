@@ -1,4 +1,4 @@
-"""Tier 2, issue 24: point-to-point messages in real worlds of 1..5 ranks: what arrives is what was
+"""Tier 2, issue 24: point-to-point messages in real worlds of 1..4 ranks: what arrives is what was
 sent (rank-dependent data, every dtype, empty messages, any-source receives, many messages with
 one tag kept in order), sends to self, and messages posted while async collectives are queued.
 Mismatched messages stop the runtime, so they are tested in their own worlds (tests/test_edges.py).

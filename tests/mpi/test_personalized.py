@@ -1,7 +1,7 @@
 """Tier 2: alltoall, gather, scatter and reduce in a real MPI world, against mpi4py's Alltoall(v),
 Gatherv, Scatterv and Reduce; bfloat16 reductions against an exact float64 reference.
 
-Run under mpiexec -n 1..5 by tests/test_worlds.py, like tests/mpi/test_collectives.py.
+Run under mpiexec -n 1..4 by tests/test_worlds.py, like tests/mpi/test_collectives.py.
 """
 import numpy as np
 import pytest
