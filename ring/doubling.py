@@ -144,6 +144,9 @@ class Prepared:
         self.send_check = memoryview(send)[:SIGNATURE_BYTES + 1]   # this rank's signature, "all agree so far"
         self.recv_header = recv[:_HEADER]
         self.recv_check = recv[:SIGNATURE_BYTES + 1]   # the peer's signature and its "all agree so far" byte
+        #: Each step with what it sends and receives (None: nothing), as ``Transport.exchange`` takes them.
+        self.moves = tuple((step, self.send if step.send_to is not None else None,
+                            self.recv if step.recv_from is not None else None) for step in self.steps)
         self.own = send[_HEADER:_HEADER + nbytes].view(dtype) if dtype is not None else None
         self.received = np.frombuffer(recv, dtype, nbytes // dtype.itemsize, _HEADER) if dtype is not None else None
 
@@ -164,11 +167,9 @@ class Prepared:
         if payload is not None:
             self.own[...] = payload
         final = self.final
-        for step in steps:
-            transport.exchange(self.send if step.send_to is not None else None,
-                               self.recv if step.recv_from is not None else None, bound,
-                               dest=step.send_to, source=step.recv_from, reuse=self)
-            if step.recv_from is None:
+        for step, send, recv in self.moves:
+            transport.exchange(send, recv, bound, step.send_to, step.recv_from, self)
+            if recv is None:
                 continue
             if step.merge == "replace":
                 self.send_check[SIGNATURE_BYTES] = agreeing = self.recv_header[SIGNATURE_BYTES]

@@ -7,7 +7,7 @@ The first call of each kind (group, dtype, shape, op) takes the usual way (``col
 ``Call`` (the bound of its waits) kept and renumbered. A later call of that kind with no options
 (``timeout=``, ``name=``, ``algorithm=``, ``compression=``, ``async_op=``) from the main thread
 then runs the lane: the same engine turn, the same message (the signature riding on the data:
-``ring.doubling``), the same bounded wait and the same errors, only fewer Python frames (11 instead
+``ring.doubling``), the same bounded wait and the same errors, only fewer Python frames (13 instead
 of 18 at n=2, ``scripts/call_cost.py``). Anything else, or a lane that no longer fits (the
 settings changed, a timeline records), takes the usual way.
 
@@ -38,10 +38,11 @@ class Lane:
     point, and its exchange made ready (``ring.doubling.Prepared``, in the main thread's buffers, at
     its first run; "avg" takes ``algorithms.allreduce_small``, which scales)."""
 
-    __slots__ = ("group", "dtype", "shape", "op", "combine", "template", "call", "floating", "ready")
+    __slots__ = ("group", "transport", "dtype", "shape", "op", "combine", "template", "call", "floating", "ready")
 
     def __init__(self, group: CallGroup, x: np.ndarray, op: str, template: bytes, call: Call):
         self.group, self.dtype, self.shape, self.op, self.template = group, x.dtype, x.shape, op, template
+        self.transport = group.transport   # (a group's, for its whole life)
         self.combine = arrays.ufunc(np, op) if op != "avg" else None
         self.call = call
         self.floating = x.dtype.kind in "fc"
@@ -71,15 +72,15 @@ class Lane:
             flat_out = result if result.ndim == 1 else result.reshape(-1)
             ready = self.ready
             if ready is not None:
-                agreed = ready.run(g.transport, call, signature, flat_in, self.combine, flat_out)
+                agreed = ready.run(self.transport, call, signature, flat_in, self.combine, flat_out)
             elif self.combine is not None:
-                self.ready = doubling.prepared(g.transport, self.dtype, x.nbytes)
-                agreed = self.ready.run(g.transport, call, signature, flat_in, self.combine, flat_out)
+                self.ready = doubling.prepared(self.transport, self.dtype, x.nbytes)
+                agreed = self.ready.run(self.transport, call, signature, flat_in, self.combine, flat_out)
             else:
-                agreed = algorithms.allreduce_small(g.transport, call, flat_in, flat_out, self.op, signature)
+                agreed = algorithms.allreduce_small(self.transport, call, flat_in, flat_out, self.op, signature)
             if not agreed:
                 call.disagree(signature)
-            g.transport.control.check_gave_up(seq)
+            self.transport.control.check_gave_up(seq)
         except BaseException as e:
             ended(call, e)
         finally:
