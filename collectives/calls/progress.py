@@ -231,7 +231,10 @@ class Engine:
         try:
             return job(*args)
         finally:
-            self.end_turn()
+            self._busy = False   # (end_turn's two lines, inline: every blocking call passes here)
+            if self._queue or self._closing:
+                with self._lock:
+                    self._turns.notify_all()
 
     def turn_at_once(self) -> bool:
         """Take the turn if no call holds it or waits for it, without waiting (the express lane's way
