@@ -94,9 +94,9 @@ def lane_for(g: CallGroup, x: Any, op: Any, out: Any) -> Lane | None:
     """The lane that runs ``allreduce(x, op, out)`` on ``g`` now, or None: take the usual way (which
     sets one up, :func:`open_lane`, where it can). ``out``: None, ``x`` (writable), or a writable array
     of x's kind apart from x; anything else is for the usual checks to name."""
-    if type(x) is not np.ndarray or get_ident() != _MAIN_THREAD or timeline.current is not None \
-            or execute.observer is not None:
-        return None
+    if type(x) is not np.ndarray or type(op) is not str or get_ident() != _MAIN_THREAD \
+            or timeline.current is not None or execute.observer is not None:
+        return None   # (an op of another type is for the usual checks to name: it may not even hash)
     lane = g.runtime.lanes.get((g, x.dtype, x.shape, op))
     if lane is None or g.destroyed:
         return None

@@ -124,3 +124,13 @@ def test_the_lane_is_for_the_main_thread_and_calls_without_options():
     assert _lane_taken(x, "sum")
     work = col.allreduce(x, async_op=True)     # (async, named, timed: each the usual way, in step)
     assert work.wait().tobytes() == col.allreduce(x, name="metric").tobytes() == _reference(x, "sum").tobytes()
+
+
+@pytest.mark.parametrize("op", [["sum"], {"op": "sum"}, np.array([1]), b"sum"])
+def test_an_op_of_another_type_is_the_usual_usage_error_on_every_rank(op):
+    x = _contribution((2,), np.float32, 5)
+    col.allreduce(x)
+    mine = op if ODD else "sum"   # (one rank's typo: the others hear of it and raise too)
+    with pytest.raises(col.CollectiveUsageError, match="allreduce: op"):
+        col.allreduce(x, mine)
+    assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()   # (in step again)
