@@ -63,10 +63,10 @@ class Lane:
         g, call = self.group, self.call
         if g.runtime.failure is not None:   # (as the frame begins: collectives.calls.call)
             raise stopped(call.name, g.runtime)
-        seq = call.renew()
-        result = np.empty(self.shape, self.dtype) if out is None else out
         quiet = arrays.ieee_floating_point() if self.floating else None
-        try:
+        try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as the ranks may be out of step)
+            seq = call.renew()
+            result = np.empty(self.shape, self.dtype) if out is None else out
             signature = self.template % seq
             flat_in = x if x.ndim == 1 else x.reshape(-1)
             flat_out = result if result.ndim == 1 else result.reshape(-1)
