@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import threading
-from threading import get_ident, main_thread
 from time import monotonic, perf_counter
 from typing import Any, Callable, NoReturn
 
@@ -39,14 +38,13 @@ import numpy as np
 from collectives.calls import table, timeline, validate
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.calls.group_protocol import CallGroup
-from collectives.calls.progress import Work
+from collectives.calls.progress import Work, issuer_name
 from collectives.calls.runtime import Runtime
 from collectives.calls.signature import disagreement, signature as make_signature, template
 from ring import arrays, cost, doubling
 from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, TransportTimeout
 
 _PROBLEM_BYTES = 512
-_MAIN_THREAD = main_thread().ident
 _REDUCTIONS = table.REDUCING   # (the floating-point guard)
 
 
@@ -172,7 +170,7 @@ def issue(g: CallGroup, name: str, body: Callable, args: tuple, async_op: object
         raise CollectiveUsageError(f"{name}: group: {g.label} was destroyed (Group.destroy())")
     if runtime.threads_checked:
         _check_thread(name, runtime.threads_checked)
-    issuer = "" if get_ident() == _MAIN_THREAD else threading.current_thread().name
+    issuer = issuer_name()
     if async_op is False:
         return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)[0]
     if async_op is not True:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import deque
+from threading import get_ident, main_thread
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -93,11 +94,12 @@ class Work:
         """Call ``callback(work)`` once the call is done (at once, here, if it is), else in the thread
         that finished it, holding its turn: a call it issues runs at once there, right after this one
         on every rank, but it must not wait for a later one. What it raises becomes a RuntimeWarning."""
+        registrant = issuer_name()
         with _CALLBACKS:
             if self._callbacks is not None:
-                self._callbacks.append(callback)
+                self._callbacks.append((callback, registrant))
                 return
-        _call_back(callback, self)
+        _call_back(callback, self, registrant)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the call has finished; return its result, or raise its error.
@@ -159,8 +161,8 @@ class Work:
         self._latch.release()
         with _CALLBACKS:
             callbacks, self._callbacks = self._callbacks, None
-        for callback in callbacks:
-            _call_back(callback, self)
+        for callback, registrant in callbacks:
+            _call_back(callback, self, registrant)
 
     def __repr__(self) -> str:
         if self.is_completed():
@@ -181,12 +183,42 @@ def _numbered(seq: int | None) -> str:
 _CALLBACKS = threading.Lock()   # (add_done_callback against the call finishing: rare, so one lock for all)
 
 
-def _call_back(callback: Callable[[Work], None], work: Work) -> None:
+_MAIN_THREAD = main_thread().ident
+#: The threads running a done-callback now: thread ident -> the name of the thread that registered
+#: it, which the calls the callback issues are signed with (see issuer_name).
+on_behalf: dict[int, str] = {}
+
+
+def issuer_name() -> str:
+    """The name a call issued here now is signed with (``collectives.calls.signature``): "" for the
+    main thread, else the thread's name; inside a done-callback, the name of the thread that
+    registered it, since the thread that runs a callback (the one that finished the call, or the
+    registrant, where it was done already) differs from rank to rank, and its calls do not.
+
+    >>> issuer_name()
+    ''
+    """
+    ident = get_ident()
+    behalf = on_behalf.get(ident) if on_behalf else None
+    if behalf is not None:
+        return behalf
+    return "" if ident == _MAIN_THREAD else threading.current_thread().name
+
+
+def _call_back(callback: Callable[[Work], None], work: Work, registrant: str) -> None:
+    ident = get_ident()
+    outer = on_behalf.get(ident)   # (a callback that issues a call whose callback runs at once, here)
+    on_behalf[ident] = registrant
     try:
         callback(work)
     except Exception as error:   # noqa: BLE001 - a callback's failure must not become the call's
         warnings.warn(f"a done-callback of {work.name}{_numbered(work.seq)} raised {type(error).__name__}: {error}",
                       RuntimeWarning, stacklevel=2)
+    finally:
+        if outer is None:
+            del on_behalf[ident]
+        else:
+            on_behalf[ident] = outer
 
 
 #: The engine thread takes a queued call once it is _PICKUP_SECONDS old: until then its caller may
