@@ -60,10 +60,10 @@ def parse_args(argv: list[str] | None, n: int | None, description: str = "") -> 
     args.op = args.op or "allreduce"
     args.max_bytes = args.max_bytes if args.max_bytes is not None else parse_size("64M" if args.model else "256M")
     args.factor = args.factor if args.factor is not None else (4.0 if args.model else 2.0)
-    _check_together(p, args)
-    _check_values(p, args)
+    _check_values(p, args)   # (first: the values need no import, the flags' fit may import torch, 1.4 s)
     if n is not None or args.root < 0:
         check_root(args, n)
+    _check_together(p, args)
     return args
 
 
