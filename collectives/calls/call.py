@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from threading import get_ident
 from time import monotonic, perf_counter
 from typing import Any, Callable, NoReturn
 
@@ -38,7 +39,7 @@ import numpy as np
 from collectives.calls import table, timeline, validate
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.calls.group_protocol import CallGroup
-from collectives.calls.progress import Work, issuer_name
+from collectives.calls.progress import MAIN_THREAD, Work, issuer_name, on_behalf
 from collectives.calls.runtime import Runtime
 from collectives.calls.signature import disagreement, signature as make_signature, template
 from ring import arrays, cost, doubling
@@ -170,7 +171,8 @@ def issue(g: CallGroup, name: str, body: Callable, args: tuple, async_op: object
         raise CollectiveUsageError(f"{name}: group: {g.label} was destroyed (Group.destroy())")
     if runtime.threads_checked:
         _check_thread(name, runtime.threads_checked)
-    issuer = issuer_name()
+    issuer = "" if get_ident() == MAIN_THREAD and not on_behalf else issuer_name()   # (the main thread's
+    # name without a call: every blocking call passes here)
     if async_op is False:
         return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)[0]
     if async_op is not True:

@@ -183,7 +183,7 @@ def _numbered(seq: int | None) -> str:
 _CALLBACKS = threading.Lock()   # (add_done_callback against the call finishing: rare, so one lock for all)
 
 
-_MAIN_THREAD = main_thread().ident
+MAIN_THREAD = main_thread().ident   # (the thread whose calls are signed with "")
 #: The threads running a done-callback now: thread ident -> the name of the thread that registered
 #: it, which the calls the callback issues are signed with (see issuer_name).
 on_behalf: dict[int, str] = {}
@@ -202,7 +202,7 @@ def issuer_name() -> str:
     behalf = on_behalf.get(ident) if on_behalf else None
     if behalf is not None:
         return behalf
-    return "" if ident == _MAIN_THREAD else threading.current_thread().name
+    return "" if ident == MAIN_THREAD else threading.current_thread().name
 
 
 def _call_back(callback: Callable[[Work], None], work: Work, registrant: str) -> None:

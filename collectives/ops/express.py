@@ -18,7 +18,7 @@ settings changed, a timeline records), takes the usual way.
 from __future__ import annotations
 
 import copy
-from threading import get_ident, main_thread
+from threading import get_ident
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,6 @@ from collectives.calls.call import Call, ended, stopped
 from collectives.calls.group_protocol import CallGroup
 from ring import algorithms, arrays, doubling, execute
 
-_MAIN_THREAD = main_thread().ident
 _MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making new shapes does not grow it)
 
 
@@ -94,7 +93,7 @@ def lane_for(g: CallGroup, x: Any, op: Any, out: Any) -> Lane | None:
     """The lane that runs ``allreduce(x, op, out)`` on ``g`` now, or None: take the usual way (which
     sets one up, :func:`open_lane`, where it can). ``out``: None, ``x`` (writable), or a writable array
     of x's kind apart from x; anything else is for the usual checks to name."""
-    if type(x) is not np.ndarray or type(op) is not str or get_ident() != _MAIN_THREAD or progress.on_behalf \
+    if type(x) is not np.ndarray or type(op) is not str or get_ident() != progress.MAIN_THREAD or progress.on_behalf \
             or timeline.current is not None or execute.observer is not None:
         return None   # (an op of another type is for the usual checks to name: it may not even hash)
     lane = g.runtime.lanes.get((g, x.dtype, x.shape, op))
