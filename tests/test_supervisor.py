@@ -60,3 +60,30 @@ def test_a_healthy_finalize_is_never_ended(host):
         assert reasons._held_in_finalize(t) == ""
     host.discard(12)
     assert reasons.to_end(b"me") == ""   # (not in MPI_Finalize: the rule does not apply)
+
+
+def test_a_sibling_ended_but_not_reaped_has_ended():
+    """hydra's proxy reaps a child only when an event wakes it, at most one per event: a rank's supervisor
+    can stay a zombie while the other ranks wait quietly in MPI_Finalize. It has ended all the same (it
+    was counted running, and a finished job waited for ever: CI, once). Here a process plays the proxy:
+    it starts one child that ends at once and is never reaped, and one that asks ``_siblings``."""
+    import os
+    import time
+    proxy = os.fork()
+    if proxy == 0:   # (the proxy: never reaps its first child)
+        status = 1
+        try:
+            ended = os.fork()
+            if ended == 0:
+                os._exit(0)
+            while open(f"/proc/{ended}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                time.sleep(0.01)
+            asking = os.fork()
+            if asking == 0:
+                os._exit(0 if supervisor._siblings() == set() else 1)
+            _, waited = os.waitpid(asking, 0)
+            status = os.waitstatus_to_exitcode(waited)
+        finally:
+            os._exit(status)
+    _, waited = os.waitpid(proxy, 0)
+    assert os.waitstatus_to_exitcode(waited) == 0, "a zombie sibling was counted as running"

@@ -21,6 +21,7 @@ from collectives.elastic import outcome
 from collectives.process import changes, ending, launchers
 from collectives.process.life import life
 from collectives.process.supervision import PIPE, PORT, Heard
+from ring.transport.host_waits import process_state
 
 
 def supervise() -> None:
@@ -185,14 +186,20 @@ class _Reasons:
 
 
 def _siblings() -> set[int]:
-    """The other processes that this one's parent started (under MPICH's launcher: the supervisors
-    of the other ranks on this host), from Linux's /proc; none where it cannot tell."""
+    """The other processes that this one's parent started and that still run (under MPICH's launcher:
+    the supervisors of the other ranks on this host), from Linux's /proc; none where it cannot tell.
+
+    One that has ended but is not yet reaped (a zombie) has ended: hydra's proxy reaps a child only
+    when an event wakes it (output, a closed descriptor, a PMI message) and then at most one, so a
+    supervisor whose end the proxy looked for too early stays a zombie for as long as the others keep
+    quiet, in MPI_Finalize say (a finished job waited there for ever: CI, once; tests/test_elastic.py)."""
     parent = os.getppid()
     try:
         with open(f"/proc/{parent}/task/{parent}/children") as f:
-            return {int(pid) for pid in f.read().split()} - {os.getpid()}
+            children = {int(pid) for pid in f.read().split()} - {os.getpid()}
     except (OSError, ValueError):
         return set()
+    return {pid for pid in children if process_state(pid) is None}
 
 
 def _local_ranks() -> int:
