@@ -65,7 +65,7 @@ def _through_the_lane(general: Callable) -> Callable:
     def allreduce(x: Any, op: str = "sum", out: Any = None, *, group: Group | None = None, **options: Any) -> Any:
         world = startup.the_world
         if group is None and not options and world is not None:
-            lane = express.lane_for(world, x, op, out)
+            lane = express.allreduce_lane(world, x, op, out)
             if lane is not None:
                 return lane.run(x, out)
         return general(x, op, out, group=group, **options)

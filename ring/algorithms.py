@@ -156,7 +156,7 @@ def allreduce_two_level(local: Transport, across: Transport, bound: Bound, input
 
 
 def allgather_small(transport: Transport, bound: Bound, counts: tuple[int, ...], data: np.ndarray | None,
-                 signature: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+                     signature: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     """One recursive-doubling exchange that carries the check of ``signature``, every rank's
     ``counts`` (the same number of them on every rank) and, on the guess that every rank brings as
     many bytes as this one, every rank's ``data``: returns (``counts`` per rank, one row each, and
@@ -167,18 +167,37 @@ def allgather_small(transport: Transport, bound: Bound, counts: tuple[int, ...],
     right; the bytes only when every rank brought as many as this one (which the counts tell).
     With ``data=None`` this is the all-gather's first step on the ring path: the counts alone.
     """
-    n, rank, k = transport.size, transport.rank, len(counts)
+    message, slot = allgather_message(transport.size, transport.rank, counts, 0 if data is None else data.nbytes)
+    if slot.size:
+        slot[...] = data.view(np.uint8)
+    gathered = np.empty(message.size, np.uint8)   # (not empty_like: a Python function in numpy 2)
+    if not doubling.agree(transport, bound, signature, message, np.bitwise_or, gathered):
+        return None
+    return allgather_parts(gathered, transport.size, len(counts))
+
+
+def allgather_message(n: int, rank: int, counts: tuple[int, ...], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The message of :func:`allgather_small` from rank ``rank`` of ``n`` with ``counts`` and ``width``
+    bytes of data: every rank's counts (int64), then every rank's bytes, zeros but this rank's; and
+    this rank's place for its bytes in it.
+
+    >>> message, slot = allgather_message(2, 1, (3, -1), 4)
+    >>> message[:32].view(np.int64).tolist(), message.size, slot.size
+    ([0, 0, 3, -1], 40, 4)
+    """
+    k = len(counts)
     head = n * k * 8
-    width = 0 if data is None else data.nbytes
     message = np.zeros(head + n * width, np.uint8)
     mine = message[:head].view(np.int64)
     for j, count in enumerate(counts):   # (element by element: a tuple assigned to a row converts slowly)
         mine[rank * k + j] = count
-    if width:
-        message[head + rank * width:head + (rank + 1) * width] = data.view(np.uint8)
-    gathered = np.empty(message.size, np.uint8)   # (not empty_like: a Python function in numpy 2)
-    if not doubling.agree(transport, bound, signature, message, np.bitwise_or, gathered):
-        return None
+    return message, message[head + rank * width:head + (rank + 1) * width]
+
+
+def allgather_parts(gathered: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`allgather_small` gathered, as (every rank's ``k`` counts, one row each; the bytes):
+    views of ``gathered``."""
+    head = n * k * 8
     return gathered[:head].view(np.int64).reshape(n, k), gathered[head:]
 
 

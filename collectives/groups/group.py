@@ -201,7 +201,7 @@ class Group:
         """
         if async_op is False and timeout is None and name is None and algorithm is None and compression is None \
                 and reproducible is False:
-            lane = express.lane_for(self, x, op, out)
+            lane = express.allreduce_lane(self, x, op, out)
             if lane is not None:
                 return lane.run(x, out)
         body, more = (bodies.allreduce, ()) if reproducible is False else (exact.allreduce, (reproducible,))
@@ -249,6 +249,10 @@ class Group:
                [1, 1],
                [1, 1]])
         """
+        if async_op is False and timeout is None and name is None and algorithm is None:
+            lane = express.allgather_lane(self, x, out)
+            if lane is not None:
+                return lane.run(x, out)
         return issue(self, "allgather", bodies.allgather, (x, out), async_op, timeout, name, algorithm)
 
     def broadcast(self, x, root: int = 0, *, async_op: bool = False, timeout: float | None = None,
@@ -261,6 +265,10 @@ class Group:
 
         >>> params = col.broadcast(params, root=0)                         # doctest: +SKIP
         """
+        if async_op is False and timeout is None and name is None and algorithm is None:
+            lane = express.broadcast_lane(self, x, root)
+            if lane is not None:
+                return lane.run(x)
         return issue(self, "broadcast", bodies.broadcast, (x, root), async_op, timeout, name, algorithm)
 
     def alltoall(self, x, splits=None, out=None, *, out_splits=None, async_op: bool = False,

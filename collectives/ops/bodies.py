@@ -267,28 +267,41 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
     sig = call.signature(dtype=x.dtype, shape=x.shape[1:], memory="host" if host else "gpu")
     call.nbytes = x.nbytes
     source = x if x.ndim == 1 and x.flags.c_contiguous else flat(x)   # (flat's own test: a call less)
-    mine = (x.shape[0], -1 if out is None else out.shape[0])
+    out_rows = -1 if out is None else out.shape[0]
     small = choose(call, "allgather", _gathered_guess(n, x.nbytes), host) == "doubling"
-    found = algorithms.allgather_small(g.transport, call, mine, source if small else None, sig)   # (carries the check)
-    if found is None:
+    found = algorithms.allgather_small(g.transport, call, (x.shape[0], out_rows), source if small else None, sig)
+    if found is None:   # (the check rode along)
         call.disagree(sig)
-    every, gathered = found
-    rows, outs = every[:, 0].tolist(), every[:, 1].tolist()
-    total = sum(rows)
+    every, data = found
+    result = gathered(call, x, out, source, every, data if small else None)
+    if call.algorithm == "doubling" and host:
+        express.open_lane(call, x, out_rows, gathered)   # (the calls of this kind that follow skip the layers above)
+    return result
+
+
+def gathered(call: Call, x: Any, out: Any, source: Any, every: np.ndarray, rows: np.ndarray | None) -> Any:
+    """The rest of an all-gather of ``x`` (``source``: flat) into ``out`` once ``every`` rank's counts
+    (its rows, its ``out``'s rows or -1) have travelled (``algorithms.allgather_small``), and with them
+    every rank's bytes (``rows``, None: not sent) on the guess that each brings as many rows as this
+    one: where every rank does, they are the result; else the ring carries the data."""
+    g, n = call.group, call.group.transport.size
+    rows_of, outs = every[:, 0].tolist(), every[:, 1].tolist()
+    total = sum(rows_of)
     if outs.count(-1) + outs.count(total) != n:   # known on every rank alike
         wrong = [g.ranks[r] for r, given in enumerate(outs) if given not in (-1, total)]
         raise CollectiveUsageError(f"allgather: out: axis 0 must be {total} (the rows of every rank together), "
                                    f"but is not on rank(s) {', '.join(map(str, wrong))}")
+    host = type(x) is np.ndarray
     result = out if out is not None else (np if host else xp_of(x)).empty((total,) + x.shape[1:], x.dtype)
     target = result if result.ndim == 1 and result.flags.c_contiguous else flat_target(result)
-    if small and rows.count(x.shape[0]) == n:   # the guess held (on every rank alike): as many rows everywhere
-        target.view(np.uint8)[...] = gathered
+    if rows is not None and rows_of.count(x.shape[0]) == n:   # the guess held (on every rank alike)
+        target.view(np.uint8)[...] = rows
     else:
-        if small:
+        if rows is not None:
             call.algorithm = "ring"   # (the counts travelled by doubling, the data goes round the ring)
         row = math.prod(x.shape[1:])
         transport = transport_for(call, x)
-        algorithms.allgather(transport, call, transportable(source), transportable(target), [r * row for r in rows],
+        algorithms.allgather(transport, call, transportable(source), transportable(target), [r * row for r in rows_of],
                              call.runtime.segment_elems(x.dtype, transport))
     return result if target is result else write_back(result, target)
 
@@ -305,6 +318,8 @@ def broadcast(call: Call, x: Any, root: Any) -> Any:
     if choose(call, "broadcast", x.nbytes, host) == "doubling":
         if not algorithms.broadcast_small(g.transport, call, buffer, root, sig):
             call.disagree(sig)
+        if host:
+            express.open_lane(call, x, root)   # (the calls of this kind that follow skip the layers above)
     else:
         call.agree(sig)
         transport = transport_for(call, x)

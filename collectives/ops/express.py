@@ -1,15 +1,16 @@
-"""The express lane: a small blocking all-reduce of a host array, as a program repeats it (a
-training loop's loss, a metric, a few KiB of gradients), in one frame instead of five layers.
+"""The express lane: a small blocking collective of a host array, as a program repeats it (a training
+loop's loss, a metric, a few KiB of gradients, a flag broadcast, a row gathered), in one frame
+instead of five layers.
 
-The first call of each kind (group, dtype, shape, op) takes the usual way (``collectives.calls.call``,
-``bodies.allreduce``) and, where the runtime would run it by recursive doubling, sets up a
-:class:`Lane` for the calls that follow: its checks made once, its signature template, its
-``Call`` (the bound of its waits) kept and renumbered. A later call of that kind with no options
-(``timeout=``, ``name=``, ``algorithm=``, ``compression=``, ``async_op=``) from the main thread
-then runs the lane: the same engine turn, the same message (the signature riding on the data:
-``ring.doubling``), the same bounded wait and the same errors, only fewer Python frames (13 instead
-of 18 at n=2, ``scripts/call_cost.py``). Anything else, or a lane that no longer fits (the
-settings changed, a timeline records), takes the usual way.
+The first call of each kind (group, collective, dtype, shape, and the op, root or ``out`` rows) takes
+the usual way (``collectives.calls.call``, ``collectives.ops.bodies``) and, where the runtime runs it
+by recursive doubling, sets up a :class:`Lane` for the calls that follow: its checks made once, its
+signature template, its ``Call`` (the bound of its waits) kept and renumbered, its exchange made ready.
+A later call of that kind with no options (``timeout=``, ``name=``, ``algorithm=``, ``compression=``,
+``async_op=``) from the main thread then runs the lane: the same engine turn, the same message (the
+signature riding on the data: ``ring.doubling``), the same bounded wait and the same errors, only
+fewer Python frames (``scripts/call_cost.py`` counts them). Anything else, or a lane that no longer
+fits (the settings changed, a timeline records), takes the usual way.
 
     >>> x = np.ones(2, np.float32)                                                   # doctest: +SKIP
     >>> col.allreduce(x)            # sets the lane up                               # doctest: +SKIP
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import copy
 from threading import get_ident
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,24 +33,23 @@ _MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making
 
 
 class Lane:
-    """What every call of one kind shares: the group, the array's ``dtype`` and ``shape``, the op
-    and its ufunc, the signature template, the reused ``call``, whether its arithmetic is floating
-    point, and its exchange made ready (``ring.doubling.Prepared``, in the main thread's buffers, at
-    its first run; "avg" takes ``algorithms.allreduce_small``, which scales)."""
+    """What every call of one kind shares: the group, the signature template, the reused ``call``,
+    whether the arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
-    __slots__ = ("group", "transport", "dtype", "shape", "op", "combine", "template", "call", "floating", "ready")
+    __slots__ = ("group", "transport", "template", "call", "floating", "ready")
 
-    def __init__(self, group: CallGroup, x: np.ndarray, op: str, template: bytes, call: Call):
-        self.group, self.dtype, self.shape, self.op, self.template = group, x.dtype, x.shape, op, template
-        self.transport = group.transport   # (a group's, for its whole life)
-        self.combine = arrays.ufunc(np, op) if op != "avg" else None
-        self.call = call
-        self.floating = x.dtype.kind in "fc"
-        self.ready: doubling.Prepared | None = None
+    def __init__(self, call: Call, x: np.ndarray, floating: bool):
+        self.group, self.template = call.group, call.template
+        self.transport = call.group.transport   # (a group's, for its whole life)
+        self.call = copy.copy(call)   # (a bound of its own, renewed by each call)
+        self.call.background = False
+        self.floating = floating
+        self.ready: doubling.Prepared | None = None   # (made at the first run, in the main thread's buffers)
 
-    def run(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        """One call: the engine's turn taken at once where it is free (else in its place, as
-        ``run_now`` gives it), then what ``_frame`` and ``bodies.allreduce`` do for it."""
+    def run(self, x: np.ndarray, out: np.ndarray | None = None) -> Any:
+        """One call on ``x`` (``out``: where the collective has one): the engine's turn taken at once
+        where it is free (else in its place, as ``run_now`` gives it), then what ``_frame`` does around
+        the body, with :meth:`move` as the body."""
         engine = self.group.runtime.engine
         if not engine.turn_at_once():
             return engine.run_now(self._in_turn, x, out)
@@ -58,27 +58,14 @@ class Lane:
         finally:
             engine.end_turn()
 
-    def _in_turn(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    def _in_turn(self, x: np.ndarray, out: np.ndarray | None) -> Any:
         g, call = self.group, self.call
         if g.runtime.failure is not None:   # (as the frame begins: collectives.calls.call)
             raise stopped(call.name, g.runtime)
         quiet = arrays.ieee_floating_point() if self.floating else None
         try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as the ranks may be out of step)
             seq = call.renew()
-            result = np.empty(self.shape, self.dtype) if out is None else out
-            signature = self.template % seq
-            flat_in = x if x.ndim == 1 else x.reshape(-1)
-            flat_out = result if result.ndim == 1 else result.reshape(-1)
-            ready = self.ready
-            if ready is not None:
-                agreed = ready.run(self.transport, call, signature, flat_in, self.combine, flat_out)
-            elif self.combine is not None:
-                self.ready = doubling.prepared(self.transport, self.dtype, x.nbytes)
-                agreed = self.ready.run(self.transport, call, signature, flat_in, self.combine, flat_out)
-            else:
-                agreed = algorithms.allreduce_small(self.transport, call, flat_in, flat_out, self.op, signature)
-            if not agreed:
-                call.disagree(signature)
+            result = self.move(self.template % seq, x, out)
             self.transport.control.check_gave_up(seq)
         except BaseException as e:
             ended(call, e)
@@ -88,15 +75,102 @@ class Lane:
         call.in_step = True
         return result
 
+    def move(self, signature: bytes, x: np.ndarray, out: np.ndarray | None) -> Any:
+        """The body of one call signed ``signature``: the exchange, and what the usual body does after it."""
+        raise NotImplementedError
 
-def lane_for(g: CallGroup, x: Any, op: Any, out: Any) -> Lane | None:
+    def _prepared(self, dtype: np.dtype, nbytes: int) -> doubling.Prepared:
+        self.ready = doubling.prepared(self.transport, dtype, nbytes)
+        return self.ready
+
+
+class AllreduceLane(Lane):
+    """A small all-reduce by ``op`` of arrays of one ``dtype`` and ``shape`` ("avg" takes
+    ``algorithms.allreduce_small``, which scales)."""
+
+    __slots__ = ("dtype", "shape", "op", "combine")
+
+    def __init__(self, call: Call, x: np.ndarray, op: str):
+        super().__init__(call, x, floating=x.dtype.kind in "fc")
+        self.dtype, self.shape, self.op = x.dtype, x.shape, op
+        self.combine = arrays.ufunc(np, op) if op != "avg" else None
+
+    def move(self, signature: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        result = np.empty(self.shape, self.dtype) if out is None else out
+        flat_in = x if x.ndim == 1 else x.reshape(-1)
+        flat_out = result if result.ndim == 1 else result.reshape(-1)
+        if self.combine is None:
+            agreed = algorithms.allreduce_small(self.transport, self.call, flat_in, flat_out, self.op, signature)
+        else:
+            ready = self.ready or self._prepared(self.dtype, x.nbytes)
+            agreed = ready.run(self.transport, self.call, signature, flat_in, self.combine, flat_out)
+        if not agreed:
+            self.call.disagree(signature)
+        return result
+
+
+class BroadcastLane(Lane):
+    """A small broadcast from ``root`` of arrays of one dtype and shape: as ``algorithms.broadcast_small``,
+    the root's bytes and every other rank's zeros combined by bitwise or."""
+
+    __slots__ = ("from_here", "zeros")
+
+    def __init__(self, call: Call, x: np.ndarray, root: int):
+        super().__init__(call, x, floating=False)
+        self.from_here = self.transport.rank == root
+        self.zeros = np.zeros(x.nbytes, np.uint8)
+
+    def move(self, signature: bytes, x: np.ndarray, out: None) -> np.ndarray:
+        mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
+        ready = self.ready or self._prepared(mine.dtype, mine.nbytes)
+        if self.from_here:
+            agreed = ready.run(self.transport, self.call, signature, mine, np.bitwise_or, None)
+        else:
+            agreed = ready.run(self.transport, self.call, signature, self.zeros, np.bitwise_or, mine)
+        if not agreed:
+            self.call.disagree(signature)
+        return x
+
+
+class AllgatherLane(Lane):
+    """A small all-gather of arrays of one dtype and shape into ``out`` of ``out_rows`` (-1: a new
+    array): the message of ``algorithms.allgather_small``, made once (this rank's counts in place, its
+    slot for the data); what the counts tell afterwards is the usual body's (``finish``)."""
+
+    __slots__ = ("message", "slot", "gathered", "every", "rows", "finish")
+
+    def __init__(self, call: Call, x: np.ndarray, out_rows: int, finish: Callable):
+        super().__init__(call, x, floating=False)
+        n, rank = self.transport.size, self.transport.rank
+        self.message, self.slot = algorithms.allgather_message(n, rank, (x.shape[0], out_rows), x.nbytes)
+        self.gathered = np.empty(self.message.size, np.uint8)
+        self.every, self.rows = algorithms.allgather_parts(self.gathered, n, 2)
+        self.finish = finish
+
+    def move(self, signature: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        source = x if x.ndim == 1 else x.reshape(-1)
+        self.slot[...] = source.view(np.uint8)
+        ready = self.ready or self._prepared(self.message.dtype, self.message.nbytes)
+        if not ready.run(self.transport, self.call, signature, self.message, np.bitwise_or, self.gathered):
+            self.call.disagree(signature)
+        return self.finish(self.call, x, out, source, self.every, self.rows)
+
+
+def _open_to(g: CallGroup, x: Any) -> bool:
+    """Whether a call on ``x`` may take a lane at all: a host array, from the main thread (not inside
+    a done-callback), with no timeline or observer recording, on a group still alive."""
+    return type(x) is np.ndarray and get_ident() == progress.MAIN_THREAD and not progress.on_behalf \
+        and timeline.current is None and execute.observer is None and not g.destroyed
+
+
+def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any) -> AllreduceLane | None:
     """The lane that runs ``allreduce(x, op, out)`` on ``g`` now, or None: take the usual way (which
     sets one up, :func:`open_lane`, where it can). ``out``: None, ``x`` (writable), or a writable array
     of x's kind apart from x; anything else is for the usual checks to name."""
     if type(x) is not np.ndarray or type(op) is not str or get_ident() != progress.MAIN_THREAD or progress.on_behalf \
-            or timeline.current is not None or execute.observer is not None:
-        return None   # (an op of another type is for the usual checks to name: it may not even hash)
-    lane = g.runtime.lanes.get((g, x.dtype, x.shape, op))
+            or timeline.current is not None or execute.observer is not None:   # (_open_to's, inline: the
+        return None   # hottest path; an op of another type is for the usual checks to name: it may not even hash)
+    lane = g.runtime.lanes.get((g, "allreduce", x.dtype, x.shape, op))
     if lane is None or g.destroyed:
         return None
     if out is None:
@@ -104,23 +178,56 @@ def lane_for(g: CallGroup, x: Any, op: Any, out: Any) -> Lane | None:
     if out is x:
         flags = x.flags
         return lane if flags.writeable and flags.c_contiguous else None
-    if type(out) is np.ndarray and out.dtype == lane.dtype and out.shape == lane.shape:
+    if type(out) is np.ndarray and out.dtype == lane.dtype and out.shape == lane.shape:   # (_apart's, inline)
         flags = out.flags
-        if flags.writeable and flags.c_contiguous and (   # (two arrays that own their memory never overlap)
-                x.base is None and out.base is None or not np.may_share_memory(x, out)):
+        if flags.writeable and flags.c_contiguous and (x.base is None and out.base is None or
+                                                       not np.may_share_memory(x, out)):
             return lane
     return None
 
 
-def open_lane(call: Call, x: np.ndarray, op: str) -> None:
-    """After ``call``, an all-reduce of host array ``x`` by ``op``, ran by recursive doubling: keep a
-    lane for the calls of its kind that follow, where it forced no option."""
-    g, runtime = call.group, call.runtime
-    if call.thread or call.forced or call.call_name or x.dtype.isbuiltin != 1 or not x.flags.c_contiguous \
-            or call.window != runtime.settings.timeout:
+def broadcast_lane(g: CallGroup, x: Any, root: Any) -> BroadcastLane | None:
+    """The lane that runs ``broadcast(x, root)`` on ``g`` now, or None (a strided ``x``, one this rank
+    cannot write where it receives: the usual way, which copies or names it)."""
+    if type(root) is not int or not _open_to(g, x):
+        return None
+    lane = g.runtime.lanes.get((g, "broadcast", x.dtype, x.shape, root))
+    flags = x.flags
+    return lane if lane is not None and flags.c_contiguous and (lane.from_here or flags.writeable) else None
+
+
+def allgather_lane(g: CallGroup, x: Any, out: Any) -> AllgatherLane | None:
+    """The lane that runs ``allgather(x, out)`` on ``g`` now, or None. ``out``: None, or a writable
+    array of x's dtype whose rows are those of the lane's kind, apart from x."""
+    if not _open_to(g, x) or not x.flags.c_contiguous:
+        return None
+    rows = -1 if out is None else out.shape[0] if type(out) is np.ndarray and out.ndim else None
+    lane = g.runtime.lanes.get((g, "allgather", x.dtype, x.shape, rows)) if rows is not None else None
+    if lane is None or out is None:
+        return lane
+    return lane if _apart(out, x, (rows,) + x.shape[1:]) else None
+
+
+def _apart(out: Any, x: np.ndarray, shape: tuple) -> bool:
+    """Whether ``out`` is a writable contiguous array of x's dtype and ``shape`` that shares no memory with x."""
+    if type(out) is not np.ndarray or out is x or out.dtype != x.dtype or out.shape != shape:
+        return False
+    flags = out.flags   # (two arrays that own their memory never overlap)
+    return flags.writeable and flags.c_contiguous and (x.base is None and out.base is None or
+                                                       not np.may_share_memory(x, out))
+
+
+def open_lane(call: Call, x: np.ndarray, kind: Any, *more: Any) -> None:
+    """After ``call``, a collective of host array ``x`` that ran by recursive doubling: keep a lane
+    for the calls of its kind that follow (``kind``: the op, the root, or the ``out`` rows), where it
+    forced no option. ``more``: what the lane needs besides (the all-gather's ``finish``)."""
+    g, runtime, lane = call.group, call.runtime, _LANES.get(call.name)
+    if lane is None or call.thread or call.forced or call.call_name or x.dtype.isbuiltin != 1 \
+            or not x.flags.c_contiguous or call.window != runtime.settings.timeout or not x.size:
         return
     if len(runtime.lanes) >= _MOST_LANES:
         runtime.lanes.clear()
-    kept = copy.copy(call)   # (a bound of its own, renewed by each call: see Lane.run)
-    kept.background = False
-    runtime.lanes[(g, x.dtype, x.shape, op)] = Lane(g, x, op, call.template, kept)
+    runtime.lanes[(g, call.name, x.dtype, x.shape, kind)] = lane(call, x, kind, *more)
+
+
+_LANES = {"allreduce": AllreduceLane, "broadcast": BroadcastLane, "allgather": AllgatherLane}

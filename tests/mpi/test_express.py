@@ -1,6 +1,6 @@
-"""Tier 2, issue 61: the express lane of a repeated small all-reduce (``collectives.ops.express``)
-gives the bits of the usual way and of mpi4py's own, keeps the cross-rank check and the usage
-errors, and gives way where the settings change. Runs at every world size."""
+"""Tier 2, issue 61: the express lanes of a repeated small all-reduce, broadcast and all-gather
+(``collectives.ops.express``) give the bits of the usual way and of mpi4py's own, keep the cross-rank
+check and the usage errors, and give way where the settings change. Runs at every world size."""
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -33,7 +33,7 @@ def _reference(x, op):
 
 
 def _lane_taken(x, op, out=None) -> bool:
-    return express.lane_for(col.world_group(), x, op, out) is not None
+    return express.allreduce_lane(col.world_group(), x, op, out) is not None
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint8, np.float16])
@@ -134,3 +134,103 @@ def test_an_op_of_another_type_is_the_usual_usage_error_on_every_rank(op):
     with pytest.raises(col.CollectiveUsageError, match="allreduce: op"):
         col.allreduce(x, mine)
     assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()   # (in step again)
+
+
+def _broadcast_lane_taken(x, root) -> bool:
+    return express.broadcast_lane(col.world_group(), x, root) is not None
+
+
+def _allgather_lane_taken(x, out=None) -> bool:
+    return express.allgather_lane(col.world_group(), x, out) is not None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8, np.float16])
+@pytest.mark.parametrize("shape", [(3,), (2, 5), (1000,)])
+def test_a_repeated_small_broadcast_takes_the_lane_with_the_usual_bits(dtype, shape):
+    for step in range(4):
+        root = (step * 2 + 1) % N   # (a few roots; each its own lane)
+        x = _contribution(shape, dtype, step)
+        expected = COMM.bcast(x, root=root)
+        usual = x.copy()
+        col.broadcast(usual, root, timeout=60)   # (an option: the usual way)
+        assert usual.tobytes() == expected.tobytes()
+        mine = x.copy()
+        if step >= N:   # (every root's lane opened by now)
+            assert _broadcast_lane_taken(mine, root), "the lane was not taken for a call it had served before"
+        assert col.broadcast(mine, root) is mine
+        assert mine.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int16, np.float64])
+@pytest.mark.parametrize("shape", [(1,), (3,), (2, 5), (200, 3)])
+@pytest.mark.parametrize("out_kind", ["new", "own out"])
+def test_a_repeated_small_allgather_takes_the_lane_with_the_usual_bits(dtype, shape, out_kind):
+    for step in range(4):
+        x = _contribution(shape, dtype, step)
+        expected = np.concatenate(COMM.allgather(x))
+        usual = col.allgather(x, timeout=60)
+        assert usual.tobytes() == expected.tobytes()
+        out = None if out_kind == "new" else np.full(expected.shape, 7, dtype)
+        if step > 0:
+            assert _allgather_lane_taken(x, out), "the lane was not taken for a call it had served before"
+        got = col.allgather(x, out=out)
+        assert got.shape == expected.shape and got.dtype == dtype and got.tobytes() == expected.tobytes()
+        if out is not None:
+            assert got is out
+
+
+def test_an_allgather_whose_rows_differ_across_ranks_goes_round_the_ring_from_the_lane():
+    """The lane's guess (every rank brings as many rows) fails when one rank brings more: the counts
+    tell every rank alike, and the data goes round the ring, as on the usual way."""
+    x = _contribution((2, 3), np.float32, 6)
+    col.allgather(x)
+    assert _allgather_lane_taken(x)
+    mine = _contribution((4, 3), np.float32, 6) if ODD and N > 1 else x   # (the odd rank's: the usual way)
+    got = col.allgather(mine)
+    assert got.tobytes() == np.concatenate(COMM.allgather(mine)).tobytes()
+    assert col.allgather(x).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()   # (in step again)
+
+
+def test_a_broadcast_or_allgather_that_differs_across_ranks_is_refused_on_every_rank_through_the_lane():
+    if N < 2:
+        pytest.skip("needs two ranks to disagree")
+    x = _contribution((4,), np.float32, 0)
+    col.broadcast(x.copy(), 0)
+    col.allgather(x)
+    with pytest.raises(col.CollectiveUsageError, match=rf"broadcast: root: root differs across ranks: rank 0: 0, "
+                                                       rf"rank {N - 1}: 1"):
+        col.broadcast(x.copy(), 1 if ODD else 0)
+    with pytest.raises(col.CollectiveUsageError, match="broadcast: .*differs across ranks"):
+        col.broadcast(x.astype(np.float64) if ODD else x.copy(), 0)
+    with pytest.raises(col.CollectiveUsageError, match="allgather: .*differs across ranks"):
+        col.allgather(x.astype(np.float64) if ODD else x)
+    assert col.allgather(x).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()   # (in step again)
+
+
+@pytest.mark.parametrize("bad_out, says", [
+    (lambda x: np.empty((x.shape[0] * N + 1,) + x.shape[1:], x.dtype), "out: axis 0 must be"),
+    (lambda x: np.empty((x.shape[0] * N,) + x.shape[1:], np.float64), "out"),
+    (lambda x: np.frombuffer(bytes(x.nbytes * N), x.dtype).reshape((-1,) + x.shape[1:]), "out"),   # read-only
+    (lambda x: x, "out"),                                                                       # x itself
+])
+def test_a_bad_out_after_the_allgather_lane_opened_is_the_usual_usage_error(bad_out, says):
+    x = _contribution((3, 2), np.int32, 1)
+    col.allgather(x, out=np.empty((3 * N, 2), np.int32))   # (the lane of an out with these rows)
+    before = x.copy()
+    with pytest.raises(col.CollectiveUsageError, match=rf"allgather: {says}"):
+        col.allgather(x, out=bad_out(x))
+    assert np.array_equal(x, before)
+    assert col.allgather(x).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()
+
+
+def test_a_read_only_x_that_a_broadcast_would_write_is_refused_through_the_lane():
+    if N < 2:
+        pytest.skip("a world of one writes nothing")
+    x = _contribution((5,), np.float32, 2)
+    col.broadcast(x.copy(), 0)
+    mine = x.copy()
+    mine.flags.writeable = RANK == 0   # (the root's may be read-only: it is only read)
+    assert _broadcast_lane_taken(mine, 0) == (RANK == 0)
+    with pytest.raises(col.CollectiveUsageError, match="broadcast: x"):
+        col.broadcast(mine, 0)
+    assert col.allgather(x).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()   # (in step again)

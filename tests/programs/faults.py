@@ -178,7 +178,7 @@ def late_after_timeout() -> None:
         col.init(timeout=timeout)
         col.allreduce(x)   # (the first of its kind: the next one takes the lane)
         from collectives.ops import express
-        assert express.lane_for(col.world_group(), x, "sum", None) is not None, "the lane did not open"
+        assert express.allreduce_lane(col.world_group(), x, "sum", None) is not None, "the lane did not open"
     else:
         col.barrier(group=group)
     do = (lambda: col.barrier(timeout=timeout, group=group)) if call == "barrier" else \
