@@ -145,6 +145,7 @@ def test_after_a_timeout_the_census_tells_a_late_rank_from_an_absent_one():
 
 @pytest.mark.parametrize("n, call, others", [(2, "allreduce", "staying"), (3, "ring", "staying"),
                                              (2, "lane-allreduce", "staying"), (3, "lane-allreduce", "gone"),
+                                             (2, "lane-broadcast", "staying"), (3, "lane-allgather", "gone"),
                                              (2, "barrier", "staying"), (3, "allreduce", "gone"),
                                              (3, "group-allreduce", "staying"), (2, "group-barrier", "gone")])
 def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call, others):
@@ -156,12 +157,12 @@ def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call
     assert "ok late call" not in output and status not in (0, -9), output
     assert sorted(errors) == list(range(n)), output
     for rank in (0, 2)[:n - 1]:   # (its own timeout, or the other's, whose give-up came first)
-        assert re.search(rf"(allreduce|barrier) #2 on rank {rank}( in group \[[\d, ]+\])?: (rank \d (gave up|left: it stopped after) .*)?"
+        assert re.search(rf"(allreduce|barrier|broadcast|allgather) #2 on rank {rank}( in group \[[\d, ]+\])?: (rank \d (gave up|left: it stopped after) .*)?"
                          rf"timed out after 2(\.\d+)? s", errors[rank][1]), output
     seconds, message = errors[1]
     assert seconds < LEAVE_BOUND_S, output
-    assert re.search(r"(allreduce|barrier) #2 on rank 1( in group \[[\d, ]+\])?: rank 0 (gave up|left: it stopped "
-                     r"after a failure).*(allreduce|barrier) #2 on rank \d( in group \[[\d, ]+\])?: timed out after 2",
+    assert re.search(r"(allreduce|barrier|broadcast|allgather) #2 on rank 1( in group \[[\d, ]+\])?: rank 0 (gave up|"
+                     r"left: it stopped after a failure).*(allreduce|barrier|broadcast|allgather) #2 on rank \d( in group \[[\d, ]+\])?: timed out after 2",
                      message), output   # (rank 0's own timeout, or the other one's that reached it first)
 
 

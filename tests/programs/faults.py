@@ -162,8 +162,8 @@ def late_after_timeout() -> None:
     """Rank 1 comes to a call only after every other rank timed out of it (cued by each once its call
     has raised): it must fail the call too, not complete it alone with the data the others had sent
     before giving up. argv[2]: "allreduce" (small: recursive doubling), "ring" (large), "barrier",
-    "lane-allreduce" (small, with no option: the express lane that its first call opened, with the
-    timeout set by init), or "group-allreduce", "group-barrier" (on a group of every rank, made
+    "lane-allreduce", "lane-broadcast", "lane-allgather" (small, with no option: the express lane that
+    its first call opened, with the timeout set by init), or "group-allreduce", "group-barrier" (on a group of every rank, made
     first: its give-up is sent beside the world's); argv[3]: "staying" (the others live on until
     rank 1's call has ended: their give-up message tells it) or "gone" (they end their programs:
     their farewells tell it)."""
@@ -174,16 +174,19 @@ def late_after_timeout() -> None:
     x = _ints(count, col.rank())
     late = 1
     timeout = 30 if col.rank() == late else 2
-    if call == "lane-allreduce":
-        col.init(timeout=timeout)
-        col.allreduce(x)   # (the first of its kind: the next one takes the lane)
+    lanes = {"lane-allreduce": lambda: col.allreduce(x), "lane-broadcast": lambda: col.broadcast(x, 0),
+             "lane-allgather": lambda: col.allgather(x)}
+    if call in lanes:
         from collectives.ops import express
-        assert express.allreduce_lane(col.world_group(), x, "sum", None) is not None, "the lane did not open"
+        col.init(timeout=timeout)
+        lanes[call]()   # (the first of its kind: the next one takes the lane)
+        w = col.world_group()
+        assert (express.allreduce_lane(w, x, "sum", None) or express.broadcast_lane(w, x, 0)
+                or express.allgather_lane(w, x, None)) is not None, "the lane did not open"
     else:
         col.barrier(group=group)
-    do = (lambda: col.barrier(timeout=timeout, group=group)) if call == "barrier" else \
-        (lambda: col.allreduce(x)) if call == "lane-allreduce" else \
-        (lambda: col.allreduce(x, timeout=timeout, algorithm="ring" if call == "ring" else None, group=group))
+    do = (lambda: col.barrier(timeout=timeout, group=group)) if call == "barrier" else lanes[call] if call in lanes \
+        else (lambda: col.allreduce(x, timeout=timeout, algorithm="ring" if call == "ring" else None, group=group))
     if col.rank() == late:
         await_cues([r for r in range(col.size()) if r != late])
         try:
