@@ -1,11 +1,14 @@
 """Small-call latency in a tight loop, ours against MPI's own call side by side: ``col.allreduce(x,
-out=out)`` and mpi4py's ``comm.Allreduce(x, out)`` (float32 sum), in alternating rounds of 5000
-calls each, so that both see the same load. Rank 0 prints, per size, the median microseconds per
-call of each over the rounds and the median of the rounds' ratios (ours over MPI's).
+out=out)`` and mpi4py's ``comm.Allreduce(x, out)`` (float32 sum; ``--op allgather``: ``col.allgather(x,
+out=out)`` and ``comm.Allgather``; ``--op broadcast``: ``col.broadcast(x)`` and ``comm.Bcast``, root 0),
+in alternating rounds of 5000 calls each, so that both see the same load. Rank 0 prints, per size,
+the median microseconds per call of each over the rounds and the median of the rounds' ratios
+(ours over MPI's).
 
     mpiexec -bind-to core -n 2 python scripts/small_call_latency.py              # 8 B and 4 KiB
     mpiexec -bind-to core -n 2 python scripts/small_call_latency.py --sizes 8 --rounds 11
     mpiexec -bind-to core -n 2 python scripts/small_call_latency.py --best     # + the fastest batches
+    mpiexec -bind-to core -n 2 python scripts/small_call_latency.py --op allgather
 
 ``--best`` also prints the fastest of 400 batches of 100 calls (each batch after a barrier, ours and
 MPI's alternating): what a call takes when nothing else runs, which a loaded machine's medians
@@ -45,18 +48,12 @@ def best_per_call(loops: list, comm: MPI.Comm, batches: int = 400, calls: int = 
     return best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 4096], help="bytes per call")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--calls", type=int, default=5000, help="calls per round")
-    parser.add_argument("--best", action="store_true", help="also the fastest of 400 batches of 100 calls")
-    args = parser.parse_args()
-    comm = MPI.COMM_WORLD
-    col.init()
-    for nbytes in args.sizes:
-        x, out = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
-
+def loops(op: str, count: int, comm: MPI.Comm) -> tuple:
+    """The two loops of ``op`` on ``count`` float32 per rank: ours, and MPI's own call (each call
+    written in its loop: a function between them would add its cost to both and flatter the ratio)."""
+    x = np.ones(count, np.float32)
+    out = np.empty(count * (comm.Get_size() if op == "allgather" else 1), np.float32)
+    if op == "allreduce":
         def ours(calls: int) -> None:
             for _ in range(calls):
                 col.allreduce(x, out=out)
@@ -64,6 +61,38 @@ def main() -> None:
         def mpis(calls: int) -> None:
             for _ in range(calls):
                 comm.Allreduce(x, out)
+    elif op == "allgather":
+        def ours(calls: int) -> None:
+            for _ in range(calls):
+                col.allgather(x, out=out)
+
+        def mpis(calls: int) -> None:
+            for _ in range(calls):
+                comm.Allgather(x, out)
+    else:
+        def ours(calls: int) -> None:
+            for _ in range(calls):
+                col.broadcast(x)
+
+        def mpis(calls: int) -> None:
+            for _ in range(calls):
+                comm.Bcast(x)
+    return ours, mpis
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 4096], help="bytes per call")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=5000, help="calls per round")
+    parser.add_argument("--best", action="store_true", help="also the fastest of 400 batches of 100 calls")
+    parser.add_argument("--op", choices=["allreduce", "allgather", "broadcast"], default="allreduce",
+                        help="the collective (default: allreduce)")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    col.init()
+    for nbytes in args.sizes:
+        ours, mpis = loops(args.op, nbytes // 4, comm)
 
         ours(WARMUP), mpis(WARMUP)
         rounds = [(per_call(ours, args.calls, comm), per_call(mpis, args.calls, comm)) for _ in range(args.rounds)]
@@ -71,13 +100,13 @@ def main() -> None:
             ring = statistics.median(r for r, _ in rounds)
             mpi = statistics.median(m for _, m in rounds)
             ratio = statistics.median(r / m for r, m in rounds)
-            print(f"{nbytes:>8} B  ours {ring:6.2f} us  MPI {mpi:6.2f} us  ratio {ratio:5.2f}   "
+            print(f"{nbytes:>8} B {args.op} ours {ring:6.2f} us  MPI {mpi:6.2f} us  ratio {ratio:5.2f}   "
                   f"(n={comm.Get_size()}, medians of {args.rounds} rounds of {args.calls} calls each; "
                   f"load {os.getloadavg()[0]:.1f})", flush=True)
         if args.best:
             ring, mpi = best_per_call([ours, mpis], comm)
             if comm.Get_rank() == 0:
-                print(f"{nbytes:>8} B  ours {ring:6.2f} us  MPI {mpi:6.2f} us  ratio {ring / mpi:5.2f}   (n="
+                print(f"{nbytes:>8} B {args.op} ours {ring:6.2f} us  MPI {mpi:6.2f} us  ratio {ring / mpi:5.2f}   (n="
                       f"{comm.Get_size()}, the fastest of 400 batches of 100 calls; load {os.getloadavg()[0]:.1f})",
                       flush=True)
 
