@@ -48,36 +48,42 @@ def best_per_call(loops: list, comm: MPI.Comm, batches: int = 400, calls: int = 
     return best
 
 
-def loops(op: str, count: int, comm: MPI.Comm) -> tuple:
-    """The two loops of ``op`` on ``count`` float32 per rank: ours, and MPI's own call (each call
-    written in its loop: a function between them would add its cost to both and flatter the ratio)."""
-    x = np.ones(count, np.float32)
-    out = np.empty(count * (comm.Get_size() if op == "allgather" else 1), np.float32)
-    if op == "allreduce":
-        def ours(calls: int) -> None:
-            for _ in range(calls):
-                col.allreduce(x, out=out)
+def _allreduce(x: np.ndarray, out: np.ndarray, comm: MPI.Comm) -> tuple:
+    def ours(calls: int) -> None:
+        for _ in range(calls):
+            col.allreduce(x, out=out)
 
-        def mpis(calls: int) -> None:
-            for _ in range(calls):
-                comm.Allreduce(x, out)
-    elif op == "allgather":
-        def ours(calls: int) -> None:
-            for _ in range(calls):
-                col.allgather(x, out=out)
-
-        def mpis(calls: int) -> None:
-            for _ in range(calls):
-                comm.Allgather(x, out)
-    else:
-        def ours(calls: int) -> None:
-            for _ in range(calls):
-                col.broadcast(x)
-
-        def mpis(calls: int) -> None:
-            for _ in range(calls):
-                comm.Bcast(x)
+    def mpis(calls: int) -> None:
+        for _ in range(calls):
+            comm.Allreduce(x, out)
     return ours, mpis
+
+
+def _allgather(x: np.ndarray, out: np.ndarray, comm: MPI.Comm) -> tuple:
+    def ours(calls: int) -> None:
+        for _ in range(calls):
+            col.allgather(x, out=out)
+
+    def mpis(calls: int) -> None:
+        for _ in range(calls):
+            comm.Allgather(x, out)
+    return ours, mpis
+
+
+def _broadcast(x: np.ndarray, out: np.ndarray, comm: MPI.Comm) -> tuple:
+    def ours(calls: int) -> None:
+        for _ in range(calls):
+            col.broadcast(x)
+
+    def mpis(calls: int) -> None:
+        for _ in range(calls):
+            comm.Bcast(x)
+    return ours, mpis
+
+
+#: Each collective's two loops, ours and MPI's own call, on ``x`` (into ``out``); each call is
+#: written in its loop: a function between them would add its cost to both and flatter the ratio.
+LOOPS = {"allreduce": _allreduce, "allgather": _allgather, "broadcast": _broadcast}
 
 
 def main() -> None:
@@ -86,13 +92,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=5000, help="calls per round")
     parser.add_argument("--best", action="store_true", help="also the fastest of 400 batches of 100 calls")
-    parser.add_argument("--op", choices=["allreduce", "allgather", "broadcast"], default="allreduce",
+    parser.add_argument("--op", choices=list(LOOPS), default="allreduce",
                         help="the collective (default: allreduce)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     col.init()
     for nbytes in args.sizes:
-        ours, mpis = loops(args.op, nbytes // 4, comm)
+        count = nbytes // 4
+        x = np.ones(count, np.float32)
+        out = np.empty(count * (comm.Get_size() if args.op == "allgather" else 1), np.float32)
+        ours, mpis = LOOPS[args.op](x, out, comm)
 
         ours(WARMUP), mpis(WARMUP)
         rounds = [(per_call(ours, args.calls, comm), per_call(mpis, args.calls, comm)) for _ in range(args.rounds)]
