@@ -1,0 +1,73 @@
+"""Tier 1: the poll loop every wait of the MPI transport runs (``ring.transport.mpi.waiting.wait_for``),
+on a control plane the test plays: when a rank found gone ends a wait, and when the wait may still
+finish first (the drain). No MPI."""
+import threading
+import time
+
+import pytest
+
+from ring.transport.base import Bound, PeerLost
+from ring.transport.mpi.control import COLLECTIVE
+from ring.transport.mpi.waiting import wait_for
+
+
+class _Control:
+    """The control plane of a job whose rank 1 died (``Control.check_peers`` raises, naming it); ``seen``:
+    a wait before this one had found it already (``Control.dead``)."""
+
+    def __init__(self, seen: bool):
+        self.dead = {1} if seen else set()
+        self.checked_notices = 0
+        self.looked = 0
+
+    def read(self, seq, name=""):
+        pass
+
+    def notices(self):
+        return 0
+
+    def check_peers(self, seq, expecting):
+        self.looked += 1
+        self.dead.add(1)
+        raise PeerLost(1, "rank 1 is gone")
+
+    def look_again_in(self):
+        return 0.5
+
+    def ask(self, seq):
+        pass
+
+
+def _answered_after_a_look(control: _Control):
+    """A wait's ``done``: its messages (with living ranks) are in once the control plane has been looked at."""
+    return lambda: control.looked > 0
+
+
+def _wait(control: _Control, expecting, seq=None) -> None:
+    bound = Bound(seq, until=time.monotonic() + 30, stop=threading.Event())
+    wait_for(_answered_after_a_look(control), bound, control, 0.0, lambda: 3, expecting)
+
+
+@pytest.mark.parametrize("expecting", [{3}, None], ids=["from rank 3", "from any rank"])
+def test_a_point_to_point_wait_that_finds_a_death_first_may_still_finish(expecting):
+    """The death is new: the messages this wait needs may be on their way; they are taken."""
+    control = _Control(seen=False)
+    _wait(control, expecting)
+    assert control.looked == 1 and control.dead == {1}
+
+
+@pytest.mark.parametrize("expecting", [{3}, None], ids=["from rank 3", "from any rank"])
+def test_a_later_point_to_point_wait_raises_a_death_already_seen_at_once(expecting):
+    """A parameter server and a worker went on training without the dead rank: each of their waits
+    found it, drained, and finished, for half a minute, and none of them said it was gone."""
+    control = _Control(seen=True)
+    with pytest.raises(PeerLost, match="rank 1 is gone"):
+        _wait(control, expecting)
+
+
+def test_a_collective_wait_drains_after_a_death_seen_before():
+    """A collective's ranks must agree on whether it happened: the dead rank may have done its part of
+    this call before it died, so a wait that can still finish does, on every rank that can."""
+    control = _Control(seen=True)
+    _wait(control, COLLECTIVE, seq=5)
+    assert control.looked == 1
