@@ -59,9 +59,11 @@ def gathered(collective: str, x: Any, out: Any) -> tuple[Any, Any]:
     if x.ndim == 0:
         fail(collective, "x", f"is 0-dimensional; {collective} moves rows along axis 0 (pass x.reshape(1))")
     if out is not None:
-        if getattr(out, "ndim", None) != x.ndim:
-            fail(collective, "out", f"expected {x.ndim} dimension(s) like x, got "
-                                    f"{getattr(out, 'ndim', type(out).__name__)}")
+        if not arrays.is_array(out):
+            fail(collective, "out", f"expected None or a numpy.ndarray (or a cupy.ndarray) like x, got "
+                                    f"{type(out).__name__}")
+        if out.ndim != x.ndim:
+            fail(collective, "out", f"expected {x.ndim} dimension(s) like x, got {out.ndim}")
         if out_array(collective, out, x, out.shape[:1] + x.shape[1:]):
             fail(collective, "out", "is x itself; the result must go elsewhere")
     return x, out

@@ -115,13 +115,15 @@ def test_allgather_out_of_the_wrong_length_on_one_rank_fails_on_every_rank(algor
 @pytest.mark.parametrize("out, message", [
     (lambda x: x, "out: is x itself"), (lambda x: np.zeros((len(x) * N, 3), np.float32), "out: dtype float32"),
     (lambda x: np.zeros(len(x) * N), "out: expected 2 dimension"), (lambda x: np.zeros((len(x) * N, 4)), "out: shape"),
+    (lambda x: [[0.0] * 3] * (len(x) * N), "out: expected None or a numpy.ndarray .* got list"),
+    (lambda x: 5, "out: expected None or a numpy.ndarray .* got int"),
 ])
 def test_allgather_refuses_a_bad_out_on_every_rank(out, message):
     x = np.zeros((2, 3))
     bad = out(x) if RANK == 0 else np.zeros((2 * N, 3))
     if N == 1 and message == "out: is x itself":
         bad = x
-    with pytest.raises(col.CollectiveUsageError, match="allgather"):
+    with pytest.raises(col.CollectiveUsageError, match=f"allgather: {message}"):
         col.allgather(x, out=bad)
 
 
