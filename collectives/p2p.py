@@ -4,8 +4,8 @@ For programs whose ranks do not all do the same thing (a parameter server and it
 host arrays move as raw bytes (no pickling) on the runtime's own communicator, under the
 runtime's rules. Every wait is bounded by ``timeout=`` (default COLLECTIVES_TIMEOUT) and ends
 early, with CollectiveError naming the rank, when a rank it expects has left (its farewell)
-or died on this host; either stops the runtime, as a failed collective does. A receive
-from ``source=None`` expects any rank of the group, so any departure ends it.
+or any rank has died (its process gone); either stops the runtime, as a failed collective does.
+A receive from ``source=None`` expects any rank of the group, so any departure ends it.
 
 Every message carries its byte count, element count and dtype: a receive whose buffer has
 another size or dtype raises CollectiveError naming both ranks and both, and writes nothing
