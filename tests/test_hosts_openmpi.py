@@ -81,7 +81,11 @@ def test_a_rank_killed_on_another_host_makes_open_mpi_abort_the_job_before_any_s
     MPI_ERR_PROC_FAILED in the runtime's calls, which it does not turn into its own error: docs/mpi.md.)"""
     started = time.monotonic()
     result, outputs, job_ended = _killed_on_host_2(tmp_path, keep_survivors())
-    assert result.returncode not in (0, -9) and job_ended - started < 30, (result.stdout, outputs)
+    # (prterun's own event loop can fail on the aborting job's closed sockets, libevent's "... close change
+    # was 0 (none): Bad file descriptor", and then prterun exits 0: seen once, in CI beside load; 0 of 16
+    # runs alone or beside three CPU hogs. docs/mpi.md says so.)
+    launcher_failed = result.returncode == 0 and "Bad file descriptor" in result.stdout
+    assert (result.returncode not in (0, -9) or launcher_failed) and job_ended - started < 30, (result.stdout, outputs)
     banner = " ".join(result.stdout.split())
     assert _aborted_by_mpi(banner), result.stdout
     for rank in (0, 1, 2):
