@@ -38,7 +38,7 @@ class Lane:
 
     __slots__ = ("group", "transport", "template", "call", "floating", "ready")
 
-    def __init__(self, call: Call, x: np.ndarray, floating: bool):
+    def __init__(self, call: Call, floating: bool):
         self.group, self.template = call.group, call.template
         self.transport = call.group.transport   # (a group's, for its whole life)
         self.call = copy.copy(call)   # (a bound of its own, renewed by each call)
@@ -91,7 +91,7 @@ class AllreduceLane(Lane):
     __slots__ = ("dtype", "shape", "op", "combine")
 
     def __init__(self, call: Call, x: np.ndarray, op: str):
-        super().__init__(call, x, floating=x.dtype.kind in "fc")
+        super().__init__(call, floating=x.dtype.kind in "fc")
         self.dtype, self.shape, self.op = x.dtype, x.shape, op
         self.combine = arrays.ufunc(np, op) if op != "avg" else None
 
@@ -116,7 +116,7 @@ class BroadcastLane(Lane):
     __slots__ = ("from_here", "zeros")
 
     def __init__(self, call: Call, x: np.ndarray, root: int):
-        super().__init__(call, x, floating=False)
+        super().__init__(call, floating=False)
         self.from_here = self.transport.rank == root
         self.zeros = np.zeros(x.nbytes, np.uint8)
 
@@ -140,7 +140,7 @@ class AllgatherLane(Lane):
     __slots__ = ("message", "slot", "gathered", "every", "rows", "finish")
 
     def __init__(self, call: Call, x: np.ndarray, out_rows: int, finish: Callable):
-        super().__init__(call, x, floating=False)
+        super().__init__(call, floating=False)
         n, rank = self.transport.size, self.transport.rank
         self.message, self.slot = algorithms.allgather_message(n, rank, (x.shape[0], out_rows), x.nbytes)
         self.gathered = np.empty(self.message.size, np.uint8)
