@@ -82,8 +82,8 @@ def test_a_rank_killed_on_another_host_makes_open_mpi_abort_the_job_before_any_s
     started = time.monotonic()
     result, outputs, job_ended = _killed_on_host_2(tmp_path, keep_survivors())
     # (prterun's own event loop can fail on the aborting job's closed sockets, libevent's "... close change
-    # was 0 (none): Bad file descriptor", and then prterun exits 0: seen once, in CI beside load; 0 of 16
-    # runs alone or beside three CPU hogs. docs/mpi.md says so.)
+    # was 0 (none): Bad file descriptor", and then prterun exits 0: Open MPI's launcher, not the runtime;
+    # docs/mpi.md says how often)
     launcher_failed = result.returncode == 0 and "Bad file descriptor" in result.stdout
     assert (result.returncode not in (0, -9) or launcher_failed) and job_ended - started < 30, (result.stdout, outputs)
     banner = " ".join(result.stdout.split())
