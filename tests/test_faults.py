@@ -263,9 +263,10 @@ def test_a_late_rank_whose_call_differs_from_the_abandoned_one_does_not_hang_the
         # (or it heard first that the other gave up, after the other's own timeout)
         assert 2 <= errors[rank][0] < 2 + DEADLINE_SLACK_S and re.match(
             rf"allreduce #2 on rank {rank}: {HEARD_FIRST}timed out after (1\.9\d|2(\.\d+)?) s", errors[rank][1]), output
+    # (rank 1 may hear rank 0's farewell before rank 2's: then it names rank 0, whose failure names rank 2's timeout)
     assert errors[1][0] < LEAVE_BOUND_S and re.match(r"allreduce #2 on rank 1: rank [02] left: it stopped after a "
-                                                     r"failure: allreduce #2 on rank [02]: (rank [02] gave up .*)?"
-                                                     r"timed out", errors[1][1]), output
+                                                     r"failure: allreduce #2 on rank [02]: (rank [02] (gave up|left)"
+                                                     r".*)?timed out", errors[1][1]), output
 
 def test_ctrl_c_while_waiting_for_a_handle_stops_the_runtime_and_tells_the_others():
     status, output, _ = fault(3, "async-ctrl-c")
