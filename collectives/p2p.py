@@ -113,8 +113,20 @@ def _wait(g: Group, pending: list[Request], timeout: float | None) -> list[int]:
     try:
         return g.transport.p2p.wait([r._request for r in pending], bound)
     except TransportError as e:
-        what = ", ".join(r._what for r in pending[:3]) + (", ..." if len(pending) > 3 else "")
-        raise _failed(g, what, e) from e
+        raise _failed(g, _listed([r._what for r in pending]), e) from e
+
+
+def _listed(whats: list[str], shown: int = 3) -> str:
+    """The requests a failed wait names: each kind once, with its count, the first ``shown`` kinds.
+
+    >>> _listed(["irecv from rank 3 (tag 3)", "isend to rank 1 (tag 0)", "irecv from rank 3 (tag 3)"])
+    'irecv from rank 3 (tag 3) (2 requests), isend to rank 1 (tag 0)'
+    """
+    counts = dict.fromkeys(whats, 0)
+    for what in whats:
+        counts[what] += 1
+    named = [what if n == 1 else f"{what} ({n} requests)" for what, n in counts.items()]
+    return ", ".join(named[:shown]) + (", ..." if len(named) > shown else "")
 
 
 def _failed(g: Group, what: str, error: TransportError) -> CollectiveError:

@@ -74,7 +74,7 @@ def broadcast(collective: str, x: Any, root: Any, size: int, world: bool, me: in
     an array, a rank of the world (or group), writable where it is received. The common case is
     decided without a call, as in :func:`reduction`."""
     if type(x) is np.ndarray and not x.dtype.hasobject and type(root) is int and 0 <= root < size \
-            and (me == root or x.flags.writeable):
+            and (me == root or x.flags.writeable and x.flags.c_contiguous):
         return x, root
     x = plain(collective, "x", x)
     array(collective, "x", x)
@@ -223,8 +223,39 @@ def _apart(collective: str, argument: str, given: list) -> None:
 
 
 def writable(collective: str, argument: str, x: np.ndarray) -> None:
+    """``x`` can take a result: writable, and no two of its elements are one place in memory (a
+    stride of 0, as ``np.broadcast_to`` makes, would keep one element of many)."""
     if not getattr(x.flags, "writeable", True):   # (cupy arrays are always writable)
         fail(collective, argument, "is read-only")
+    if not x.flags.c_contiguous and _self_overlapping(x):
+        fail(collective, argument, f"has elements that share memory (strides {x.strides}); pass an array whose "
+                                   "elements are apart, such as a copy")
+
+
+def _self_overlapping(x: np.ndarray) -> bool:
+    """Whether two elements of ``x`` share a byte: surely not where each axis, by growing stride, steps
+    past everything the smaller ones span; otherwise counted where that is cheap, else assumed.
+
+    >>> a = np.zeros(6)
+    >>> _self_overlapping(a[::2]), _self_overlapping(a.reshape(2, 3).T)
+    (False, False)
+    >>> _self_overlapping(np.lib.stride_tricks.as_strided(a, (3, 2), (8, 8)))
+    True
+    """
+    axes = sorted((abs(stride), n) for stride, n in zip(x.strides, x.shape) if n > 1)
+    spanned = x.itemsize
+    for stride, n in axes:
+        if stride < spanned:
+            break
+        spanned = stride * (n - 1) + spanned
+    else:
+        return False
+    if x.size > 1_000_000:
+        return True
+    offsets = sum(np.arange(n, dtype=np.int64).reshape([-1] + [1] * (x.ndim - 1 - axis)) * stride
+                  for axis, (stride, n) in enumerate(zip(x.strides, x.shape)))
+    ends = np.sort(np.ravel(offsets))
+    return bool(np.any(np.diff(ends) < x.itemsize))
 
 
 def same_array(a: np.ndarray, b: np.ndarray) -> bool:

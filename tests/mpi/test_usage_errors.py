@@ -16,6 +16,11 @@ def _x():
     return np.arange(10, dtype=np.float32) + RANK
 
 
+def _one_place(count):
+    """A writable array of ``count`` elements that are all one place in memory (stride 0)."""
+    return np.lib.stride_tricks.as_strided(np.empty(1, np.float32), (count,), (0,), writeable=True)
+
+
 def _readonly(y=None):
     y = np.empty(10, np.float32) if y is None else y
     y.flags.writeable = False
@@ -36,6 +41,10 @@ CASES = [
     ("in place async, x read-only", lambda x: col.allreduce(_readonly(x), out=x, async_op=True).wait(),
      "allreduce: out: is read-only"),
     ("out overlaps x", lambda x: col.allreduce(x[:-1], out=x[1:]), "allreduce: out"),
+    ("out's elements share memory", lambda x: col.allreduce(x, out=_one_place(10)),
+     "allreduce: out: has elements that share memory"),
+    ("allgather out's elements share memory", lambda x: col.allgather(x, out=_one_place(10 * N)),
+     "allgather: out: has elements that share memory"),
     ("reduce_scatter bad op", lambda x: col.reduce_scatter(x, op="avg!"), "reduce_scatter: op"),
     ("reduce_scatter out shape", lambda x: col.reduce_scatter(x, out=np.empty(11, np.float32)), "reduce_scatter: out"),
     ("allgather 0-d", lambda x: col.allgather(np.float32(1.0) * np.ones(())), "allgather: x"),
@@ -74,3 +83,12 @@ def test_allgather_mismatched_dtypes_fail_on_every_rank():
     x = np.zeros((2, 3), np.float32 if RANK == 0 else np.float64)
     with pytest.raises(col.CollectiveUsageError, match="allgather: x: dtype differs across ranks"):
         col.allgather(x)
+
+
+def test_a_broadcast_into_elements_that_share_memory_fails_on_every_rank():
+    if N == 1:
+        pytest.skip("a world of one writes nothing")
+    x = _one_place(10) if RANK else _x()   # (the root's x is only read)
+    with pytest.raises(col.CollectiveUsageError, match="broadcast: x"):
+        col.broadcast(x, root=0)
+    assert np.array_equal(col.allreduce(np.ones(3)), np.full(3, float(N)))
