@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -64,10 +65,22 @@ def _mapped_files() -> set[str]:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for a test's MASTER_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing uses now (for a test's MASTER_PORT), below the kernel's
+    ephemeral range: a port the kernel handed out could be handed again, as some other connection's
+    own end, before the test's process listens on it."""
+    try:
+        lowest_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        lowest_ephemeral = 32768
+    below = range(10000, lowest_ephemeral)
+    for port in random.sample(below, min(200, len(below))) or [0]:   # (0: the kernel's choice, where none is below)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free TCP port below the ephemeral range")
 
 
 @functools.lru_cache(maxsize=None)
