@@ -1,0 +1,97 @@
+"""The floor under a small all-reduce at n=2: what the express lane must do, written as one flat loop
+in mpi4py, beside the lane itself and MPI's own ``Allreduce``, in one launch (8 bytes of float32).
+
+    mpiexec -bind-to core -n 2 python scripts/latency_floor.py
+
+Rank 0 prints microseconds per call, the median of 5 rounds of 20000 calls, for:
+
+- ``exchange``: a bare persistent exchange (``Startall``, then ``Testall`` until done) of the lane's
+  message, a 264-byte header and the payload, with the other rank;
+- ``probes``: the two ``Iprobe``\\ s with which every call looks for a rank that gave up;
+- ``floor``: everything the lane must do, flat: a deadline read, the signature padded and written
+  into the message, the payload copied in, the exchange, the peer's signature compared, the sum,
+  the two probes, a second deadline read;
+- ``lane``: ``col.allreduce(x, out=o)``; ``mpi``: ``comm.Allreduce(x, o)``.
+
+What ``lane`` takes above ``floor`` is the lane's structure (frames, lookups, the engine's turn, the
+floating-point guard): docs/performance.md counts it.
+"""
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives as col
+
+CALLS, ROUNDS = 20000, 5
+HEADER = 264   # (ring.doubling's: a 256-byte signature, the "all agree" byte, padding to 8)
+
+
+def main() -> None:
+    comm = MPI.COMM_WORLD.Dup()
+    rank = comm.Get_rank()
+    if comm.Get_size() != 2:
+        raise SystemExit("latency_floor.py: run it with mpiexec -n 2")
+    peer = 1 - rank
+    x, o = np.ones(2, np.float32), np.empty(2, np.float32)
+    send, recv = np.zeros(HEADER + x.nbytes, np.uint8), np.zeros(HEADER + x.nbytes, np.uint8)
+    requests = [comm.Recv_init([recv, MPI.BYTE], peer, 7), comm.Send_init([send, MPI.BYTE], peer, 7)]
+    send_check, recv_check = memoryview(send)[:257], memoryview(recv)[:257]
+    own, theirs = send[HEADER:].view(np.float32), recv[HEADER:].view(np.float32)
+    start, test, probe, add, clock = MPI.Prequest.Startall, MPI.Request.Testall, comm.Iprobe, np.add, time.monotonic
+    template = b"allreduce|sum|float32|(2,)|%d"
+
+    def exchange():
+        for _ in range(CALLS):
+            start(requests)
+            while not test(requests):
+                pass
+
+    def probes():
+        for _ in range(CALLS):
+            probe(MPI.ANY_SOURCE, 99)
+            probe(MPI.ANY_SOURCE, 99)
+
+    def floor():
+        for seq in range(CALLS):
+            deadline = clock() + 30.0
+            header = (template % seq).ljust(256, b"\0") + b"\1"
+            send_check[:] = header
+            own[...] = x
+            start(requests)
+            while not test(requests):
+                pass
+            deadline = clock() + 30.0
+            if recv_check.tobytes() != header:
+                raise SystemExit("the ranks' signatures differ")
+            add(own, theirs, out=o)
+            probe(MPI.ANY_SOURCE, 99)
+            probe(MPI.ANY_SOURCE, 99)
+        return deadline
+
+    def lane():
+        for _ in range(CALLS):
+            col.allreduce(x, out=o)
+
+    def mpi():
+        for _ in range(CALLS):
+            comm.Allreduce(x, o)
+
+    loops = {"exchange": exchange, "probes": probes, "floor": floor, "lane": lane, "mpi": mpi}
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    for name, loop in loops.items():   # (a warm-up each: the lane is set up by its first call)
+        loop()
+    for _ in range(ROUNDS):
+        for name, loop in loops.items():
+            comm.Barrier()
+            started = time.perf_counter()
+            loop()
+            times[name].append((time.perf_counter() - started) / CALLS * 1e6)
+    if rank == 0:
+        for name, measured in times.items():
+            print(f"{name:9s} {statistics.median(measured):6.2f} us per call (median of {ROUNDS} rounds of {CALLS})")
+
+
+if __name__ == "__main__":
+    main()
