@@ -34,8 +34,10 @@ def reduction(collective: str, x: Any, op: Any, out: Any, shape: tuple | None = 
     if type(x) is np.ndarray and type(op) is str and (x.dtype, op) in _ACCEPTED:
         if out is None:
             return x, out, False
-        if out is x and shape is None and x.flags.writeable:
-            return x, out, True
+        if out is x and shape is None:
+            flags = x.flags
+            if flags.writeable and flags.c_contiguous:
+                return x, out, True
         if (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == (x.shape if shape is None else shape)
                 and out.flags.writeable and out.flags.owndata and x.flags.owndata):
             return x, out, False   # two arrays that own their memory never overlap
@@ -185,7 +187,8 @@ def array_list(collective: str, argument: str, given: Any, op: Any) -> list:
     tuple of numpy arrays (or of cupy arrays, not both), writable, no two sharing memory."""
     if type(given) is list or type(given) is tuple:   # the common case first, without a call per array
         for a in given:
-            if not (type(a) is np.ndarray and type(op) is str and (a.dtype, op) in _ACCEPTED and a.flags.writeable):
+            if not (type(a) is np.ndarray and type(op) is str and (a.dtype, op) in _ACCEPTED and a.flags.writeable
+                    and a.flags.c_contiguous):
                 break
         else:
             if len(given) > 1:
@@ -227,20 +230,24 @@ def writable(collective: str, argument: str, x: np.ndarray) -> None:
     stride of 0, as ``np.broadcast_to`` makes, would keep one element of many)."""
     if not getattr(x.flags, "writeable", True):   # (cupy arrays are always writable)
         fail(collective, argument, "is read-only")
-    if not x.flags.c_contiguous and _self_overlapping(x):
-        fail(collective, argument, f"has elements that share memory (strides {x.strides}); pass an array whose "
-                                   "elements are apart, such as a copy")
+    if not x.flags.c_contiguous:
+        problem = _self_overlap(x)
+        if problem:
+            fail(collective, argument, f"{problem} (strides {x.strides}); pass an array whose elements are apart, "
+                                       "such as a copy")
 
 
-def _self_overlapping(x: np.ndarray) -> bool:
-    """Whether two elements of ``x`` share a byte: surely not where each axis, by growing stride, steps
-    past everything the smaller ones span; otherwise counted where that is cheap, else assumed.
+def _self_overlap(x: np.ndarray) -> str:
+    """Why ``x`` cannot hold a result ("": it can): two of its elements share a byte. Surely not where
+    each axis, by growing stride, steps past everything the smaller ones span; otherwise counted,
+    up to _COUNTED_ELEMENTS (above that, an interleaving that ``np.lib.stride_tricks`` alone makes,
+    it is refused as too costly to tell).
 
     >>> a = np.zeros(6)
-    >>> _self_overlapping(a[::2]), _self_overlapping(a.reshape(2, 3).T)
-    (False, False)
-    >>> _self_overlapping(np.lib.stride_tricks.as_strided(a, (3, 2), (8, 8)))
-    True
+    >>> _self_overlap(a[::2]), _self_overlap(a.reshape(2, 3).T)
+    ('', '')
+    >>> _self_overlap(np.lib.stride_tricks.as_strided(a, (3, 2), (8, 8)))
+    'has elements that share memory'
     """
     axes = sorted((abs(stride), n) for stride, n in zip(x.strides, x.shape) if n > 1)
     spanned = x.itemsize
@@ -249,13 +256,16 @@ def _self_overlapping(x: np.ndarray) -> bool:
             break
         spanned = stride * (n - 1) + spanned
     else:
-        return False
-    if x.size > 1_000_000:
-        return True
+        return ""
+    if x.size > _COUNTED_ELEMENTS:
+        return f"has its {x.size} elements interleaved in a way too costly to check for shared memory"
     offsets = sum(np.arange(n, dtype=np.int64).reshape([-1] + [1] * (x.ndim - 1 - axis)) * stride
                   for axis, (stride, n) in enumerate(zip(x.strides, x.shape)))
-    ends = np.sort(np.ravel(offsets))
-    return bool(np.any(np.diff(ends) < x.itemsize))
+    starts = np.sort(np.ravel(offsets))
+    return "has elements that share memory" if np.any(np.diff(starts) < x.itemsize) else ""
+
+
+_COUNTED_ELEMENTS = 1 << 22   # (sorting their offsets: half a second at the most here)
 
 
 def same_array(a: np.ndarray, b: np.ndarray) -> bool:

@@ -167,7 +167,7 @@ class RingProcessGroup(dist.ProcessGroup):
             x, _ = self._one("all_gather", inputs, written=False)
             outputs = output_lists[0] if len(output_lists) == 1 else []
             same_sizes("all_gather", outputs, x.numel(), self.size(), "tensor_list", x.dtype)
-            return col.allgather, (flat(x).reshape(1, -1),), outputs, into(outputs)
+            return col.allgather, (flat(x).reshape(1, -1),), outputs, into(outputs, "all_gather", "tensor_list")
         return self._run("allgather", opts, prepare)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> RingWork:
@@ -197,7 +197,8 @@ class RingProcessGroup(dist.ProcessGroup):
                                                    "one tensor of each input's size and dtype, in order")
             by_rank = [t for outputs in output_lists for t in outputs]
             whole = joined(inputs)
-            return col.allgather, (as_array(whole).reshape(1, -1),), by_rank, into(by_rank)
+            return col.allgather, (as_array(whole).reshape(1, -1),), by_rank, into(by_rank, "all_gather_coalesced",
+                                                                                 "output_tensor_lists")
         return self._run("allgather", opts, prepare)
 
     def alltoall(self, outputs: list, inputs: list, opts=None) -> RingWork:
@@ -212,7 +213,8 @@ class RingProcessGroup(dist.ProcessGroup):
             same_dtype("all_to_all", inputs + outputs, "tensors")
             sizes, wanted = [t.numel() for t in inputs], [t.numel() for t in outputs]
             alltoall = functools.partial(col.alltoall, out_splits=wanted)
-            return alltoall, (as_array(joined(inputs)), sizes), outputs, into(outputs)
+            copy = into(outputs, "all_to_all", "output_tensor_list")
+            return alltoall, (as_array(joined(inputs)), sizes), outputs, copy
         return self._run("alltoall", opts, prepare)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
@@ -243,7 +245,7 @@ class RingProcessGroup(dist.ProcessGroup):
                 same_sizes("gather", outputs, x.numel(), self.size(), "gather_list", x.dtype)
             elif output_lists and any(output_lists):
                 raise col.CollectiveUsageError("gather: gather_list: must be empty on every rank but the root")
-            return col.gather, (flat(x).reshape(1, -1), opts.rootRank), outputs, into(outputs)
+            return col.gather, (flat(x).reshape(1, -1), opts.rootRank), outputs, into(outputs, "gather", "gather_list")
         return self._run("gather", opts, prepare)
 
     def scatter(self, outputs: list, input_lists: list, opts=None) -> RingWork:

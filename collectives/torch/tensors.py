@@ -202,17 +202,28 @@ def staged(collective: str, t: torch.Tensor, argument: str, written: bool) -> tu
     """
     if t.is_contiguous():
         return t, None
-    if written and torch._debug_has_internal_overlap(t) == 1:
-        raise col.CollectiveUsageError(f"{collective}: {argument}: its elements share memory (an expanded or "
-                                       f"stride-0 view, strides {t.stride()}), so it cannot hold a result; pass "
-                                       "a tensor of its own (t.clone())")
+    if written:
+        holds_a_result(collective, argument, t)
     copy = t.contiguous()
     return copy, (lambda _: t.copy_(copy)) if written else None
 
 
-def into(outputs: list) -> Callable[[Any], None]:
+def holds_a_result(collective: str, argument: str, t: torch.Tensor) -> None:
+    """Refuse ``t`` as a destination if its elements share memory (an expanded or stride-0 view): the
+    result would have nowhere to go."""
+    if not t.is_contiguous() and torch._debug_has_internal_overlap(t) == 1:
+        raise col.CollectiveUsageError(f"{collective}: {argument}: its elements share memory (an expanded or "
+                                       f"stride-0 view, strides {t.stride()}), so it cannot hold a result; pass "
+                                       "a tensor of its own (t.clone())")
+
+
+def into(outputs: list, collective: str, argument: str) -> Callable[[Any], None]:
     """What copies a result (the outputs laid end to end, or None on a rank that gets nothing)
-    into the tensors ``outputs``, each in its own memory, any layout."""
+    into the tensors ``outputs`` (argument ``argument`` of ``collective``), each in its own memory,
+    any layout; refused now if one cannot hold its part (:func:`holds_a_result`)."""
+    for i, t in enumerate(outputs):
+        holds_a_result(collective, f"{argument}[{i}]", t)
+
     def copy(result: Any) -> None:
         if result is None:
             return

@@ -351,6 +351,9 @@ def test_complex_reductions_match_gloo_and_shared_memory_is_refused_alike(groups
     expanded = torch.ones(1).expand(4) if RANK == 0 else torch.ones(4)
     with pytest.raises(RuntimeError, match=r"all_reduce: tensor: its elements share memory \(an expanded"):
         dist.all_reduce(expanded, group=ring)
+    outputs = [torch.zeros(1).expand(4) if RANK == 0 else torch.zeros(4) for _ in range(N)]   # (rank 0's alone)
+    with pytest.raises(RuntimeError, match=r"all_gather: tensor_list\[0\]: its elements share memory \(an expanded"):
+        dist.all_gather(outputs, torch.ones(4), group=ring)
     lists = [torch.zeros(2) for _ in range(N)]   # (each rank but 0 finds another problem: rank 1's is raised)
     if N > 1:
         with pytest.raises(RuntimeError, match=r"^all_gather: tensor_list: tensor 0 has 2 elements \(shape \(2,\)\); "
