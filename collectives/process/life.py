@@ -56,8 +56,7 @@ class Life:
         self.arrived = False
         #: ``col.elastic.run`` returned: a rank that dies after it no longer fails this one.
         self.work_finished = False
-        #: Why the process is ending, set by the excepthook ("": no uncaught exception).
-        self.why_ending = ""
+        self._uncaught = ""   # why the process is ending, as the excepthook noted it (see why_ending)
         self._previous_excepthook = sys.__excepthook__   # the hook ours replaced, and hands exceptions to
         self._exit_handler: Callable[[], None] | None = None   # registered, until removed
         self._hooks_installed = False   # once per process: a process that has left does not come back
@@ -127,8 +126,25 @@ class Life:
 
     def _note_uncaught(self, kind, value, traceback) -> None:
         """sys.excepthook: remember why the process is ending, then report it as the previous hook did."""
-        self.why_ending = f"uncaught {kind.__name__}" + (f": {value}" if str(value) else "")
+        self._uncaught = _uncaught(kind, value)
         self._previous_excepthook(kind, value, traceback)
+
+    @property
+    def why_ending(self) -> str:
+        """Why the process is ending ("": no uncaught exception), as the excepthook noted it; where the
+        program put a hook of its own over ours after its first use of the runtime (a pretty-printer of
+        tracebacks, say), the exception Python itself keeps of a script that ends uncaught
+        (``sys.last_value``; not in an interactive session, which keeps its earlier ones there)."""
+        if self._uncaught or not self._hooks_installed or sys.excepthook == self._note_uncaught \
+                or hasattr(sys, "ps1") or sys.flags.interactive:
+            return self._uncaught
+        last = getattr(sys, "last_value", None)
+        return _uncaught(type(last), last) if isinstance(last, BaseException) else ""
+
+
+def _uncaught(kind: type, value: BaseException) -> str:
+    """How a farewell says an uncaught exception: ``uncaught ValueError: bad input``."""
+    return f"uncaught {kind.__name__}" + (f": {value}" if str(value) else "")
 
 
 #: This process's life.

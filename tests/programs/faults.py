@@ -346,6 +346,16 @@ def uncaught() -> None:
     _then_the_others_wait(1)
 
 
+def uncaught_own_hook() -> None:
+    """As ``uncaught``, where rank 1 put an excepthook of its own over the runtime's after its first
+    collectives (a pretty-printer of tracebacks would)."""
+    _three_calls()
+    if col.rank() == 1:
+        sys.excepthook = lambda kind, value, traceback: say(f"rank 1: own hook: {kind.__name__}")
+        raise RuntimeError("user bug on rank 1")
+    _then_the_others_wait(1)
+
+
 def exits() -> None:
     """Rank 1 calls sys.exit(0) after 3 collectives."""
     _three_calls()
@@ -713,7 +723,8 @@ def group_comm() -> None:
 
 
 if __name__ == "__main__":
-    {"absent": absent, "stuck": stuck, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught, "exits": exits,
+    {"absent": absent, "stuck": stuck, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught,
+     "uncaught-own-hook": uncaught_own_hook, "exits": exits,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "idle": idle, "crash-first": crash_first, "crash-first-late": crash_first_late,
