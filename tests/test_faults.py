@@ -126,6 +126,22 @@ def test_a_retry_after_a_setup_timeout_times_out_too_and_every_rank_ends_with_st
                "come to the runtime's setup" in output, output
 
 
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="the ranks beside one under MPICH's launcher's proxy are its siblings")
+def test_a_rank_that_comes_to_setup_after_the_others_ended_fails_at_once_saying_so():
+    """Under -disable-auto-cleanup, ranks 0 and 1 time out in their first call's setup (2 s) and end; rank 2
+    comes afterwards with a timeout of 30 s, and must not wait it out for a setup nobody else is left for."""
+    result = run_world(3, ["-m", "tests.programs.faults", "late-to-setup"], BOUND_S, launcher_args=keep_survivors())
+    output = result.stdout
+    errors = reported_errors(output)
+    assert result.returncode not in (0, -9) and sorted(errors) == [0, 1, 2], output
+    assert errors[2][0] < LEAVE_BOUND_S and errors[2][1] == (
+        "init: a process of this job ended before every rank could make the runtime's communicator: 2 of the 3 "
+        "processes the launcher started on this host have ended (given up waiting for this rank, or died); which "
+        "rank cannot be known before the setup's exchange"), output
+    assert "[rank 2] collectives: exiting with status 1 without MPI_Finalize: a process of this job ended before " \
+           "the runtime was set up" in output, output
+
+
 @pytest.mark.skipif(mpi_name() != "MPICH", reason="MPICH's launcher leaves the others inside MPI_Init")
 def test_every_rank_left_inside_mpi_init_by_one_that_never_starts_mpi_says_so():
     """Under -disable-auto-cleanup, rank 1 never starts MPI: the others' MPI_Init waits for it, and

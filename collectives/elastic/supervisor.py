@@ -21,7 +21,7 @@ from collectives.elastic import outcome
 from collectives.process import changes, ending, launchers
 from collectives.process.life import life
 from collectives.process.supervision import PIPE, PORT, Heard
-from ring.transport.host_waits import process_state
+from ring.transport.host_waits import siblings as _siblings
 
 
 def supervise() -> None:
@@ -122,7 +122,7 @@ class _Reasons:
         self.alone_since = math.inf
         self.siblings: dict[int, str] = {}   # the other processes of the launcher's proxy here: pid -> rank
         self.next_sibling_look = 0.0
-        self.local_ranks = _local_ranks()    # how many the proxy started here (0: unknown)
+        self.local_ranks = launchers.started_under_proxy()    # how many the proxy started here (0: unknown)
         self.sibling_ended_at, self.ended_rank, self.ended_pid = math.inf, "?", 0   # a rank of this host that ended
 
     def to_end(self, said: bytes) -> str:
@@ -183,34 +183,6 @@ class _Reasons:
                     f"{self.ended_rank} of this host ended (it waits for ever for a rank that died in there, or "
                     "left without it)")
         return ""
-
-
-def _siblings() -> set[int]:
-    """The other processes that this one's parent started and that still run (under MPICH's launcher:
-    the supervisors of the other ranks on this host), from Linux's /proc; none where it cannot tell.
-
-    One that has ended but is not yet reaped (a zombie) has ended: hydra's proxy reaps a child only
-    when an event wakes it (output, a closed descriptor, a PMI message) and then at most one, so a
-    supervisor whose end the proxy looked for too early stays a zombie for as long as the others keep
-    quiet, in MPI_Finalize say (a finished job waited there for ever: CI, once; tests/test_elastic.py)."""
-    parent = os.getppid()
-    try:
-        with open(f"/proc/{parent}/task/{parent}/children") as f:
-            children = {int(pid) for pid in f.read().split()} - {os.getpid()}
-    except (OSError, ValueError):
-        return set()
-    return {pid for pid in children if process_state(pid) is None}
-
-
-def _local_ranks() -> int:
-    """How many processes MPICH's launcher started on this host (``launchers.ranks_on_this_host``), where
-    this process's parent is its proxy; 0 where it cannot tell (a wrapper between them, another launcher)."""
-    try:
-        with open(f"/proc/{os.getppid()}/comm") as f:
-            proxy = f.read().strip() == "hydra_pmi_proxy"
-    except OSError:
-        return 0
-    return launchers.ranks_on_this_host() if proxy else 0
 
 
 def _named(rank: str) -> str:

@@ -47,6 +47,18 @@ from collectives.process.launch_environment import ranks_on_this_host, srun_dire
 TORCH_VARIABLES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
+def started_under_proxy() -> int:
+    """How many processes MPICH's launcher started on this host (``ranks_on_this_host``), where this
+    process's parent is its proxy, so that the others are its siblings (``host_waits.siblings``); 0
+    where it cannot tell (a wrapper or a supervisor between them, another launcher)."""
+    try:
+        with open(f"/proc/{os.getppid()}/comm") as f:
+            proxy = f.read().strip() == "hydra_pmi_proxy"
+    except OSError:
+        return 0
+    return ranks_on_this_host() if proxy else 0
+
+
 def torch_launched(environment=os.environ) -> bool:
     """Whether a launcher of no MPI's started this process with torch's variables (torchrun, a
     PyTorchJob's pod, a process started by hand): then the runtime forms the MPI world itself.

@@ -50,6 +50,7 @@ class Life:
         #: This process took part in a setup (a rank that did never joins another at exit); one timed out.
         self.joined_setup = False
         self.setup_missed = False
+        self.setup_lost_a_process = False   # a setup ended as a process of the job had ended (MPI_Finalize would hang)
         #: MPI.Finalize() tells the runtime first (watched once, at the first setup).
         self.finalize_watched = False
         #: A newcomer to an elastic job has entered ``col.elastic.run`` (its next runs are the job's).
@@ -84,8 +85,8 @@ class Life:
     def took_part_in_setup(self) -> None:
         self.joined_setup = True
 
-    def missed_setup(self, missed: bool) -> None:
-        self.setup_missed = missed
+    def missed_setup(self, missed: bool, lost_a_process: bool = False) -> None:
+        self.setup_missed, self.setup_lost_a_process = missed, lost_a_process
 
     def watch_finalize(self) -> bool:
         """Whether MPI.Finalize() is to be watched now (the first setup only)."""

@@ -23,7 +23,7 @@ from collectives.groups.making import make_group
 from collectives.process.life import life
 from collectives.calls.runtime import Runtime, hosts_of, two_level_layout
 from ring.transport.mpi import notices
-from ring.transport.base import Bound, MPIOnlyTransport, TransportError, TransportTimeout
+from ring.transport.base import Bound, MPIOnlyTransport, PeerLost, TransportError, TransportTimeout
 
 #: ``life.world``'s copy for ``collectives.api``'s per-call path (10 ns a read; 380 ns by a module __getattr__)
 the_world: Group | None = None
@@ -218,11 +218,13 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     from ring.transport.mpi import setup as mpi_setup   # (imported here: importing it starts MPI)
     notices.hear_failure_notices()   # (before the setup: a notice there would end this process unheard)
     heeded = 0 if comm is None else notices.failure_notices()   # (the first setup: every notice since MPI started)
+    beside = launchers.started_under_proxy() if comm is None else 0   # (the world's ranks on this host, watched)
     try:
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
-                                                   config.record(found, problem, left), comm, heeded)
+                                                   config.record(found, problem, left), comm, heeded, beside)
     except TransportError as e:
-        life.missed_setup(isinstance(e, TransportTimeout) and not left)   # (a farewell's setup that nobody joined ends well)
+        life.missed_setup(isinstance(e, TransportTimeout) and not left,   # (a farewell's setup that nobody joined ends well)
+                          lost_a_process=isinstance(e, PeerLost))
         raise CollectiveError(f"init: {e}") from None   # (its words are all in the message: no chained traceback)
     try:
         config.check_records(records)
@@ -326,7 +328,8 @@ def _finalize_if_nobody_will() -> None:
     """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told mpi4py
     not to (``mpi4py.rc.finalize = False``) and did not itself (without it MPICH's launcher kills the
     others); not after a death before the setup or a setup that timed out (``leaving.end_unset``)."""
-    if mpi_running() and life.world is None and (notices.failure_notices() or life.setup_missed):
+    if mpi_running() and life.world is None and (notices.failure_notices() or life.setup_missed
+                                                 or life.setup_lost_a_process):
         leaving.end_unset(sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank(), life.setup_missed)
     if mpi_running() and (life.started_mpi or sys.modules["mpi4py"].rc.finalize is False):
         sys.modules["mpi4py.MPI"].Finalize()

@@ -1,7 +1,7 @@
 """How a rank waits on its host, and what it asks the host: between two polls of a request, spin,
 then give up the core, then nap (``pause``); how it makes a call that blocks inside MPI all the
 same (``watched``); and what the host says of its peers and cores (``process_state``,
-``usable_cores``). The poll loop itself is ``ring.transport.mpi.waiting``."""
+``siblings``, ``usable_cores``). The poll loop itself is ``ring.transport.mpi.waiting``."""
 from __future__ import annotations
 
 import os
@@ -105,3 +105,21 @@ def process_state(pid: int) -> str | None:
     except OSError:
         return None   # cannot tell (permissions): the deadline still applies
     return "has exited" if state in (b"Z", b"X") else None
+
+
+def siblings() -> set[int]:
+    """The other processes that this one's parent started and that still run (under MPICH's launcher:
+    the other ranks on this host, or their supervisors), from Linux's /proc; none where it cannot tell.
+
+    One that has ended but is not yet reaped (a zombie) has ended: hydra's proxy reaps a child only
+    when an event wakes it (output, a closed descriptor, a PMI message) and then at most one, so a
+    process whose end the proxy looked for too early stays a zombie for as long as the others keep
+    quiet, in MPI_Finalize say (a finished job waited there for ever: CI, once; tests/test_elastic.py)."""
+    parent, children = os.getppid(), set()
+    try:
+        for task in os.listdir(f"/proc/{parent}/task"):   # (a child is listed under the thread that forked it)
+            with open(f"/proc/{parent}/task/{task}/children") as f:
+                children |= {int(pid) for pid in f.read().split()}
+    except (OSError, ValueError):
+        return set()
+    return {pid for pid in children - {os.getpid()} if process_state(pid) is None}

@@ -14,7 +14,7 @@ import numpy as np
 import collectives as col
 from collectives.groups.group import Group
 from collectives.calls import progress
-from ring.transport.host_waits import process_state
+from ring.transport.host_waits import siblings as _siblings
 from tests.programs.cues import CUE_BOUND_S, await_cue, await_cues, await_ended, await_file, cue, report, say, when_inside
 
 
@@ -118,6 +118,20 @@ def absent_at_setup() -> None:
         report("first call", col.allreduce, np.ones(10, np.float32), timeout=2)
     finally:
         cue(last)
+
+
+def late_to_setup() -> None:
+    """The last rank calls into the runtime only once the others have ended (their first call's setup
+    timed out without it: the launcher's processes beside it on this host are gone), with a timeout
+    of 30 s: it must fail at once, saying that a process of the job ended."""
+    last = col.size() - 1
+    if col.rank() == last:
+        give_up = time.monotonic() + CUE_BOUND_S
+        while _siblings() and time.monotonic() < give_up:
+            time.sleep(0.05)
+        report("late first call", col.allreduce, np.ones(10, np.float32), timeout=30)
+        return
+    report("first call", col.allreduce, np.ones(10, np.float32), timeout=2)
 
 
 def retry_at_setup() -> None:
@@ -246,16 +260,6 @@ def never_starts_mpi() -> None:
         return
     col.allreduce(np.ones(4, np.float32))
     say(f"rank {col.rank()}: MPI started after all")
-
-
-def _siblings() -> list[int]:
-    """The other processes the launcher's proxy (this process's parent) started on this host."""
-    parent = os.getppid()
-    children = []
-    for task in os.listdir(f"/proc/{parent}/task"):
-        with open(f"/proc/{parent}/task/{task}/children") as listing:
-            children += [int(pid) for pid in listing.read().split()]
-    return [pid for pid in children if pid != os.getpid() and process_state(pid) is None]
 
 
 def _cue_once_left(ranks) -> None:
@@ -728,7 +732,7 @@ if __name__ == "__main__":
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "idle": idle, "crash-first": crash_first, "crash-first-late": crash_first_late,
-     "census-other-call": census_other_call, "retry-at-setup": retry_at_setup,
+     "census-other-call": census_other_call, "retry-at-setup": retry_at_setup, "late-to-setup": late_to_setup,
      "absent-at-setup": absent_at_setup, "farewell-alone": farewell_alone, "unchecked": unchecked,
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,

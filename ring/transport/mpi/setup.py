@@ -11,10 +11,10 @@ import numpy as np
 from mpi4py import MPI
 
 from ring.transport.mpi import liveness as liveness_watch
-from ring.transport.base import TransportError, TransportTimeout
+from ring.transport.base import PeerLost, TransportError, TransportTimeout
 from ring.transport.mpi.notices import NoticeWatch, failure_notices
 from ring.transport.mpi.transport import MPITransport
-from ring.transport.host_waits import pause
+from ring.transport.host_waits import pause, siblings
 
 _HELLO_TAG = 10  # the setup's empty messages across hosts (see _connect_across_hosts)
 _SETUP_RECORD_BYTES = 1024
@@ -22,11 +22,13 @@ _testall = MPI.Request.Testall
 
 
 def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
-            notices_before: int | None = None) -> tuple[MPITransport, list[bytes]]:
+            notices_before: int | None = None, local_ranks: int = 0) -> tuple[MPITransport, list[bytes]]:
     """Set up the runtime's private communicator, a duplicate of ``comm`` (default: every rank,
     MPI.COMM_WORLD), bounded by ``timeout`` seconds, and exchange ``record`` (at most 1 KiB: the
     settings, or a problem found on this rank). A launcher's failure notice beyond the first
-    ``notices_before`` (default: those heard so far) ends it (see ``_wait_setup``).
+    ``notices_before`` (default: those heard so far) ends it (see ``_wait_setup``), and so does,
+    where ``local_ranks`` (more than 1) ranks of ``comm`` were started on this host as this
+    process's siblings (``launchers.started_under_proxy``), one of them that has ended.
 
     Returns the transport and every rank's record. Nothing here blocks inside MPI, so a rank
     that never comes makes the others raise TransportTimeout instead of waiting for ever.
@@ -35,8 +37,9 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
         raise ValueError(f"setup record of {len(record)} bytes; at most {_SETUP_RECORD_BYTES}")
     deadline = time.monotonic() + timeout
     heeded = failure_notices() if notices_before is None else notices_before
+    watch = _Watch(heeded, local_ranks)
     comm, request = (comm or MPI.COMM_WORLD).Idup()   # a private duplicate: our messages never match the user's
-    _wait_setup([request], deadline, heeded, "make the runtime's communicator", comm)
+    _wait_setup([request], deadline, watch, "make the runtime's communicator", comm)
     liveness = liveness_watch.Liveness()
     host = socket.gethostname().encode()[:200]
     mine = np.zeros(16 + 256 + _SETUP_RECORD_BYTES, np.uint8)
@@ -45,7 +48,7 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     mine[272:272 + len(record)] = np.frombuffer(record, np.uint8)
     every = np.empty((comm.Get_size(), mine.size), np.uint8)
     try:
-        _wait_setup([comm.Iallgather(mine, every)], deadline, heeded, "exchange the settings", comm, mine, every)
+        _wait_setup([comm.Iallgather(mine, every)], deadline, watch, "exchange the settings", comm, mine, every)
     except TransportError:
         liveness.close()
         raise
@@ -54,11 +57,11 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     records = [row[272:].tobytes().rstrip(b"\0") for row in every]
     rank = comm.Get_rank()
     liveness.join(rank, hosts, ports)
-    _connect_across_hosts(comm, rank, hosts, deadline, heeded)
+    _connect_across_hosts(comm, rank, hosts, deadline, watch)
     return MPITransport(comm, hosts, pids, liveness=liveness, owns_liveness=True), records
 
 
-def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadline: float, heeded: int) -> None:
+def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadline: float, watch: _Watch) -> None:
     """Exchange an empty message with every rank on another host, so that MPI connects to each now,
     while all are alive: a first message to a rank whose host had since gone was seen to block
     inside MPI (libfabric's tcp connecting) for minutes, out of reach of every deadline."""
@@ -68,30 +71,49 @@ def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadl
     empty = np.zeros(0, np.uint8)
     requests = [comm.Irecv([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
     requests += [comm.Isend([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
-    _wait_setup(requests, deadline, heeded, "connect to the ranks on other hosts", empty)
+    _wait_setup(requests, deadline, watch, "connect to the ranks on other hosts", empty)
 
 
 _unfinished_setups: list = []   # requests of a setup that timed out, kept with their buffers for good
+_LOOK_SECONDS = 0.1   # how often a setup's wait looks at this host's other ranks (/proc)
 
 
-def _wait_setup(requests: list[MPI.Request], deadline: float, heeded: int, what: str, *buffers: Any) -> None:
-    """Poll until ``requests`` are done, the deadline passes, or the launcher has told this process
-    that another of the job died (more than ``heeded`` notices, see
-    ``ring.transport.mpi.notices.NoticeWatch``) and the setup still has not ended soon after: before
-    the exchange nobody knows the others' processes, so that notice is the only word of a death
-    here (without it the survivors would wait for the whole timeout)."""
-    started, notices = time.monotonic(), NoticeWatch(heeded)
+class _Watch:
+    """What ends a setup's wait early: more than ``heeded`` failure notices from the launcher, or fewer
+    than ``local_ranks - 1`` siblings (the other ranks started on this host) still running."""
+
+    def __init__(self, heeded: int, local_ranks: int):
+        self.notices, self.local_ranks, self.next_look = NoticeWatch(heeded), local_ranks, 0.0
+
+    def ended(self, now: float, what: str) -> str:
+        """Why the setup cannot complete ("": it may): before the exchange nobody knows the others'
+        processes, so a launcher's notice, or a sibling's end, is the only word of one gone."""
+        ended = f"a process of this job ended before every rank could {what}"
+        if self.notices.grace_over(now):
+            return (f"{ended}: mpiexec's failure notice (SIGUSR1) came while this rank waited; which rank it was "
+                    "cannot be known before the setup's exchange")
+        if self.local_ranks > 1 and now >= self.next_look:
+            self.next_look = now + _LOOK_SECONDS
+            gone = self.local_ranks - 1 - len(siblings())
+            if gone > 0:
+                return (f"{ended}: {gone} of the {self.local_ranks} processes the launcher started on this host "
+                        f"{'has' if gone == 1 else 'have'} ended (given up waiting for this rank, or died); which "
+                        "rank cannot be known before the setup's exchange")
+        return ""
+
+
+def _wait_setup(requests: list[MPI.Request], deadline: float, watch: _Watch, what: str, *buffers: Any) -> None:
+    """Poll until ``requests`` are done, the deadline passes, or ``watch`` finds a process of the job
+    gone (without it the others would wait for the whole timeout)."""
+    started = time.monotonic()
     while not _testall(requests):
         now = time.monotonic()
-        if notices.grace_over(now) or now >= deadline:
+        gone = watch.ended(now, what)
+        if gone or now >= deadline:
             # A nonblocking collective cannot be cancelled: keep it, and what it writes into, alive.
             _unfinished_setups.append((requests, buffers))
-            if now < deadline:
-                raise TransportError(f"a process of this job ended before every rank could {what}: mpiexec's "
-                                     "failure notice (SIGUSR1) came while this rank waited; which rank it was "
-                                     "cannot be known before the setup's exchange")
+            if gone:
+                raise PeerLost(-1, gone)   # (which rank: unknown)
             raise TransportTimeout(-1, now - started, f"every rank to {what} (a rank has not called "
                                                       "into the runtime yet, or will not)")
         pause(now - started, 0.0)
-
-
