@@ -88,18 +88,17 @@ class _Watch:
     def ended(self, now: float, what: str) -> str:
         """Why the setup cannot complete ("": it may): before the exchange nobody knows the others'
         processes, so a launcher's notice, or a sibling's end, is the only word of one gone."""
-        ended = f"a process of this job ended before every rank could {what}"
+        word = ""
         if self.notices.grace_over(now):
-            return (f"{ended}: mpiexec's failure notice (SIGUSR1) came while this rank waited; which rank it was "
-                    "cannot be known before the setup's exchange")
-        if self.local_ranks > 1 and now >= self.next_look:
+            word = "mpiexec's failure notice (SIGUSR1) came while this rank waited; which rank it was"
+        elif self.local_ranks > 1 and now >= self.next_look:
             self.next_look = now + _LOOK_SECONDS
             gone = self.local_ranks - 1 - len(siblings())
             if gone > 0:
-                return (f"{ended}: {gone} of the {self.local_ranks} processes the launcher started on this host "
-                        f"{'has' if gone == 1 else 'have'} ended (given up waiting for this rank, or died); which "
-                        "rank cannot be known before the setup's exchange")
-        return ""
+                word = (f"{gone} of the {self.local_ranks} processes the launcher started on this host "
+                        f"{'has' if gone == 1 else 'have'} ended (given up waiting for this rank, or died); which rank")
+        return (f"a process of this job ended before every rank could {what}: {word} cannot be known before the "
+                "setup's exchange") if word else ""
 
 
 def _wait_setup(requests: list[MPI.Request], deadline: float, watch: _Watch, what: str, *buffers: Any) -> None:
