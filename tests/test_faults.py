@@ -470,6 +470,14 @@ def test_two_threads_per_rank_never_get_wrong_data(n):
         assert int(wrong) == 0 and int(right) + int(refused) == 24, output
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_threads_that_make_the_first_call_at_once_all_get_the_answer(n):
+    status, output, _ = fault(n, "first-from-threads")
+    assert status == 0 and output.count("ok allreduce") == n, output
+    for rank in range(n):
+        assert f"rank {rank}: answers ['({rank}, {n})']" in output, output
+
+
 def test_without_thread_support_only_the_main_thread_may_call():
     status, output, _ = fault(2, "funneled")
     assert status == 0, output

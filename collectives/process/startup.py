@@ -262,26 +262,31 @@ def mpi():
     """mpi4py's MPI module, MPI started (by this runtime where the program told mpi4py not to: then it also
     finalizes it at exit). Every use of the runtime that needs MPI comes here first: the first installs the
     hooks that see the process out (``life.install_hooks``); importing ``collectives`` alone does not."""
-    if not mpi_running():   # (torchrun and the like: the world forms through torch's store first)
-        rendezvous.form_world(config.setup_timeout())
-    with launchers.bounded_mpi_init():   # (MPI_Init bounded by the runtime's timeout)
-        from mpi4py import MPI   # (imported here: importing it starts MPI, unless the program told mpi4py not to)
-        if MPI.Is_finalized():
-            raise CollectiveError("MPI was already finalized in this process; the runtime cannot start")
-        if not MPI.Is_initialized():
-            MPI.Init_thread(MPI.THREAD_MULTIPLE)
-            life.mpi_started_by_us()
-    if life.first_time_mpi_started():   # (a death before it leaves this rank in MPI_Init: its supervisor ends it)
-        supervision.tell(supervision.Word.STARTED)
-    notices.hear_failure_notices()   # (from now, not from the setup; not before MPI starts: MPICH's handler ends us)
-    life.install_hooks(_at_exit)
+    with _starting_mpi:   # (two threads' first calls: the second waits for MPI the first is starting)
+        if not mpi_running():   # (torchrun and the like: the world forms through torch's store first)
+            rendezvous.form_world(config.setup_timeout())
+        with launchers.bounded_mpi_init():   # (MPI_Init bounded by the runtime's timeout)
+            from mpi4py import MPI   # (imported here: importing it starts MPI, unless the program told mpi4py not to)
+            if MPI.Is_finalized():
+                raise CollectiveError("MPI was already finalized in this process; the runtime cannot start")
+            if not MPI.Is_initialized():
+                MPI.Init_thread(MPI.THREAD_MULTIPLE)
+                life.mpi_started_by_us()
+        if life.first_time_mpi_started():   # (a death before it leaves this rank in MPI_Init: its supervisor ends it)
+            supervision.tell(supervision.Word.STARTED)
+        notices.hear_failure_notices()   # (from now, not from the setup; not before MPI starts: MPICH's handler ends us)
+        life.install_hooks(_at_exit)
     return MPI
+
+
+_starting_mpi = threading.RLock()   # (reentrant: a signal's handler may need MPI while its thread starts it)
 
 
 def mpi_running() -> bool:
     """MPI is started and not finalized (never starting it: a program that did not is left alone)."""
-    MPI = sys.modules.get("mpi4py.MPI")
-    return MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized()
+    MPI = sys.modules.get("mpi4py.MPI")   # (maybe still being imported by another thread: MPI_Init under way)
+    started, finalized = getattr(MPI, "Is_initialized", None), getattr(MPI, "Is_finalized", None)
+    return started is not None and finalized is not None and started() and not finalized()
 
 
 # The process's end, once the program has used the runtime (the hooks installed by mpi()).

@@ -500,6 +500,30 @@ def threads() -> None:
     say(f"rank {col.rank()}: threads {outcomes}")
 
 
+def first_from_threads() -> None:
+    """Threads of every rank make the process's first calls into the runtime (``rank()`` and ``size()``,
+    which start MPI), one every 5 ms, so that some come while another is inside MPI's start: each
+    gets the answer, none sees MPI half started."""
+    answers, start = [], threading.Barrier(16)
+
+    def ask(after: float) -> None:
+        start.wait()
+        time.sleep(after)
+        try:
+            answers.append((col.rank(), col.size()))
+        except Exception as error:
+            answers.append(repr(error))
+
+    askers = [threading.Thread(target=ask, args=(i / 200,)) for i in range(16)]
+    for a in askers:
+        a.start()
+    for a in askers:
+        a.join()
+    result = report("allreduce", col.allreduce, _ints(1000, col.rank()))
+    assert np.array_equal(result, _expected_sum(1000, col.size()))
+    say(f"rank {col.rank()}: answers {sorted(set(map(str, answers)))}")
+
+
 def funneled() -> None:
     """The program started MPI with MPI_THREAD_FUNNELED: a collective from another thread is refused
     on that thread alone, and the main thread's calls still work."""
@@ -731,6 +755,7 @@ if __name__ == "__main__":
      "uncaught-own-hook": uncaught_own_hook, "exits": exits,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
+     "first-from-threads": first_from_threads,
      "idle": idle, "crash-first": crash_first, "crash-first-late": crash_first_late,
      "census-other-call": census_other_call, "retry-at-setup": retry_at_setup, "late-to-setup": late_to_setup,
      "absent-at-setup": absent_at_setup, "farewell-alone": farewell_alone, "unchecked": unchecked,
