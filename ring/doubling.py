@@ -149,6 +149,9 @@ class Prepared:
                             self.recv if step.recv_from is not None else None) for step in self.steps)
         self.own = send[_HEADER:_HEADER + nbytes].view(dtype) if dtype is not None else None
         self.received = np.frombuffer(recv, dtype, nbytes // dtype.itemsize, _HEADER) if dtype is not None else None
+        #: The step, where the schedule is one exchange with one partner (two ranks): see :meth:`run_wired`.
+        self.one_step = self.final if len(self.steps) == 1 and self.final.send_to is not None \
+            and self.final.recv_from is not None else None
 
     def run(self, transport: Transport, bound: Bound, signature: bytes, payload: Any = None,
             combine: np.ufunc | None = None, out: Any = None) -> bool:
@@ -189,6 +192,26 @@ class Prepared:
         if agreeing and payload is not None and out is not None:
             np.copyto(out, self.own)
         return agreeing == 1
+
+    def run_wired(self, wire: Any, bound: Bound, signature: bytes, payload: Any, combine: np.ufunc,
+                  out: Any = None) -> bool:
+        """:meth:`run` of a ``payload`` where the schedule is :attr:`one_step`, over ``wire``: the
+        exchange of this one's buffers with the partner, made ready by the transport (``run(bound)``:
+        ``MPITransport.persistent``). The hot path of a repeated small call on two ranks (the express
+        lane of ``collectives.ops.express``): the same messages and result as :meth:`run`, without
+        the steps' loop and the transport's lookup of its exchange."""
+        agreed_header = signature.ljust(SIGNATURE_BYTES, b"\0") + b"\1"   # (as in run)
+        self.send_check[:] = agreed_header
+        self.own[...] = payload
+        wire.run(bound)
+        if self.recv_check.tobytes() != agreed_header:
+            return False
+        if out is not None:
+            if self.one_step.merge == "mine_first":
+                combine(self.own, self.received, out=out)
+            else:
+                combine(self.received, self.own, out=out)
+        return True
 
 
 class _Messages:

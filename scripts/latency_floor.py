@@ -81,9 +81,8 @@ def main() -> None:
     col.allreduce(x, out=o)   # (the first call sets the lane up; the second makes its exchange ready)
     col.allreduce(x, out=o)
     world, guard, unguard = startup.the_world, arrays.ieee_floating_point, arrays.restore_floating_point
-    ready = express.allreduce_lane(world, x, "sum", o).ready
-    step = ready.moves[0][0]
-    lane_requests = world.transport._persistent[(ready, step.send_to, step.recv_from)][0]
+    wired = express.allreduce_lane(world, x, "sum", o).exchange   # (the one step's, on two ranks)
+    ready, lane_requests = wired.func.__self__, wired.args[0].requests
 
     def flat():
         for _ in range(CALLS):
@@ -92,7 +91,7 @@ def main() -> None:
             if not engine.turn_at_once():
                 raise SystemExit("latency_floor.py: the engine's turn was taken")
             try:
-                call, prepared = lane.call, lane.ready
+                call, prepared = lane.call, ready
                 quiet = guard()
                 try:
                     seq = call.renew()

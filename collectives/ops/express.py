@@ -19,6 +19,7 @@ fits (the settings changed, a timeline records), takes the usual way.
 from __future__ import annotations
 
 import copy
+import functools
 from threading import get_ident
 from typing import Any, Callable
 
@@ -36,7 +37,7 @@ class Lane:
     """What every call of one kind shares: the group, the signature template, the reused ``call``,
     whether the arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
-    __slots__ = ("group", "transport", "template", "call", "floating", "ready")
+    __slots__ = ("group", "transport", "template", "call", "floating", "exchange")
 
     def __init__(self, call: Call, floating: bool):
         self.group, self.template = call.group, call.template
@@ -44,44 +45,52 @@ class Lane:
         self.call = copy.copy(call)   # (a bound of its own, renewed by each call)
         self.call.background = False
         self.floating = floating
-        self.ready: doubling.Prepared | None = None   # (made at the first run, in the main thread's buffers)
+        #: The message's exchange, ``(bound, signature, payload, combine, out) -> agreed`` (made at the first
+        #: run, in the main thread's buffers: ``ring.doubling``'s run of its steps, or of its one step
+        #: over the transport's ready exchange where there is only one, on two ranks).
+        self.exchange: Callable | None = None
 
-    def run(self, x: np.ndarray, out: np.ndarray | None = None) -> Any:
+    def run(self, x: np.ndarray, out: np.ndarray | None = None, _handed: bool = False) -> Any:
         """One call on ``x`` (``out``: where the collective has one): the engine's turn taken at once
-        where it is free (else in its place, as ``run_now`` gives it), then what ``_frame`` does around
-        the body, with :meth:`move` as the body."""
+        where it is free (else in its place: ``run_now`` hands it over, ``_handed``), then what
+        ``_frame`` does around the body, with :meth:`move` as the body. (One frame for all of it:
+        this is the hot path of a small call.)"""
         engine = self.group.runtime.engine
-        if not engine.turn_at_once():
-            return engine.run_now(self._in_turn, x, out)
+        if not _handed and not engine.turn_at_once():
+            return engine.run_now(self.run, x, out, True)
         try:
-            return self._in_turn(x, out)
+            g, call = self.group, self.call
+            if g.runtime.failure is not None:   # (as the frame begins: collectives.calls.call)
+                raise stopped(call.name, g.runtime)
+            quiet = arrays.ieee_floating_point() if self.floating else None
+            try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as the ranks may be out of step)
+                seq = call.renew()
+                result = self.move(self.template % seq, x, out)
+                self.transport.control.check_gave_up(seq)
+            except BaseException as e:
+                ended(call, e)
+            finally:
+                if quiet is not None:
+                    arrays.restore_floating_point(quiet)
+            call.in_step = True
+            return result
         finally:
-            engine.end_turn()
-
-    def _in_turn(self, x: np.ndarray, out: np.ndarray | None) -> Any:
-        g, call = self.group, self.call
-        if g.runtime.failure is not None:   # (as the frame begins: collectives.calls.call)
-            raise stopped(call.name, g.runtime)
-        quiet = arrays.ieee_floating_point() if self.floating else None
-        try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as the ranks may be out of step)
-            seq = call.renew()
-            result = self.move(self.template % seq, x, out)
-            self.transport.control.check_gave_up(seq)
-        except BaseException as e:
-            ended(call, e)
-        finally:
-            if quiet is not None:
-                arrays.restore_floating_point(quiet)
-        call.in_step = True
-        return result
+            if not _handed:
+                engine.end_turn()
 
     def move(self, signature: bytes, x: np.ndarray, out: np.ndarray | None) -> Any:
         """The body of one call signed ``signature``: the exchange, and what the usual body does after it."""
         raise NotImplementedError
 
-    def _prepared(self, dtype: np.dtype, nbytes: int) -> doubling.Prepared:
-        self.ready = doubling.prepared(self.transport, dtype, nbytes)
-        return self.ready
+    def _exchange(self, dtype: np.dtype, nbytes: int) -> Callable:
+        ready, transport = doubling.prepared(self.transport, dtype, nbytes), self.transport
+        step = ready.one_step
+        if step is None:
+            self.exchange = functools.partial(ready.run, transport)
+        else:
+            wire = transport.persistent(ready.send, ready.recv, step.send_to, step.recv_from, ready)
+            self.exchange = functools.partial(ready.run_wired, wire)
+        return self.exchange
 
 
 class AllreduceLane(Lane):
@@ -102,8 +111,8 @@ class AllreduceLane(Lane):
         if self.combine is None:
             agreed = algorithms.allreduce_small(self.transport, self.call, flat_in, flat_out, self.op, signature)
         else:
-            ready = self.ready or self._prepared(self.dtype, x.nbytes)
-            agreed = ready.run(self.transport, self.call, signature, flat_in, self.combine, flat_out)
+            exchange = self.exchange or self._exchange(self.dtype, x.nbytes)
+            agreed = exchange(self.call, signature, flat_in, self.combine, flat_out)
         if not agreed:
             self.call.disagree(signature)
         return result
@@ -122,11 +131,11 @@ class BroadcastLane(Lane):
 
     def move(self, signature: bytes, x: np.ndarray, out: None) -> np.ndarray:
         mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
-        ready = self.ready or self._prepared(mine.dtype, mine.nbytes)
+        exchange = self.exchange or self._exchange(mine.dtype, mine.nbytes)
         if self.from_here:
-            agreed = ready.run(self.transport, self.call, signature, mine, np.bitwise_or, None)
+            agreed = exchange(self.call, signature, mine, np.bitwise_or, None)
         else:
-            agreed = ready.run(self.transport, self.call, signature, self.zeros, np.bitwise_or, mine)
+            agreed = exchange(self.call, signature, self.zeros, np.bitwise_or, mine)
         if not agreed:
             self.call.disagree(signature)
         return x
@@ -150,8 +159,8 @@ class AllgatherLane(Lane):
     def move(self, signature: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         source = x if x.ndim == 1 else x.reshape(-1)
         self.slot[...] = source.view(np.uint8)
-        ready = self.ready or self._prepared(self.message.dtype, self.message.nbytes)
-        if not ready.run(self.transport, self.call, signature, self.message, np.bitwise_or, self.gathered):
+        exchange = self.exchange or self._exchange(self.message.dtype, self.message.nbytes)
+        if not exchange(self.call, signature, self.message, np.bitwise_or, self.gathered):
             self.call.disagree(signature)
         return self.finish(self.call, x, out, source, self.every, self.rows)
 

@@ -187,6 +187,10 @@ class MPIOnlyTransport(Transport, Protocol):
     def among(self, peers: Sequence[int], data: bytes, bound: Bound) -> list[bytes]:
         """Exchange ``data`` with each of ``peers``: an agreement among some ranks of this transport."""
 
+    def persistent(self, send: Any, recv: Any, dest: int, source: int, reuse: Any) -> Any:
+        """``exchange(send, recv, bound, dest, source, reuse)`` made ready once and handed to the caller,
+        who repeats it (the express lane): an object whose ``run(bound)`` does that exchange."""
+
 
 class OverHost:
     """Shared by the device transports (NCCL, staged): the host transport they stand on keeps the

@@ -234,3 +234,19 @@ def test_a_read_only_x_that_a_broadcast_would_write_is_refused_through_the_lane(
     with pytest.raises(col.CollectiveUsageError, match="broadcast: x"):
         col.broadcast(mine, 0)
     assert col.allgather(x).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()   # (in step again)
+
+
+def test_a_lane_whose_ready_exchange_was_freed_makes_it_again():
+    """The transport keeps at most 64 ready exchanges and frees them all when a 65th comes (on two
+    ranks the lane holds one, ``MPITransport.persistent``): the lane's next call makes it again and
+    gives the usual bits."""
+    first = _contribution((3,), np.float32, 1)
+    col.allreduce(first)
+    col.allreduce(first)   # (the lane's exchange made ready)
+    for count in range(1, 70):   # (each size its own message, so its own ready exchange; the usual way,
+        x = _contribution((count,), np.int64, count)   # as an option opens no lane: 64 lanes at most too)
+        assert col.allreduce(x, timeout=60).tobytes() == _reference(x, "sum").tobytes()
+    for step in range(3):
+        x = _contribution((3,), np.float32, step)
+        assert _lane_taken(x, "sum")
+        assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()

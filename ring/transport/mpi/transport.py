@@ -131,21 +131,15 @@ class MPITransport(Subsets):
             self._exchange_once(send, recv, bound, dest, source)
             return
         # The latency path: persistent requests, made once per (``reuse``, peers), since its buffers
-        # are the same on every call (about 1 us less per exchange here), started and polled here.
+        # are the same on every call (about 1 us less per exchange here).
+        self.persistent(send, recv, dest, source, reuse).run(bound)
+
+    def persistent(self, send: Any, recv: Any, dest: int, source: int, reuse: Any) -> Persistent:
+        """The exchange of ``send`` with ``dest`` and ``recv`` with ``source``, made ready once under
+        ``reuse`` (see :meth:`exchange`) and kept until it fails or the transport closes (64 at most:
+        then every kept one is freed, and made again at its next run)."""
         key = (reuse, dest, source)
-        entry = self._persistent.get(key) or self._persist(send, recv, dest, source, key)
-        requests = entry[0]
-        if dest in self._remote:
-            self.control.guard(dest, bound.seq)
-        try:
-            _startall(requests)
-            self._wait_all(requests, entry[1], bound)
-        except BaseException:
-            # Started and unfinished persistent requests must be cancelled or kept, never freed in
-            # flight; forget this entry so that it is not started again (its buffers stay with it).
-            self._persistent.pop(key, None)
-            self.give_up(requests, entry, requests[:1])
-            raise
+        return self._persistent.get(key) or self._persist(send, recv, dest, source, key)
 
     def _exchange_once(self, send: Any | None, recv: Any | None, bound: Bound, dest: int, source: int) -> None:
         """exchange() over requests of its own, for one call."""
@@ -167,24 +161,17 @@ class MPITransport(Subsets):
             self.give_up(requests, (send, recv), requests[:1] if recv is not None else [])
             raise
 
-    def _persist(self, send: Any, recv: Any, dest: int, source: int, key: tuple) -> tuple:
-        """The persistent requests of an exchange of ``send`` and ``recv`` with these peers, kept
-        under ``key`` (with the buffers, so that their ids stay unique while the entry lives)."""
-        if len(self._persistent) >= 64:
-            self._free_persistent()
-        try:
-            requests = [self.comm.Recv_init([recv, MPI.BYTE], source, _TAG),
-                        self.comm.Send_init([send, MPI.BYTE], dest, _TAG)]
-        except MPI.Exception as e:
-            raise TransportError(f"exchange with ranks {self.names[source]} and {self.names[dest]} failed: "
-                                 f"{error_text(e)}") from e
-        entry = self._persistent[key] = (requests, (source, dest), send, recv)
+    def _persist(self, send: Any, recv: Any, dest: int, source: int, key: tuple) -> Persistent:
+        """A new ready exchange of ``send`` and ``recv`` with these peers, kept under ``key``."""
+        entry = Persistent(self, key, (source, dest), (send, recv))
+        entry.make()
         return entry
 
     def _free_persistent(self) -> None:
-        for requests, *_ in self._persistent.values():
-            for request in requests:
+        for entry in self._persistent.values():
+            for request in entry.requests:
                 request.Free()
+            entry.requests = None
         self._persistent.clear()
 
     def allgather_bytes(self, data: bytes, bound: Bound) -> list[bytes]:
@@ -274,8 +261,14 @@ class MPITransport(Subsets):
             wait_for(lambda: _testall(requests, statuses), bound, self.control, self.spin_seconds, waiting_for)
             bound.progressed()
         except MPI.Exception as e:
-            self.control.check_dead(peers, bound.seq)   # (MPI's own error about a dead peer says less than this)
-            raise TransportError(self._failure_text(e, requests, peers, statuses)) from e
+            self._raise_failure(e, requests, peers, bound, statuses)
+
+    def _raise_failure(self, error: MPI.Exception, requests: list[MPI.Request], peers: Sequence[int], bound: Bound,
+                       statuses: list | None = None) -> None:
+        """Raise what a wait's MPI ``error`` means: PeerLost where a peer died (MPI's own error about a
+        dead peer says less), else a TransportError naming the cause."""
+        self.control.check_dead(peers, bound.seq)
+        raise TransportError(self._failure_text(error, requests, peers, statuses)) from error
 
     def _failure_text(self, error: MPI.Exception, requests: list[MPI.Request], peers: Sequence[int],
                       statuses: list | None = None) -> str:
@@ -297,3 +290,66 @@ class MPITransport(Subsets):
             return (f"a message from {peer_text} was longer than this rank expected: the ranks disagree "
                     "about this call's size (is the cross-rank check off?)")
         return f"communication with {peer_text} failed: {error_text(error)}"
+
+
+class Persistent:
+    """One exchange made ready (``MPITransport.persistent``): MPI's persistent requests for the same two
+    buffers and the same two peers, started again by every call that repeats it. The transport's
+    ``exchange`` runs one it keeps; the express lane (``collectives.ops.express``), whose one-step
+    exchange is always the same, holds one and runs it itself.
+
+    >>> wire = transport.persistent(send, recv, 1, 1, reuse=key)      # doctest: +SKIP
+    >>> wire.run(call)     # send to rank 1 while receiving from it, within the call's bound  # doctest: +SKIP
+    """
+
+    __slots__ = ("transport", "key", "requests", "peers", "buffers")
+
+    def __init__(self, transport: MPITransport, key: tuple, peers: tuple[int, int], buffers: tuple):
+        self.transport, self.key, self.peers = transport, key, peers
+        self.buffers = buffers   # (kept with the requests: their memory must outlive them)
+        self.requests: list | None = None
+
+    def make(self) -> list:
+        """Make the requests, and keep this exchange among its transport's (freeing every kept one
+        first where there are already 64)."""
+        transport, (send, recv), (source, dest) = self.transport, self.buffers, self.peers
+        if len(transport._persistent) >= 64:
+            transport._free_persistent()
+        try:
+            self.requests = [transport.comm.Recv_init([recv, MPI.BYTE], source, _TAG),
+                             transport.comm.Send_init([send, MPI.BYTE], dest, _TAG)]
+        except MPI.Exception as e:
+            raise TransportError(f"exchange with ranks {transport.names[source]} and {transport.names[dest]} "
+                                 f"failed: {error_text(e)}") from e
+        transport._persistent[self.key] = self
+        return self.requests
+
+    def run(self, bound: Bound) -> None:
+        """Send and receive, blocking until both are done or ``bound`` passes (``MPITransport.exchange``)."""
+        transport, requests = self.transport, self.requests
+        if requests is None:   # (freed with the others when the transport kept too many)
+            requests = self.make()
+        if self.peers[1] in transport._remote:   # (a send to another host: see MPITransport.sending_to)
+            transport.control.guard(self.peers[1], bound.seq)
+        try:
+            _startall(requests)
+            if not _KEEP_STATUSES:   # (_wait_all's quick polls, inline: a small exchange mostly ends in them)
+                for _ in range(transport._quick_polls):
+                    if _testall(requests):
+                        bound.progressed()
+                        return
+            transport._wait_all(requests, self.peers, bound)
+        except MPI.Exception as e:
+            self._forget()
+            transport._raise_failure(e, requests, self.peers, bound)
+        except BaseException:
+            self._forget()
+            raise
+
+    def _forget(self) -> None:
+        """After a failure, or an interruption with the messages in flight: never start these requests
+        again (started and unfinished ones must be cancelled or kept, never freed in flight)."""
+        transport, requests = self.transport, self.requests
+        transport._persistent.pop(self.key, None)
+        self.requests = None
+        transport.give_up(requests, self.buffers, requests[:1])
