@@ -69,5 +69,8 @@ def test_disagreement_names_the_argument_and_the_ranks():
     assert disagreement("broadcast", [a, b, a]) == "broadcast: root: root differs across ranks: rank 0: 0, rank 1: 2"
     c = signature("allreduce", 3, op="sum", dtype=np.dtype("float32"), shape=(4,))
     assert "collective differs across ranks: rank 0: broadcast, rank 1: allreduce" in disagreement("broadcast", [a, c])
+    main, named_main = (signature("allreduce", 3, "sum", np.dtype("float32"), (4,), thread=t) for t in ("", "MainThread"))
+    assert disagreement("allreduce", [main, named_main]) == \
+        "allreduce: calling thread differs across ranks: rank 0: the main thread, rank 1: thread 'MainThread'"
     long_shape = signature("allreduce", 1, "sum", np.dtype("float32"), (1,) * 200)
     assert len(long_shape) <= 128

@@ -111,8 +111,8 @@ def disagreement(collective: str, signatures: list[bytes], names: tuple[int, ...
     the shape (it says the same)."""
     rows = [s.rstrip(b"\0").decode(errors="replace").split("|") for s in signatures]
     rows = [r + [""] * (len(FIELDS) - len(r)) for r in rows]
-    for r in rows:
-        r[_THREAD] = r[_THREAD] or "MainThread"   # the main thread's calls leave it empty
+    for r in rows:   # (the main thread's calls leave it empty; any other thread may be named "MainThread")
+        r[_THREAD] = f"thread {r[_THREAD]!r}" if r[_THREAD] else "the main thread"
     differing = [i for i in range(len(FIELDS)) if any(r[i] != rows[0][i] for r in rows)]
     if 0 in differing:
         differing = [0]   # other collectives have other fields: comparing them says nothing more
