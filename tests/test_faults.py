@@ -478,6 +478,22 @@ def test_threads_that_make_the_first_call_at_once_all_get_the_answer(n):
         assert f"rank {rank}: answers ['({rank}, {n})']" in output, output
 
 
+@pytest.mark.parametrize("way", ["lane", "usual"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_ctrl_c_as_a_call_ends_stops_the_runtime_so_a_retry_never_pairs_with_the_next_call(n, way):
+    status, output, _ = fault(n, "interrupted-as-it-ends", way)
+    assert "WRONG DATA" not in output and "Traceback" not in output, output
+    assert "rank 1: KeyboardInterrupt in step 3" in output, output
+    assert "rank 1: CollectiveError in step 3 (again): allreduce: the runtime stopped after an earlier failure " \
+           "(allreduce #4 on rank 1 was interrupted by KeyboardInterrupt)" in output, output
+    for rank in set(range(n)) - {1}:   # (the call was done on every rank; the next one fails, naming rank 1)
+        assert f"rank {rank}: step 3 right" in output, output
+        assert re.search(rf"rank {rank}: CollectiveError in step 4 \(first\): allreduce #5 on rank {rank}: "
+                         rf"rank \d+ (left|gave up).*allreduce #4 on rank 1 was interrupted by KeyboardInterrupt",
+                         output), output
+    assert status == 0, output
+
+
 def test_without_thread_support_only_the_main_thread_may_call():
     status, output, _ = fault(2, "funneled")
     assert status == 0, output

@@ -36,7 +36,7 @@ from typing import Any, Callable, NoReturn
 
 import numpy as np
 
-from collectives.calls import table, timeline, validate
+from collectives.calls import interrupts, table, timeline, validate
 from collectives.errors import CollectiveError, CollectiveUsageError, MembershipChanged
 from collectives.calls.group_protocol import CallGroup
 from collectives.calls.progress import MAIN_THREAD, Work, issuer_name, on_behalf
@@ -107,6 +107,11 @@ class Call(Bound):
         if always or self.runtime.settings.check:
             if not doubling.agree(self.group.transport, self, signature):
                 self.disagree(signature)
+
+    def interrupted(self, by: str = "KeyboardInterrupt") -> None:
+        """Stop the runtime on this rank: this call was interrupted (Ctrl-C, or an error not the call's own)."""
+        g = self.group
+        self.runtime.stop(f"{self.name} #{self.seq} on {g.where()} was interrupted by {by}", group=g)
 
     def disagree(self, signature: bytes, problem: str = "") -> NoReturn:
         """After an agreement round that did not agree: raise the same error on every rank."""
@@ -197,6 +202,7 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
     runtime = g.runtime
     if runtime.failure is not None:
         raise stopped(name, runtime)
+    main = get_ident() == MAIN_THREAD   # (where a Ctrl-C that comes as the call ends is held back: interrupts)
     call = Call(g, name, timeout, call_name, algorithm, issuer, detached and runtime.engine.in_background())
     quiet = arrays.ieee_floating_point() if name in _REDUCTIONS else None
     started = perf_counter() if timeline.current is not None else 0.0
@@ -207,11 +213,15 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
             result = body(call, *args)
             if not g.destroyed:   # (a rank that gave this call up: this one fails it too)
                 g.transport.control.check_gave_up(call.seq)
+            if main:
+                interrupts.held.on = True
         except CollectiveUsageError as error:
             if call.signed:
                 raise
             call.reject(error)   # (the arguments' checks: every rank hears of this rank's refusal, and raises)
     except BaseException as e:
+        if main:
+            interrupts.held.on = True
         ended(call, e)
     else:
         call.in_step = True
@@ -221,6 +231,8 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
             arrays.restore_floating_point(quiet)
         if started and timeline.current is not None:
             _record(call, started)
+        if main:
+            interrupts.settle(call.interrupted)
 
 
 def ended(call: Call, error: BaseException) -> NoReturn:
@@ -239,7 +251,7 @@ def ended(call: Call, error: BaseException) -> NoReturn:
         raise _failure(call, error) from error
     if not isinstance(error, CollectiveError):
         g.transports.abandon()
-        runtime.stop(f"{call.name} #{call.seq} on {g.where()} was interrupted by {named(error)}", group=g)
+        call.interrupted(named(error))
     raise error
 
 

@@ -33,6 +33,7 @@ import sys
 import threading
 from typing import Callable
 
+from collectives.calls import interrupts
 from collectives.groups.group import Group
 
 
@@ -114,6 +115,7 @@ class Life:
             self._previous_excepthook, sys.excepthook = sys.excepthook, self._note_uncaught
             self._exit_handler = at_exit
             atexit.register(at_exit)
+            interrupts.install()   # (a Ctrl-C as a call ends is held back to its end)
 
     def remove_hooks(self) -> None:
         """Once the process has left the runtime: put the excepthook back if it is still ours (a hook

@@ -376,6 +376,38 @@ def ctrl_c() -> None:
     _then_the_others_wait(1)
 
 
+def interrupted_as_it_ends() -> None:
+    """Ctrl-C lands on rank 1 as its 4th small allreduce ends (argv[2] "lane": the express lane's;
+    "usual": with an option), after the data has moved on every rank; rank 1 catches it and calls
+    again with the same data, as a program that retries an interrupted step would. Its runtime must
+    be stopped (the next call raises), never pairing the retry with the others' next call."""
+    from ring import arrays
+    options = {} if sys.argv[2] == "lane" else {"timeout": 60}
+    _three_calls()
+    if col.rank() == 1:
+        restore = arrays.restore_floating_point
+
+        def interrupted_once(token):   # (the call's end restores numpy's error state: the signal comes there)
+            arrays.restore_floating_point = restore
+            restore(token)
+            signal.raise_signal(signal.SIGINT)
+        arrays.restore_floating_point = interrupted_once
+    for step in range(3, 6):
+        x = _ints(100, col.rank(), step)
+        for attempt in ("first", "again"):
+            try:
+                result = col.allreduce(x, **options)
+            except KeyboardInterrupt:
+                say(f"rank {col.rank()}: KeyboardInterrupt in step {step}")
+                continue   # (the same step again)
+            except col.CollectiveError as e:
+                say(f"rank {col.rank()}: CollectiveError in step {step} ({attempt}): {e}")
+                return
+            right = np.array_equal(result, _expected_sum(100, col.size(), step))
+            say(f"rank {col.rank()}: step {step} {'right' if right else 'WRONG DATA'}")
+            break
+
+
 def skipped() -> None:
     """Rank 1 skips the last step of a loop of identical calls, then ends its program."""
     steps = 4 if col.rank() == 1 else 5
@@ -754,6 +786,7 @@ if __name__ == "__main__":
     {"absent": absent, "stuck": stuck, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught,
      "uncaught-own-hook": uncaught_own_hook, "exits": exits,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
+     "interrupted-as-it-ends": interrupted_as_it_ends,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "first-from-threads": first_from_threads,
      "idle": idle, "crash-first": crash_first, "crash-first-late": crash_first_late,
