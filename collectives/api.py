@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from collectives.calls import table, validate
+from collectives.calls.interrupts import held
 from collectives.ops import bodies, express
 from collectives.process import startup
 from collectives.calls.call import issue
@@ -41,8 +42,13 @@ def _on_group(method: Callable) -> Callable:
     name, signature = method.__name__, inspect.signature(method)
     if "timeout" in signature.parameters:   # (named, not read from **kwargs: a call less on the hot path)
         def on_group(*args: Any, group: Group | None = None, timeout: float | None = None, **kwargs: Any) -> Any:
-            g = startup.the_world if group is None else _group(group, name, timeout)
-            return method(g or startup.world(timeout), *args, timeout=timeout, **kwargs)
+            try:
+                g = startup.the_world if group is None else _group(group, name, timeout)
+                return method(g or startup.world(timeout), *args, timeout=timeout, **kwargs)
+            except KeyboardInterrupt:
+                held.on = True   # (see _interrupted)
+                _interrupted(name)
+                raise
     else:
         def on_group(*args: Any, group: Group | None = None, **kwargs: Any) -> Any:
             return method(_group(group, name, None), *args, **kwargs)
@@ -68,8 +74,27 @@ def _through_the_lane(general: Callable) -> Callable:
             lane = express.allreduce_lane(world, x, op, out)
             if lane is not None:
                 return lane.run(x, out)
-        return general(x, op, out, group=group, **options)
+        try:
+            return general(x, op, out, group=group, **options)
+        except KeyboardInterrupt:
+            held.on = True   # (see _interrupted)
+            _interrupted("allreduce")
+            raise
     return functools.update_wrapper(allreduce, general)   # (its name, docstring and signature)
+
+
+def _interrupted(name: str) -> None:
+    """A KeyboardInterrupt is leaving a module function's call ``name`` (the caller has set
+    ``held.on``: a second Ctrl-C waits): the runtime stops, if the call has not stopped it already.
+    Python may run the signal's handler as the call returns through the function's own frame, after
+    the call ended in step on every rank; stopped, the runtime makes the program's next call raise
+    instead of pairing with the others' next one (``collectives.calls.interrupts``)."""
+    try:
+        world = startup.the_world
+        if world is not None:
+            world.runtime.stop(f"rank {world.rank()}: {name} was interrupted by KeyboardInterrupt")
+    finally:
+        held.on = held.pending = False
 
 
 # Every collective of the table (``collectives.calls.table``) as a function of this module:
