@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.calls import interrupts, progress, timeline
-from collectives.calls.interrupts import held
+from collectives.calls import progress, timeline
+from collectives.calls.interrupts import held, settle
 from collectives.calls.call import Call, ended, stopped
 from collectives.calls.group_protocol import CallGroup
 from ring import algorithms, arrays, doubling, execute
@@ -80,7 +80,7 @@ class Lane:
         finally:
             if not _handed:
                 engine.end_turn()
-            interrupts.settle(self.call.interrupted)
+            settle(self.call.interrupted)
 
     def move(self, signature: bytes, x: np.ndarray, out: np.ndarray | None) -> Any:
         """The body of one call signed ``signature``: the exchange, and what the usual body does after it."""
