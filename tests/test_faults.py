@@ -86,9 +86,14 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_at_exit(cleanup):
     for rank in (0, 1):
         assert re.search(rf"rank {rank}: CollectiveError: allreduce #2 on rank {rank}: {HEARD_FIRST}timed out after 2",
                          result.stdout), result.stdout
-        assert f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever " \
-               "for rank(s) " in result.stdout, result.stdout
-    # (the first of the two to give up names rank 2; the other may hear first that the first will not finalize)
+        # (every survivor names rank 2: the one that hears first that the other will not finalize names
+        # both, the other rank as leaving too and rank 2 as not at exit yet)
+        line = re.search(rf"\[rank {rank}\] collectives: exiting with status 1 without MPI_Finalize, which would "
+                         r"wait for ever for rank\(s\) (.*)", result.stdout)
+        assert line, result.stdout
+        assert line[1] in ("2 (not at exit 2 s after this rank's failure, its timeout: still in its own code?)",
+                           f"{1 - rank} (leaving without it too) and 2 (not at exit yet after this rank's failure: "
+                           "still in its own code?)"), result.stdout
     assert "for rank(s) 2 (not at exit 2 s after this rank's failure, its timeout: still in its own code?)" \
         in result.stdout, result.stdout
     assert wall < 30, result.stdout

@@ -33,14 +33,17 @@ class AtExit:
     """What a rank knows at its farewell: ``why`` it leaves early ("": its program ended well), whether
     its elastic job's work was ``finished``, the ranks ``gone`` (that will not come to MPI_Finalize:
     they died, or left without it) among the ``lost`` (known dead), the ranks ``late`` at the exit
-    barrier (not there ``patience`` seconds after this rank's failure), whether MPI_Finalize would follow
-    (``finishing``) and whether MPI's world has processes gone or not there at the start (``outlived``)."""
+    barrier (not there ``patience`` seconds after this rank's failure), the ranks ``absent`` from it
+    after a failure when a gone rank ended the wait early (not there yet), whether MPI_Finalize would
+    follow (``finishing``) and whether MPI's world has processes gone or not there at the start
+    (``outlived``)."""
     rank: int
     why: str = ""
     finished: bool = False
     gone: tuple[int, ...] = ()
     lost: tuple[int, ...] = ()
     late: tuple[int, ...] = ()
+    absent: tuple[int, ...] = ()
     patience: float = 0.0
     finishing: bool = True
     outlived: bool = False
@@ -60,6 +63,9 @@ def at_exit(what: AtExit) -> Ending:
     >>> print(at_exit(late).line)                                      # doctest: +NORMALIZE_WHITESPACE
     [rank 0] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever for rank(s)
     2 (leaving without it too) and 1 (not at exit 60 s after this rank's failure, its timeout: still in its own code?)
+    >>> print(at_exit(AtExit(rank=0, gone=(1,), absent=(2,), why="x")).line)   # doctest: +NORMALIZE_WHITESPACE
+    [rank 0] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever for rank(s)
+    1 (leaving without it too) and 2 (not at exit yet after this rank's failure: still in its own code?)
     >>> at_exit(AtExit(rank=0, outlived=True)), at_exit(AtExit(rank=0, outlived=True, finishing=False))
     (Ending(status=0, line=''), Ending(status=None, line=''))
     """
@@ -77,7 +83,9 @@ def _without_finalize(what: AtExit, status: int) -> str:
     whom = " and ".join(([f"{', '.join(map(str, dead))} (gone)"] if dead else []) +
                         ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []) +
                         ([f"{', '.join(map(str, what.late))} (not at exit {what.patience:g} s after this rank's "
-                          "failure, its timeout: still in its own code?)"] if what.late else []))
+                          "failure, its timeout: still in its own code?)"] if what.late else []) +
+                        ([f"{', '.join(map(str, what.absent))} (not at exit yet after this rank's failure: still in "
+                          "its own code?)"] if what.absent else []))
     finished = " (the elastic job finished)" if status == 0 else ""
     return (f"[rank {what.rank}] collectives: exiting with status {status}{finished} without MPI_Finalize, which "
             f"would wait for ever for rank(s) {whom}")

@@ -61,9 +61,10 @@ def leave(w: Group, finishing: bool = True) -> None:
             _write_timeline(w, healthy=not why)
         if finishing and not gone and not runtime.outlived:
             patience = runtime.exit_patience()
-            gone, late = w.transport.exits.exit_barrier(time.monotonic() + patience)
+            gone, missing = w.transport.exits.exit_barrier(time.monotonic() + patience)
+            late, absent = (missing, ()) if not gone else ((), missing if failure is not None else ())
             verdict = ending.at_exit(replace(what, gone=tuple(gone), lost=tuple(w.lost()) if gone else (),
-                                             late=tuple(late), patience=patience))
+                                             late=tuple(late), absent=tuple(absent), patience=patience))
             _say(verdict.line)
             if late:   # (the farewell said this rank would finalize: a rank that comes later must not wait for it)
                 w.transport.exits.farewell(w.completed, why, failed=failure.by_peer, root=root is not None,

@@ -141,9 +141,9 @@ class Exits:
     def exit_barrier(self, until: float = math.inf) -> tuple[list[int], list[int]]:
         """At exit, before MPI_Finalize (which waits for every rank, for ever if one died): wait
         until every rank is at exit too; return ``([], [])`` then, or as soon as some rank is known
-        never to finalize, ``(those ranks, [])`` (see gone_at_exit), so that this one can leave
-        without it; or, once ``until`` (a ``time.monotonic()`` value) passes, ``([], the ranks
-        not at exit)``, as ``names`` gives them. A rank whose runtime failed waits no longer than its
+        never to finalize, ``(those ranks, the others not at exit yet)`` (see gone_at_exit), so that
+        this one can leave without it; or, once ``until`` (a ``time.monotonic()`` value) passes,
+        ``([], the ranks not at exit)``, as ``names`` gives them. A rank whose runtime failed waits no longer than its
         timeout: a rank stuck in its own code would otherwise hold the whole job at exit for ever.
 
         A barrier of control messages (each rank tells every other that it is here), not MPI's
@@ -160,7 +160,8 @@ class Exits:
         while True:
             gone = self.gone_at_exit()   # (reads the control channel, so notes the others' AT_EXIT)
             if gone:
-                return gone, []
+                return gone, [c.names[p] for p in range(c.size)
+                              if p != c.rank and p not in c.at_exit and c.names[p] not in gone]
             now = time.monotonic()
             if len(c.at_exit) == c.size - 1 and _testall([r for r, _ in c.outbox]):
                 # Every rank is here, and has this one's messages; read on a moment for a later word
