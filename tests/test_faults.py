@@ -247,6 +247,7 @@ def test_the_census_tells_a_rank_in_another_collective_of_the_same_number():
 @pytest.mark.parametrize("scenario, why", [
     ("uncaught", "rank 1 left: uncaught RuntimeError: user bug on rank 1 (after 3 collective(s))"),
     ("uncaught-own-hook", "rank 1 left: uncaught RuntimeError: user bug on rank 1 (after 3 collective(s))"),
+    ("handled-by-interpreter", "rank 1 ended its program after 3 collective(s)"),
     ("exits", "rank 1 ended its program after 3 collective(s)"),
     ("ctrl-c", "rank 1 left: uncaught KeyboardInterrupt (after 3 collective(s))"),
     ("skipped", "rank 1 ended its program after 4 collective(s)"),

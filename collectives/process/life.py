@@ -128,8 +128,13 @@ class Life:
             self._exit_handler = None
 
     def _note_uncaught(self, kind, value, traceback) -> None:
-        """sys.excepthook: remember why the process is ending, then report it as the previous hook did."""
-        self._uncaught = _uncaught(kind, value)
+        """sys.excepthook: remember why the process is ending, then report it as the previous hook did.
+        Only an exception that ends the program counts: Python calls the hook for one with nothing of
+        the program left on the stack (hooks that chain to this one at most), while a program that
+        reports an exception it handled through the hook, as ``code.InteractiveInterpreter`` does, or
+        a thread's, goes on."""
+        if _ends_the_program():
+            self._uncaught = _uncaught(kind, value)
         self._previous_excepthook(kind, value, traceback)
 
     @property
@@ -143,6 +148,23 @@ class Life:
             return self._uncaught
         last = getattr(sys, "last_value", None)
         return _uncaught(type(last), last) if isinstance(last, BaseException) else ""
+
+
+def _ends_the_program() -> bool:
+    """Whether the excepthook that asks was called for an exception that ends the program: on the
+    main thread, with no module's code still running below it on the stack.
+
+    >>> _ends_the_program()   # (a doctest runs inside a module's code)
+    False
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>":
+            return False
+        frame = frame.f_back
+    return True
 
 
 def _uncaught(kind: type, value: BaseException) -> str:

@@ -2,6 +2,7 @@
 ``mpiexec -n N python -m tests.programs.faults SCENARIO``. Ranks print how they ended:
 ``rank R: CollectiveError after T s: message``, ``rank R: ok ...``, and so on."""
 import atexit
+import code
 import os
 import signal
 import sys
@@ -357,6 +358,16 @@ def uncaught_own_hook() -> None:
     if col.rank() == 1:
         sys.excepthook = lambda kind, value, traceback: say(f"rank 1: own hook: {kind.__name__}")
         raise RuntimeError("user bug on rank 1")
+    _then_the_others_wait(1)
+
+
+def handled_by_interpreter() -> None:
+    """Rank 1 runs a line that raises in ``code.InteractiveInterpreter`` (which reports the error it
+    handled through ``sys.excepthook``), then ends its program normally, after 3 collectives."""
+    _three_calls()
+    if col.rank() == 1:
+        code.InteractiveInterpreter().runsource("1 / 0")
+        return
     _then_the_others_wait(1)
 
 
@@ -784,7 +795,7 @@ def group_comm() -> None:
 
 if __name__ == "__main__":
     {"absent": absent, "stuck": stuck, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught,
-     "uncaught-own-hook": uncaught_own_hook, "exits": exits,
+     "uncaught-own-hook": uncaught_own_hook, "handled-by-interpreter": handled_by_interpreter, "exits": exits,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "interrupted-as-it-ends": interrupted_as_it_ends,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
