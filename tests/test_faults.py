@@ -525,6 +525,22 @@ def test_a_rank_killed_mid_allreduce_ends_the_job_fast(n, elements, algorithm):
     assert result.returncode not in (0, -9) and "never noticed" not in result.stdout, result.stdout
 
 
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="MPICH's launcher's notice (SIGUSR1) to the survivors' shells")
+def test_a_rank_killed_under_the_documented_shell_wrapper_is_named_by_every_survivor():
+    """docs/failures.md's wrapper, which exits with the rank's status, under -disable-auto-cleanup:
+    the shell traps the launcher's SIGUSR1 (a shell that died of it made the launcher kill the
+    survivors it wrapped before they spoke) and hands the default action to Python."""
+    wrapper = f"trap : USR1; {sys.executable} -m tests.programs.faults killed-between-calls; exit $?"
+    result = run_world(3, ["sh", "-c", wrapper], BOUND_S, launcher_args=keep_survivors(), python=False)
+    assert result.returncode not in (0, -9), result.stdout
+    errors = reported_errors(result.stdout)
+    assert sorted(errors) == [0, 2], result.stdout
+    for rank, (seconds, message) in errors.items():
+        assert message.startswith(f"allreduce #4 on rank {rank}: rank 1 is gone") and seconds < LEAVE_BOUND_S, \
+            result.stdout
+        assert f"[rank {rank}] collectives: exiting with status 1 without MPI_Finalize" in result.stdout, result.stdout
+
+
 def test_a_dead_process_is_told_apart_from_a_live_one():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()

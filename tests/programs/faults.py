@@ -361,6 +361,14 @@ def uncaught_own_hook() -> None:
     _then_the_others_wait(1)
 
 
+def killed_between_calls() -> None:
+    """Rank 1 is killed (SIGKILL) between two calls, after 3 collectives; the others wait in a fourth."""
+    _three_calls()
+    if col.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _then_the_others_wait(1)
+
+
 def handled_by_interpreter() -> None:
     """Rank 1 runs a line that raises in ``code.InteractiveInterpreter`` (which reports the error it
     handled through ``sys.excepthook``), then ends its program normally, after 3 collectives."""
@@ -796,6 +804,7 @@ def group_comm() -> None:
 if __name__ == "__main__":
     {"absent": absent, "stuck": stuck, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught,
      "uncaught-own-hook": uncaught_own_hook, "handled-by-interpreter": handled_by_interpreter, "exits": exits,
+     "killed-between-calls": killed_between_calls,
      "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "interrupted-as-it-ends": interrupted_as_it_ends,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
