@@ -268,6 +268,20 @@ def test_a_rank_that_leaves_fails_the_waiting_ranks_fast_naming_it(scenario, why
     assert wall < 30, output
 
 
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="MPICH's launcher's proxy kills the others when a rank dies of a signal")
+@pytest.mark.parametrize("cleanup", [True, False])
+def test_a_rank_that_ctrl_c_ends_outlasts_the_others_finishing_so_the_launcher_kills_none(cleanup):
+    """Python ends a process that an uncaught KeyboardInterrupt ends by SIGINT, after its exit
+    handlers; MPICH's proxy then SIGKILLs the other ranks, and mpiexec reports the job's statuses
+    or'ed (2 | 9 = 11: "Segmentation fault"). The others here have finalized MPI and go on with their
+    programs for 0.5 s: they end first, and the job's status is the interrupt's."""
+    result = run_world(3, ["-m", "tests.programs.faults", "ctrl-c-as-the-others-finish"], BOUND_S,
+                       launcher_args=() if cleanup else keep_survivors())
+    for rank in (0, 2):
+        assert f"rank {rank}: its program ended, 0.5 s after MPI_Finalize" in result.stdout, result.stdout
+    assert "EXIT STRING: Interrupt (signal 2)" in result.stdout and "Killed" not in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("bound", ["call", "wait"])
 def test_an_async_call_times_out_from_wait_on_every_rank(bound):
     status, output, wall = fault(3, "async-absent", bound)

@@ -23,6 +23,7 @@ from collectives.process import ending, supervision
 from collectives.calls import timeline as timelines
 from collectives.groups.group import Group
 from collectives.process.life import life
+from ring.transport.host_waits import siblings
 from ring.transport.mpi import notices
 
 _LEAVE_TOGETHER_SECONDS = 1.5   # how long a process that skips MPI_Finalize waits for the others' farewells
@@ -103,6 +104,22 @@ def end_unset(rank: int, missed: bool = False) -> None:
     if missed:
         time.sleep(REPORT_GRACE_SECONDS)
     os._exit(verdict.status)
+
+
+#: How long a process that Ctrl-C ends waits, after MPI_Finalize, for the other ranks on its host to end.
+OUTLAST_SECONDS = 2.0
+
+
+def outlast_host_mates() -> None:
+    """After MPI_Finalize, in a process that an uncaught Ctrl-C ends: Python ends it by SIGINT next,
+    and a launcher's proxy that sees a rank die of a signal kills the others it started (MPICH's:
+    SIGKILL, under ``-disable-auto-cleanup`` too); one still finishing then dies of it, and mpiexec
+    reports the job's statuses or'ed (2 | 9 = 11, "Segmentation fault"). So it waits, at most
+    OUTLAST_SECONDS, until the other processes its launcher started beside it have ended: past the
+    exit barrier, they are only finishing."""
+    deadline = time.monotonic() + OUTLAST_SECONDS
+    while siblings() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _flush_open_files() -> None:

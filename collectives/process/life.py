@@ -59,6 +59,7 @@ class Life:
         #: ``col.elastic.run`` returned: a rank that dies after it no longer fails this one.
         self.work_finished = False
         self._uncaught = ""   # why the process is ending, as the excepthook noted it (see why_ending)
+        self._uncaught_kind: type | None = None   # (and the exception's class)
         self._previous_excepthook = sys.__excepthook__   # the hook ours replaced, and hands exceptions to
         self._exit_handler: Callable[[], None] | None = None   # registered, until removed
         self._hooks_installed = False   # once per process: a process that has left does not come back
@@ -134,7 +135,7 @@ class Life:
         reports an exception it handled through the hook, as ``code.InteractiveInterpreter`` does, or
         a thread's, goes on."""
         if _ends_the_program():
-            self._uncaught = _uncaught(kind, value)
+            self._uncaught, self._uncaught_kind = _uncaught(kind, value), kind
         self._previous_excepthook(kind, value, traceback)
 
     @property
@@ -148,6 +149,15 @@ class Life:
             return self._uncaught
         last = getattr(sys, "last_value", None)
         return _uncaught(type(last), last) if isinstance(last, BaseException) else ""
+
+
+    @property
+    def ends_interrupted(self) -> bool:
+        """Whether an uncaught KeyboardInterrupt ends the program: Python then ends the process by
+        SIGINT, once its exit handlers have run."""
+        if self._uncaught_kind is not None:
+            return issubclass(self._uncaught_kind, KeyboardInterrupt)
+        return bool(self.why_ending) and isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
 
 
 def _ends_the_program() -> bool:

@@ -332,12 +332,17 @@ def _leave_unset() -> None:
 def _finalize_if_nobody_will() -> None:
     """At exit, after the farewell: finalize MPI if this runtime started it, or if the program told mpi4py
     not to (``mpi4py.rc.finalize = False``) and did not itself (without it MPICH's launcher kills the
-    others); not after a death before the setup or a setup that timed out (``leaving.end_unset``)."""
+    others), or where an uncaught Ctrl-C ends the process, which then outlasts the other ranks on its
+    host (``leaving.outlast_host_mates``); not after a death before the setup or a setup that timed
+    out (``leaving.end_unset``)."""
     if mpi_running() and life.world is None and (notices.failure_notices() or life.setup_missed
                                                  or life.setup_lost_a_process):
         leaving.end_unset(sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank(), life.setup_missed)
-    if mpi_running() and (life.started_mpi or sys.modules["mpi4py"].rc.finalize is False):
+    interrupted = life.ends_interrupted and mpi_running() and sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() > 1
+    if mpi_running() and (life.started_mpi or sys.modules["mpi4py"].rc.finalize is False or interrupted):
         sys.modules["mpi4py.MPI"].Finalize()
+    if interrupted:   # (finalized now, not by mpi4py after every exit handler: it waits once MPI has ended)
+        leaving.outlast_host_mates()
 
 
 def abort(code: int = 1, grace: float = leaving.REPORT_GRACE_SECONDS) -> None:

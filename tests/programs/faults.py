@@ -395,6 +395,24 @@ def ctrl_c() -> None:
     _then_the_others_wait(1)
 
 
+#: How long the other ranks' programs go on after their MPI_Finalize in ``ctrl_c_as_the_others_finish``
+#: (less than ``collectives.process.leaving.OUTLAST_SECONDS``).
+FINISHING_S = 0.5
+
+
+def ctrl_c_as_the_others_finish() -> None:
+    """Rank 1 ends by an uncaught Ctrl-C after 3 collectives, while the others finalize MPI themselves
+    (the runtime leaves inside it) and go on with their programs for FINISHING_S (writing results, say)."""
+    _three_calls()
+    rank = col.rank()
+    if rank == 1:
+        signal.raise_signal(signal.SIGINT)
+    from mpi4py import MPI
+    MPI.Finalize()
+    time.sleep(FINISHING_S)
+    say(f"rank {rank}: its program ended, {FINISHING_S} s after MPI_Finalize")
+
+
 def interrupted_as_it_ends() -> None:
     """Ctrl-C lands on rank 1 as its 4th small allreduce ends (argv[2] "lane": the express lane's;
     "usual": with an option), after the data has moved on every rank; rank 1 catches it and calls
@@ -805,7 +823,7 @@ if __name__ == "__main__":
     {"absent": absent, "stuck": stuck, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught,
      "uncaught-own-hook": uncaught_own_hook, "handled-by-interpreter": handled_by_interpreter, "exits": exits,
      "killed-between-calls": killed_between_calls,
-     "ctrl-c": ctrl_c, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
+     "ctrl-c": ctrl_c, "ctrl-c-as-the-others-finish": ctrl_c_as_the_others_finish, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "interrupted-as-it-ends": interrupted_as_it_ends,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "first-from-threads": first_from_threads,
