@@ -162,6 +162,23 @@ def test_every_rank_left_inside_mpi_init_by_one_that_never_starts_mpi_says_so():
     assert "MPI started after all" not in output, output
 
 
+@pytest.mark.skipif(mpi_name() != "MPICH", reason="MPICH's launcher's proxy starts the ranks of its host")
+@pytest.mark.parametrize("cleanup", [True, False])
+def test_a_rank_that_ends_without_starting_mpi_ends_the_others_mpi_init_within_seconds(cleanup):
+    """Rank 1 ends at once without starting MPI: the others' MPI_Init would wait for it until
+    COLLECTIVES_TIMEOUT (60 s here; 600 by default); their watches see that a process the
+    launcher's proxy started beside them has ended, and end them 5 s later, saying why."""
+    started = time.monotonic()
+    result = run_world(3, ["-m", "tests.programs.faults", "ends-without-mpi"], BOUND_S,
+                       env={"COLLECTIVES_TIMEOUT": "60"}, launcher_args=() if cleanup else keep_survivors())
+    output, wall = result.stdout, time.monotonic() - started
+    assert result.returncode not in (0, -9) and wall < 30, output
+    assert "rank 1: ending without MPI" in output and "MPI started after all" not in output, output
+    for rank in (0, 2):
+        assert f"[rank {rank}] collectives: MPI_Init has not returned 5 s after a process that MPICH's or Intel " \
+               "MPI's mpiexec started on this host ended (1 of its 3 here)" in output, output
+
+
 def test_a_farewell_setup_that_nobody_joins_still_ends_with_mpi_finalize_and_status_0():
     """A setup at exit that only says farewell and times out is not a setup the program missed: the
     process finalizes as usual (it ended with status 1 for a session, which killed healthy jobs

@@ -246,35 +246,17 @@ def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
         f"is {ours}: launch with srun {flag} (or with mpiexec inside salloc or sbatch)")
 
 
-#: The watch of ``bounded_mpi_init``, run by ``python -S -c`` with the seconds, the pid to end and
-#: the line to say: it ends quietly when its standard input closes (MPI_Init returned, or the
-#: process it watches died), else, at the timeout, it says the line and SIGKILLs that process
-#: WATCH_GRACE_SECONDS later, so that every rank's watch, whose timeouts end within the ranks' start-up
-#: apart, has said its line before the first kill (MPICH's MPI_Init crashed on the others at once, before
-#: their watches spoke).
-#: It runs in a session of its own: MPICH's proxy signals a death to the rank's whole process group
-#: (SIGUSR1, whose default action ends a process; the rank inside MPI_Init survives it, seen),
-#: and a watch in that group would die of it, leaving its rank in MPI_Init for ever (salloc + mpiexec
-#: -disable-auto-cleanup across nodes).
-WATCH_GRACE_SECONDS = 1.0
-_WATCH = ("import os, select, signal, sys\n"
-          "if not select.select([0], [], [], float(sys.argv[1]))[0]:\n"
-          "    os.write(2, sys.argv[3].encode())\n"
-          f"    if not select.select([0], [], [], {WATCH_GRACE_SECONDS})[0]:\n"
-          "        os.kill(int(sys.argv[2]), signal.SIGKILL)\n")
-
-
 @contextlib.contextmanager
 def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
     """Under a launcher, around MPI's start: bound MPI_Init by the runtime's timeout
-    (COLLECTIVES_TIMEOUT). A process that dies before every process has started MPI can leave the
-    others inside MPI_Init for ever: srun ``--kill-on-bad-exit=0`` (which an elastic job needs) says
-    nothing of the death to Slurm's PMI, nor does MPICH's mpiexec across the nodes of an allocation
-    (its proxies started by srun) under ``-disable-auto-cleanup``. A small process started here
-    (``_WATCH``) waits on a pipe; if MPI_Init has not returned in time, it says why on stderr and
-    SIGKILLs this process, which Python cannot do from inside MPI_Init. (A started program, not a
-    fork: a fork of a process whose other threads hold locks can deadlock in the child.)
-    Without a launcher (a singleton), or once MPI has started, nothing."""
+    (COLLECTIVES_TIMEOUT), and by a process of the job on this host that ended before it returned.
+    A process that dies (or ends) before every process has started MPI can leave the others inside
+    MPI_Init for ever: srun ``--kill-on-bad-exit=0`` (which an elastic job needs) says nothing of
+    the death to Slurm's PMI, nor does MPICH's mpiexec across the nodes of an allocation under
+    ``-disable-auto-cleanup``, nor any launcher of a rank that ends normally without starting MPI.
+    A small program started here (``init_watch``) waits on a pipe; if MPI_Init has not returned in
+    time, it says why on stderr and SIGKILLs this process, which Python cannot do from inside
+    MPI_Init. Without a launcher (a singleton), or once MPI has started, nothing."""
     started_by = launcher(environment)
     if started_by is None or "mpi4py.MPI" in sys.modules:
         yield
@@ -282,10 +264,11 @@ def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
     seconds = config.setup_timeout(environment)
     rank = (environment.get("SLURM_PROCID") if srun_directly(environment) else environment.get("PMI_RANK")
             or environment.get("OMPI_COMM_WORLD_RANK") or environment.get("RANK")) or "?"
-    said = (f"[rank {rank}] collectives: MPI_Init has not returned after {seconds:g} s (COLLECTIVES_TIMEOUT) under "
-            f"{started_by[0]}: a process of this job most likely ended before every process started MPI, and "
-            f"the launcher never said so; ending this process in {WATCH_GRACE_SECONDS:g} s\n")
-    watch = subprocess.Popen([sys.executable, "-S", "-c", _WATCH, str(seconds), str(os.getpid()), said],
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # (ring's, too)
+    path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+    watch = subprocess.Popen([sys.executable, "-S", os.path.join(os.path.dirname(__file__), "init_watch.py"),
+                              str(seconds), str(os.getpid()), rank, str(ranks_on_this_host(environment)),
+                              started_by[0]], env={**os.environ, "PYTHONPATH": path},
                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         yield

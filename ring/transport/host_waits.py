@@ -107,19 +107,25 @@ def process_state(pid: int) -> str | None:
     return "has exited" if state in (b"Z", b"X") else None
 
 
-def siblings() -> set[int]:
-    """The other processes that this one's parent started and that still run (under MPICH's launcher:
-    the other ranks on this host, or their supervisors), from Linux's /proc; none where it cannot tell.
+def siblings(pid: int | None = None) -> set[int]:
+    """The other processes that the parent of process ``pid`` (None: this one) started and that still
+    run (under MPICH's launcher: the other ranks on this host, or their supervisors), from Linux's
+    /proc; none where it cannot tell.
 
     One that has ended but is not yet reaped (a zombie) has ended: hydra's proxy reaps a child only
     when an event wakes it (output, a closed descriptor, a PMI message) and then at most one, so a
     process whose end the proxy looked for too early stays a zombie for as long as the others keep
     quiet, in MPI_Finalize say (a finished job waited there for ever: CI, once; tests/test_elastic.py)."""
-    parent, children = os.getppid(), set()
+    children = set()
     try:
+        if pid is None:
+            pid, parent = os.getpid(), os.getppid()
+        else:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
         for task in os.listdir(f"/proc/{parent}/task"):   # (a child is listed under the thread that forked it)
             with open(f"/proc/{parent}/task/{task}/children") as f:
-                children |= {int(pid) for pid in f.read().split()}
-    except (OSError, ValueError):
+                children |= {int(child) for child in f.read().split()}
+    except (OSError, ValueError, IndexError):
         return set()
-    return {pid for pid in children - {os.getpid()} if process_state(pid) is None}
+    return {child for child in children - {pid} if process_state(child) is None}

@@ -263,6 +263,16 @@ def never_starts_mpi() -> None:
     say(f"rank {col.rank()}: MPI started after all")
 
 
+def ends_without_mpi() -> None:
+    """Rank 1 (the launcher's PMI_RANK) imports the runtime and ends its program at once, never
+    starting MPI; the others' first call waits inside MPI_Init for it."""
+    if os.environ.get("PMI_RANK") == "1":
+        say("rank 1: ending without MPI")
+        return
+    col.allreduce(np.ones(4, np.float32))
+    say(f"rank {col.rank()}: MPI started after all")
+
+
 def _cue_once_left(ranks) -> None:
     """Cue ``ranks`` once this rank has left the runtime: its farewell said, it waits at exit for
     the others (as a rank that comes a while after one that ended finds it)."""
@@ -833,6 +843,6 @@ if __name__ == "__main__":
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
      "late-other-call": late_other_call, "late-after-timeout": late_after_timeout,
-     "slow-but-moving": slow_but_moving, "never-starts-mpi": never_starts_mpi,
+     "slow-but-moving": slow_but_moving, "never-starts-mpi": never_starts_mpi, "ends-without-mpi": ends_without_mpi,
      "timeline": timeline, "group-absent": group_absent, "group-member-dies": group_member_dies,
      "group-partial": group_partial, "group-member-left": group_member_left, "group-comm": group_comm}[sys.argv[1]]()
