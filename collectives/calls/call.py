@@ -46,6 +46,8 @@ from ring import arrays, cost, doubling
 from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, TransportTimeout
 
 _PROBLEM_BYTES = 512
+#: A call that comes this long after the group's last progress comes after a pause (``after_a_pause``).
+PAUSE_SECONDS = 0.01
 _REDUCTIONS = table.REDUCING   # (the floating-point guard)
 
 
@@ -58,7 +60,7 @@ class Call(Bound):
     call alone: its body fills in what it ran, the frame returns it with the result."""
 
     __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes", "signed",
-                 "template", "in_step")
+                 "template", "in_step", "after_a_pause")
 
     def __init__(self, group: CallGroup, name: str, timeout: object, call_name: object = None, forced: object = None,
                  thread: str = "", background: bool = False):
@@ -73,18 +75,26 @@ class Call(Bound):
         self.signed = False    # the body has made its signature (its arguments are checked)
         self.template = b""    # ... from this template, ``% seq``
         self.in_step = False   # it returned, or raised alike on every member (the group's ``completed``)
+        last = group.last
         self.seq = group.next_call(self)
         self.window = runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout) else timeout
-        self.until = monotonic() + self.window   # (moved on by every wait that completes: see Bound.progressed)
+        now = monotonic()
+        self.until = now + self.window   # (moved on by every wait that completes: see Bound.progressed)
+        #: Whether the group's last call made its last progress more than PAUSE_SECONDS ago (or there was
+        #: none): the others' words may have queued up meanwhile (``Control.check_gave_up``'s drain).
+        self.after_a_pause = last is None or now - (last.until - last.window) > PAUSE_SECONDS
         self.stop = runtime.stopped   # (set by runtime.stop: a wait in flight ends at its next look)
         self.background = background
 
     def renew(self) -> int:
         """Make this call the group's next of its kind, as a lane reuses it (``collectives.ops.express``):
         a new number (returned), a fresh deadline, not yet in step."""
+        last = self.group.last
         self.seq = seq = self.group.next_call(self)
         self.in_step = False
-        self.until = monotonic() + self.window
+        now = monotonic()
+        self.after_a_pause = now - (last.until - last.window) > PAUSE_SECONDS   # (as in __init__)
+        self.until = now + self.window
         return seq
 
     def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,
@@ -212,7 +222,7 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
                 call.check_options(timeout, call_name, algorithm)
             result = body(call, *args)
             if not g.destroyed:   # (a rank that gave this call up: this one fails it too)
-                g.transport.control.check_gave_up(call.seq)
+                g.transport.control.check_gave_up(call.seq, call.after_a_pause)
             if main:
                 interrupts.held.on = True
         except CollectiveUsageError as error:

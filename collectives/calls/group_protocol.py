@@ -28,6 +28,7 @@ class CallGroup(Protocol):
     ranks: tuple[int, ...]        # the members' world ranks, in group order
     label: str                    # how messages name the group ("" for the world)
     seq: int                      # the group's calls so far (its own to count: next_call)
+    last: object                  # the last of them (a Call), None before the first
     is_world: bool
     destroyed: bool
 

@@ -76,8 +76,7 @@ def _exit(status: int, heard: Heard, others: outcome.TheOthers) -> None:
     if ending.awaits_the_others(status, heard):
         finished = outcome.await_word(others, _LOOK_SECONDS)
         verdict = ending.supervised(_rank(), status, heard, finished_without_it=finished)
-        if verdict.line:
-            print(verdict.line, file=sys.stderr, flush=True)
+        ending.print_line(verdict.line)
         status = verdict.status
     if heard.spawned:
         time.sleep(_OUTLIVE_SECONDS)
@@ -243,7 +242,7 @@ def _watch(child: int, told: int, noticed: list[float], others: outcome.TheOther
         why = reasons.to_end(said)
         if why:   # (status 0 where the job had finished: only MPI_Finalize held the rank)
             verdict = ending.supervised(_rank(), 0, Heard.of(said), ended_because=why)
-            print(verdict.line, file=sys.stderr, flush=True)
+            ending.print_line(verdict.line)
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
             return verdict.status, Heard.of(said)

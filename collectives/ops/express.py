@@ -67,7 +67,7 @@ class Lane:
             try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as the ranks may be out of step)
                 seq = call.renew()
                 result = self.move(self.template % seq, x, out)
-                self.transport.control.check_gave_up(seq)
+                self.transport.control.check_gave_up(seq, call.after_a_pause)
                 held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
             except BaseException as e:
                 held.on = True

@@ -1,6 +1,6 @@
 """How a process ends, decided from what happened: its exit status and its last line. Pure
 functions, no clock and no MPI: the callers (``leaving``, ``collectives.elastic.supervisor``) find
-out what happened, and print the line and exit with the status these give.
+out what happened, and print the line (``print_line``) and exit with the status these give.
 
 - ``at_exit``: a rank that set the runtime up, at its farewell: MPI_Finalize as usual, or, where a
   rank will never come to it, an end without it (MPI_Finalize would wait for ever).
@@ -15,6 +15,7 @@ Ending(status=None, line='')
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from collectives.process.supervision import Heard
@@ -34,7 +35,7 @@ class AtExit:
     its elastic job's work was ``finished``, the ranks ``gone`` (that will not come to MPI_Finalize:
     they died, or left without it) among the ``lost`` (known dead), the ranks ``late`` at the exit
     barrier (not there ``patience`` seconds after this rank's failure), the ranks ``absent`` from it
-    after a failure when a gone rank ended the wait early (not there yet), whether MPI_Finalize would
+    when a gone rank ended the wait early (not there yet), whether MPI_Finalize would
     follow (``finishing``) and whether MPI's world has processes gone or not there at the start
     (``outlived``)."""
     rank: int
@@ -65,7 +66,7 @@ def at_exit(what: AtExit) -> Ending:
     2 (leaving without it too) and 1 (not at exit 60 s after this rank's failure, its timeout: still in its own code?)
     >>> print(at_exit(AtExit(rank=0, gone=(1,), absent=(2,), why="x")).line)   # doctest: +NORMALIZE_WHITESPACE
     [rank 0] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever for rank(s)
-    1 (leaving without it too) and 2 (not at exit yet after this rank's failure: still in its own code?)
+    1 (leaving without it too) and 2 (not at exit yet: still in its own code?)
     >>> at_exit(AtExit(rank=0, outlived=True)), at_exit(AtExit(rank=0, outlived=True, finishing=False))
     (Ending(status=0, line=''), Ending(status=None, line=''))
     """
@@ -84,8 +85,8 @@ def _without_finalize(what: AtExit, status: int) -> str:
                         ([f"{', '.join(map(str, leaving))} (leaving without it too)"] if leaving else []) +
                         ([f"{', '.join(map(str, what.late))} (not at exit {what.patience:g} s after this rank's "
                           "failure, its timeout: still in its own code?)"] if what.late else []) +
-                        ([f"{', '.join(map(str, what.absent))} (not at exit yet after this rank's failure: still in "
-                          "its own code?)"] if what.absent else []))
+                        ([f"{', '.join(map(str, what.absent))} (not at exit yet: still in its own code?)"]
+                         if what.absent else []))
     finished = " (the elastic job finished)" if status == 0 else ""
     return (f"[rank {what.rank}] collectives: exiting with status {status}{finished} without MPI_Finalize, which "
             f"would wait for ever for rank(s) {whom}")
@@ -134,3 +135,15 @@ def awaits_the_others(status: int, heard: Heard) -> bool:
     [True, False, False]
     """
     return status > 128 and heard.in_elastic_job
+
+
+def print_line(line: str) -> None:
+    """Print a verdict's ``line`` on stderr, if it has one, in one write: the ranks of a job share the
+    launcher's stream, and a line written in two parts (Python's print writes the text, then the
+    newline, each at once where stderr is unbuffered) ran into another rank's.
+
+    >>> print_line("")   # (no line: nothing)
+    """
+    if line:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()

@@ -50,7 +50,7 @@ def leave(w: Group, finishing: bool = True) -> None:
                          finishing=finishing, outlived=runtime.outlived)
     verdict = ending.at_exit(what)
     if gone:   # said before the farewell: the launcher may end this process once the others have left
-        _say(verdict.line)
+        ending.print_line(verdict.line)
     ended_well = False   # (whether every rank did: the transports' teardown must be the same on all, see close)
     try:
         for g in reversed(runtime.groups):   # each group's members count their calls on it; the world's
@@ -63,10 +63,11 @@ def leave(w: Group, finishing: bool = True) -> None:
         if finishing and not gone and not runtime.outlived:
             patience = runtime.exit_patience()
             gone, missing = w.transport.exits.exit_barrier(time.monotonic() + patience)
-            late, absent = (missing, ()) if not gone else ((), missing if failure is not None else ())
+            late = () if gone else tuple(missing)
+            absent = tuple(missing) if gone and not life.work_finished else ()   # (a finished elastic job's: not named)
             verdict = ending.at_exit(replace(what, gone=tuple(gone), lost=tuple(w.lost()) if gone else (),
-                                             late=tuple(late), absent=tuple(absent), patience=patience))
-            _say(verdict.line)
+                                             late=late, absent=absent, patience=patience))
+            ending.print_line(verdict.line)
             if late:   # (the farewell said this rank would finalize: a rank that comes later must not wait for it)
                 w.transport.exits.farewell(w.completed, why, failed=failure.by_peer, root=root is not None,
                                            finalizing=False)
@@ -99,7 +100,7 @@ def end_unset(rank: int, missed: bool = False) -> None:
     flushed first (``os._exit`` skips Python's own end; the exit handlers registered before the
     runtime's first use do not run)."""
     verdict = ending.never_set_up(rank, missed)
-    _say(verdict.line)
+    ending.print_line(verdict.line)
     _flush_open_files()
     if missed:
         time.sleep(REPORT_GRACE_SECONDS)
@@ -130,12 +131,6 @@ def _flush_open_files() -> None:
                 thing.flush()
             except (OSError, ValueError):
                 pass
-
-
-def _say(line: str) -> None:
-    """The process's last line (``ending``'s verdict), if it has one."""
-    if line:
-        print(line, file=sys.stderr, flush=True)
 
 
 def _end_without_finalize(w: Group, status: int = 1) -> None:

@@ -130,11 +130,10 @@ class Life:
 
     def _note_uncaught(self, kind, value, traceback) -> None:
         """sys.excepthook: remember why the process is ending, then report it as the previous hook did.
-        Only an exception that ends the program counts: Python calls the hook for one with nothing of
-        the program left on the stack (hooks that chain to this one at most), while a program that
-        reports an exception it handled through the hook, as ``code.InteractiveInterpreter`` does, or
-        a thread's, goes on."""
-        if _ends_the_program():
+        Only an exception that ends the program counts (``_ends_the_program``): a program that
+        reports one it handled through the hook, as ``code.InteractiveInterpreter`` does, or a
+        thread's, goes on."""
+        if _ends_the_program(traceback):
             self._uncaught, self._uncaught_kind = _uncaught(kind, value), kind
         self._previous_excepthook(kind, value, traceback)
 
@@ -144,11 +143,11 @@ class Life:
         program put a hook of its own over ours after its first use of the runtime (a pretty-printer of
         tracebacks, say), the exception Python itself keeps of a script that ends uncaught
         (``sys.last_value``; not in an interactive session, which keeps its earlier ones there)."""
-        if self._uncaught or not self._hooks_installed or sys.excepthook == self._note_uncaught \
-                or hasattr(sys, "ps1") or sys.flags.interactive:
+        if self._uncaught or not self._hooks_installed or sys.excepthook == self._note_uncaught:
             return self._uncaught
         last = getattr(sys, "last_value", None)
-        return _uncaught(type(last), last) if isinstance(last, BaseException) else ""
+        ended = isinstance(last, BaseException) and _ends_the_program(getattr(sys, "last_traceback", None))
+        return _uncaught(type(last), last) if ended else ""
 
 
     @property
@@ -160,21 +159,23 @@ class Life:
         return bool(self.why_ending) and isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
 
 
-def _ends_the_program() -> bool:
-    """Whether the excepthook that asks was called for an exception that ends the program: on the
-    main thread, with no module's code still running below it on the stack.
+def _ends_the_program(traceback) -> bool:
+    """Whether the exception of ``traceback`` ends the program: raised on the main thread and caught by
+    none of the program's code, its traceback starts at the bottom of the stack (the main module's
+    code, or runpy's that ran it), where one that the program caught and reported (through the
+    excepthook, say, as ``code.InteractiveInterpreter`` does) starts in the function that caught it.
+    Never in an interactive session, which goes on after each.
 
-    >>> _ends_the_program()   # (a doctest runs inside a module's code)
-    False
+    >>> try:
+    ...     1 / 0
+    ... except ZeroDivisionError as e:
+    ...     caught = e.__traceback__
+    >>> _ends_the_program(caught), _ends_the_program(None)   # (a doctest's code runs inside doctest's)
+    (False, False)
     """
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "<module>":
-            return False
-        frame = frame.f_back
-    return True
+    return (traceback is not None and traceback.tb_frame.f_back is None
+            and threading.current_thread() is threading.main_thread()
+            and not hasattr(sys, "ps1") and not sys.flags.interactive)
 
 
 def _uncaught(kind: type, value: BaseException) -> str:

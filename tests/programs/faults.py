@@ -220,6 +220,30 @@ def late_after_timeout() -> None:
             await_cue(late)
 
 
+def late_on_a_part() -> None:
+    """A group of ranks 0 and 1 of 3: rank 1 comes to the group's second call only once rank 0 has
+    timed out of it and ended its program, and rank 2, outside the group, has ended its program
+    too, so that their words at exit have queued up on rank 1 (run it under keep_survivors). Rank 1
+    must fail the call too, not complete it with the data rank 0 had sent. Rank 2 also sends rank 1
+    a few messages of its own while rank 0 waits in the call: they arrive after rank 0's data of the
+    call and before its word that it gave up."""
+    pids = col.allgather(np.array([os.getpid()])).tolist()
+    g = col.new_group([0, 1])
+    if col.rank() == 2:
+        await_cue(0)
+        for tag in range(8):
+            col.send(np.zeros(4), dest=1, tag=tag)
+        return
+    x = _ints(1000, col.rank())
+    g.allreduce(x)
+    if col.rank() == 1:
+        await_ended([pids[0], pids[2]])
+        report("late call", g.allreduce, x, timeout=30)
+    else:
+        cue(2)   # (its data of the call leaves as the call starts, before rank 2 sees the cue)
+        report("call", g.allreduce, x, timeout=2)
+
+
 def slow_but_moving() -> None:
     """A large all-reduce whose every message is slow (each send waits 0.1 s, as over a slow link) takes
     longer than its timeout (1 s) in all, while data keeps moving: it must complete, right, on every
@@ -384,6 +408,17 @@ def handled_by_interpreter() -> None:
     handled through ``sys.excepthook``), then ends its program normally, after 3 collectives."""
     _three_calls()
     if col.rank() == 1:
+        code.InteractiveInterpreter().runsource("1 / 0")
+        return
+    _then_the_others_wait(1)
+
+
+def handled_under_own_hook() -> None:
+    """As ``handled_by_interpreter``, where rank 1 put an excepthook of its own over the runtime's
+    after its first collectives: the exception Python keeps of the handled one is no reason either."""
+    _three_calls()
+    if col.rank() == 1:
+        sys.excepthook = lambda kind, value, traceback: say(f"rank 1: own hook: {kind.__name__}")
         code.InteractiveInterpreter().runsource("1 / 0")
         return
     _then_the_others_wait(1)
@@ -832,6 +867,7 @@ def group_comm() -> None:
 if __name__ == "__main__":
     {"absent": absent, "stuck": stuck, "late": late, "killed": killed_mid_allreduce, "uncaught": uncaught,
      "uncaught-own-hook": uncaught_own_hook, "handled-by-interpreter": handled_by_interpreter, "exits": exits,
+     "handled-under-own-hook": handled_under_own_hook,
      "killed-between-calls": killed_between_calls,
      "ctrl-c": ctrl_c, "ctrl-c-as-the-others-finish": ctrl_c_as_the_others_finish, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "interrupted-as-it-ends": interrupted_as_it_ends,
@@ -844,5 +880,6 @@ if __name__ == "__main__":
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
      "late-other-call": late_other_call, "late-after-timeout": late_after_timeout,
      "slow-but-moving": slow_but_moving, "never-starts-mpi": never_starts_mpi, "ends-without-mpi": ends_without_mpi,
+     "late-on-a-part": late_on_a_part,
      "timeline": timeline, "group-absent": group_absent, "group-member-dies": group_member_dies,
      "group-partial": group_partial, "group-member-left": group_member_left, "group-comm": group_comm}[sys.argv[1]]()

@@ -36,6 +36,10 @@ _testall = MPI.Request.Testall
 # dead rank as a farewell's): the process lives on, and makes no further call.
 _CONTROL_BYTES = 512
 LEFT, _ASK, _HERE, AT_EXIT, GAVE_UP = 1, 2, 3, 4, 5
+#: How many probes in a row must find nothing before a read after a pause ends: each moves one
+#: arrived message of any communicator into MPICH's queue (about 0.2 us each; the other ranks' words
+#: at their exit, a few per rank and group, come first).
+DRAIN_MISSES = 64
 FAILED, ROOT, NOT_FINALIZING = 1, 2, 4   # a farewell's flags
 _AFTER_NOTICE_SECONDS, _AFTER_NOTICE_LOOKS = 1.0, 0.02   # see look_again_in
 _FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
@@ -157,25 +161,28 @@ class Control:
             if peer != self.rank:
                 self.send(peer, GAVE_UP, completed, why, (FAILED if failed else 0) | (ROOT if root else 0), dead)
 
-    def read(self, seq: int | None = None, name: str | None = None) -> None:
+    def read(self, seq: int | None = None, name: str | None = None, misses: int = 2) -> None:
         """Take every control message that has arrived: note farewells, and answer roll calls with
         ``seq``, the collective this rank is in (None: in none, so it does not answer), and its
-        ``name`` ("allreduce"; given once a wait, at its start, and kept for that ``seq``)."""
+        ``name`` ("allreduce"; given once a wait, at its start, and kept for that ``seq``). Read until
+        ``misses`` probes in a row find nothing (see _read_locked)."""
         if name is not None:
             self._in_call = (seq, name)
         if not self._control_lock.acquire(blocking=False):
             return   # another thread is reading them right now
         try:
-            self._read_locked(seq)
+            self._read_locked(seq, misses)
         finally:
             self._control_lock.release()
 
-    def _read_locked(self, seq: int | None) -> None:
-        # A probe that finds nothing may have just pulled a message in (MPICH moves one arrived message
-        # per probe into its queue, and says so at the next): the channel is read once two probes in a
-        # row find nothing.
+    def _read_locked(self, seq: int | None, enough: int = 2) -> None:
+        # MPICH moves one arrived message per probe (of any communicator) from shared memory into its
+        # queue, and a probe finds it at the next: a message of this channel behind k others (the data
+        # of a call, another communicator's words) surfaces at the (k+1)th probe. While this rank is
+        # in MPI the queue stays short, and two probes in a row that find nothing do; after a pause in
+        # the program's own code it may be long (DRAIN_MISSES).
         misses = 0
-        while misses < 2:
+        while misses < enough:
             if not self.comm.Iprobe(MPI.ANY_SOURCE, _CONTROL_TAG, self._control_status):
                 misses += 1
                 continue
@@ -233,15 +240,20 @@ class Control:
         if expecting is COLLECTIVE:
             self._raise_if_gave_up(seq)
 
-    def check_gave_up(self, seq: int) -> None:
+    def check_gave_up(self, seq: int, drain: bool = False) -> None:
         """At the end of collective ``seq`` on this rank: raise PeerLost if a rank had given it up (its
         runtime stopped before completing it, or it left), so that a rank that comes late to a call the
         others timed out of fails it too, instead of completing it alone with the data they had sent.
+        ``drain``: the call came after a pause in the program's own code (``Call.after_a_pause``), in
+        which the others' words may have queued up behind other messages: read them all.
         (A rank that completes the call within a message's latency of the others' timeout may still
         succeed: no end of a call can close that window without a round of messages of its own.)"""
-        probe = self.comm.Iprobe   # (two probes, as _read_locked's rule; read only when they find a message)
-        if probe(MPI.ANY_SOURCE, _CONTROL_TAG) or probe(MPI.ANY_SOURCE, _CONTROL_TAG):
-            self.read(seq)
+        if drain:   # (after a pause: every message that came meanwhile, as _read_locked says)
+            self.read(seq, misses=DRAIN_MISSES)
+        else:   # (two probes, as _read_locked's rule; read only when they find a message)
+            probe = self.comm.Iprobe
+            if probe(MPI.ANY_SOURCE, _CONTROL_TAG) or probe(MPI.ANY_SOURCE, _CONTROL_TAG):
+                self.read(seq)
         if self.departed or self.gave_up:
             self._raise_if_left(seq)
             self._raise_if_gave_up(seq)
