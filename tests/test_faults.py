@@ -313,6 +313,30 @@ def test_a_rank_that_ctrl_c_ends_outlasts_the_others_finishing_so_the_launcher_k
     assert "EXIT STRING: Interrupt (signal 2)" in result.stdout and "Killed" not in result.stdout, result.stdout
 
 
+#: A main module's own code catches an exception on rank 1 and reports it through sys.excepthook, as a
+#: program that logs and goes on would, then ends normally (the traceback starts at the bottom of the
+#: stack, as an uncaught one's does).
+REPORTED_AT_THE_TOP = """
+import sys, numpy as np, collectives as col
+from tests.programs.cues import report
+col.allreduce(np.ones(4))
+if col.rank() == 1:
+    try:
+        1 / 0
+    except ZeroDivisionError:
+        sys.excepthook(*sys.exc_info())
+else:
+    report("call 2", col.allreduce, np.ones(4))
+"""
+
+
+def test_an_exception_the_main_code_caught_and_reported_is_no_reason_to_leave():
+    result = run_world(2, ["-c", REPORTED_AT_THE_TOP], BOUND_S)
+    errors = reported_errors(result.stdout)
+    assert "ZeroDivisionError" in result.stdout and sorted(errors) == [0], result.stdout
+    assert says_it_left(errors[0][1], "rank 1 ended its program after 1 collective(s)"), result.stdout
+
+
 @pytest.mark.parametrize("bound", ["call", "wait"])
 def test_an_async_call_times_out_from_wait_on_every_rank(bound):
     status, output, wall = fault(3, "async-absent", bound)

@@ -46,8 +46,9 @@ def leave(w: Group, finishing: bool = True) -> None:
     root = failure.root_cause if failure is not None else None
     why = root or uncaught or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
     gone = w.transport.exits.gone_at_exit()
+    absent = w.transport.exits.not_at_exit(gone) if gone and not life.work_finished else []   # (see below)
     what = ending.AtExit(w.rank(), why, life.work_finished, tuple(gone), tuple(w.lost()) if gone else (),
-                         finishing=finishing, outlived=runtime.outlived)
+                         absent=tuple(absent), finishing=finishing, outlived=runtime.outlived)
     verdict = ending.at_exit(what)
     if gone:   # said before the farewell: the launcher may end this process once the others have left
         ending.print_line(verdict.line)

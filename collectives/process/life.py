@@ -133,7 +133,7 @@ class Life:
         Only an exception that ends the program counts (``_ends_the_program``): a program that
         reports one it handled through the hook, as ``code.InteractiveInterpreter`` does, or a
         thread's, goes on."""
-        if _ends_the_program(traceback):
+        if _ends_the_program(traceback) and not _still_running(traceback.tb_frame):
             self._uncaught, self._uncaught_kind = _uncaught(kind, value), kind
         self._previous_excepthook(kind, value, traceback)
 
@@ -160,11 +160,12 @@ class Life:
 
 
 def _ends_the_program(traceback) -> bool:
-    """Whether the exception of ``traceback`` ends the program: raised on the main thread and caught by
-    none of the program's code, its traceback starts at the bottom of the stack (the main module's
-    code, or runpy's that ran it), where one that the program caught and reported (through the
-    excepthook, say, as ``code.InteractiveInterpreter`` does) starts in the function that caught it.
-    Never in an interactive session, which goes on after each.
+    """Whether the exception of ``traceback`` may end the program: raised on the main thread and caught
+    by none of the program's functions, its traceback starts at the bottom of the stack (the main
+    module's code, or runpy's that ran it), where one that a function caught and reported (through
+    the excepthook, say, as ``code.InteractiveInterpreter`` does) starts in that function. (One
+    the main module's own code caught starts there too: the excepthook tells it by
+    ``_still_running``.) Never in an interactive session, which goes on after each.
 
     >>> try:
     ...     1 / 0
@@ -176,6 +177,22 @@ def _ends_the_program(traceback) -> bool:
     return (traceback is not None and traceback.tb_frame.f_back is None
             and threading.current_thread() is threading.main_thread()
             and not hasattr(sys, "ps1") and not sys.flags.interactive)
+
+
+def _still_running(frame) -> bool:
+    """Whether ``frame`` is on the caller's stack: the excepthook asks of the frame an exception's
+    traceback starts in, which a program that caught the exception and reports it is still running
+    (a ``try`` of the main module's own code, say); one that ends the program has left it.
+
+    >>> import sys; _still_running(sys._getframe())
+    True
+    """
+    running = sys._getframe(1)
+    while running is not None:
+        if running is frame:
+            return True
+        running = running.f_back
+    return False
 
 
 def _uncaught(kind: type, value: BaseException) -> str:

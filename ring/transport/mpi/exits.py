@@ -104,6 +104,11 @@ class Exits:
         ended = {c.names[p] for p in c.departed if self._ended(p)}
         return sorted(set(c.known_dead()) | {c.names[p] for p in c.unfinalized} | ended)
 
+    def not_at_exit(self, gone: list[int]) -> list[int]:
+        """The ranks, as ``names`` gives them, not at exit as far as this rank has read, nor ``gone``."""
+        c = self.control
+        return [c.names[p] for p in range(c.size) if p != c.rank and p not in c.at_exit and c.names[p] not in gone]
+
     def all_left_well(self) -> bool:
         """After the exit barrier: whether every other rank said in its farewell that its program
         ended normally (no failure, no reason), so that every rank can release what it shares with
@@ -160,8 +165,7 @@ class Exits:
         while True:
             gone = self.gone_at_exit()   # (reads the control channel, so notes the others' AT_EXIT)
             if gone:
-                return gone, [c.names[p] for p in range(c.size)
-                              if p != c.rank and p not in c.at_exit and c.names[p] not in gone]
+                return gone, self.not_at_exit(gone)
             now = time.monotonic()
             if len(c.at_exit) == c.size - 1 and _testall([r for r, _ in c.outbox]):
                 # Every rank is here, and has this one's messages; read on a moment for a later word
