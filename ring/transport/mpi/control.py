@@ -37,7 +37,7 @@ _testall = MPI.Request.Testall
 _CONTROL_BYTES = 512
 LEFT, _ASK, _HERE, AT_EXIT, GAVE_UP = 1, 2, 3, 4, 5
 #: How many probes in a row must find nothing before a read after a pause ends: each moves one
-#: arrived message of any communicator into MPICH's queue (about 0.2 us each; the other ranks' words
+#: arrived message of any communicator into MPICH's queue (0.2-0.4 us each; the other ranks' words
 #: at their exit, a few per rank and group, come first).
 DRAIN_MISSES = 64
 FAILED, ROOT, NOT_FINALIZING = 1, 2, 4   # a farewell's flags
