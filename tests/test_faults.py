@@ -98,6 +98,16 @@ def test_a_rank_stuck_in_its_own_code_does_not_hold_the_job_at_exit(cleanup):
     assert wall < 30, result.stdout
 
 
+def test_a_healthy_rank_that_finds_one_gone_at_exit_names_the_one_still_in_its_own_code():
+    """Rank 2 did nothing wrong; when it comes to its exit rank 0 has left without MPI_Finalize and
+    rank 1 is still in its own code: its last line names both (before: rank 0 alone)."""
+    result = run_world(3, ["-m", "tests.programs.faults", "stuck-beside-a-part"], BOUND_S,
+                       launcher_args=keep_survivors())
+    assert "rank 1: woke" in result.stdout, result.stdout
+    assert "[rank 2] collectives: exiting with status 1 without MPI_Finalize, which would wait for ever for rank(s) " \
+           "0 (leaving without it too) and 1 (not at exit yet: still in its own code?)\n" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("absent", ["until-cued", "for-ever"])
 def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeout(absent):
     """The others then end without MPI_Finalize, so that the launcher ends the job even where the

@@ -87,6 +87,23 @@ def stuck() -> None:
         say(f"rank {col.rank()}: CollectiveError: {e}")
 
 
+def stuck_beside_a_part() -> None:
+    """Three ranks. Rank 1 is stuck in its own code until ranks 0 and 2 have ended; rank 0 times out
+    of a call on the group [0, 1] and ends its program, leaving without MPI_Finalize; rank 2, outside
+    the group and healthy, ends its program once rank 0 has ended: it comes to its exit to find rank
+    0 gone, and must name rank 1 too (run it under keep_survivors)."""
+    pids = col.allgather(np.array([os.getpid()])).tolist()
+    g = col.new_group([0, 1])
+    if col.rank() == 1:
+        await_ended([pids[0], pids[2]])
+        say("rank 1: woke")
+        return
+    if col.rank() == 2:
+        await_ended([pids[0]])
+        return
+    report("call", g.allreduce, np.ones(10, np.float32), timeout=2)
+
+
 def farewell_alone() -> None:
     """Two ranks. Rank 0 uses the runtime (asks its rank) and ends; rank 1 uses mpi4py only, so nobody
     joins the setup rank 0's exit holds to say farewell: its 10 s wait ends, and it must finalize as
@@ -880,6 +897,6 @@ if __name__ == "__main__":
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
      "late-other-call": late_other_call, "late-after-timeout": late_after_timeout,
      "slow-but-moving": slow_but_moving, "never-starts-mpi": never_starts_mpi, "ends-without-mpi": ends_without_mpi,
-     "late-on-a-part": late_on_a_part,
+     "late-on-a-part": late_on_a_part, "stuck-beside-a-part": stuck_beside_a_part,
      "timeline": timeline, "group-absent": group_absent, "group-member-dies": group_member_dies,
      "group-partial": group_partial, "group-member-left": group_member_left, "group-comm": group_comm}[sys.argv[1]]()
