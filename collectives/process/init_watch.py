@@ -32,7 +32,7 @@ import signal
 import sys
 import time
 
-from ring.transport.host_waits import siblings
+from ring.transport.host_waits import parent_of, siblings
 
 #: Between the watch's line and its kill.
 GRACE_SECONDS = 1.0
@@ -48,11 +48,9 @@ def ranks_started_here(pid: int, local_ranks: int) -> int | None:
     still run, ``pid``'s included; None where ``pid``'s parent is not such a proxy (a shell
     wrapper, a supervisor) or there is nothing to count."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
-        with open(f"/proc/{parent}/comm") as comm:
+        with open(f"/proc/{parent_of(pid)}/comm") as comm:
             name = comm.read().strip()
-    except (OSError, ValueError, IndexError):
+    except OSError:
         return None
     return len(siblings(pid)) + 1 if name in PROXIES and local_ranks > 1 else None
 

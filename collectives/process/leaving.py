@@ -46,7 +46,8 @@ def leave(w: Group, finishing: bool = True) -> None:
     root = failure.root_cause if failure is not None else None
     why = root or uncaught or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
     gone = w.transport.exits.gone_at_exit()
-    absent = w.transport.exits.not_at_exit(gone) if gone and not life.work_finished else []   # (see below)
+    # (the ranks still at work are named too, but where the elastic job's work is finished)
+    absent = w.transport.exits.not_at_exit(gone) if gone and not life.work_finished else []
     what = ending.AtExit(w.rank(), why, life.work_finished, tuple(gone), tuple(w.lost()) if gone else (),
                          absent=tuple(absent), finishing=finishing, outlived=runtime.outlived)
     verdict = ending.at_exit(what)
@@ -65,7 +66,7 @@ def leave(w: Group, finishing: bool = True) -> None:
             patience = runtime.exit_patience()
             gone, missing = w.transport.exits.exit_barrier(time.monotonic() + patience)
             late = () if gone else tuple(missing)
-            absent = tuple(missing) if gone and not life.work_finished else ()   # (a finished elastic job's: not named)
+            absent = tuple(missing) if gone and not life.work_finished else ()   # (as above)
             verdict = ending.at_exit(replace(what, gone=tuple(gone), lost=tuple(w.lost()) if gone else (),
                                              late=late, absent=absent, patience=patience))
             ending.print_line(verdict.line)

@@ -149,7 +149,6 @@ class Life:
         ended = isinstance(last, BaseException) and _ends_the_program(getattr(sys, "last_traceback", None))
         return _uncaught(type(last), last) if ended else ""
 
-
     @property
     def ends_interrupted(self) -> bool:
         """Whether an uncaught KeyboardInterrupt ends the program: Python then ends the process by

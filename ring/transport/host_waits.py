@@ -107,6 +107,19 @@ def process_state(pid: int) -> str | None:
     return "has exited" if state in (b"Z", b"X") else None
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent of process ``pid``, from Linux's /proc; None where it cannot tell.
+
+    >>> parent_of(os.getpid()) == os.getppid()
+    True
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def siblings(pid: int | None = None) -> set[int]:
     """The other processes that the parent of process ``pid`` (None: this one) started and that still
     run (under MPICH's launcher: the other ranks on this host, or their supervisors), from Linux's
@@ -116,16 +129,12 @@ def siblings(pid: int | None = None) -> set[int]:
     when an event wakes it (output, a closed descriptor, a PMI message) and then at most one, so a
     process whose end the proxy looked for too early stays a zombie for as long as the others keep
     quiet, in MPI_Finalize say (a finished job waited there for ever: CI, once; tests/test_elastic.py)."""
+    pid, parent = (os.getpid(), os.getppid()) if pid is None else (pid, parent_of(pid))
     children = set()
     try:
-        if pid is None:
-            pid, parent = os.getpid(), os.getppid()
-        else:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
         for task in os.listdir(f"/proc/{parent}/task"):   # (a child is listed under the thread that forked it)
             with open(f"/proc/{parent}/task/{task}/children") as f:
                 children |= {int(child) for child in f.read().split()}
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError):
         return set()
     return {child for child in children - {pid} if process_state(child) is None}

@@ -175,5 +175,5 @@ class Exits:
                 if now - everyone_since >= _SETTLE_SECONDS:
                     return [], []
             if now >= until:
-                return [], [c.names[p] for p in range(c.size) if p != c.rank and p not in c.at_exit]
+                return [], self.not_at_exit([])
             pause(now - started, 0.0, background=True)
