@@ -270,21 +270,33 @@ def choose(op: str, n: int, nbytes: int, costs: Costs = MEASURED, *, segment_byt
     return best
 
 
-def reproducible(n: int, nbytes: int, itemsize: int = 4, words: int = 1, costs: Costs = MEASURED) -> float:
+def reproducible(n: int, nbytes: int, itemsize: int = 4, words: int = 1, costs: Costs = MEASURED,
+                 contributions: int | None = None) -> float:
     """Predicted seconds of ``allreduce(x, reproducible=True)`` of ``nbytes`` of data (``itemsize``
-    bytes an element) on ``n`` ranks whose grid takes ``words`` int64 words an element
-    (``ring.reproducible``): one small exchange of every rank's facts, the integer all-reduce of
-    the words (``8 * words / itemsize`` times the data's bytes, by the fastest algorithm), and the
-    codec's passes, counted as bytes reduced: the facts read the data, the encoding reads it and
-    writes the words (zeroed first), the decoding reads the words and writes the result.
+    bytes an element) on ``n`` ranks holding ``contributions`` in all (None: one each), whose grid
+    takes ``words`` words of 8 bytes an element (``ring.reproducible``). Two contributions or
+    fewer take the plain all-reduce after an outline of the data (one read) and its small exchange
+    (``one_rounding``). Otherwise every rank's facts go in a small exchange (after an outline's on
+    one or two ranks), then the words all-reduce: by the ring, their reduce-scatter (``8 * words /
+    itemsize`` times the data's bytes), each rank's chunk decoded, and the all-gather of the
+    data's bytes; or whole by the fastest algorithm, and every element decoded. The codec's passes
+    count as bytes reduced: the facts read the data, the encoding reads it and writes the words,
+    the decoding reads words and writes data.
 
     >>> costs = Costs(call=10e-6, alpha=2e-6, beta=0.3e-9, gamma=0.2e-9)
     >>> plain = predict("allreduce", choose("allreduce", 2, 64 << 20, costs), 2, 64 << 20, costs)
-    >>> round(reproducible(2, 64 << 20, costs=costs) / plain, 1)   # float32, one word: the codec costs most
-    7.7
+    >>> round(reproducible(2, 64 << 20, costs=costs) / plain, 1)   # one contribution on each: one rounding
+    1.6
+    >>> round(reproducible(2, 64 << 20, contributions=4, costs=costs) / plain, 1)   # the grid: the codec costs most
+    6.0
     """
+    exchange = predict("allreduce", "doubling", n, 32 * n, costs)
+    outline = exchange + costs.gamma * nbytes if n <= 2 and itemsize >= 4 else 0.0
+    if (n if contributions is None else contributions) <= 2:
+        return outline + min(predict("allreduce", a, n, nbytes, costs) for a in candidates("allreduce", nbytes))
     wide = nbytes * 8 * words // itemsize
-    facts = predict("allreduce", "doubling", n, 32 * n, costs)
-    summed = min(predict("allreduce", a, n, wide, costs) for a in candidates("allreduce", wide))
-    codec = nbytes + (nbytes + 2 * wide) + (wide + nbytes)
-    return facts + summed + costs.gamma * codec
+    ring = (predict("reduce_scatter", "ring", n, wide, costs) + predict("allgather", "ring", n, nbytes, costs)
+            + costs.gamma * (wide + nbytes) / n)
+    whole = (min(predict("allreduce", a, n, wide, costs) for a in candidates("allreduce", wide))
+             + costs.gamma * (wide + nbytes))
+    return outline + exchange + min(ring, whole) + costs.gamma * (nbytes + nbytes + wide)

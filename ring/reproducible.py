@@ -31,6 +31,9 @@ how many words travel; it never changes the result:
 >>> decode(total, g, None, "sum", np.empty(2, np.float32)).tolist()   # a float sum gives [0.0, 1.0]
 [0.0, 1.0]
 
+Two contributions in all need none of this: one IEEE addition rounds their exact sum once
+already, whichever adds them (:func:`one_rounding`, which an :func:`outline` of the data decides).
+
 Special values as IEEE sums give them: a float wire adds them; int64 words need one more all-reduce
 (``ring.special_values``). Decoding several words is ``ring.rounding``'s (exact integer rounding).
 """
@@ -137,6 +140,66 @@ def facts(contributions: list, cast: np.ndarray | None = None) -> np.ndarray:
     largest, least = np.array([int(largest) >> 1, (int(least) + 1) >> 1], unsigned).view(dtype).astype(np.float64)
     bottom = max(math.frexp(least)[1] - digits, lowest)
     return np.array([math.frexp(largest)[1], -bottom, len(contributions), flags], np.int64)
+
+
+def outline(contributions: list) -> np.ndarray:
+    """The facts that :func:`one_rounding` reads, from the largest and the least value of each
+    block of each contribution (two reads, nothing written: about a third of :func:`facts`' time):
+    [top, 0, contributions, NONFINITE or 0]; the finest unit and -0.0 are not looked for, nor the
+    top of a block that holds NaN or an infinity (one rounding does not hold then).
+
+    >>> outline([np.array([3.0, -5.0], np.float32), np.array([np.nan], np.float32)]).tolist()
+    [3, 0, 2, 1]
+    """
+    top, flags = -_NONE, 0
+    for x in contributions:
+        flat = x.reshape(-1)
+        for b in blocks(flat.size):
+            most, least = flat[b].max(), flat[b].min()
+            if not (np.isfinite(most) and np.isfinite(least)):
+                flags |= NONFINITE
+            elif most or least:
+                top = max(top, math.frexp(max(float(most), -float(least)))[1])
+    return np.array([top, 0, len(contributions), flags], np.int64)
+
+
+def one_rounding(every: np.ndarray, dtype: np.dtype, op: str) -> bool:
+    """Whether a plain all-reduce already gives the reproducible result, given every rank's facts
+    (or :func:`outline`): two contributions in all, or one. One IEEE addition of two floats rounds
+    their exact sum once, to nearest, ties to even, whichever adds them, and gives the infinities'
+    and zeros' signs as the grid does; so does one division by 2 of that sum, where no value is at
+    2**(emax-1) or above (the sum cannot overflow) and the sum is in the normal range (halving
+    there commutes with rounding) or below 2**(emin+1), where it was exact. float32 and float64
+    only (numpy's own arithmetic), and nothing NaN or infinite (a NaN's payload would depend on
+    the order).
+
+    >>> one_rounding(np.array([[3, 9, 1, 0], [5, 20, 1, 0]]), np.dtype(np.float32), "avg")
+    True
+    >>> one_rounding(np.array([[128, 9, 1, 0], [5, 20, 1, 0]]), np.dtype(np.float32), "avg")  # 2**127 <= |x|
+    False
+    >>> one_rounding(np.array([[3, 9, 2, 0], [5, 20, 1, 0]]), np.dtype(np.float32), "sum")   # three in all
+    False
+    """
+    emax = dict((wire.name, e) for wire, e in FLOAT_WIRES).get(dtype.name)
+    rows = every.tolist()
+    flags = 0
+    for r in rows:
+        flags |= r[3]
+    return (emax is not None and sum(r[2] for r in rows) <= 2 and not flags & NONFINITE
+            and (op == "sum" or max(r[0] for r in rows) < emax))
+
+
+def outline_first(ranks: int, dtype: np.dtype) -> bool:
+    """Whether a call on ``ranks`` ranks outlines its data (:func:`outline`) and exchanges that
+    before its facts: where :func:`one_rounding` may hold, on two ranks or one, float32 or float64.
+    An outline costs about a third of the facts (a fifth for small data, 10 us against 30 for 1024
+    elements here): where one rounding holds it is all that is read; where it does not, the facts
+    follow in one more small exchange.
+
+    >>> outline_first(2, np.dtype(np.float32)), outline_first(3, np.dtype(np.float32))
+    (True, False)
+    """
+    return ranks <= 2 and dtype.name in ("float32", "float64")
 
 
 def grid(every: np.ndarray, dtype: np.dtype) -> Grid:

@@ -138,3 +138,49 @@ def test_the_facts_read_from_the_bits_are_those_of_the_values(dtype, data):
     expected = [-(1 << 20), -(1 << 20)] if not sizes.size else \
         [int(np.frexp(sizes.max())[1]), -max(int(np.frexp(sizes.min())[1]) - digits, lowest)]
     assert reproducible.facts(contributions).tolist() == [*expected, len(contributions), special]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_where_one_rounding_holds_the_plain_float_sum_is_the_exact_sum_rounded_once(dtype, op, data):
+    """Two contributions (or one) need no grid: one IEEE addition rounds their exact sum once, and
+    halving it ("avg", as the plain all-reduce divides) is exact or rounds once, unless the sum
+    overflowed: ``one_rounding`` must say so from either rank's outline, and only then."""
+    info = np.finfo(dtype)
+    edges = [info.max, info.max / 2, 1.5 * (info.max / 2 + info.eps * info.max / 4), info.tiny, info.smallest_subnormal,
+             3 * info.smallest_subnormal, 1.0, info.eps / 2, 1 + info.eps]   # (ties: 1 + eps/2 and 1 + eps + eps/2)
+    element = st.one_of(values(dtype), st.sampled_from(edges + [-e for e in edges]).map(DTYPES[dtype]))
+    width = data.draw(st.integers(1, 4))
+    pair = [np.array(data.draw(st.lists(element, min_size=width, max_size=width)), DTYPES[dtype])
+            for _ in range(data.draw(st.integers(1, 2)))]
+    ranks = data.draw(st.integers(1, len(pair)))
+    every = np.stack([reproducible.outline(h) for h in dealt(pair, ranks, 0)])
+    held = reproducible.one_rounding(every, np.dtype(dtype), op)
+    emax = {"float32": 128, "float64": 1024}[dtype]
+    largest = max(float(np.abs(p).max()) for p in pair)
+    assert held == (op == "sum" or largest < 2.0 ** (emax - 1)), (every, op)
+    if held:
+        with np.errstate(over="ignore"):
+            plain = pair[0] + pair[1] if len(pair) == 2 else pair[0].copy()
+            if op == "avg":
+                plain /= len(pair)
+        expected = np.array([exact(pair, i, dtype, op) for i in range(width)], DTYPES[dtype])
+        assert plain.tobytes() == expected.tobytes(), (pair, plain, expected)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_the_outline_reads_the_facts_that_one_rounding_needs(dtype, data):
+    """``outline`` (two reads) gives the top, count and NONFINITE flag that ``facts`` gives, any
+    bit pattern, NaN and infinities among them (there it needs no top: one rounding does not hold)."""
+    bits = 8 * np.dtype(dtype).itemsize
+    view = {32: np.uint32, 64: np.uint64}[bits]
+    patterns = data.draw(st.lists(st.lists(st.integers(0, 2 ** bits - 1), min_size=1, max_size=6), min_size=1,
+                                  max_size=3))
+    contributions = [np.array(p, view).view(dtype) for p in patterns]
+    outline, facts = reproducible.outline(contributions), reproducible.facts(contributions)
+    assert outline[2:].tolist() == [facts[2], facts[3] & reproducible.NONFINITE]
+    assert outline[3] or outline[0] == facts[0]

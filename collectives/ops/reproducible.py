@@ -1,10 +1,16 @@
 """The body of ``allreduce(x, reproducible=True)``: the exact sum of every contribution, rounded once.
 
-The codec is ``ring.reproducible``; this module checks the arguments and runs its three steps
-on the group's integer all-reduces (``collectives.ops.bodies.allreduce_flat``):
+The codec is ``ring.reproducible``; this module checks the arguments and runs its steps on the
+group's all-reduces (``collectives.ops.bodies.allreduce_flat``). On one or two ranks, float32 or
+float64, each rank first sends an outline of its data (its largest magnitude, its count of
+contributions, whether any value is NaN or infinite). Where it shows two contributions in all,
+or one, nothing else is needed (``codec.one_rounding``): the plain all-reduce adds them, and one
+IEEE addition is their exact sum rounded once (DDP's hook on two ranks, one contribution each).
+Otherwise:
 
 1. every rank's facts (one row of a small int64 matrix, the others zero) summed: every rank then
-   holds every row, and makes the same grid; this exchange carries the cross-rank check;
+   holds every row, and makes the same grid (the call's first exchange, outline or facts,
+   carries the cross-rank check);
 2. only where some rank holds a NaN, an infinity or -0.0: each element's marks, by "max";
 3. the contributions as words on the grid (int64, or a float where the grid's sums fit its
    significand), summed. Sums on the grid are exact whatever the algorithm, the segments or the
@@ -74,26 +80,26 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
     call.nbytes = first.nbytes
     transport = call.group.transport
     clock = _Stages(stage_seconds)
-    every = np.zeros((transport.size, codec.FACTS), np.int64)
-    # One float32 contribution's grid is a float64 wire but for a wide span (a large model's
-    # gradients): the facts cast it there as they read it, for one read of x, in case it is.
-    cast = None
-    if len(parts) == 1 and first.dtype == np.float32:
-        cast = arrays.scratch(first, -(-first.size // transport.size) * transport.size, _TOTAL, np.dtype(np.float64))
-    every[transport.rank] = codec.facts(parts, cast)
-    clock("facts")
-    _sum_in_place(call, every, "sum", sig, checked=False)
+    result = out if out is not None else np.empty(first.shape, first.dtype)
+    target = flat_target(result)
+    flats = [p.reshape(-1) for p in parts]
+    outlined = codec.outline_first(transport.size, first.dtype)
+    cast = None if outlined else _cast_scratch(parts, transport.size)
+    every = _everyones(call, codec.outline(parts) if outlined else codec.facts(parts, cast), sig, clock, checked=False)
+    if codec.one_rounding(every, first.dtype, op):
+        _added_once(call, flats, op, sig, target)
+        clock("wire")
+        return write_back(result, target)
+    if outlined:
+        cast = _cast_scratch(parts, transport.size)
+        every = _everyones(call, codec.facts(parts, cast), sig, clock, checked=True)
     grid = codec.grid(every, first.dtype)
-    clock("grid")
     special = None
     if grid.marked:
         special = np.zeros((2, first.size), np.uint8)
         codec.marks(parts, special)
         _sum_in_place(call, special, "max", sig)
         clock("marks")
-    result = out if out is not None else np.empty(first.shape, first.dtype)
-    target = flat_target(result)
-    flats = [p.reshape(-1) for p in parts]
     encoded = cast is not None and grid.wire_dtype == np.float64 and grid.words == 1   # (by the facts, in _TOTAL)
     algorithm = choose(call, "allreduce", grid.words * first.size * grid.wire_dtype.itemsize, True)
     if algorithm != "doubling" and call.forced in (None, "ring") and first.size >= transport.size:
@@ -109,6 +115,37 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
         codec.decode(total, grid, special, op, target)
         clock("decode")
     return write_back(result, target)
+
+
+def _cast_scratch(parts: list, ranks: int) -> np.ndarray | None:
+    """Where the facts cast x to a float64 wire as they read it (for one read of x): one float32
+    contribution, whose grid is a float64 wire but for a wide span (a large model's gradients)."""
+    if len(parts) != 1 or parts[0].dtype != np.float32:
+        return None
+    return arrays.scratch(parts[0], -(-parts[0].size // ranks) * ranks, _TOTAL, np.dtype(np.float64))
+
+
+def _everyones(call: Call, row: np.ndarray, sig: bytes, clock: _Stages, checked: bool) -> np.ndarray:
+    """Every rank's ``row`` of facts (``codec.facts`` or ``codec.outline``), by one small all-reduce."""
+    clock("facts")
+    every = np.zeros((call.group.transport.size, codec.FACTS), np.int64)
+    every[call.group.transport.rank] = row
+    _sum_in_place(call, every, "sum", sig, checked)
+    clock("grid")
+    return every
+
+
+def _added_once(call: Call, flats: list, op: str, sig: bytes, target: np.ndarray) -> None:
+    """The plain all-reduce, where it gives the exact sum rounded once (``codec.one_rounding``):
+    one contribution on each of two ranks, or one or two on a single rank (added here)."""
+    source = flats[0]
+    if len(flats) == 2:
+        source = np.add(flats[0], flats[1], out=target)
+        if op == "avg":
+            target /= 2
+    elif np.may_share_memory(source, target):   # (out=x: the contributions checked it is all of x)
+        source = target
+    allreduce_flat(call, source, target, op, sig, True, checked=True)
 
 
 def _split(call: Call, flats: list, grid: codec.Grid, special: np.ndarray | None, op: str, target: np.ndarray,

@@ -11,6 +11,7 @@ import pytest
 
 import collectives as col
 from collectives.errors import CollectiveUsageError
+from collectives.ops import reproducible
 from tests.support.in_world import N, RANK, agree
 from tests.support.reproducible import dealt, exact, reduce_simulated
 
@@ -92,6 +93,47 @@ def test_one_float32_contribution_per_rank_cast_while_its_facts_are_read(algorit
         mine = every[RANK].copy()
         result = col.allreduce(mine, out=mine, reproducible=True, algorithm=algorithm, timeout=BOUND_S)
         agree(result.tobytes() == expected.tobytes(), f"{algorithm} x {count}, tiny {tiny}: other bits")
+
+
+def pair(dtype, count: int, big: bool) -> list[np.ndarray]:
+    """Two contributions with the edges of one IEEE addition: ties to even, subnormals,
+    cancellation, the largest finite value and a sum past it (``big``: whose "avg" needs the grid)
+    or values just below 2**(emax-1) whose sum is the largest."""
+    info = np.finfo(dtype)
+    half_eps, top = info.eps / 2, info.max if big else info.max / 2   # (below 2**(emax-1): the sum is the largest)
+    a = [1.0, 1 + info.eps, 3 * info.smallest_subnormal, info.smallest_subnormal, top, top * 0.75, 1e8, -0.0, 2.0]
+    b = [half_eps, half_eps, info.smallest_subnormal, 2 * info.smallest_subnormal, top, -top / 3, 1 - 1e8, -0.0, 0.0]
+    rng = np.random.default_rng([62, 2])
+    return [np.concatenate([np.array(v, dtype), rng.standard_normal(count).astype(dtype)]) for v in (a, b)]
+
+
+@pytest.mark.parametrize("op, big", [("sum", True), ("avg", False), ("avg", True)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("algorithm, count", [("ring", 70_001), ("halving", 70_001), (None, 70_001), (None, 0)])
+def test_two_contributions_need_no_grid_and_give_the_grids_bits(dtype, op, big, algorithm, count):
+    """Two contributions in all (on one rank or one each on two) take the plain all-reduce, which
+    encodes nothing: one IEEE addition is their exact sum rounded once (halved: "avg", unless a
+    value is so large that the sum could overflow). The grid on one process says the bits, and
+    the fractions its edges; on 3 and 4 ranks the others add -0.0 (x + -0.0 is x) and the grid
+    gives the same bits on the wire. In place."""
+    parts = pair(dtype, count, big)
+    if N > 2:
+        parts += [np.full_like(parts[0], -0.0)] * (N - 2)
+    expected = reduce_simulated([parts], op)
+    edges = np.array([exact(parts, i, dtype, op) for i in range(9)], dtype)
+    agree(expected[:9].tobytes() == edges.tobytes(), f"the grid on one process: {expected[:9]} against {edges}")
+    stages: dict = {}
+    reproducible.record_stages(stages)
+    try:
+        with np.errstate(over="ignore"):
+            mine = [p.copy() for p in dealt(parts, N, 1)[RANK]]
+            result = col.allreduce(mine if N == 1 else mine[0], op, out=mine[-1], reproducible=True,
+                                   algorithm=algorithm, timeout=BOUND_S)
+    finally:
+        reproducible.record_stages(None)
+    agree(result.tobytes() == expected.tobytes(), f"{dtype} {op} {algorithm}: {result[:9]} against {expected[:9]}")
+    gridded = N > 2 or (op == "avg" and big)
+    agree(("encode" in stages or "decode" in stages) == gridded, f"the grid {'not ' * gridded}used: {sorted(stages)}")
 
 
 def test_special_values_and_signed_zeros_as_ieee_sums_give_them():
