@@ -83,7 +83,7 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
     result = out if out is not None else np.empty(first.shape, first.dtype)
     target = flat_target(result)
     flats = [p.reshape(-1) for p in parts]
-    outlined = codec.outline_first(transport.size, first.dtype)
+    outlined = codec.outline_first(transport.size, first.dtype, len(parts))
     cast = None if outlined else _cast_scratch(parts, transport.size)
     every = _everyones(call, codec.outline(parts) if outlined else codec.facts(parts, cast), sig, clock, checked=False)
     if codec.one_rounding(every, first.dtype, op):
