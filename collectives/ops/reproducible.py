@@ -31,7 +31,7 @@ import numpy as np
 
 from collectives.calls import validate
 from collectives.calls.call import Call
-from collectives.ops.bodies import allreduce_flat, choose, flat_target, transport_for, write_back
+from collectives.ops.bodies import allreduce_flat, choose, flat, flat_target, transport_for, write_back
 from ring import algorithms, arrays, reproducible as codec
 
 #: The scratch slot (``ring.arrays.scratch``) of the words, past the executor's own.
@@ -74,25 +74,25 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
     exactly, rounded once to x's dtype ("avg": divided by their count first); see the module."""
     if reproducible is not True:
         validate.fail(call.name, "reproducible", f"expected True or False, got {reproducible!r}")
-    parts, out = contributions(call.name, x, op, out, compression)
+    parts, out, in_place = contributions(call.name, x, op, out, compression)
     first = parts[0]
     sig = call.signature(op, first.dtype, first.shape, memory="host", reproducible=True)
     call.nbytes = first.nbytes
     transport = call.group.transport
     clock = _Stages(stage_seconds)
     result = out if out is not None else np.empty(first.shape, first.dtype)
-    target = flat_target(result)
-    flats = [p.reshape(-1) for p in parts]
     outlined = codec.outline_first(transport.size, first.dtype, len(parts))
     cast = None if outlined else _cast_scratch(parts, transport.size)
     every = _everyones(call, codec.outline(parts) if outlined else codec.facts(parts, cast), sig, clock, checked=False)
     if codec.one_rounding(every, first.dtype, op):
-        _added_once(call, flats, op, sig, target)
+        result = _added_once(call, parts, op, sig, result, in_place)
         clock("wire")
-        return write_back(result, target)
+        return result
     if outlined:
         cast = _cast_scratch(parts, transport.size)
         every = _everyones(call, codec.facts(parts, cast), sig, clock, checked=True)
+    target = flat_target(result)
+    flats = [p.reshape(-1) for p in parts]
     grid = codec.grid(every, first.dtype)
     special = None
     if grid.marked:
@@ -135,17 +135,20 @@ def _everyones(call: Call, row: np.ndarray, sig: bytes, clock: _Stages, checked:
     return every
 
 
-def _added_once(call: Call, flats: list, op: str, sig: bytes, target: np.ndarray) -> None:
-    """The plain all-reduce, where it gives the exact sum rounded once (``codec.one_rounding``):
-    one contribution on each of two ranks, or one or two on a single rank (added here)."""
-    source = flats[0]
-    if len(flats) == 2:
-        source = np.add(flats[0], flats[1], out=target)
+def _added_once(call: Call, parts: list, op: str, sig: bytes, result: np.ndarray, in_place: bool) -> np.ndarray:
+    """``result`` = the plain all-reduce of ``parts``, where it gives the exact sum rounded once
+    (``codec.one_rounding``): one contribution on each of two ranks, or one or two on a single
+    rank (added here); as the plain call runs it, in place where ``result`` is ``parts[0]``."""
+    if len(parts) == 2:
+        target = flat_target(result)
+        source = np.add(parts[0].reshape(-1), parts[1].reshape(-1), out=target)
         if op == "avg":
             target /= 2
-    elif np.may_share_memory(source, target):   # (out=x: the contributions checked it is all of x)
-        source = target
+    else:
+        source = flat(parts[0])
+        target = source if in_place else flat_target(result)
     allreduce_flat(call, source, target, op, sig, True, checked=True)
+    return write_back(result, target)
 
 
 def _split(call: Call, flats: list, grid: codec.Grid, special: np.ndarray | None, op: str, target: np.ndarray,
@@ -184,9 +187,10 @@ def _sum_in_place(call: Call, x: np.ndarray, op: str, sig: bytes, checked: bool 
     allreduce_flat(call, flat, flat, op, sig, True, checked)
 
 
-def contributions(collective: str, x: Any, op: Any, out: Any, compression: Any) -> tuple[list, Any]:
-    """``x`` as a list of host arrays of one floating dtype and shape, and ``out``, checked for a
-    reproducible all-reduce by ``op``; anything else is a usage error that names the argument.
+def contributions(collective: str, x: Any, op: Any, out: Any, compression: Any) -> tuple[list, Any, bool]:
+    """``x`` as a list of host arrays of one floating dtype and shape, ``out``, and whether ``out``
+    is x[0]'s own memory (in place), checked for a reproducible all-reduce by ``op``; anything else
+    is a usage error that names the argument.
 
     >>> contributions("allreduce", [np.zeros(2), np.zeros(3)], "sum", None, None)   # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -208,10 +212,11 @@ def contributions(collective: str, x: Any, op: Any, out: Any, compression: Any) 
             what = "shape" if a.shape != parts[0].shape else "dtype"
             validate.fail(collective, f"x[{i}]", f"{what} {getattr(a, what)} differs from x[0]'s "
                                                  f"{getattr(parts[0], what)} (summed element by element)")
+    in_place = False
     if out is not None:
         out = validate.plain(collective, "out", out)
-        validate.out_array(collective, out, parts[0], parts[0].shape)
-    return parts, out
+        in_place = validate.out_array(collective, out, parts[0], parts[0].shape)
+    return parts, out, in_place
 
 
 def _floating(collective: str, argument: str, a: Any) -> None:

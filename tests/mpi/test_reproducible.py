@@ -136,6 +136,33 @@ def test_two_contributions_need_no_grid_and_give_the_grids_bits(dtype, op, big, 
     agree(("encode" in stages or "decode" in stages) == gridded, f"the grid {'not ' * gridded}used: {sorted(stages)}")
 
 
+@pytest.mark.parametrize("layout", ["strided x, out a row of its array", "strided x in place", "Fortran x in place",
+                                    "strided out", "contiguous in place"])
+def test_every_layout_of_x_and_out_gives_the_sum(layout):
+    """x and out as the plain call takes them (a strided x, out sharing x's array but no element of
+    it, in place on a strided or Fortran-order x), on every path: one rounding on one or two ranks,
+    the grid on more; against the grid's sum on one process, in place or not."""
+    def mine(r: int) -> np.ndarray:
+        return np.random.default_rng([62, r]).standard_normal(6).astype(np.float32) * 10.0 ** r
+    expected = reduce_simulated([[mine(r) for r in range(N)]])
+    base = np.zeros((6, 7), np.float32)
+    base[:, 0] = mine(RANK)
+    x, out, shape = {
+        "strided x, out a row of its array": (base[:, 0], base[0, 1:7], (6,)),
+        "strided x in place": (base[:, 0], base[:, 0], (6,)),
+        "Fortran x in place": (np.asfortranarray(mine(RANK).reshape(2, 3)),) * 2 + ((2, 3),),
+        "strided out": (mine(RANK), base[:, 3], (6,)),
+        "contiguous in place": (mine(RANK),) * 2 + ((6,),),
+    }[layout]
+    if layout == "Fortran x in place":
+        expected = expected.reshape(2, 3)
+    result = col.allreduce(x, out=out, reproducible=True, timeout=BOUND_S)
+    agree(result is out and out.shape == shape and out.tobytes() == expected.tobytes(),
+          f"{layout}: {out.ravel()} against {expected.ravel()}")
+    if layout == "strided x, out a row of its array":
+        agree(base[:, 0].tobytes() == mine(RANK).tobytes(), "x was written")
+
+
 def test_special_values_and_signed_zeros_as_ieee_sums_give_them():
     values = [[np.nan, 1.0], [np.inf, -np.inf], [np.inf, 5.0], [-np.inf, -np.inf], [-0.0, -0.0], [-0.0, 0.0]]
     parts = [np.array([v[k % 2] for v in values], np.float32) for k in range(4)]
