@@ -223,6 +223,9 @@ def _floating(collective: str, argument: str, a: Any) -> None:
     validate.array(collective, argument, a)
     if not isinstance(a, np.ndarray):
         validate.fail(collective, argument, "reproducible=True is not implemented for GPU (cupy) arrays")
+    if not a.dtype.isnative:   # (the codec reads the bits as this machine's integers)
+        validate.fail(collective, argument, f"dtype {a.dtype.str} is not in this machine's byte order; pass "
+                                            f"{argument}.astype({a.dtype.name!r})")
     if a.dtype.name not in codec.PRECISION:
         why = "integer sums are exact and reproducible already: pass reproducible=False" if a.dtype.kind in "iub" \
             else "expected float16, bfloat16, float32 or float64"

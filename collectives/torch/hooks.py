@@ -10,10 +10,9 @@ float sum over its own samples, and 3 ranks split a batch otherwise than 4. For 
 compute a fixed number of virtual shards' gradients on each rank and pass them as a list to
 ``col.allreduce(shards, reproducible=True)``, as ``python -m trainer --reproducible`` does.
 """
-from __future__ import annotations
-
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.futures import Future
 
@@ -23,7 +22,7 @@ from collectives.torch.tensors import as_array
 from collectives.torch.work import RingWork, for_torch
 
 
-def reproducible_hook(state: Any, bucket: dist.GradBucket) -> Future:
+def reproducible_hook(state: Any, bucket: dist.GradBucket) -> Future[torch.Tensor]:   # (DDP checks both annotations)
     """A DDP communication hook: the bucket's gradients averaged by the reproducible all-reduce
     (``col.allreduce(x, "avg", reproducible=True)``: the exact sum of every rank's bucket, divided
     by the number of ranks, rounded once), on the process group ``state`` (None: the default one),

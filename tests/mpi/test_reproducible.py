@@ -189,6 +189,7 @@ def test_one_array_in_place_async_and_on_a_group():
     ("shapes", lambda: col.allreduce([np.ones(3), np.ones(4)], reproducible=True), "allreduce: x[1]: shape (4,)"),
     ("compression", lambda: col.allreduce(np.ones(3), reproducible=True, compression="bf16"), "compression"),
     ("empty list", lambda: col.allreduce([], reproducible=True), "allreduce: x: is an empty list"),
+    ("byte order", lambda: col.allreduce([np.ones(3, ">f8")], reproducible=True), "allreduce: x[0]: dtype >f8 is not"),
     ("not a bool", lambda: col.allreduce(np.ones(3), reproducible=1), "allreduce: reproducible"),
 ])
 def test_bad_input_is_refused_by_name_on_every_rank(case, call, named):

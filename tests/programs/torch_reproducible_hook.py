@@ -64,6 +64,7 @@ def main() -> None:
     module = torch.nn.Sequential(torch.nn.Linear(20, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256),
                                  torch.nn.Tanh(), torch.nn.Linear(256, 4))
     ddp = DDP(module, bucket_cap_mb=0.1)
+    DDP(torch.nn.Linear(2, 2)).register_comm_hook(None, reproducible_hook)   # (as documented: DDP reads its annotations)
     calls = []
 
     def counted(state, bucket):   # (no annotations: DDP compares them with its types)
