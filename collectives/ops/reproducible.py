@@ -81,16 +81,15 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None, re
     transport = call.group.transport
     clock = _Stages(stage_seconds)
     result = out if out is not None else np.empty(first.shape, first.dtype)
-    outlined = codec.outline_first(transport.size, first.dtype, len(parts))
-    cast = None if outlined else _cast_scratch(parts, transport.size)
-    every = _everyones(call, codec.outline(parts) if outlined else codec.facts(parts, cast), sig, clock, checked=False)
-    if codec.one_rounding(every, first.dtype, op):
-        result = _added_once(call, parts, op, sig, result, in_place)
-        clock("wire")
-        return result
+    outlined = codec.outline_first(transport.size, first.dtype, len(parts))   # (elsewhere one rounding cannot hold)
     if outlined:
-        cast = _cast_scratch(parts, transport.size)
-        every = _everyones(call, codec.facts(parts, cast), sig, clock, checked=True)
+        every = _everyones(call, codec.outline(parts), sig, clock, checked=False)
+        if codec.one_rounding(every, first.dtype, op):
+            result = _added_once(call, parts, op, sig, result, in_place)
+            clock("wire")
+            return result
+    cast = _cast_scratch(parts, transport.size)
+    every = _everyones(call, codec.facts(parts, cast), sig, clock, checked=outlined)
     target = flat_target(result)
     flats = [p.reshape(-1) for p in parts]
     grid = codec.grid(every, first.dtype)
