@@ -30,7 +30,9 @@ def test_resumed_run_ends_with_the_same_parameters(tmp_path):
     straight, _ = train(2, tmp_path, "straight")
     interrupted, _ = train(2, tmp_path, "resumed", "--epochs", "1")
     _, log = train(2, tmp_path, "resumed", "--resume")
-    assert "resuming from" in log
+    assert "resuming from" in log and "nothing to do" not in log
+    _, log = train(2, tmp_path, "resumed", "--resume")   # (once more: every epoch is done)
+    assert "nothing to do: the checkpoint already covers every epoch" in log and "done:" not in log, log[-2000:]
     steps_per_epoch = -(-len(data.digits("float64").train_y) // 50)
     assert int(checkpoint.newest_valid(interrupted)[1]["step"]) == 3 * steps_per_epoch
     for a, b in zip(final_params(straight), final_params(interrupted)):

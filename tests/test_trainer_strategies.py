@@ -72,6 +72,7 @@ def test_the_diloco_outer_step_is_the_reference_arithmetic(tmp_path, n):
     its own order (within 1e-12)."""
     directory, out, _ = train(n, tmp_path, "d", "--strategy", "diloco", "--sync-every", "3", "--max-steps", "6")
     assert "stopped at step 6 (--max-steps)" in out and "back at" not in out, out[-2000:]
+    assert "nothing to do" not in out, out[-2000:]   # (epochs remain: the stop came inside the first)
     saved = newest(directory)
     assert int(saved["step"]) == 6
     for name, expected in zip(("params", "velocity", "outer_momentum"), reference_diloco(n, 3, 2)):

@@ -112,6 +112,8 @@ def train(args) -> tuple[list[dict], list[dict]]:
         say(f"training {config['sizes']} on {args.dataset} ({len(dataset.train_y)} train, {len(dataset.test_y)} "
             f"test) with {col.size()} rank(s) as {arrangement}, global batch {args.batch_size}, "
             f"{model.full_size()} parameters")
+        if start >= args.epochs:
+            say("nothing to do: the checkpoint already covers every epoch")
         return start, step
 
     log = EpochLog(args, args.resume)
@@ -212,8 +214,6 @@ def main(argv=None) -> int:
         if args.plot and col.rank() == 0:
             plot(earlier + history, args.plot)
             say(f"plot written to {args.plot}")
-    else:
-        say("nothing to do: the checkpoint already covers every epoch")
     tell_outputs(args)
     return 0
 
