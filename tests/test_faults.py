@@ -171,6 +171,18 @@ def test_every_rank_left_inside_mpi_init_by_one_that_never_starts_mpi_says_so():
     assert "MPI started after all" not in output, output
 
 
+def test_a_timeout_shorter_than_mpis_own_start_does_not_end_a_healthy_job_at_its_start():
+    """COLLECTIVES_TIMEOUT=0.1 is a bound for calls (the program's own calls here take 60 s): MPI_Init
+    takes longer than that, and its watch must not say that a process has ended, nor end the rank:
+    MPI's start is given at least MPI_START_SECONDS."""
+    program = ("import sys, numpy as np, collectives as col\n"   # (one write per line: three ranks share the pipe)
+               "sys.stdout.write(f'sum {col.allreduce(np.ones(1), timeout=60)[0]}\\n')")
+    result = run_world(3, ["-c", program], BOUND_S, env={"COLLECTIVES_TIMEOUT": "0.1"})
+    output = result.stdout
+    assert result.returncode == 0 and output.count("sum 3.0") == 3, output
+    assert "MPI_Init has not returned" not in output, output
+
+
 @pytest.mark.skipif(mpi_name() != "MPICH", reason="MPICH's launcher's proxy starts the ranks of its host")
 @pytest.mark.parametrize("cleanup", [True, False])
 def test_a_rank_that_ends_without_starting_mpi_ends_the_others_mpi_init_within_seconds(cleanup):

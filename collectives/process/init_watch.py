@@ -3,16 +3,18 @@
 other threads hold locks can deadlock in the child), on the standard library and
 ``ring.transport.host_waits`` only (the repository's root on PYTHONPATH):
 
-    python -S init_watch.py SECONDS PID RANK LOCAL_RANKS LAUNCHER
+    python -S init_watch.py SECONDS PID RANK LOCAL_RANKS LAUNCHER BOUND
 
 It ends quietly as soon as its standard input closes (MPI_Init returned, or the rank died).
 Otherwise it says why on stderr and SIGKILLs the rank GRACE_SECONDS later, so that every rank's
 watch has spoken before the first end (MPICH's MPI_Init crashed on the others at once, before
 their watches spoke), when
 
-- SECONDS pass (COLLECTIVES_TIMEOUT): a process of the job most likely ended before every process
-  started MPI, and the launcher never said so (srun ``--kill-on-bad-exit=0``, MPICH's mpiexec
-  across the nodes of an allocation under ``-disable-auto-cleanup``), or one never came;
+- SECONDS pass (BOUND names what set them: COLLECTIVES_TIMEOUT, or the least MPI's start is
+  given): a process of the job has not started MPI, because it has not come to its first use of
+  the runtime yet, or because it ended before it started MPI and the launcher never said so (srun
+  ``--kill-on-bad-exit=0``, MPICH's mpiexec across the nodes of an allocation under
+  ``-disable-auto-cleanup``);
 - or, where the rank's parent is its launcher's proxy on this host (MPICH's ``hydra_pmi_proxy``,
   Slurm's ``slurmstepd``), which started the LOCAL_RANKS ranks here: one of them has ended and
   MPI_Init has not returned AFTER_A_MATE_SECONDS later. MPI_Init waits for every process of the
@@ -55,7 +57,8 @@ def ranks_started_here(pid: int, local_ranks: int) -> int | None:
     return len(siblings(pid)) + 1 if name in PROXIES and local_ranks > 1 else None
 
 
-def watch(seconds: float, pid: int, rank: str, local_ranks: int, launcher: str) -> None:
+def watch(seconds: float, pid: int, rank: str, local_ranks: int, launcher: str,
+          bound: str = "COLLECTIVES_TIMEOUT") -> None:
     """Watch MPI_Init of process ``pid`` (see the module); return once it has returned."""
     deadline = time.monotonic() + seconds
     ended_at = None
@@ -71,8 +74,9 @@ def watch(seconds: float, pid: int, rank: str, local_ranks: int, launcher: str) 
             if running is not None and running < local_ranks:
                 ended_at = time.monotonic()
     if ended_at is None or time.monotonic() >= deadline:
-        why = (f"MPI_Init has not returned after {seconds:g} s (COLLECTIVES_TIMEOUT) under {launcher}: a process of "
-               "this job most likely ended before every process started MPI, and the launcher never said so")
+        why = (f"MPI_Init has not returned after {seconds:g} s ({bound}) under {launcher}: a process of this job "
+               "has not started MPI: it has not come to its first use of the runtime yet, or it ended before "
+               "starting MPI and the launcher never said so")
     else:
         why = (f"MPI_Init has not returned {AFTER_A_MATE_SECONDS:g} s after a process that {launcher} started on this "
                f"host ended ({local_ranks - (running or 0)} of its {local_ranks} here): MPI_Init waits for every "
@@ -84,5 +88,5 @@ def watch(seconds: float, pid: int, rank: str, local_ranks: int, launcher: str) 
 
 
 if __name__ == "__main__":
-    seconds, pid, rank, local_ranks, launcher = sys.argv[1:6]
-    watch(float(seconds), int(pid), rank, int(local_ranks), launcher)
+    seconds, pid, rank, local_ranks, launcher, bound = sys.argv[1:7]
+    watch(float(seconds), int(pid), rank, int(local_ranks), launcher, bound)

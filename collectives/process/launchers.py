@@ -246,10 +246,16 @@ def refuse_lone_srun_task(MPI, environment=os.environ) -> None:
         f"is {ours}: launch with srun {flag} (or with mpiexec inside salloc or sbatch)")
 
 
+#: The least time MPI_Init is given, whatever COLLECTIVES_TIMEOUT says: a call's timeout below it
+#: (0.1 s) is shorter than MPI's own start, and ended healthy jobs at their start.
+MPI_START_SECONDS = 3.0
+
+
 @contextlib.contextmanager
 def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
     """Under a launcher, around MPI's start: bound MPI_Init by the runtime's timeout
-    (COLLECTIVES_TIMEOUT), and by a process of the job on this host that ended before it returned.
+    (COLLECTIVES_TIMEOUT, at least MPI_START_SECONDS), and by a process of the job on this host that
+    ended before it returned.
     A process that dies (or ends) before every process has started MPI can leave the others inside
     MPI_Init for ever: srun ``--kill-on-bad-exit=0`` (which an elastic job needs) says nothing of
     the death to Slurm's PMI, nor does MPICH's mpiexec across the nodes of an allocation under
@@ -261,14 +267,17 @@ def bounded_mpi_init(environment=os.environ) -> Iterator[None]:
     if started_by is None or "mpi4py.MPI" in sys.modules:
         yield
         return
-    seconds = config.setup_timeout(environment)
+    timeout = config.setup_timeout(environment)
+    seconds = max(timeout, MPI_START_SECONDS)
+    bound = "COLLECTIVES_TIMEOUT" if seconds == timeout else \
+        f"the least MPI's start is given; COLLECTIVES_TIMEOUT is {timeout:g} s"
     rank = (environment.get("SLURM_PROCID") if srun_directly(environment) else environment.get("PMI_RANK")
             or environment.get("OMPI_COMM_WORLD_RANK") or environment.get("RANK")) or "?"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # (ring's, too)
     path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
     watch = subprocess.Popen([sys.executable, "-S", os.path.join(os.path.dirname(__file__), "init_watch.py"),
                               str(seconds), str(os.getpid()), rank, str(ranks_on_this_host(environment)),
-                              started_by[0]], env={**os.environ, "PYTHONPATH": path},
+                              started_by[0], bound], env={**os.environ, "PYTHONPATH": path},
                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         yield

@@ -35,11 +35,12 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     """
     if len(record) > _SETUP_RECORD_BYTES:
         raise ValueError(f"setup record of {len(record)} bytes; at most {_SETUP_RECORD_BYTES}")
-    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    deadline = began + timeout
     heeded = failure_notices() if notices_before is None else notices_before
     watch = _Watch(heeded, local_ranks)
     comm, request = (comm or MPI.COMM_WORLD).Idup()   # a private duplicate: our messages never match the user's
-    _wait_setup([request], deadline, watch, "make the runtime's communicator", comm)
+    _wait_setup([request], began, deadline, watch, "make the runtime's communicator", comm)
     liveness = liveness_watch.Liveness()
     host = socket.gethostname().encode()[:200]
     mine = np.zeros(16 + 256 + _SETUP_RECORD_BYTES, np.uint8)
@@ -48,7 +49,7 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     mine[272:272 + len(record)] = np.frombuffer(record, np.uint8)
     every = np.empty((comm.Get_size(), mine.size), np.uint8)
     try:
-        _wait_setup([comm.Iallgather(mine, every)], deadline, watch, "exchange the settings", comm, mine, every)
+        _wait_setup([comm.Iallgather(mine, every)], began, deadline, watch, "exchange the settings", comm, mine, every)
     except TransportError:
         liveness.close()
         raise
@@ -57,11 +58,12 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     records = [row[272:].tobytes().rstrip(b"\0") for row in every]
     rank = comm.Get_rank()
     liveness.join(rank, hosts, ports)
-    _connect_across_hosts(comm, rank, hosts, deadline, watch)
+    _connect_across_hosts(comm, rank, hosts, began, deadline, watch)
     return MPITransport(comm, hosts, pids, liveness=liveness, owns_liveness=True), records
 
 
-def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadline: float, watch: _Watch) -> None:
+def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], began: float, deadline: float,
+                          watch: _Watch) -> None:
     """Exchange an empty message with every rank on another host, so that MPI connects to each now,
     while all are alive: a first message to a rank whose host had since gone was seen to block
     inside MPI (libfabric's tcp connecting) for minutes, out of reach of every deadline."""
@@ -71,7 +73,7 @@ def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], deadl
     empty = np.zeros(0, np.uint8)
     requests = [comm.Irecv([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
     requests += [comm.Isend([empty, MPI.BYTE], peer, _HELLO_TAG) for peer in others]
-    _wait_setup(requests, deadline, watch, "connect to the ranks on other hosts", empty)
+    _wait_setup(requests, began, deadline, watch, "connect to the ranks on other hosts", empty)
 
 
 _unfinished_setups: list = []   # requests of a setup that timed out, kept with their buffers for good
@@ -101,9 +103,11 @@ class _Watch:
                 "setup's exchange") if word else ""
 
 
-def _wait_setup(requests: list[MPI.Request], deadline: float, watch: _Watch, what: str, *buffers: Any) -> None:
+def _wait_setup(requests: list[MPI.Request], began: float, deadline: float, watch: _Watch, what: str,
+                *buffers: Any) -> None:
     """Poll until ``requests`` are done, the deadline passes, or ``watch`` finds a process of the job
-    gone (without it the others would wait for the whole timeout)."""
+    gone (without it the others would wait for the whole timeout). A timeout says the time since
+    the setup ``began``: its deadline bounds the whole setup, not this wait."""
     started = time.monotonic()
     while not _testall(requests):
         now = time.monotonic()
@@ -113,6 +117,6 @@ def _wait_setup(requests: list[MPI.Request], deadline: float, watch: _Watch, wha
             _unfinished_setups.append((requests, buffers))
             if gone:
                 raise PeerLost(-1, gone)   # (which rank: unknown)
-            raise TransportTimeout(-1, now - started, f"every rank to {what} (a rank has not called "
+            raise TransportTimeout(-1, now - began, f"every rank to {what} (a rank has not called "
                                                       "into the runtime yet, or will not)")
         pause(now - started, 0.0)
