@@ -171,6 +171,21 @@ def test_every_rank_left_inside_mpi_init_by_one_that_never_starts_mpi_says_so():
     assert "MPI started after all" not in output, output
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_healthy_job_whose_ranks_end_further_apart_than_the_timeout_ends_well(n):
+    """The timeout bounds calls, not a healthy job's exit: rank 1 ends its program 3 s after the
+    others (COLLECTIVES_TIMEOUT=1), and every rank waits for it at exit, says nothing, and the job
+    ends with status 0 (the exit's patience after a healthy run is for ever)."""
+    program = ("import sys, time, numpy as np, collectives as col\n"
+               "total = col.allreduce(np.ones(1))[0]\n"
+               "if col.rank() == 1: time.sleep(3)\n"
+               "sys.stdout.write(f'rank {col.rank()} done {total}\\n')")
+    result = run_world(n, ["-c", program], BOUND_S, env={"COLLECTIVES_TIMEOUT": "1"})
+    output = result.stdout
+    assert result.returncode == 0 and output.count(f"done {float(n)}") == n, output
+    assert "collectives:" not in output and "Traceback" not in output, output
+
+
 def test_a_timeout_shorter_than_mpis_own_start_does_not_end_a_healthy_job_at_its_start():
     """COLLECTIVES_TIMEOUT=0.1 is a bound for calls (the program's own calls here take 60 s): MPI_Init
     takes longer than that, and its watch must not say that a process has ended, nor end the rank:

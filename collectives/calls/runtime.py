@@ -148,20 +148,22 @@ class Runtime:
         self.stop("this process has left the runtime (at exit or MPI.Finalize())", tell=False)   # (its farewell tells)
         return before
 
-    def exit_patience(self) -> float:
-        """How long this rank's exit waits for the others to reach theirs: for ever after a healthy run;
-        after a failure, the failed call's own timeout (a rank it timed out on need not hold this one
-        longer), else the setting's.
+    def exit_patience(self, failure: Failure | None) -> float:
+        """How long this rank's exit waits for the others to reach theirs after ``failure``, the one
+        that came before it left (``leave``; None: a healthy run): for ever after a healthy run (the
+        others may end long after this rank, whatever the timeout); after a failure, the failed
+        call's own timeout (a rank it timed out on need not hold this one longer), else the setting's.
 
         >>> from collectives.calls.config import defaults
-        >>> r = Runtime(defaults(timeout=600.0))
-        >>> r.exit_patience()
+        >>> r = Runtime(defaults(timeout=0.3))
+        >>> r.exit_patience(r.leave())
         inf
-        >>> r.stop("allreduce #3 on rank 1: timed out", patience=3.0, tell=False); r.exit_patience()
+        >>> r = Runtime(defaults(timeout=0.3))
+        >>> r.stop("allreduce #3 on rank 1: timed out", patience=3.0, tell=False)
         'allreduce #3 on rank 1: timed out'
+        >>> r.exit_patience(r.leave())
         3.0
         """
-        failure = self.stopped_by
         return math.inf if failure is None else failure.patience or self.settings.timeout
 
     def retire(self, change: str) -> None:

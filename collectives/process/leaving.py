@@ -63,7 +63,7 @@ def leave(w: Group, finishing: bool = True) -> None:
         if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
             _write_timeline(w, healthy=not why)
         if finishing and not gone and not runtime.outlived:
-            patience = runtime.exit_patience()
+            patience = runtime.exit_patience(failure)
             gone, missing = w.transport.exits.exit_barrier(time.monotonic() + patience)
             late = () if gone else tuple(missing)
             absent = tuple(missing) if gone and not life.work_finished else ()   # (as above)
@@ -71,8 +71,8 @@ def leave(w: Group, finishing: bool = True) -> None:
                                              late=late, absent=absent, patience=patience))
             ending.print_line(verdict.line)
             if late:   # (the farewell said this rank would finalize: a rank that comes later must not wait for it)
-                w.transport.exits.farewell(w.completed, why, failed=failure.by_peer, root=root is not None,
-                                           finalizing=False)
+                w.transport.exits.farewell(w.completed, why, failed=failure is not None and failure.by_peer,
+                                           root=root is not None, finalizing=False)
         if verdict.status is not None:   # (without MPI_Finalize: after a death, or where MPI's world outlived one)
             _end_without_finalize(w, verdict.status)
         if finishing and life.work_finished and not why:   # (into MPI_Finalize, the elastic job done: a rank
