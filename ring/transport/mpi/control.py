@@ -98,6 +98,17 @@ class Control:
             if peer != self.rank:
                 self.send(peer, _ASK, seq)
 
+    def answers_due(self, seq: int, now: float) -> bool:
+        """Whether a roll call asked in call ``seq`` still waits for answers at ``now`` (not every rank
+        has answered, and ``ROLL_CALL_GRACE`` since the question has not passed): :meth:`roll_call`
+        would wait for them."""
+        asked = self._asked
+        return asked is not None and asked[0] == seq and now < asked[1] + ROLL_CALL_GRACE and not self.all_answered()
+
+    def all_answered(self) -> bool:
+        """Whether every other rank has answered the last roll call (or said it left)."""
+        return len(self._heard) + len(self.departed) >= self.size - 1
+
     def roll_call(self, seq: int, grace: float = ROLL_CALL_GRACE) -> dict[int, tuple[int, str]]:
         """After a timeout in call ``seq``: which call every rank is in, ``{rank: (call, name)}`` for the
         ranks that answered within ``grace`` seconds of being asked (a rank answers while it waits
@@ -112,7 +123,7 @@ class Control:
         give_up, self._asked = self._asked[1] + grace, None
         while True:   # (reads at least once: answers to a question asked ahead may be in, unread)
             self.read(seq)
-            if time.monotonic() >= give_up or len(self._heard) + len(self.departed) >= self.size - 1:
+            if time.monotonic() >= give_up or self.all_answered():
                 break
             time.sleep(5e-3)
         return {self.names[r]: heard for r, heard in self._heard.items()}

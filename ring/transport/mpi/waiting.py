@@ -12,6 +12,11 @@ waits for. For a collective with timeout=3 that rank 2 never joins::
     0.5 s   check_peers: nobody gone            (again at 1.0, 1.5 ...)
     2.0 s   roll call asked ahead (deadline - ROLL_CALL_GRACE)
     3.0 s   TransportTimeout naming rank 2; the census has the answers already
+
+With a timeout under 2 s the question goes out half way, and a census still waiting for answers
+at the deadline keeps the wait polling until they are in (at most ROLL_CALL_GRACE after the
+question), and DRAIN_SECONDS more where they all came: a call completed meanwhile completes, on
+this rank as on the late one.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ DRAIN_SECONDS = 0.2
 #: the drain, and a parameter server and a worker went on training for half a minute without the
 #: dead rank, each wait 0.25 s longer, before any of them said it was gone.)
 DRAIN_POLLS = 20
+#: How often a wait past its deadline reads the census's answers (as ``Control.roll_call`` does).
+ANSWERS_READ_SECONDS = 5e-3
 
 
 def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seconds: float,
@@ -59,6 +66,7 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     lost, drain_until = None, math.inf   # (a PeerLost found, held DRAIN_SECONDS while this rank's part may finish)
     drain_polls = 0
     drains = expecting is COLLECTIVE or not control.dead
+    next_read, answered_late, settled = 0.0, False, 0.0   # (past the deadline, while the census waits: below)
     while not _done(done, lost):
         now = time.monotonic()
         pause(now - started, spin_seconds, bound.background)
@@ -80,6 +88,23 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
         if now >= ask_at:
             control.ask(seq)
             ask_at = math.inf
+        if bound.passed(now) and not bound.stop.is_set() and seq is not None:
+            # The census that a timeout reports may still wait for answers (a short timeout asks half
+            # way: up to ROLL_CALL_GRACE past the deadline). Meanwhile this wait keeps polling: a rank
+            # that comes now completes the call with the data this rank sent, and so must this rank,
+            # instead of the ranks splitting on whether it happened. Where the last answers came past
+            # the deadline, every rank still talks: the wait polls DRAIN_SECONDS more, for the
+            # messages of a rank that came late to reach the ranks that wait for them in turn.
+            if control.answers_due(seq, now):
+                if now >= next_read:
+                    control.read(seq, getattr(bound, "name", ""))
+                    next_read = now + ANSWERS_READ_SECONDS
+                answered_late = True
+                continue
+            if answered_late and control.all_answered():
+                settled = settled or now + DRAIN_SECONDS
+                if now < settled:
+                    continue
         if bound.passed(now):
             peer = waiting_for()
             if peer is None:
