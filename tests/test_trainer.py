@@ -29,6 +29,8 @@ def test_n_ranks_train_the_same_model_as_one(tmp_path):
 def test_resumed_run_ends_with_the_same_parameters(tmp_path):
     straight, _ = train(2, tmp_path, "straight")
     interrupted, _ = train(2, tmp_path, "resumed", "--epochs", "1")
+    _, log = train(2, tmp_path, "resumed", "--resume", "--max-steps", "5")   # (past already: no step, no checkpoint)
+    assert "--max-steps 5 was already past" in log and "(--max-steps)" not in log, log[-2000:]
     _, log = train(2, tmp_path, "resumed", "--resume")
     assert "resuming from" in log and "nothing to do" not in log
     _, log = train(2, tmp_path, "resumed", "--resume")   # (once more: every epoch is done)

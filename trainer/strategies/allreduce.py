@@ -214,8 +214,11 @@ def stopping(loop: Loop, state) -> bool:
         where = f"epoch {state.epoch + 1}, step {state.first // args.batch_size + 1} of {per_epoch}"
         saved = covered(loop.saved, per_epoch, loop.periodic is not None) if loop.saved else None
         raise Interrupted(where, saved, args.checkpoint_dir, preempted=asked == interrupt.PREEMPTED)
-    say(f"stopped at step {state.step} (--max-steps)" +
-        (f"; back at the last sync, step {kept}" if kept != state.step else ""))
+    if state.step > args.max_steps:   # (a resume from beyond it: this run took no step)
+        say(f"stopped at step {state.step}, where the run resumed: --max-steps {args.max_steps} was already past")
+    else:
+        say(f"stopped at step {state.step} (--max-steps)" +
+            (f"; back at the last sync, step {kept}" if kept != state.step else ""))
     return True
 
 
