@@ -106,6 +106,8 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
                 if now < settled:
                     continue
         if bound.passed(now):
+            if done():   # (it may have completed while this wait napped: up to 10 ms, past a second of waiting)
+                return
             if not bound.stop.is_set() and now < next_check:
                 control.check_peers(seq, expecting)   # (a rank gone, or that gave the call up, since the last look
                 # says more than a timeout: a late rank's short wait ends before its first look)
