@@ -71,3 +71,22 @@ def test_a_collective_wait_drains_after_a_death_seen_before():
     control = _Control(seen=True)
     _wait(control, COLLECTIVE, seq=5)
     assert control.looked == 1
+
+
+class _Quiet(_Control):
+    """A control plane with nobody gone."""
+
+    def __init__(self):
+        super().__init__(seen=False)
+
+    def check_peers(self, seq, expecting):
+        self.looked += 1
+
+
+def test_a_wait_that_napped_past_its_deadline_takes_what_came_meanwhile_instead_of_raising():
+    """Past a second of waiting, a wait naps 10 ms between polls; the deadline may pass during a nap,
+    and a message that comes in that nap (here 10 ms after the deadline, so before the nap ends) must
+    complete the wait: the others' part of the call came, as it did on the rank that sent it."""
+    bound = Bound(None, until=time.monotonic() + 1.0, stop=threading.Event(), background=True)
+    arrives = bound.until + 10e-3
+    wait_for(lambda: time.monotonic() >= arrives, bound, _Quiet(), 0.0, lambda: 3, None)
