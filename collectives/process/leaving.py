@@ -64,7 +64,7 @@ def leave(w: Group, finishing: bool = True) -> None:
             _write_timeline(w, healthy=not why)
         if finishing and not gone and not runtime.outlived:
             patience = runtime.exit_patience(failure)
-            gone, missing = w.transport.exits.exit_barrier(time.monotonic() + patience)
+            gone, missing = _exit_barrier(w, patience, runtime.settings.timeout)
             late = () if gone else tuple(missing)
             absent = tuple(missing) if gone and not life.work_finished else ()   # (as above)
             verdict = ending.at_exit(replace(what, gone=tuple(gone), lost=tuple(w.lost()) if gone else (),
@@ -84,6 +84,22 @@ def leave(w: Group, finishing: bool = True) -> None:
         notices.ignore_failure_notices()
 
 
+
+
+def _exit_barrier(w: Group, patience: float, timeout: float) -> tuple[list[int], list[int]]:
+    """The exit barrier (``exit_barrier``) for at most ``patience`` seconds. For ever (a healthy run,
+    whose ranks may end far apart) is not silent: past ``timeout`` it says once which ranks it
+    still waits for, then goes on waiting."""
+    exits, began = w.transport.exits, time.monotonic()
+    if patience <= timeout:
+        return exits.exit_barrier(began + patience)
+    gone, missing = exits.exit_barrier(began + timeout)
+    if gone or not missing:
+        return gone, missing
+    ending.print_line(f"[rank {w.rank()}] collectives: at exit, still waiting for rank(s) "
+                      f"{', '.join(map(str, missing))} after {timeout:g} s (COLLECTIVES_TIMEOUT): MPI_Finalize waits "
+                      "for every rank (still in its own code?)")
+    return exits.exit_barrier(began + patience, again=True)
 
 
 #: How long a process that ends after a failure gives the other ranks to report theirs before its end

@@ -143,7 +143,7 @@ class Exits:
                 return
             time.sleep(5e-3)
 
-    def exit_barrier(self, until: float = math.inf) -> tuple[list[int], list[int]]:
+    def exit_barrier(self, until: float = math.inf, again: bool = False) -> tuple[list[int], list[int]]:
         """At exit, before MPI_Finalize (which waits for every rank, for ever if one died): wait
         until every rank is at exit too; return ``([], [])`` then, or as soon as some rank is known
         never to finalize, ``(those ranks, the others not at exit yet)`` (see gone_at_exit), so that
@@ -156,10 +156,12 @@ class Exits:
         ranks out of step there. A rank that comes late to a call the others abandoned finds their
         leftover messages disagree with its own, and starts the all-gather that reports a
         disagreement, which they never join; an Ibarrier then paired with that orphan on one rank,
-        which went on into MPI_Finalize while the others waited in the barrier for ever."""
+        which went on into MPI_Finalize while the others waited in the barrier for ever.
+
+        ``again``: a second wait after one that returned at ``until``; the others were told already."""
         c = self.control
         for peer in range(c.size):
-            if peer != c.rank:
+            if peer != c.rank and not again:
                 c.send(peer, AT_EXIT, 0)
         started, everyone_since = time.monotonic(), math.inf
         while True:
