@@ -11,6 +11,7 @@ unless the scenario sets one), so an error that names the rank that left and cam
 by message; a call with timeout=T raises at T at the earliest and within DEADLINE_SLACK_S after."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import pytest
 from ring.transport.base import ROLL_CALL_GRACE
 from ring.transport.host_waits import process_state as _process_state
 from tests.support.faults import BOUND_S, DEADLINE_SLACK_S, LEAVE_BOUND_S, fault, reported_errors, trace_events
-from tests.worlds import keep_survivors, mpi_name, run_world
+from tests.worlds import ROOT, keep_survivors, mpi_name, mpiexec, run_world
 
 
 HEARD_FIRST = (r"(rank \d (gave up \(its runtime stopped after \d+ collective\(s\) of this group\)"
@@ -209,6 +210,37 @@ def test_a_healthy_job_whose_ranks_end_further_apart_than_the_timeout_ends_well(
               "waits for every rank (still in its own code?)"
     assert output.count(waiting) == n - 1 and output.count("collectives:") == n - 1, output
     assert "Traceback" not in output, output
+
+
+def test_ctrl_c_while_a_healthy_rank_waits_at_exit_ends_it_saying_so():
+    """Rank 0 waits at exit for rank 1, 30 s behind it, and says so past the timeout; a Ctrl-C then
+    (the person at the keyboard gives up waiting) ends it with status 130 and one line, without
+    MPI_Finalize: not a traceback from an exit handler, then MPI_Finalize waiting for rank 1."""
+    program = ("import os, sys, time, collectives as col\n"
+               "sys.stdout.write(f'rank {col.rank()} pid {os.getpid()}\\n')\n"
+               "col.barrier()\n"
+               "if col.rank() == 1: time.sleep(30)\n")
+    process = subprocess.Popen([*mpiexec(), "-n", "2", sys.executable, "-c", program], cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+                                    "COLLECTIVES_TIMEOUT": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen, pid = [], None
+        for line in process.stdout:   # (the cue: rank 0's line that it still waits)
+            seen.append(line)
+            pid = int(line.split()[-1]) if line.startswith("rank 0 pid ") else pid
+            if "collectives: at exit, still waiting for rank(s) 1" in line:
+                break
+        assert pid is not None and seen and "still waiting" in seen[-1], "".join(seen)
+        started = time.monotonic()
+        os.kill(pid, signal.SIGINT)
+        output = "".join(seen) + process.communicate(timeout=BOUND_S)[0]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert time.monotonic() - started < 10 and process.returncode == 130, output
+    assert "[rank 0] collectives: interrupted (Ctrl-C) at exit while waiting for rank(s) 1: exiting with status 130 " \
+           "without MPI_Finalize" in output and "Traceback" not in output, output
 
 
 def test_a_timeout_shorter_than_mpis_own_start_does_not_end_a_healthy_job_at_its_start():

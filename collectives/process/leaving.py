@@ -15,6 +15,7 @@ import gc
 import io
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -64,7 +65,10 @@ def leave(w: Group, finishing: bool = True) -> None:
             _write_timeline(w, healthy=not why)
         if finishing and not gone and not runtime.outlived:
             patience = runtime.exit_patience(failure)
-            gone, missing = _exit_barrier(w, patience, runtime.settings.timeout)
+            try:
+                gone, missing = _exit_barrier(w, patience, runtime.settings.timeout)
+            except KeyboardInterrupt:
+                _interrupted_at_exit(w, why, failure is not None and failure.by_peer, root is not None)
             late = () if gone else tuple(missing)
             absent = tuple(missing) if gone and not life.work_finished else ()   # (as above)
             verdict = ending.at_exit(replace(what, gone=tuple(gone), lost=tuple(w.lost()) if gone else (),
@@ -84,6 +88,21 @@ def leave(w: Group, finishing: bool = True) -> None:
         notices.ignore_failure_notices()
 
 
+
+
+def _interrupted_at_exit(w: Group, why: str, failed: bool, root: bool) -> None:
+    """Ctrl-C while this rank waits for the others at exit: the person at the keyboard wants it to
+    end, and MPI_Finalize would wait for them too. So it says so, tells the others it will not
+    finalize (so none waits for it), and ends with status 130 without MPI_Finalize; a second Ctrl-C
+    meanwhile changes nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    missing = w.transport.exits.not_at_exit([])
+    ending.print_line(f"[rank {w.rank()}] collectives: interrupted (Ctrl-C) at exit while waiting for rank(s) "
+                      f"{', '.join(map(str, missing)) or '(none left)'}: exiting with status 130 without MPI_Finalize, "
+                      "which would wait for them")
+    w.transport.exits.farewell(w.completed, why or "it was interrupted (Ctrl-C) at exit", failed=failed, root=root,
+                               finalizing=False)
+    _end_without_finalize(w, 130)
 
 
 def _exit_barrier(w: Group, patience: float, timeout: float) -> tuple[list[int], list[int]]:
