@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from dataclasses import replace
+from typing import NoReturn
 
 from collectives.process import ending, supervision
 from collectives.calls import timeline as timelines
@@ -45,6 +46,7 @@ def leave(w: Group, finishing: bool = True) -> None:
     runtime.engine.close(f"rank {w.rank()} is ending ({uncaught})" if uncaught else "")
     failure = runtime.leave()   # (what failed before leaving, if anything)
     root = failure.root_cause if failure is not None else None
+    failed = failure is not None and failure.by_peer   # (what each farewell says: another rank's failure caused it)
     why = root or uncaught or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
     gone = w.transport.exits.gone_at_exit()
     # (the ranks still at work are named too, but where the elastic job's work is finished)
@@ -58,7 +60,7 @@ def leave(w: Group, finishing: bool = True) -> None:
     try:
         for g in reversed(runtime.groups):   # each group's members count their calls on it; the world's
             # last: a rank that will not finalize ends once it has every world farewell, so none may follow
-            g.transport.exits.farewell(g.completed, why, failed=failure is not None and failure.by_peer,
+            g.transport.exits.farewell(g.completed, why, failed=failed,
                                        root=root is not None, finalizing=not gone,
                                        dead=failure.dead_rank if failure is not None else None)
         if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
@@ -68,14 +70,14 @@ def leave(w: Group, finishing: bool = True) -> None:
             try:
                 gone, missing = _exit_barrier(w, patience, runtime.settings.timeout)
             except KeyboardInterrupt:
-                _interrupted_at_exit(w, why, failure is not None and failure.by_peer, root is not None)
+                _interrupted_at_exit(w, why, failed, root is not None)
             late = () if gone else tuple(missing)
             absent = tuple(missing) if gone and not life.work_finished else ()   # (as above)
             verdict = ending.at_exit(replace(what, gone=tuple(gone), lost=tuple(w.lost()) if gone else (),
                                              late=late, absent=absent, patience=patience))
             ending.print_line(verdict.line)
             if late:   # (the farewell said this rank would finalize: a rank that comes later must not wait for it)
-                w.transport.exits.farewell(w.completed, why, failed=failure is not None and failure.by_peer,
+                w.transport.exits.farewell(w.completed, why, failed=failed,
                                            root=root is not None, finalizing=False)
         if verdict.status is not None:   # (without MPI_Finalize: after a death, or where MPI's world outlived one)
             _end_without_finalize(w, verdict.status)
@@ -90,7 +92,7 @@ def leave(w: Group, finishing: bool = True) -> None:
 
 
 
-def _interrupted_at_exit(w: Group, why: str, failed: bool, root: bool) -> None:
+def _interrupted_at_exit(w: Group, why: str, failed: bool, root: bool) -> NoReturn:
     """Ctrl-C while this rank waits for the others at exit: the person at the keyboard wants it to
     end, and MPI_Finalize would wait for them too. So it says so, tells the others it will not
     finalize (so none waits for it), and ends with status 130 without MPI_Finalize; a second Ctrl-C
@@ -170,7 +172,7 @@ def _flush_open_files() -> None:
                 pass
 
 
-def _end_without_finalize(w: Group, status: int = 1) -> None:
+def _end_without_finalize(w: Group, status: int = 1) -> NoReturn:
     """A rank died (or will not finalize): MPI_Finalize would wait for it for ever, so end now, once
     the other ranks have said farewell too (at most _LEAVE_TOGETHER_SECONDS): MPICH's launcher kills
     every process as soon as one ends after a death, which would cut the others' reports short."""

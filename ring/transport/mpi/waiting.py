@@ -66,7 +66,7 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     lost, drain_until = None, math.inf   # (a PeerLost found, held DRAIN_SECONDS while this rank's part may finish)
     drain_polls = 0
     drains = expecting is COLLECTIVE or not control.dead
-    next_read, answered_late, settled = 0.0, False, 0.0   # (past the deadline, while the census waits: below)
+    next_read, waited_for_answers, settled = 0.0, False, 0.0   # (past the deadline, while the census waits: below)
     while not _done(done, lost):
         now = time.monotonic()
         pause(now - started, spin_seconds, bound.background)
@@ -99,9 +99,9 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
                 if now >= next_read:
                     control.read(seq, getattr(bound, "name", ""))
                     next_read = now + ANSWERS_READ_SECONDS
-                answered_late = True
+                waited_for_answers = True
                 continue
-            if answered_late and control.all_answered():
+            if waited_for_answers and control.all_answered():
                 settled = settled or now + DRAIN_SECONDS
                 if now < settled:
                     continue
