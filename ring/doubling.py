@@ -110,7 +110,33 @@ def agree(transport: Transport, bound: Bound, signature: bytes, payload: Any = N
         ready = _per_thread.messages.ready.get((transport.rank, transport.size, dtype, nbytes))
     except AttributeError:
         ready = None
-    return (ready or prepared(transport, dtype, nbytes)).run(transport, bound, signature, payload, combine, out)
+    return (ready or prepared(transport, dtype, nbytes)).run(transport, bound, header(signature), payload, combine,
+                                                             out)
+
+
+def header(signature: bytes) -> bytes:
+    """What a rank that agrees sends ahead of its payload: ``signature`` padded to SIGNATURE_BYTES, and
+    the "all agree so far" byte set. Compared as one bytes object (a memoryview compares element by
+    element: ten times a copy and a compare). A longer signature makes a longer header, which fails
+    the comparison (``signature.template`` keeps signatures short).
+
+    >>> len(header(b"allreduce|7")), header(b"allreduce|7")[-1]
+    (257, 1)
+    """
+    return signature.ljust(SIGNATURE_BYTES, b"\0") + b"\1"
+
+
+def header_template(template: bytes, seq: int) -> tuple[bytes, int]:
+    """For a signature ``template`` (one ``%d``, the call's number): a template of :func:`header` itself
+    for every number of as many digits as ``seq``, and the first number with more, which needs
+    another (one ``%`` per call instead of the padding's three operations).
+
+    >>> padded, wider_at = header_template(b"allreduce|%d", 42)
+    >>> padded % 57 == header(b"allreduce|57"), wider_at
+    (True, 100)
+    """
+    digits = len(str(seq))
+    return template + b"\0" * max(0, SIGNATURE_BYTES - (len(template % seq))) + b"\1", 10 ** digits
 
 
 def prepared(transport: Transport, dtype: np.dtype | None, nbytes: int) -> Prepared:
@@ -153,18 +179,15 @@ class Prepared:
         self.one_step = self.final if len(self.steps) == 1 and self.final.send_to is not None \
             and self.final.recv_from is not None else None
 
-    def run(self, transport: Transport, bound: Bound, signature: bytes, payload: Any = None,
+    def run(self, transport: Transport, bound: Bound, agreed_header: bytes, payload: Any = None,
             combine: np.ufunc | None = None, out: Any = None) -> bool:
-        """:func:`agree` on ``transport`` (whose rank and size this was made for), unobserved."""
+        """:func:`agree` on ``transport`` (whose rank and size this was made for), unobserved, with the
+        signature as its :func:`header`."""
         steps = self.steps
         if not steps:   # a world of one agrees with itself
             if payload is not None and out is not None and out is not payload:
                 out[...] = payload
             return True
-        # What a peer that agrees sends: its bytes are compared as one bytes object (comparing a
-        # memoryview goes element by element: 1.5 us for a signature, ten times a copy and a compare).
-        # (A longer signature fails here: signature.template keeps it short.)
-        agreed_header = signature.ljust(SIGNATURE_BYTES, b"\0") + b"\1"
         self.send_check[:] = agreed_header
         agreeing = 1
         if payload is not None:
@@ -193,14 +216,13 @@ class Prepared:
             np.copyto(out, self.own)
         return agreeing == 1
 
-    def run_wired(self, wire: Any, bound: Bound, signature: bytes, payload: Any, combine: np.ufunc,
+    def run_wired(self, wire: Any, bound: Bound, agreed_header: bytes, payload: Any, combine: np.ufunc,
                   out: Any = None) -> bool:
         """:meth:`run` of a ``payload`` where the schedule is :attr:`one_step`, over ``wire``: the
         exchange of this one's buffers with the partner, made ready by the transport (``run(bound)``:
         ``MPITransport.persistent``). The hot path of a repeated small call on two ranks (the express
         lane of ``collectives.ops.express``): the same messages and result as :meth:`run`, without
         the steps' loop and the transport's lookup of its exchange."""
-        agreed_header = signature.ljust(SIGNATURE_BYTES, b"\0") + b"\1"   # (as in run)
         self.send_check[:] = agreed_header
         self.own[...] = payload
         wire.run(bound)

@@ -80,6 +80,7 @@ class Runtime:
         self.chosen = self._choices.get
         #: The express lanes of small all-reduces (``collectives.ops.express``), which the settings shape.
         self.lanes: dict = {}
+        self.last_allreduce = None   # the all-reduce lane that ran last (see express.allreduce_lane)
 
     def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True, two_level: bool = False,
                       wire_ratio: float = 1.0) -> str:

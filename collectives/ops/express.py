@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 from threading import get_ident
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
@@ -38,7 +38,7 @@ class Lane:
     """What every call of one kind shares: the group, the signature template, the reused ``call``,
     whether the arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
-    __slots__ = ("group", "transport", "template", "call", "floating", "exchange")
+    __slots__ = ("group", "transport", "template", "call", "floating", "exchange", "header", "wider_at")
 
     def __init__(self, call: Call, floating: bool):
         self.group, self.template = call.group, call.template
@@ -46,10 +46,13 @@ class Lane:
         self.call = copy.copy(call)   # (a bound of its own, renewed by each call)
         self.call.background = False
         self.floating = floating
-        #: The message's exchange, ``(bound, signature, payload, combine, out) -> agreed`` (made at the first
+        #: The message's exchange, ``(bound, header, payload, combine, out) -> agreed`` (made at the first
         #: run, in the main thread's buffers: ``ring.doubling``'s run of its steps, or of its one step
         #: over the transport's ready exchange where there is only one, on two ranks).
         self.exchange: Callable | None = None
+        #: The message's header (the signature, padded) as a template of the call's number, good
+        #: below the number ``wider_at`` (``doubling.header_template``).
+        self.header, self.wider_at = b"", 0
 
     def run(self, x: np.ndarray, out: np.ndarray | None = None, _handed: bool = False) -> Any:
         """One call on ``x`` (``out``: where the collective has one): the engine's turn taken at once
@@ -66,7 +69,9 @@ class Lane:
             quiet = arrays.ieee_floating_point() if self.floating else None
             try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as the ranks may be out of step)
                 seq = call.renew()
-                result = self.move(self.template % seq, x, out)
+                if seq >= self.wider_at:
+                    self.header, self.wider_at = doubling.header_template(self.template, seq)
+                result = self.move(self.header % seq, x, out)
                 self.transport.control.check_gave_up(seq, call.after_a_pause)
                 held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
             except BaseException as e:
@@ -82,9 +87,14 @@ class Lane:
                 engine.end_turn()
             settle(self.call.interrupted)
 
-    def move(self, signature: bytes, x: np.ndarray, out: np.ndarray | None) -> Any:
-        """The body of one call signed ``signature``: the exchange, and what the usual body does after it."""
+    def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> Any:
+        """The body of one call whose message begins with ``header`` (its signature: ``doubling.header``):
+        the exchange, and what the usual body does after it."""
         raise NotImplementedError
+
+    def disagree(self, header: bytes) -> NoReturn:
+        """The error of a call whose ranks' signatures differ, raised on every rank (``Call.disagree``)."""
+        self.call.disagree(header[:doubling.SIGNATURE_BYTES])
 
     def _exchange(self, dtype: np.dtype, nbytes: int) -> Callable:
         ready, transport = doubling.prepared(self.transport, dtype, nbytes), self.transport
@@ -108,17 +118,18 @@ class AllreduceLane(Lane):
         self.dtype, self.shape, self.op = x.dtype, x.shape, op
         self.combine = arrays.ufunc(np, op) if op != "avg" else None
 
-    def move(self, signature: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         result = np.empty(self.shape, self.dtype) if out is None else out
         flat_in = x if x.ndim == 1 else x.reshape(-1)
         flat_out = result if result.ndim == 1 else result.reshape(-1)
         if self.combine is None:
-            agreed = algorithms.allreduce_small(self.transport, self.call, flat_in, flat_out, self.op, signature)
+            agreed = algorithms.allreduce_small(self.transport, self.call, flat_in, flat_out, self.op,
+                                                self.template % self.call.seq)
         else:
             exchange = self.exchange or self._exchange(self.dtype, x.nbytes)
-            agreed = exchange(self.call, signature, flat_in, self.combine, flat_out)
+            agreed = exchange(self.call, header, flat_in, self.combine, flat_out)
         if not agreed:
-            self.call.disagree(signature)
+            self.disagree(header)
         return result
 
 
@@ -133,15 +144,15 @@ class BroadcastLane(Lane):
         self.from_here = self.transport.rank == root
         self.zeros = np.zeros(x.nbytes, np.uint8)
 
-    def move(self, signature: bytes, x: np.ndarray, out: None) -> np.ndarray:
+    def move(self, header: bytes, x: np.ndarray, out: None) -> np.ndarray:
         mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
         exchange = self.exchange or self._exchange(mine.dtype, mine.nbytes)
         if self.from_here:
-            agreed = exchange(self.call, signature, mine, np.bitwise_or, None)
+            agreed = exchange(self.call, header, mine, np.bitwise_or, None)
         else:
-            agreed = exchange(self.call, signature, self.zeros, np.bitwise_or, mine)
+            agreed = exchange(self.call, header, self.zeros, np.bitwise_or, mine)
         if not agreed:
-            self.call.disagree(signature)
+            self.disagree(header)
         return x
 
 
@@ -164,12 +175,12 @@ class AllgatherLane(Lane):
         self.alike = np.array([rows, out_rows] * n, np.int64).tobytes() if out_rows in (-1, n * rows) else None
         self.whole = (n * rows,) + x.shape[1:]
 
-    def move(self, signature: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         source = x if x.ndim == 1 else x.reshape(-1)
         self.slot[...] = source.view(np.uint8)
         exchange = self.exchange or self._exchange(self.message.dtype, self.message.nbytes)
-        if not exchange(self.call, signature, self.message, np.bitwise_or, self.gathered):
-            self.call.disagree(signature)
+        if not exchange(self.call, header, self.message, np.bitwise_or, self.gathered):
+            self.disagree(header)
         if self.counts.tobytes() == self.alike:   # (what finish would find: every rank's rows, in rank order)
             result = np.empty(self.whole, x.dtype) if out is None else out
             (result if result.ndim == 1 else result.reshape(-1)).view(np.uint8)[...] = self.rows
@@ -191,15 +202,21 @@ def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any) -> AllreduceLane | N
     if type(x) is not np.ndarray or type(op) is not str or get_ident() != progress.MAIN_THREAD or progress.on_behalf \
             or timeline.current is not None or execute.observer is not None:   # (_open_to's, inline: the
         return None   # hottest path; an op of another type is for the usual checks to name: it may not even hash)
-    lane = g.runtime.lanes.get((g, "allreduce", x.dtype, x.shape, op))
-    if lane is None or g.destroyed:
+    runtime = g.runtime
+    lane = runtime.last_allreduce   # (a loop repeats one kind: comparing with it costs less than the lookup)
+    if lane is None or lane.group is not g or x.dtype is not lane.dtype or x.shape != lane.shape or op != lane.op:
+        lane = runtime.lanes.get((g, "allreduce", x.dtype, x.shape, op))
+        if lane is None:
+            return None
+        runtime.last_allreduce = lane
+    if g.destroyed:
         return None
     if out is None:
         return lane   # (a strided x is copied into the message as it is)
     if out is x:
         flags = x.flags
         return lane if flags.writeable and flags.c_contiguous else None
-    if type(out) is np.ndarray and out.dtype == lane.dtype and out.shape == lane.shape:   # (_apart's, inline)
+    if type(out) is np.ndarray and (out.dtype is lane.dtype or out.dtype == lane.dtype) and out.shape == lane.shape:
         flags = out.flags
         if flags.writeable and flags.c_contiguous and (x.base is None and out.base is None or
                                                        not np.may_share_memory(x, out)):
@@ -248,6 +265,7 @@ def open_lane(call: Call, x: np.ndarray, kind: Any, *more: Any) -> None:
         return
     if len(runtime.lanes) >= _MOST_LANES:
         runtime.lanes.clear()
+        runtime.last_allreduce = None
     runtime.lanes[(g, call.name, x.dtype, x.shape, kind)] = lane(call, x, kind, *more)
 
 

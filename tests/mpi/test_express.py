@@ -118,6 +118,32 @@ def test_the_lanes_follow_the_settings():
     assert _lane_taken(x, "sum")
 
 
+def test_lanes_of_several_kinds_in_turn_and_call_numbers_that_gain_digits_keep_the_bits():
+    """Kinds taken in turn (the lane that ran last is compared before the lookup), on the world and
+    on a group of half the ranks, with a dtype equal to the lane's but another object, over enough
+    calls that the call's number gains digits (the header's template is remade at 10, 100, ...):
+    each call against mpi4py's."""
+    group, halves = col.world_group().split(RANK % 2), COMM.Split(RANK % 2)   # (odd and even ranks)
+    tagged = np.dtype(np.float32, metadata={"units": "m"})   # (== float32, but another object)
+    kinds = [((3,), np.float32, "sum", None), ((3,), np.float32, "sum", group), ((4,), np.float32, "sum", None),
+             ((3,), np.float64, "sum", None), ((3,), np.float32, "max", None), ((3,), tagged, "sum", None)]
+    for step in range(130):
+        shape, dtype, op, on = kinds[step % len(kinds)]
+        x = _contribution(shape, np.float32 if dtype is tagged else dtype, step)
+        if dtype is tagged:
+            x = x.view(tagged)
+        got = col.allreduce(x, op) if on is None else on.allreduce(x, op)
+        if on is None:
+            expected = _reference(x, op)
+        else:
+            expected = np.empty_like(x)
+            halves.Allreduce(x, expected, op=REFERENCE_OPS[op])
+        assert got.tobytes() == expected.tobytes(), (step, shape, dtype, op, on)
+    x = _contribution((3,), np.float32, 0)
+    assert _lane_taken(x, "sum") and express.allreduce_lane(group, x, "sum", None) is not None
+    halves.Free()
+
+
 def test_the_lane_is_for_the_main_thread_and_calls_without_options():
     x = _contribution((3,), np.float32, 4)
     col.allreduce(x)
