@@ -167,9 +167,15 @@ def allgather_small(transport: Transport, bound: Bound, counts: tuple[int, ...],
     right; the bytes only when every rank brought as many as this one (which the counts tell).
     With ``data=None`` this is the all-gather's first step on the ring path: the counts alone.
     """
-    message, slot = allgather_message(transport.size, transport.rank, counts, 0 if data is None else data.nbytes)
+    n, width = transport.size, 0 if data is None else data.nbytes
+    message, slot = allgather_message(1 if n == 2 else n, 0 if n == 2 else transport.rank, counts, width)
     if slot.size:
         slot[...] = data.view(np.uint8)
+    if n == 2:   # (one exchange of each rank's own counts and bytes: doubling.swap)
+        theirs = np.empty(message.size, np.uint8)
+        if not doubling.swap(transport, bound, signature, message, theirs):
+            return None
+        return pair_gathered(transport.rank, message, theirs, len(counts))
     gathered = np.empty(message.size, np.uint8)   # (not empty_like: a Python function in numpy 2)
     if not doubling.agree(transport, bound, signature, message, np.bitwise_or, gathered):
         return None
@@ -194,6 +200,23 @@ def allgather_message(n: int, rank: int, counts: tuple[int, ...], width: int) ->
     return message, message[head + rank * width:head + (rank + 1) * width]
 
 
+def pair_gathered(rank: int, mine: np.ndarray, theirs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`allgather_small` gathered on two ranks from the messages of rank ``rank`` (``mine``)
+    and of the other (``theirs``), each its ``k`` counts and its bytes: (both ranks' counts, one row
+    each; both ranks' bytes, in rank order), as :func:`allgather_parts` gives them.
+
+    >>> mine, _ = allgather_message(1, 0, (3, -1), 2)
+    >>> theirs, _ = allgather_message(1, 0, (1, 4), 2)
+    >>> every, data = pair_gathered(1, mine, theirs, 2)
+    >>> every.tolist(), data.size
+    ([[1, 4], [3, -1]], 4)
+    """
+    first, second = (mine, theirs) if rank == 0 else (theirs, mine)
+    head = k * 8
+    every = np.concatenate((first[:head], second[:head])).view(np.int64).reshape(2, k)
+    return every, np.concatenate((first[head:], second[head:]))
+
+
 def allgather_parts(gathered: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """What :func:`allgather_small` gathered, as (every rank's ``k`` counts, one row each; the bytes):
     views of ``gathered``."""
@@ -216,6 +239,9 @@ def broadcast_small(transport: Transport, bound: Bound, buffer: np.ndarray, root
     by bitwise or (exact for any dtype). About log2(n) messages instead of the chain's n-1 after
     the check's. Returns False (``buffer`` untouched) if any rank's signature differs."""
     mine = buffer.view(np.uint8)
+    if transport.size == 2:   # (one exchange: the root's bytes one way, the signature alone back)
+        return doubling.swap(transport, bound, signature, mine, None) if transport.rank == root \
+            else doubling.swap(transport, bound, signature, None, mine)
     if transport.rank == root:   # (its buffer may be read-only: the result it already has goes nowhere)
         return doubling.agree(transport, bound, signature, mine, np.bitwise_or, None)
     return doubling.agree(transport, bound, signature, np.zeros_like(mine), np.bitwise_or, mine)

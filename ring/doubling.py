@@ -23,14 +23,18 @@ result is folded back out. For n = 5 (p = 4):
 
 After step 0, rank 0 holds 0+4; after "pair 1", ranks 0 and 1 hold 0+1+4; after
 "pair 2" every rank 0-3 holds everything, and step 3 hands it to rank 4.
+
+On two ranks the schedule is one exchange, so a broadcast or an all-gather need not
+combine messages of the whole result's size: :func:`swap` sends each rank's own bytes
+(the root's one way, the signature alone back; each rank's own rows).
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from time import perf_counter
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -114,6 +118,25 @@ def agree(transport: Transport, bound: Bound, signature: bytes, payload: Any = N
                                                              out)
 
 
+def swap(transport: Transport, bound: Bound, signature: bytes, payload: np.ndarray | None,
+         into: np.ndarray | None) -> bool:
+    """On two ranks, the one exchange of each one's own bytes: this rank's signature and ``payload``
+    (bytes; None: the signature alone) to the other, the other's back, and its payload copied into
+    ``into`` (bytes, as many as it should bring; None: not wanted). True on both ranks if their
+    signatures agree, False on both otherwise (``into`` untouched). Where :func:`agree` would combine
+    messages of the whole result's size by bitwise or, a broadcast sends the root's bytes one way
+    and the signature alone back, and an all-gather each rank's own rows.
+
+    >>> swap(transport, call, b"broadcast|7|root 0", None, buffer)   # rank 1 of 2   # doctest: +SKIP
+    True
+    """
+    ready = prepared(transport, None if payload is None else payload.dtype, 0 if payload is None else payload.nbytes)
+    step = ready.one_step
+    wire = partial(transport.exchange, ready.send, ready.recv, dest=step.send_to, source=step.recv_from,
+                             reuse=ready)
+    return ready.run_wired(wire, bound, header(signature), payload, None, into)
+
+
 def header(signature: bytes) -> bytes:
     """What a rank that agrees sends ahead of its payload: ``signature`` padded to SIGNATURE_BYTES, and
     the "all agree so far" byte set. Compared as one bytes object (a memoryview compares element by
@@ -175,6 +198,7 @@ class Prepared:
                             self.recv if step.recv_from is not None else None) for step in self.steps)
         self.own = send[_HEADER:_HEADER + nbytes].view(dtype) if dtype is not None else None
         self.received = np.frombuffer(recv, dtype, nbytes // dtype.itemsize, _HEADER) if dtype is not None else None
+        self.incoming = np.frombuffer(recv, np.uint8, offset=_HEADER)   # the partner's payload, as bytes, of any size
         #: The step, where the schedule is one exchange with one partner (two ranks): see :meth:`run_wired`.
         self.one_step = self.final if len(self.steps) == 1 and self.final.send_to is not None \
             and self.final.recv_from is not None else None
@@ -216,20 +240,25 @@ class Prepared:
             np.copyto(out, self.own)
         return agreeing == 1
 
-    def run_wired(self, wire: Any, bound: Bound, agreed_header: bytes, payload: Any, combine: np.ufunc,
-                  out: Any = None) -> bool:
-        """:meth:`run` of a ``payload`` where the schedule is :attr:`one_step`, over ``wire``: the
-        exchange of this one's buffers with the partner, made ready by the transport (``run(bound)``:
-        ``MPITransport.persistent``). The hot path of a repeated small call on two ranks (the express
+    def run_wired(self, wire: Callable[[Bound], None], bound: Bound, agreed_header: bytes, payload: Any,
+                  combine: np.ufunc | None, out: Any = None) -> bool:
+        """:meth:`run` where the schedule is :attr:`one_step`, over ``wire``: ``wire(bound)`` exchanges
+        this one's buffers with the partner (``MPITransport.persistent``'s ``run``, made ready once; or
+        the transport's exchange). The hot path of a repeated small call on two ranks (the express
         lane of ``collectives.ops.express``): the same messages and result as :meth:`run`, without
-        the steps' loop and the transport's lookup of its exchange."""
+        the steps' loop and the transport's lookup of its exchange. ``payload`` None: the header
+        alone goes; ``combine`` None: the pair's way (:func:`swap`), ``out`` takes the partner's
+        payload as it came."""
         self.send_check[:] = agreed_header
-        self.own[...] = payload
-        wire.run(bound)
+        if payload is not None:
+            self.own[...] = payload
+        wire(bound)
         if self.recv_check.tobytes() != agreed_header:
             return False
         if out is not None:
-            if self.one_step.merge == "mine_first":
+            if combine is None:
+                out[...] = self.incoming[:out.nbytes]
+            elif self.one_step.merge == "mine_first":
                 combine(self.own, self.received, out=out)
             else:
                 combine(self.received, self.own, out=out)

@@ -38,7 +38,7 @@ class Lane:
     """What every call of one kind shares: the group, the signature template, the reused ``call``,
     whether the arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
-    __slots__ = ("group", "transport", "template", "call", "floating", "exchange", "header", "wider_at")
+    __slots__ = ("group", "transport", "template", "call", "floating", "exchange", "incoming", "header", "wider_at")
 
     def __init__(self, call: Call, floating: bool):
         self.group, self.template = call.group, call.template
@@ -50,6 +50,7 @@ class Lane:
         #: run, in the main thread's buffers: ``ring.doubling``'s run of its steps, or of its one step
         #: over the transport's ready exchange where there is only one, on two ranks).
         self.exchange: Callable | None = None
+        self.incoming: np.ndarray | None = None   # where the partner's payload lands, as bytes (with the exchange)
         #: The message's header (the signature, padded) as a template of the call's number, good
         #: below the number ``wider_at`` (``doubling.header_template``).
         self.header, self.wider_at = b"", 0
@@ -96,14 +97,16 @@ class Lane:
         """The error of a call whose ranks' signatures differ, raised on every rank (``Call.disagree``)."""
         self.call.disagree(header[:doubling.SIGNATURE_BYTES])
 
-    def _exchange(self, dtype: np.dtype, nbytes: int) -> Callable:
+    def _exchange(self, dtype: np.dtype | None, nbytes: int) -> Callable:
+        """Make :attr:`exchange` for a payload of ``nbytes`` of ``dtype`` (None: the header alone)."""
         ready, transport = doubling.prepared(self.transport, dtype, nbytes), self.transport
         step = ready.one_step
         if step is None:
             self.exchange = functools.partial(ready.run, transport)
         else:
             wire = transport.persistent(ready.send, ready.recv, step.send_to, step.recv_from, ready)
-            self.exchange = functools.partial(ready.run_wired, wire)
+            self.exchange = functools.partial(ready.run_wired, wire.run)
+        self.incoming = ready.incoming
         return self.exchange
 
 
@@ -135,22 +138,29 @@ class AllreduceLane(Lane):
 
 class BroadcastLane(Lane):
     """A small broadcast from ``root`` of arrays of one dtype and shape: as ``algorithms.broadcast_small``,
-    the root's bytes and every other rank's zeros combined by bitwise or."""
+    on two ranks the root's bytes one way and the signature alone back (``doubling.swap``), on more the
+    root's bytes and every other rank's zeros combined by bitwise or."""
 
     __slots__ = ("from_here", "zeros")
 
     def __init__(self, call: Call, x: np.ndarray, root: int):
         super().__init__(call, floating=False)
         self.from_here = self.transport.rank == root
-        self.zeros = np.zeros(x.nbytes, np.uint8)
+        self.zeros = np.zeros(x.nbytes, np.uint8) if self.transport.size != 2 else None
 
     def move(self, header: bytes, x: np.ndarray, out: None) -> np.ndarray:
         mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
-        exchange = self.exchange or self._exchange(mine.dtype, mine.nbytes)
-        if self.from_here:
-            agreed = exchange(self.call, header, mine, np.bitwise_or, None)
+        if self.zeros is None:   # (two ranks)
+            if self.from_here:
+                agreed = (self.exchange or self._exchange(mine.dtype, mine.nbytes))(self.call, header, mine, None)
+            else:
+                agreed = (self.exchange or self._exchange(None, 0))(self.call, header, None, None, mine)
         else:
-            agreed = exchange(self.call, header, self.zeros, np.bitwise_or, mine)
+            exchange = self.exchange or self._exchange(mine.dtype, mine.nbytes)
+            if self.from_here:
+                agreed = exchange(self.call, header, mine, np.bitwise_or, None)
+            else:
+                agreed = exchange(self.call, header, self.zeros, np.bitwise_or, mine)
         if not agreed:
             self.disagree(header)
         return x
@@ -159,25 +169,34 @@ class BroadcastLane(Lane):
 class AllgatherLane(Lane):
     """A small all-gather of arrays of one dtype and shape into ``out`` of ``out_rows`` (-1: a new
     array): the message of ``algorithms.allgather_small``, made once (this rank's counts in place, its
-    slot for the data); what the counts tell afterwards is the usual body's (``finish``), but where
-    every rank brought this one's counts (``alike``): then the data gathered is the result."""
+    slot for the data: on two ranks, its own counts and rows alone, ``doubling.swap``); what the
+    counts tell afterwards is the usual body's (``finish``), but where every rank brought this one's
+    counts (``alike``): then the data gathered is the result."""
 
-    __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole")
+    __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole", "pair")
 
     def __init__(self, call: Call, x: np.ndarray, out_rows: int, finish: Callable):
         super().__init__(call, floating=False)
         n, rank, rows = self.transport.size, self.transport.rank, x.shape[0]
+        self.pair = n == 2
+        self.finish = finish
+        self.whole = (n * rows,) + x.shape[1:]
+        alike = out_rows in (-1, n * rows)
+        if self.pair:
+            self.message, self.slot = algorithms.allgather_message(1, 0, (rows, out_rows), x.nbytes)
+            self.alike = self.message[:16].tobytes() if alike else None
+            return
         self.message, self.slot = algorithms.allgather_message(n, rank, (rows, out_rows), x.nbytes)
         self.gathered = np.empty(self.message.size, np.uint8)
         self.every, self.rows = algorithms.allgather_parts(self.gathered, n, 2)
-        self.finish = finish
         self.counts = memoryview(self.gathered)[:self.every.nbytes]
-        self.alike = np.array([rows, out_rows] * n, np.int64).tobytes() if out_rows in (-1, n * rows) else None
-        self.whole = (n * rows,) + x.shape[1:]
+        self.alike = np.array([rows, out_rows] * n, np.int64).tobytes() if alike else None
 
     def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         source = x if x.ndim == 1 else x.reshape(-1)
         self.slot[...] = source.view(np.uint8)
+        if self.pair:
+            return self._pair(header, x, out, source)
         exchange = self.exchange or self._exchange(self.message.dtype, self.message.nbytes)
         if not exchange(self.call, header, self.message, np.bitwise_or, self.gathered):
             self.disagree(header)
@@ -186,6 +205,24 @@ class AllgatherLane(Lane):
             (result if result.ndim == 1 else result.reshape(-1)).view(np.uint8)[...] = self.rows
             return result
         return self.finish(self.call, x, out, source, self.every, self.rows)
+
+    def _pair(self, header: bytes, x: np.ndarray, out: np.ndarray | None, source: np.ndarray) -> np.ndarray:
+        """:meth:`move` on two ranks: each sent its own counts and rows; where the other's counts are
+        this one's, the result is the two ranks' rows in rank order."""
+        message = self.message
+        if not (self.exchange or self._exchange(message.dtype, message.nbytes))(self.call, header, message, None):
+            self.disagree(header)
+        incoming = self.incoming
+        if incoming[:16].tobytes() == self.alike:
+            result = np.empty(self.whole, x.dtype) if out is None else out
+            both = (result if result.ndim == 1 else result.reshape(-1)).view(np.uint8)
+            width = message.size - 16
+            mine, theirs = (both[:width], both[width:]) if self.transport.rank == 0 else (both[width:], both[:width])
+            mine[...] = message[16:]
+            theirs[...] = incoming[16:message.size]
+            return result
+        every, rows = algorithms.pair_gathered(self.transport.rank, message, incoming[:message.size].copy(), 2)
+        return self.finish(self.call, x, out, source, every, rows)
 
 
 def _open_to(g: CallGroup, x: Any) -> bool:
