@@ -274,7 +274,7 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
         call.disagree(sig)
     every, data = found
     result = gathered(call, x, out, source, every, data if small else None)
-    if call.algorithm == "doubling" and host:
+    if host:
         express.open_lane(call, x, out_rows, gathered)   # (the calls of this kind that follow skip the layers above)
     return result
 
@@ -325,6 +325,8 @@ def broadcast(call: Call, x: Any, root: Any) -> Any:
         transport = transport_for(call, x)
         algorithms.broadcast(transport, call, transportable(buffer), root,
                              call.runtime.segment_elems(x.dtype, transport))
+        if host:
+            express.open_lane(call, x, root)   # (on two ranks: see express.open_lane)
     return x if me == root or flat_already else write_back(x, buffer)
 
 

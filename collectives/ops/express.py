@@ -39,6 +39,7 @@ class Lane:
     whether the arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
     __slots__ = ("group", "transport", "template", "call", "floating", "exchange", "incoming", "header", "wider_at")
+    direct_too = False   # it serves the ring's calls on two ranks too (see direct)
 
     def __init__(self, call: Call, floating: bool):
         self.group, self.template = call.group, call.template
@@ -139,17 +140,30 @@ class AllreduceLane(Lane):
 class BroadcastLane(Lane):
     """A small broadcast from ``root`` of arrays of one dtype and shape: as ``algorithms.broadcast_small``,
     on two ranks the root's bytes one way and the signature alone back (``doubling.swap``), on more the
-    root's bytes and every other rank's zeros combined by bitwise or."""
+    root's bytes and every other rank's zeros combined by bitwise or; or (``direct``, two ranks, where
+    the ring carries the call) the check's exchange, then the root's bytes straight from its array
+    into the other's."""
 
-    __slots__ = ("from_here", "zeros")
+    __slots__ = ("from_here", "zeros", "direct", "peer")
+    direct_too = True
 
     def __init__(self, call: Call, x: np.ndarray, root: int):
         super().__init__(call, floating=False)
         self.from_here = self.transport.rank == root
+        self.direct = call.algorithm != "doubling"
+        self.peer = 1 - self.transport.rank
         self.zeros = np.zeros(x.nbytes, np.uint8) if self.transport.size != 2 else None
 
     def move(self, header: bytes, x: np.ndarray, out: None) -> np.ndarray:
         mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
+        if self.direct:
+            if not (self.exchange or self._exchange(None, 0))(self.call, header, None, None, None):
+                self.disagree(header)
+            if self.from_here:
+                self.transport.exchange(mine, None, self.call, dest=self.peer)
+            else:
+                self.transport.exchange(None, mine, self.call, source=self.peer)
+            return x
         if self.zeros is None:   # (two ranks)
             if self.from_here:
                 agreed = (self.exchange or self._exchange(mine.dtype, mine.nbytes))(self.call, header, mine, None)
@@ -171,9 +185,12 @@ class AllgatherLane(Lane):
     array): the message of ``algorithms.allgather_small``, made once (this rank's counts in place, its
     slot for the data: on two ranks, its own counts and rows alone, ``doubling.swap``); what the
     counts tell afterwards is the usual body's (``finish``), but where every rank brought this one's
-    counts (``alike``): then the data gathered is the result."""
+    counts (``alike``): then the data gathered is the result. On two ranks where the ring carries the
+    call (``direct``), the message is the counts alone, and the rows go straight from ``x`` into the
+    other's result, as the ring's one message."""
 
     __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole", "pair")
+    direct_too = True
 
     def __init__(self, call: Call, x: np.ndarray, out_rows: int, finish: Callable):
         super().__init__(call, floating=False)
@@ -183,7 +200,8 @@ class AllgatherLane(Lane):
         self.whole = (n * rows,) + x.shape[1:]
         alike = out_rows in (-1, n * rows)
         if self.pair:
-            self.message, self.slot = algorithms.allgather_message(1, 0, (rows, out_rows), x.nbytes)
+            width = x.nbytes if call.algorithm == "doubling" else 0   # (0: the counts alone, direct)
+            self.message, self.slot = algorithms.allgather_message(1, 0, (rows, out_rows), width)
             self.alike = self.message[:16].tobytes() if alike else None
             return
         self.message, self.slot = algorithms.allgather_message(n, rank, (rows, out_rows), x.nbytes)
@@ -194,9 +212,9 @@ class AllgatherLane(Lane):
 
     def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         source = x if x.ndim == 1 else x.reshape(-1)
-        self.slot[...] = source.view(np.uint8)
         if self.pair:
             return self._pair(header, x, out, source)
+        self.slot[...] = source.view(np.uint8)
         exchange = self.exchange or self._exchange(self.message.dtype, self.message.nbytes)
         if not exchange(self.call, header, self.message, np.bitwise_or, self.gathered):
             self.disagree(header)
@@ -207,22 +225,27 @@ class AllgatherLane(Lane):
         return self.finish(self.call, x, out, source, self.every, self.rows)
 
     def _pair(self, header: bytes, x: np.ndarray, out: np.ndarray | None, source: np.ndarray) -> np.ndarray:
-        """:meth:`move` on two ranks: each sent its own counts and rows; where the other's counts are
-        this one's, the result is the two ranks' rows in rank order."""
-        message = self.message
+        """:meth:`move` on two ranks: each sent its own counts (and rows, but ``direct``); where the
+        other's counts are this one's, the result is the two ranks' rows in rank order."""
+        message, slot, bytes_in = self.message, self.slot, source.view(np.uint8)
+        if slot.size:
+            slot[...] = bytes_in
         if not (self.exchange or self._exchange(message.dtype, message.nbytes))(self.call, header, message, None):
             self.disagree(header)
         incoming = self.incoming
-        if incoming[:16].tobytes() == self.alike:
-            result = np.empty(self.whole, x.dtype) if out is None else out
-            both = (result if result.ndim == 1 else result.reshape(-1)).view(np.uint8)
-            width = message.size - 16
-            mine, theirs = (both[:width], both[width:]) if self.transport.rank == 0 else (both[width:], both[:width])
-            mine[...] = message[16:]
+        if incoming[:16].tobytes() != self.alike:
+            every, rows = algorithms.pair_gathered(self.transport.rank, message, incoming[:message.size].copy(), 2)
+            return self.finish(self.call, x, out, source, every, rows if slot.size else None)
+        result = np.empty(self.whole, x.dtype) if out is None else out
+        both = (result if result.ndim == 1 else result.reshape(-1)).view(np.uint8)
+        width, rank = bytes_in.nbytes, self.transport.rank
+        mine, theirs = (both[:width], both[width:]) if rank == 0 else (both[width:], both[:width])
+        mine[...] = bytes_in
+        if slot.size:
             theirs[...] = incoming[16:message.size]
-            return result
-        every, rows = algorithms.pair_gathered(self.transport.rank, message, incoming[:message.size].copy(), 2)
-        return self.finish(self.call, x, out, source, every, rows)
+        else:   # (direct: the ring's one message each way, from and into the results)
+            self.transport.exchange(mine, theirs, self.call, dest=1 - rank, source=1 - rank)
+        return result
 
 
 def _open_to(g: CallGroup, x: Any) -> bool:
@@ -293,17 +316,28 @@ def _apart(out: Any, x: np.ndarray, shape: tuple) -> bool:
 
 
 def open_lane(call: Call, x: np.ndarray, kind: Any, *more: Any) -> None:
-    """After ``call``, a collective of host array ``x`` that ran by recursive doubling: keep a lane
+    """After ``call``, a collective of host array ``x`` that ran by recursive doubling (or, for a
+    broadcast or an all-gather on two ranks, by the ring in one message: :func:`direct`): keep a lane
     for the calls of its kind that follow (``kind``: the op, the root, or the ``out`` rows), where it
     forced no option. ``more``: what the lane needs besides (the all-gather's ``finish``)."""
     g, runtime, lane = call.group, call.runtime, _LANES.get(call.name)
     if lane is None or call.thread or call.forced or call.call_name or x.dtype.isbuiltin != 1 \
             or not x.flags.c_contiguous or call.window != runtime.settings.timeout or not x.size:
         return
+    if call.algorithm != "doubling" and not (lane.direct_too and direct(call, x)):
+        return
     if len(runtime.lanes) >= _MOST_LANES:
         runtime.lanes.clear()
         runtime.last_allreduce = None
     runtime.lanes[(g, call.name, x.dtype, x.shape, kind)] = lane(call, x, kind, *more)
+
+
+def direct(call: Call, x: np.ndarray) -> bool:
+    """Whether ``call`` on ``x`` (each rank's part) ran by the ring on two ranks in one message each
+    way: then the ring's messages are the check's exchange and that one message, which a lane sends
+    straight from and into the caller's arrays (its segment is at least ``x``)."""
+    transport = call.group.transport
+    return call.algorithm == "ring" and transport.size == 2 and x.size <= call.runtime.segment_elems(x.dtype, transport)
 
 
 _LANES = {"allreduce": AllreduceLane, "broadcast": BroadcastLane, "allgather": AllgatherLane}

@@ -205,6 +205,68 @@ def test_a_repeated_small_allgather_takes_the_lane_with_the_usual_bits(dtype, sh
             assert got is out
 
 
+@pytest.mark.parametrize("dtype, shape", [(np.float32, (70_000,)), (np.int16, (400, 401)), (np.uint8, (300_000,))])
+def test_a_repeated_broadcast_the_ring_carries_takes_the_direct_lane_on_two_ranks(dtype, shape):
+    """Above the doubling's sizes, on two ranks, the lane sends the ring's one message straight from
+    the root's array into the other's, after the check's exchange: the bits of mpi4py's, every root."""
+    for step in range(5):
+        root = step % N
+        x = _contribution(shape, dtype, step)
+        expected = x.copy()
+        COMM.Bcast(expected, root=root)
+        mine = x.copy()
+        if step >= N:
+            lane = express.broadcast_lane(col.world_group(), mine, root)
+            assert (lane is not None and lane.direct) if N == 2 else lane is None or N == 1, lane
+        assert col.broadcast(mine, root) is mine
+        assert mine.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("dtype, shape", [(np.float32, (40_000,)), (np.int64, (100, 300))])
+@pytest.mark.parametrize("out_kind", ["new", "own out"])
+def test_a_repeated_allgather_the_ring_carries_takes_the_direct_lane_on_two_ranks(dtype, shape, out_kind):
+    for step in range(4):
+        x = _contribution(shape, dtype, step)
+        expected = np.concatenate(COMM.allgather(x))
+        out = None if out_kind == "new" else np.full(expected.shape, 7, dtype)
+        if step > 0:
+            lane = express.allgather_lane(col.world_group(), x, out)
+            assert (lane is not None and lane.message.size == 16) if N == 2 else lane is None or N == 1, lane
+        got = col.allgather(x, out=out)
+        assert got.shape == expected.shape and got.dtype == dtype and got.tobytes() == expected.tobytes()
+        if out is not None:
+            assert got is out
+
+
+@pytest.mark.parametrize("rows", [2, 5000])   # (the pair's message; the direct lane, on two ranks)
+def test_an_allgather_whose_rows_differ_across_ranks_goes_round_the_ring_from_either_lane(rows):
+    x = _contribution((rows, 3), np.float32, 6)
+    col.allgather(x)
+    assert _allgather_lane_taken(x) or N > 2 and rows > 2
+    mine = _contribution((rows + 2, 3), np.float32, 6) if ODD and N > 1 else x   # (the odd rank's: the usual way)
+    got = col.allgather(mine)
+    assert got.tobytes() == np.concatenate(COMM.allgather(mine)).tobytes()
+    assert col.allgather(x).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()   # (in step again)
+
+
+@pytest.mark.parametrize("count", [4, 80_000])
+def test_a_large_broadcast_or_allgather_that_differs_across_ranks_is_refused_on_every_rank_through_the_lane(count):
+    if N < 2:
+        pytest.skip("needs two ranks to disagree")
+    x = _contribution((count,), np.float32, 0)
+    col.broadcast(x.copy(), 0)
+    col.allgather(x)
+    with pytest.raises(col.CollectiveUsageError, match="broadcast: root: root differs across ranks"):
+        col.broadcast(x.copy(), 1 if ODD else 0)
+    with pytest.raises(col.CollectiveUsageError, match="broadcast: .*differs across ranks"):
+        col.broadcast(np.concatenate([x, x]) if ODD else x.copy(), 0)
+    with pytest.raises(col.CollectiveUsageError, match="allgather: .*differs across ranks"):
+        col.allgather(x.astype(np.float64) if ODD else x)
+    assert col.allgather(x).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()   # (in step again)
+    mine = x.copy()
+    assert col.broadcast(mine, N - 1) is mine and mine.tobytes() == COMM.bcast(x, root=N - 1).tobytes()
+
+
 def test_an_allgather_whose_rows_differ_across_ranks_goes_round_the_ring_from_the_lane():
     """The lane's guess (every rank brings as many rows) fails when one rank brings more: the counts
     tell every rank alike, and the data goes round the ring, as on the usual way."""

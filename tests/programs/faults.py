@@ -195,19 +195,21 @@ def late_after_timeout() -> None:
     has raised): it must fail the call too, not complete it alone with the data the others had sent
     before giving up. argv[2]: "allreduce" (small: recursive doubling), "ring" (large), "barrier",
     "lane-allreduce", "lane-broadcast", "lane-allgather" (small, with no option: the express lane that
-    its first call opened, with the timeout set by init), or "group-allreduce", "group-barrier" (on a group of every rank, made
+    its first call opened, with the timeout set by init), "direct-broadcast", "direct-allgather" (the
+    same, large: on two ranks the lane of the ring's one message), or "group-allreduce", "group-barrier" (on a group of every rank, made
     first: its give-up is sent beside the world's); argv[3]: "staying" (the others live on until
     rank 1's call has ended: their give-up message tells it) or "gone" (they end their programs:
     their farewells tell it)."""
     call, others = sys.argv[2], sys.argv[3]
     group = col.new_group(list(range(col.size()))) if call.startswith("group-") else None
     call = call.removeprefix("group-")
-    count = 1 << 20 if call == "ring" else 1000
+    count = 1 << 20 if call == "ring" else 100_000 if call.startswith("direct-") else 1000
     x = _ints(count, col.rank())
     late = 1
     timeout = 30 if col.rank() == late else 2
     lanes = {"lane-allreduce": lambda: col.allreduce(x), "lane-broadcast": lambda: col.broadcast(x, 0),
              "lane-allgather": lambda: col.allgather(x)}
+    lanes.update({"direct-broadcast": lanes["lane-broadcast"], "direct-allgather": lanes["lane-allgather"]})
     if call in lanes:
         from collectives.ops import express
         col.init(timeout=timeout)
