@@ -189,7 +189,7 @@ class AllgatherLane(Lane):
     call (``direct``), the message is the counts alone, and the rows go straight from ``x`` into the
     other's result, as the ring's one message."""
 
-    __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole", "pair")
+    __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole", "pair", "theirs")
     direct_too = True
 
     def __init__(self, call: Call, x: np.ndarray, out_rows: int, finish: Callable):
@@ -230,11 +230,16 @@ class AllgatherLane(Lane):
         message, slot, bytes_in = self.message, self.slot, source.view(np.uint8)
         if slot.size:
             slot[...] = bytes_in
-        if not (self.exchange or self._exchange(message.dtype, message.nbytes))(self.call, header, message, None):
+        exchange = self.exchange
+        if exchange is None:
+            exchange = self._exchange(message.dtype, message.nbytes)
+            self.theirs = self.incoming[:16], self.incoming[16:message.size]   # (the other's counts, and rows)
+        if not exchange(self.call, header, message, None):
             self.disagree(header)
-        incoming = self.incoming
-        if incoming[:16].tobytes() != self.alike:
-            every, rows = algorithms.pair_gathered(self.transport.rank, message, incoming[:message.size].copy(), 2)
+        counts_in, rows_in = self.theirs
+        if counts_in.tobytes() != self.alike:
+            every, rows = algorithms.pair_gathered(self.transport.rank, message,
+                                                   np.concatenate((counts_in, rows_in)), 2)
             return self.finish(self.call, x, out, source, every, rows if slot.size else None)
         result = np.empty(self.whole, x.dtype) if out is None else out
         both = (result if result.ndim == 1 else result.reshape(-1)).view(np.uint8)
@@ -242,7 +247,7 @@ class AllgatherLane(Lane):
         mine, theirs = (both[:width], both[width:]) if rank == 0 else (both[width:], both[:width])
         mine[...] = bytes_in
         if slot.size:
-            theirs[...] = incoming[16:message.size]
+            theirs[...] = rows_in
         else:   # (direct: the ring's one message each way, from and into the results)
             self.transport.exchange(mine, theirs, self.call, dest=1 - rank, source=1 - rank)
         return result
