@@ -144,20 +144,21 @@ class BroadcastLane(Lane):
     the ring carries the call) the check's exchange, then the root's bytes straight from its array
     into the other's."""
 
-    __slots__ = ("from_here", "zeros", "direct", "peer")
+    __slots__ = ("from_here", "zeros", "direct", "checked", "peer")
     direct_too = True
 
     def __init__(self, call: Call, x: np.ndarray, root: int):
         super().__init__(call, floating=False)
         self.from_here = self.transport.rank == root
         self.direct = call.algorithm != "doubling"
+        self.checked = call.runtime.settings.check   # (off: the ring's broadcast sends no check: Call.agree)
         self.peer = 1 - self.transport.rank
         self.zeros = np.zeros(x.nbytes, np.uint8) if self.transport.size != 2 else None
 
     def move(self, header: bytes, x: np.ndarray, out: None) -> np.ndarray:
         mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
         if self.direct:
-            if not (self.exchange or self._exchange(None, 0))(self.call, header, None, None, None):
+            if self.checked and not (self.exchange or self._exchange(None, 0))(self.call, header, None, None, None):
                 self.disagree(header)
             if self.from_here:
                 self.transport.exchange(mine, None, self.call, dest=self.peer)

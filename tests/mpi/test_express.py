@@ -238,20 +238,27 @@ def test_a_repeated_allgather_the_ring_carries_takes_the_direct_lane_on_two_rank
             assert got is out
 
 
+@pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("count", [3, 1000, 80_000])   # (doubling; the pair's messages; the ring's, direct)
-def test_a_rank_on_the_lane_and_a_rank_on_the_usual_way_send_the_same_messages(count):
-    """A lane's messages are the usual way's: in one call some ranks may take the lane while others,
-    passing an option that the signature does not hold (``timeout=``), take the usual way."""
-    x = _contribution((count,), np.float32, 3)
-    col.allreduce(x), col.broadcast(x.copy(), 0), col.allgather(x)   # (the lanes open)
-    for step in range(4):
-        usual = {"timeout": 60} if (RANK + step) % 2 else {}
-        x = _contribution((count,), np.float32, step)
-        assert col.allreduce(x, **usual).tobytes() == _reference(x, "sum").tobytes()
-        mine = x.copy()
-        col.broadcast(mine, step % N, **usual)
-        assert mine.tobytes() == COMM.bcast(x, root=step % N).tobytes()
-        assert col.allgather(x, **usual).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()
+def test_a_rank_on_the_lane_and_a_rank_on_the_usual_way_send_the_same_messages(count, check):
+    """A lane's messages are the usual way's, with the cross-rank check on or off: in one call some
+    ranks may take the lane while others, passing an option that the signature does not hold
+    (``timeout=``), take the usual way."""
+    was = col.settings().check
+    col.init(check=check)   # (every rank together)
+    try:
+        x = _contribution((count,), np.float32, 3)
+        col.allreduce(x), col.broadcast(x.copy(), 0), col.allgather(x)   # (the lanes open)
+        for step in range(4):
+            usual = {"timeout": 60} if (RANK + step) % 2 else {}
+            x = _contribution((count,), np.float32, step)
+            assert col.allreduce(x, **usual).tobytes() == _reference(x, "sum").tobytes()
+            mine = x.copy()
+            col.broadcast(mine, step % N, **usual)
+            assert mine.tobytes() == COMM.bcast(x, root=step % N).tobytes()
+            assert col.allgather(x, **usual).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()
+    finally:
+        col.init(check=was)
 
 
 @pytest.mark.parametrize("rows", [2, 5000])   # (the pair's message; the direct lane, on two ranks)
