@@ -297,6 +297,7 @@ def test_after_a_timeout_the_census_tells_a_late_rank_from_an_absent_one():
                                              (2, "lane-allreduce", "staying"), (3, "lane-allreduce", "gone"),
                                              (2, "lane-broadcast", "staying"), (3, "lane-allgather", "gone"),
                                              (2, "direct-broadcast", "staying"), (2, "direct-allgather", "gone"),
+                                             (2, "direct-allreduce", "staying"),
                                              (2, "barrier", "staying"), (3, "allreduce", "gone"),
                                              (3, "group-allreduce", "staying"), (2, "group-barrier", "gone")])
 def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call, others):

@@ -166,7 +166,7 @@ def allreduce(call: Call, x: Any, op: Any, out: Any, compression: Any = None) ->
         source = flat(x)
         target = source if in_place else flat_target(result)
     allreduce_flat(call, source, target, op, sig, host, codec=codec)
-    if call.algorithm == "doubling" and host and codec is None:
+    if host and codec is None:
         express.open_lane(call, x, op)   # (the calls of this kind that follow skip the layers above)
     return result if target is result else write_back(result, target)   # (is: nothing to write back)
 

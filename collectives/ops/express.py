@@ -30,6 +30,7 @@ from collectives.calls.interrupts import held, settle
 from collectives.calls.call import Call, ended, stopped
 from collectives.calls.group_protocol import CallGroup
 from ring import algorithms, arrays, doubling, execute
+from ring.schedule import halving_plans
 
 _MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making new shapes does not grow it)
 
@@ -39,7 +40,12 @@ class Lane:
     whether the arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
     __slots__ = ("group", "transport", "template", "call", "floating", "exchange", "incoming", "header", "wider_at")
-    direct_too = False   # it serves the ring's calls on two ranks too (see direct)
+
+    @staticmethod
+    def direct_for(call: Call, kind: Any) -> bool:
+        """Whether calls of ``kind`` that ``call.algorithm`` carries on two ranks in one message each
+        way (:func:`direct`) have a lane too: its own exchange of their messages."""
+        return False
 
     def __init__(self, call: Call, floating: bool):
         self.group, self.template = call.group, call.template
@@ -113,19 +119,34 @@ class Lane:
 
 class AllreduceLane(Lane):
     """A small all-reduce by ``op`` of arrays of one ``dtype`` and ``shape`` ("avg" takes
-    ``algorithms.allreduce_small``, which scales)."""
+    ``algorithms.allreduce_small``, which scales); or (``halves``, two ranks, where halving carries
+    the call: :meth:`_halving`) a larger one by "sum", "prod", "min" or "max"."""
 
-    __slots__ = ("dtype", "shape", "op", "combine")
+    __slots__ = ("dtype", "shape", "op", "combine", "halves", "checked", "peer")
 
     def __init__(self, call: Call, x: np.ndarray, op: str):
         super().__init__(call, floating=x.dtype.kind in "fc")
         self.dtype, self.shape, self.op = x.dtype, x.shape, op
         self.combine = arrays.ufunc(np, op) if op != "avg" else None
+        self.halves = None
+        if call.algorithm == "halving":   # (the range each rank reduces, as halving's schedule gives it)
+            rank = self.transport.rank
+            mine = halving_plans(rank, 2, x.size, call.runtime.segment_elems(x.dtype, self.transport))[2]
+            theirs = halving_plans(1 - rank, 2, x.size, call.runtime.segment_elems(x.dtype, self.transport))[2]
+            self.halves, self.peer = (slice(*mine), slice(*theirs)), 1 - rank
+            self.checked = call.runtime.settings.check   # (off: halving sends no check: Call.agree)
+
+    @staticmethod
+    def direct_for(call: Call, kind: Any) -> bool:
+        return call.algorithm == "halving" and kind != "avg"
 
     def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         result = np.empty(self.shape, self.dtype) if out is None else out
         flat_in = x if x.ndim == 1 else x.reshape(-1)
         flat_out = result if result.ndim == 1 else result.reshape(-1)
+        if self.halves is not None:
+            self._halving(header, flat_in, flat_out, out is x)
+            return result
         if self.combine is None:
             agreed = algorithms.allreduce_small(self.transport, self.call, flat_in, flat_out, self.op,
                                                 self.template % self.call.seq)
@@ -136,6 +157,20 @@ class AllreduceLane(Lane):
             self.disagree(header)
         return result
 
+    def _halving(self, header: bytes, source: np.ndarray, target: np.ndarray, in_place: bool) -> None:
+        """:meth:`move` where halving carries the call on two ranks
+        (``algorithms.allreduce_halving_doubling``): the check's exchange, then its two messages,
+        straight between the arrays: each rank sends the other the half that one reduces, reduces
+        its own (its own part first, as the usual way), and sends it back for the other's result."""
+        if self.checked and not (self.exchange or self._exchange(None, 0))(self.call, header, None, None, None):
+            self.disagree(header)
+        (mine, theirs), transport, peer = self.halves, self.transport, self.peer
+        own = target[mine]
+        received = arrays.scratch(target, own.size, 0) if in_place else own
+        transport.exchange(source[theirs], received, self.call, dest=peer, source=peer)
+        self.combine(source[mine], received, out=own)
+        transport.exchange(own, target[theirs], self.call, dest=peer, source=peer)
+
 
 class BroadcastLane(Lane):
     """A small broadcast from ``root`` of arrays of one dtype and shape: as ``algorithms.broadcast_small``,
@@ -145,7 +180,6 @@ class BroadcastLane(Lane):
     into the other's."""
 
     __slots__ = ("from_here", "zeros", "direct", "checked", "peer")
-    direct_too = True
 
     def __init__(self, call: Call, x: np.ndarray, root: int):
         super().__init__(call, floating=False)
@@ -154,6 +188,10 @@ class BroadcastLane(Lane):
         self.checked = call.runtime.settings.check   # (off: the ring's broadcast sends no check: Call.agree)
         self.peer = 1 - self.transport.rank
         self.zeros = np.zeros(x.nbytes, np.uint8) if self.transport.size != 2 else None
+
+    @staticmethod
+    def direct_for(call: Call, kind: Any) -> bool:
+        return call.algorithm == "ring"
 
     def move(self, header: bytes, x: np.ndarray, out: None) -> np.ndarray:
         mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
@@ -191,7 +229,7 @@ class AllgatherLane(Lane):
     other's result, as the ring's one message."""
 
     __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole", "pair", "theirs")
-    direct_too = True
+    direct_for = BroadcastLane.direct_for   # (the ring's)
 
     def __init__(self, call: Call, x: np.ndarray, out_rows: int, finish: Callable):
         super().__init__(call, floating=False)
@@ -330,7 +368,7 @@ def open_lane(call: Call, x: np.ndarray, kind: Any, *more: Any) -> None:
     if lane is None or call.thread or call.forced or call.call_name or x.dtype.isbuiltin != 1 \
             or not x.flags.c_contiguous or call.window != runtime.settings.timeout or not x.size:
         return
-    if call.algorithm != "doubling" and not (lane.direct_too and direct(call, x)):
+    if call.algorithm != "doubling" and not (lane.direct_for(call, kind) and direct(call, x)):
         return
     if len(runtime.lanes) >= _MOST_LANES:
         runtime.lanes.clear()
@@ -339,11 +377,12 @@ def open_lane(call: Call, x: np.ndarray, kind: Any, *more: Any) -> None:
 
 
 def direct(call: Call, x: np.ndarray) -> bool:
-    """Whether ``call`` on ``x`` (each rank's part) ran by the ring on two ranks in one message each
-    way: then the ring's messages are the check's exchange and that one message, which a lane sends
-    straight from and into the caller's arrays (its segment is at least ``x``)."""
+    """Whether ``call`` on ``x`` (each rank's part) ran on two ranks in one message each way at each
+    step (its segment is at least ``x``): then its messages are the check's exchange and those, which a
+    lane sends straight from and into the caller's arrays (the ring's broadcast and all-gather, halving's
+    all-reduce: each lane's ``direct_for``)."""
     transport = call.group.transport
-    return call.algorithm == "ring" and transport.size == 2 and x.size <= call.runtime.segment_elems(x.dtype, transport)
+    return transport.size == 2 and x.size <= call.runtime.segment_elems(x.dtype, transport)
 
 
 _LANES = {"allreduce": AllreduceLane, "broadcast": BroadcastLane, "allgather": AllgatherLane}

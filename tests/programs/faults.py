@@ -195,8 +195,8 @@ def late_after_timeout() -> None:
     has raised): it must fail the call too, not complete it alone with the data the others had sent
     before giving up. argv[2]: "allreduce" (small: recursive doubling), "ring" (large), "barrier",
     "lane-allreduce", "lane-broadcast", "lane-allgather" (small, with no option: the express lane that
-    its first call opened, with the timeout set by init), "direct-broadcast", "direct-allgather" (the
-    same, large: on two ranks the lane of the ring's one message), or "group-allreduce", "group-barrier" (on a group of every rank, made
+    its first call opened, with the timeout set by init), "direct-broadcast", "direct-allgather",
+    "direct-allreduce" (the same, large: on two ranks the lane of the ring's or halving's messages), or "group-allreduce", "group-barrier" (on a group of every rank, made
     first: its give-up is sent beside the world's); argv[3]: "staying" (the others live on until
     rank 1's call has ended: their give-up message tells it) or "gone" (they end their programs:
     their farewells tell it)."""
@@ -209,7 +209,8 @@ def late_after_timeout() -> None:
     timeout = 30 if col.rank() == late else 2
     lanes = {"lane-allreduce": lambda: col.allreduce(x), "lane-broadcast": lambda: col.broadcast(x, 0),
              "lane-allgather": lambda: col.allgather(x)}
-    lanes.update({"direct-broadcast": lanes["lane-broadcast"], "direct-allgather": lanes["lane-allgather"]})
+    lanes.update({"direct-broadcast": lanes["lane-broadcast"], "direct-allgather": lanes["lane-allgather"],
+                  "direct-allreduce": lanes["lane-allreduce"]})
     if call in lanes:
         from collectives.ops import express
         col.init(timeout=timeout)
