@@ -315,8 +315,11 @@ def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any) -> AllreduceLane | N
         runtime.last_allreduce = lane
     if g.destroyed:
         return None
+    # (the doubling's lane copies a strided x into its message; halving's sends from x itself)
+    if lane.halves is not None and not x.flags.c_contiguous:
+        return None
     if out is None:
-        return lane   # (a strided x is copied into the message as it is)
+        return lane
     if out is x:
         flags = x.flags
         return lane if flags.writeable and flags.c_contiguous else None

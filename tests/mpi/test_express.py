@@ -269,6 +269,22 @@ def test_a_repeated_allreduce_that_halving_carries_takes_the_direct_lane_on_two_
             assert got is out
 
 
+@pytest.mark.parametrize("view", [lambda big: big[::2], lambda big: big[::-1][::2], lambda big: big.reshape(-1, 2)[:, :1]])
+@pytest.mark.parametrize("out_kind", ["new", "own out"])
+def test_a_strided_x_after_a_direct_allreduce_lane_opened_is_reduced_the_usual_way(view, out_kind):
+    """Halving's lane sends from x itself: a strided x of the lane's kind takes the usual way (which
+    copies it), on two ranks and elsewhere alike."""
+    count = 70_000
+    big = _contribution((2 * count,), np.float32, 1)
+    shape = view(big).shape
+    col.allreduce(np.ascontiguousarray(view(big)))   # (a contiguous x of that kind opens the lane)
+    x = view(big)
+    out = None if out_kind == "new" else np.empty(shape, np.float32)
+    got = col.allreduce(x, out=out)
+    assert got.tobytes() == _reference(np.ascontiguousarray(x), "sum").tobytes()
+    assert col.allreduce(np.ascontiguousarray(x)).tobytes() == got.tobytes()   # (in step again)
+
+
 @pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("count", [3, 1000, 80_000])   # (doubling; the pair's messages; the ring's, direct)
 def test_a_rank_on_the_lane_and_a_rank_on_the_usual_way_send_the_same_messages(count, check):
