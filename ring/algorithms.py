@@ -163,7 +163,8 @@ def allgather_small(transport: Transport, bound: Bound, counts: tuple[int, ...],
     the ranks' bytes laid end to end), or None on every rank if any rank's signature differs.
 
     Each rank's message holds its own counts and bytes in its own place and zeros elsewhere, and
-    the messages are combined by bitwise or, which is exact for any dtype. The counts are always
+    the messages are combined by bitwise or, which is exact for any dtype; on two ranks each
+    message is its sender's counts and bytes alone (``doubling.swap``). The counts are always
     right; the bytes only when every rank brought as many as this one (which the counts tell).
     With ``data=None`` this is the all-gather's first step on the ring path: the counts alone.
     """
@@ -236,7 +237,8 @@ def allgather(transport: Transport, bound: Bound,
 def broadcast_small(transport: Transport, bound: Bound, buffer: np.ndarray, root: int, signature: bytes) -> bool:
     """``broadcast`` of a small host buffer by recursive doubling, in the messages that check
     ``signature``: the root brings its bytes, every other rank zeros, and the messages are combined
-    by bitwise or (exact for any dtype). About log2(n) messages instead of the chain's n-1 after
+    by bitwise or (exact for any dtype); on two ranks the root's bytes go one way and the signature
+    alone comes back (``doubling.swap``). About log2(n) messages instead of the chain's n-1 after
     the check's. Returns False (``buffer`` untouched) if any rank's signature differs."""
     mine = buffer.view(np.uint8)
     if transport.size == 2:   # (one exchange: the root's bytes one way, the signature alone back)
