@@ -363,8 +363,9 @@ def _apart(out: Any, x: np.ndarray, shape: tuple) -> bool:
 
 
 def open_lane(call: Call, x: np.ndarray, kind: Any, *more: Any) -> None:
-    """After ``call``, a collective of host array ``x`` that ran by recursive doubling (or, for a
-    broadcast or an all-gather on two ranks, by the ring in one message: :func:`direct`): keep a lane
+    """After ``call``, a collective of host array ``x`` that ran by recursive doubling (or on two ranks
+    in one message each way at each step: the ring's broadcast or all-gather, halving's all-reduce by
+    anything but "avg": :func:`direct`): keep a lane
     for the calls of its kind that follow (``kind``: the op, the root, or the ``out`` rows), where it
     forced no option. ``more``: what the lane needs besides (the all-gather's ``finish``)."""
     g, runtime, lane = call.group, call.runtime, _LANES.get(call.name)
