@@ -132,8 +132,7 @@ def swap(transport: Transport, bound: Bound, signature: bytes, payload: np.ndarr
     """
     ready = prepared(transport, None if payload is None else payload.dtype, 0 if payload is None else payload.nbytes)
     step = ready.one_step
-    wire = partial(transport.exchange, ready.send, ready.recv, dest=step.send_to, source=step.recv_from,
-                             reuse=ready)
+    wire = partial(transport.exchange, ready.send, ready.recv, dest=step.send_to, source=step.recv_from, reuse=ready)
     return ready.run_wired(wire, bound, header(signature), payload, None, into)
 
 

@@ -100,6 +100,13 @@ class Lane:
         the exchange, and what the usual body does after it."""
         raise NotImplementedError
 
+    def agree(self, header: bytes) -> None:
+        """The check's exchange alone, before a direct lane's messages (as ``Call.agree``: none where the
+        check is off); raise on every rank if the signatures differ."""
+        if self.call.runtime.settings.check and \
+                not (self.exchange or self._exchange(None, 0))(self.call, header, None, None, None):
+            self.disagree(header)
+
     def disagree(self, header: bytes) -> NoReturn:
         """The error of a call whose ranks' signatures differ, raised on every rank (``Call.disagree``)."""
         self.call.disagree(header[:doubling.SIGNATURE_BYTES])
@@ -122,7 +129,7 @@ class AllreduceLane(Lane):
     ``algorithms.allreduce_small``, which scales); or (``halves``, two ranks, where halving carries
     the call: :meth:`_halving`) a larger one by "sum", "prod", "min" or "max"."""
 
-    __slots__ = ("dtype", "shape", "op", "combine", "halves", "checked", "peer")
+    __slots__ = ("dtype", "shape", "op", "combine", "halves", "peer")
 
     def __init__(self, call: Call, x: np.ndarray, op: str):
         super().__init__(call, floating=x.dtype.kind in "fc")
@@ -130,11 +137,9 @@ class AllreduceLane(Lane):
         self.combine = arrays.ufunc(np, op) if op != "avg" else None
         self.halves = None
         if call.algorithm == "halving":   # (the range each rank reduces, as halving's schedule gives it)
-            rank = self.transport.rank
-            mine = halving_plans(rank, 2, x.size, call.runtime.segment_elems(x.dtype, self.transport))[2]
-            theirs = halving_plans(1 - rank, 2, x.size, call.runtime.segment_elems(x.dtype, self.transport))[2]
-            self.halves, self.peer = (slice(*mine), slice(*theirs)), 1 - rank
-            self.checked = call.runtime.settings.check   # (off: halving sends no check: Call.agree)
+            segment, rank = call.runtime.segment_elems(x.dtype, self.transport), self.transport.rank
+            owned = [slice(*halving_plans(r, 2, x.size, segment)[2]) for r in (0, 1)]
+            self.halves, self.peer = (owned[rank], owned[1 - rank]), 1 - rank
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
@@ -162,8 +167,7 @@ class AllreduceLane(Lane):
         (``algorithms.allreduce_halving_doubling``): the check's exchange, then its two messages,
         straight between the arrays: each rank sends the other the half that one reduces, reduces
         its own (its own part first, as the usual way), and sends it back for the other's result."""
-        if self.checked and not (self.exchange or self._exchange(None, 0))(self.call, header, None, None, None):
-            self.disagree(header)
+        self.agree(header)
         (mine, theirs), transport, peer = self.halves, self.transport, self.peer
         own = target[mine]
         received = arrays.scratch(target, own.size, 0) if in_place else own
@@ -179,13 +183,12 @@ class BroadcastLane(Lane):
     the ring carries the call) the check's exchange, then the root's bytes straight from its array
     into the other's."""
 
-    __slots__ = ("from_here", "zeros", "direct", "checked", "peer")
+    __slots__ = ("from_here", "zeros", "direct", "peer")
 
     def __init__(self, call: Call, x: np.ndarray, root: int):
         super().__init__(call, floating=False)
         self.from_here = self.transport.rank == root
         self.direct = call.algorithm != "doubling"
-        self.checked = call.runtime.settings.check   # (off: the ring's broadcast sends no check: Call.agree)
         self.peer = 1 - self.transport.rank
         self.zeros = np.zeros(x.nbytes, np.uint8) if self.transport.size != 2 else None
 
@@ -196,8 +199,7 @@ class BroadcastLane(Lane):
     def move(self, header: bytes, x: np.ndarray, out: None) -> np.ndarray:
         mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
         if self.direct:
-            if self.checked and not (self.exchange or self._exchange(None, 0))(self.call, header, None, None, None):
-                self.disagree(header)
+            self.agree(header)
             if self.from_here:
                 self.transport.exchange(mine, None, self.call, dest=self.peer)
             else:
