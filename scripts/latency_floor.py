@@ -82,7 +82,7 @@ def main() -> None:
     col.allreduce(x, out=o)
     world, guard, unguard = startup.the_world, arrays.ieee_floating_point, arrays.restore_floating_point
     wired = express.allreduce_lane(world, x, "sum", o).exchange   # (the one step's, on two ranks)
-    ready, lane_requests = wired.func.__self__, wired.args[0].requests
+    ready, lane_requests = wired.func.__self__, wired.args[0].__self__.requests   # (run_wired, Persistent.run)
 
     def flat():
         for _ in range(CALLS):

@@ -93,7 +93,9 @@ class Lane:
         finally:
             if not _handed:
                 engine.end_turn()
-            settle(self.call.interrupted)
+            if held.pending:   # (settle's rare case: a Ctrl-C came in the call's books)
+                settle(self.call.interrupted)
+            held.on = False
 
     def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> Any:
         """The body of one call whose message begins with ``header`` (its signature: ``doubling.header``):
