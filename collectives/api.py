@@ -65,24 +65,49 @@ def _on_group(method: Callable) -> Callable:
 
 
 def _through_the_lane(general: Callable) -> Callable:
-    """The module's ``allreduce``: a call with no option on the world goes straight to its express
-    lane where one is open (``collectives.ops.express``: a repeated small call), any other the way
-    of ``general`` (the world's method, ``_on_group``). ``group`` and ``algorithm`` are named, not
-    options: a caller that passes their defaults (the bench does) takes the lane as fast."""
-    def allreduce(x: Any, op: str = "sum", out: Any = None, *, group: Group | None = None,
-                  algorithm: str | None = None, **options: Any) -> Any:
-        world = startup.the_world
-        if group is None and algorithm is None and not options and world is not None:
-            lane = express.allreduce_lane(world, x, op, out)
-            if lane is not None:
-                return lane.run(x, out)
+    """The module's ``allreduce``, ``broadcast`` or ``allgather`` (``general``'s name): a call with no
+    option on the world goes straight to its express lane where one is open (``collectives.ops.express``:
+    a repeated small call), any other the way of ``general`` (the world's method, ``_on_group``).
+    ``group`` and ``algorithm`` are named, not options: a caller that passes their defaults (the bench
+    does) takes the lane as fast."""
+    name = general.__name__
+
+    def usual(*args: Any, **kwargs: Any) -> Any:
         try:
-            return general(x, op, out, group=group, algorithm=algorithm, **options)
+            return general(*args, **kwargs)
         except KeyboardInterrupt:
             held.on = True   # (see _interrupted)
-            _interrupted("allreduce")
+            _interrupted(name)
             raise
-    return functools.update_wrapper(allreduce, general)   # (its name, docstring and signature)
+
+    if name == "allreduce":
+        def through(x: Any, op: str = "sum", out: Any = None, *, group: Group | None = None,
+                    algorithm: str | None = None, **options: Any) -> Any:
+            world = startup.the_world
+            if group is None and algorithm is None and not options and world is not None:
+                lane = express.allreduce_lane(world, x, op, out)
+                if lane is not None:
+                    return lane.run(x, out)
+            return usual(x, op, out, group=group, algorithm=algorithm, **options)
+    elif name == "broadcast":
+        def through(x: Any, root: int = 0, *, group: Group | None = None, algorithm: str | None = None,
+                    **options: Any) -> Any:
+            world = startup.the_world
+            if group is None and algorithm is None and not options and world is not None:
+                lane = express.broadcast_lane(world, x, root)
+                if lane is not None:
+                    return lane.run(x)
+            return usual(x, root, group=group, algorithm=algorithm, **options)
+    else:
+        def through(x: Any, out: Any = None, *, group: Group | None = None, algorithm: str | None = None,
+                    **options: Any) -> Any:
+            world = startup.the_world
+            if group is None and algorithm is None and not options and world is not None:
+                lane = express.allgather_lane(world, x, out)
+                if lane is not None:
+                    return lane.run(x, out)
+            return usual(x, out, group=group, algorithm=algorithm, **options)
+    return functools.update_wrapper(through, general)   # (its name, docstring and signature)
 
 
 def _interrupted(name: str) -> None:
@@ -102,7 +127,7 @@ def _interrupted(name: str) -> None:
 # Every collective of the table (``collectives.calls.table``) as a function of this module:
 # ``allreduce``, ``allgather``, ... (made once, at import: the call itself is ``on_group``'s).
 _FUNCTIONS = {c.name: _on_group(getattr(Group, c.name)) for c in table.COLLECTIVES}
-_FUNCTIONS["allreduce"] = _through_the_lane(_FUNCTIONS["allreduce"])
+_FUNCTIONS.update({name: _through_the_lane(_FUNCTIONS[name]) for name in ("allreduce", "broadcast", "allgather")})
 globals().update(_FUNCTIONS)
 
 

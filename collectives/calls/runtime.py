@@ -78,9 +78,10 @@ class Runtime:
         #: The algorithm remembered for ``algorithm_for``'s arguments as a tuple, or None: the
         #: lookup alone, which a small call makes before paying for a call of algorithm_for.
         self.chosen = self._choices.get
-        #: The express lanes of small all-reduces (``collectives.ops.express``), which the settings shape.
+        #: The express lanes of small collectives (``collectives.ops.express``), which the settings shape,
+        #: and the lane of each collective that ran last (``express._kept``).
         self.lanes: dict = {}
-        self.last_allreduce = None   # the all-reduce lane that ran last (see express.allreduce_lane)
+        self.last_allreduce = self.last_broadcast = self.last_allgather = None
 
     def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True, two_level: bool = False,
                       wire_ratio: float = 1.0) -> str:

@@ -36,10 +36,12 @@ _MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making
 
 
 class Lane:
-    """What every call of one kind shares: the group, the signature template, the reused ``call``,
-    whether the arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
+    """What every call of one kind shares: the group, the kind (``x``'s dtype and shape, and ``kind``:
+    the op, the root or the ``out`` rows), the signature template, the reused ``call``, whether the
+    arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
-    __slots__ = ("group", "transport", "template", "call", "floating", "exchange", "incoming", "header", "wider_at")
+    __slots__ = ("group", "dtype", "shape", "kind", "transport", "template", "call", "floating", "exchange",
+                 "incoming", "header", "wider_at")
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
@@ -47,8 +49,9 @@ class Lane:
         way (:func:`direct`) have a lane too: its own exchange of their messages."""
         return False
 
-    def __init__(self, call: Call, floating: bool):
+    def __init__(self, call: Call, x: np.ndarray, kind: Any, floating: bool):
         self.group, self.template = call.group, call.template
+        self.dtype, self.shape, self.kind = x.dtype, x.shape, kind
         self.transport = call.group.transport   # (a group's, for its whole life)
         self.call = copy.copy(call)   # (a bound of its own, renewed by each call)
         self.call.background = False
@@ -131,11 +134,10 @@ class AllreduceLane(Lane):
     ``algorithms.allreduce_small``, which scales); or (``halves``, two ranks, where halving carries
     the call: :meth:`_halving`) a larger one by "sum", "prod", "min" or "max"."""
 
-    __slots__ = ("dtype", "shape", "op", "combine", "halves", "peer")
+    __slots__ = ("combine", "halves", "peer")
 
     def __init__(self, call: Call, x: np.ndarray, op: str):
-        super().__init__(call, floating=x.dtype.kind in "fc")
-        self.dtype, self.shape, self.op = x.dtype, x.shape, op
+        super().__init__(call, x, op, floating=x.dtype.kind in "fc")
         self.combine = arrays.ufunc(np, op) if op != "avg" else None
         self.halves = None
         if call.algorithm == "halving":   # (the range each rank reduces, as halving's schedule gives it)
@@ -155,7 +157,7 @@ class AllreduceLane(Lane):
             self._halving(header, flat_in, flat_out, out is x)
             return result
         if self.combine is None:
-            agreed = algorithms.allreduce_small(self.transport, self.call, flat_in, flat_out, self.op,
+            agreed = algorithms.allreduce_small(self.transport, self.call, flat_in, flat_out, self.kind,
                                                 self.template % self.call.seq)
         else:
             exchange = self.exchange or self._exchange(self.dtype, x.nbytes)
@@ -188,7 +190,7 @@ class BroadcastLane(Lane):
     __slots__ = ("from_here", "zeros", "direct", "peer")
 
     def __init__(self, call: Call, x: np.ndarray, root: int):
-        super().__init__(call, floating=False)
+        super().__init__(call, x, root, floating=False)
         self.from_here = self.transport.rank == root
         self.direct = call.algorithm != "doubling"
         self.peer = 1 - self.transport.rank
@@ -232,15 +234,17 @@ class AllgatherLane(Lane):
     call (``direct``), the message is the counts alone, and the rows go straight from ``x`` into the
     other's result, as the ring's one message."""
 
-    __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole", "pair", "theirs")
+    __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole", "out_shape",
+                 "pair", "theirs")
     direct_for = BroadcastLane.direct_for   # (the ring's)
 
     def __init__(self, call: Call, x: np.ndarray, out_rows: int, finish: Callable):
-        super().__init__(call, floating=False)
+        super().__init__(call, x, out_rows, floating=False)
         n, rank, rows = self.transport.size, self.transport.rank, x.shape[0]
         self.pair = n == 2
         self.finish = finish
         self.whole = (n * rows,) + x.shape[1:]
+        self.out_shape = (out_rows,) + x.shape[1:]   # (an ``out`` given: its shape)
         alike = out_rows in (-1, n * rows)
         if self.pair:
             width = x.nbytes if call.algorithm == "doubling" else 0   # (0: the counts alone, direct)
@@ -310,14 +314,10 @@ def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any) -> AllreduceLane | N
     if type(x) is not np.ndarray or type(op) is not str or get_ident() != progress.MAIN_THREAD or progress.on_behalf \
             or timeline.current is not None or execute.observer is not None:   # (_open_to's, inline: the
         return None   # hottest path; an op of another type is for the usual checks to name: it may not even hash)
-    runtime = g.runtime
-    lane = runtime.last_allreduce   # (a loop repeats one kind: comparing with it costs less than the lookup)
-    if lane is None or lane.group is not g or x.dtype is not lane.dtype or x.shape != lane.shape or op != lane.op:
-        lane = runtime.lanes.get((g, "allreduce", x.dtype, x.shape, op))
-        if lane is None:
-            return None
-        runtime.last_allreduce = lane
-    if g.destroyed:
+    lane = g.runtime.last_allreduce   # (the one that ran last, first: see _kept)
+    if lane is None or lane.group is not g or x.dtype is not lane.dtype or x.shape != lane.shape or op != lane.kind:
+        lane = _kept(g, "allreduce", x, op)
+    if lane is None or g.destroyed:
         return None
     # (the doubling's lane copies a strided x into its message; halving's sends from x itself)
     if lane.halves is not None and not x.flags.c_contiguous:
@@ -328,7 +328,7 @@ def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any) -> AllreduceLane | N
         flags = x.flags
         return lane if flags.writeable and flags.c_contiguous else None
     if type(out) is np.ndarray and (out.dtype is lane.dtype or out.dtype == lane.dtype) and out.shape == lane.shape:
-        flags = out.flags
+        flags = out.flags   # (_writable_apart's, inline: the hottest path)
         if flags.writeable and flags.c_contiguous and (x.base is None and out.base is None or
                                                        not np.may_share_memory(x, out)):
             return lane
@@ -340,7 +340,9 @@ def broadcast_lane(g: CallGroup, x: Any, root: Any) -> BroadcastLane | None:
     cannot write where it receives: the usual way, which copies or names it)."""
     if type(root) is not int or not _open_to(g, x):
         return None
-    lane = g.runtime.lanes.get((g, "broadcast", x.dtype, x.shape, root))
+    lane = g.runtime.last_broadcast
+    if lane is None or lane.group is not g or x.dtype is not lane.dtype or x.shape != lane.shape or root != lane.kind:
+        lane = _kept(g, "broadcast", x, root)
     flags = x.flags
     return lane if lane is not None and flags.c_contiguous and (lane.from_here or flags.writeable) else None
 
@@ -348,19 +350,39 @@ def broadcast_lane(g: CallGroup, x: Any, root: Any) -> BroadcastLane | None:
 def allgather_lane(g: CallGroup, x: Any, out: Any) -> AllgatherLane | None:
     """The lane that runs ``allgather(x, out)`` on ``g`` now, or None. ``out``: None, or a writable
     array of x's dtype whose rows are those of the lane's kind, apart from x."""
-    if not _open_to(g, x) or not x.flags.c_contiguous:
+    if out is None:
+        rows = -1
+    elif type(out) is np.ndarray and out.ndim:
+        rows = out.shape[0]
+    else:
         return None
-    rows = -1 if out is None else out.shape[0] if type(out) is np.ndarray and out.ndim else None
-    lane = g.runtime.lanes.get((g, "allgather", x.dtype, x.shape, rows)) if rows is not None else None
-    if lane is None or out is None:
+    if not _open_to(g, x):
+        return None
+    lane = g.runtime.last_allgather
+    if lane is None or lane.group is not g or x.dtype is not lane.dtype or x.shape != lane.shape or rows != lane.kind:
+        lane = _kept(g, "allgather", x, rows)
+    if lane is None or not x.flags.c_contiguous:
+        return None
+    if out is None:
         return lane
-    return lane if _apart(out, x, (rows,) + x.shape[1:]) else None
+    if out is x or (out.dtype is not lane.dtype and out.dtype != lane.dtype) or out.shape != lane.out_shape:
+        return None
+    return lane if _writable_apart(out, x) else None
 
 
-def _apart(out: Any, x: np.ndarray, shape: tuple) -> bool:
-    """Whether ``out`` is a writable contiguous array of x's dtype and ``shape`` that shares no memory with x."""
-    if type(out) is not np.ndarray or out is x or out.dtype != x.dtype or out.shape != shape:
-        return False
+def _kept(g: CallGroup, name: str, x: np.ndarray, kind: Any) -> Any:
+    """The lane kept for collective ``name`` of ``x`` and ``kind`` on ``g``, or None; remembered as the
+    runtime's ``last_<name>``, which the lookups compare first (a loop repeats one kind: comparing
+    costs less than looking up)."""
+    runtime = g.runtime
+    lane = runtime.lanes.get((g, name, x.dtype, x.shape, kind))
+    if lane is not None:
+        setattr(runtime, "last_" + name, lane)
+    return lane
+
+
+def _writable_apart(out: np.ndarray, x: np.ndarray) -> bool:
+    """Whether array ``out`` (not ``x``) is writable and contiguous, and shares no memory with ``x``."""
     flags = out.flags   # (two arrays that own their memory never overlap)
     return flags.writeable and flags.c_contiguous and (x.base is None and out.base is None or
                                                        not np.may_share_memory(x, out))
@@ -380,7 +402,7 @@ def open_lane(call: Call, x: np.ndarray, kind: Any, *more: Any) -> None:
         return
     if len(runtime.lanes) >= _MOST_LANES:
         runtime.lanes.clear()
-        runtime.last_allreduce = None
+        runtime.last_allreduce = runtime.last_broadcast = runtime.last_allgather = None
     runtime.lanes[(g, call.name, x.dtype, x.shape, kind)] = lane(call, x, kind, *more)
 
 

@@ -173,6 +173,36 @@ def _allgather_lane_taken(x, out=None) -> bool:
     return express.allgather_lane(col.world_group(), x, out) is not None
 
 
+def test_broadcast_and_allgather_lanes_of_several_kinds_in_turn_keep_the_bits():
+    """Broadcasts and all-gathers of several kinds in turn (the lane of each collective that ran last
+    is compared before the lookup: ``express._kept``), through the module functions and a group's
+    methods, on the world and on half the ranks, with roots, shapes, dtypes (one equal to the lane's
+    but another object) and ``out`` rows that change from call to call: each against mpi4py's."""
+    group, halves = col.world_group().split(RANK % 2), COMM.Split(RANK % 2)
+    tagged = np.dtype(np.float32, metadata={"units": "m"})   # (== float32, but another object)
+    kinds = [((3,), np.float32, 0, None), ((3,), np.float32, N - 1, None), ((3,), np.float32, 0, group),
+             ((4,), np.float32, 0, None), ((3,), np.int64, 0, None), ((3,), tagged, N - 1, None),
+             ((2, 3), np.float32, 0, None)]
+    for step in range(6 * len(kinds)):   # (each kind twice in a row, then the next)
+        shape, dtype, root, on = kinds[step // 2 % len(kinds)]
+        comm = COMM if on is None else halves
+        root %= comm.Get_size()
+        x = _contribution(shape, np.float32 if dtype is tagged else dtype, step)
+        if dtype is tagged:
+            x = x.view(tagged)
+        sent = x.copy()
+        gathered = np.empty((comm.Get_size(),) + shape, x.dtype)
+        comm.Allgather(sent, gathered)
+        out = np.full((comm.Get_size() * shape[0],) + shape[1:], 7, x.dtype) if step % 2 else None
+        got = col.allgather(x, out=out) if on is None else on.allgather(x, out=out)
+        assert got.tobytes() == gathered.tobytes(), ("allgather", step, shape, dtype, on)
+        assert out is None or got is out
+        expected = gathered[root]
+        got = col.broadcast(x, root) if on is None else on.broadcast(x, root)
+        assert got is x and x.tobytes() == expected.tobytes(), ("broadcast", step, shape, dtype, root, on)
+    halves.Free()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8, np.float16])
 @pytest.mark.parametrize("shape", [(3,), (2, 5), (1000,)])
 def test_a_repeated_small_broadcast_takes_the_lane_with_the_usual_bits(dtype, shape):
