@@ -235,7 +235,9 @@ class AllgatherLane(Lane):
     other's result, as the ring's one message."""
 
     __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole", "out_shape",
-                 "pair", "theirs")
+                 "pair", "theirs", "typed_rows")
+    # (``slot`` and ``typed_rows`` are views in x's dtype: a copy between arrays of one dtype moves the
+    # bytes as they are, and costs less than the byte views it would take otherwise)
     direct_for = BroadcastLane.direct_for   # (the ring's)
 
     def __init__(self, call: Call, x: np.ndarray, out_rows: int, finish: Callable):
@@ -248,12 +250,15 @@ class AllgatherLane(Lane):
         alike = out_rows in (-1, n * rows)
         if self.pair:
             width = x.nbytes if call.algorithm == "doubling" else 0   # (0: the counts alone, direct)
-            self.message, self.slot = algorithms.allgather_message(1, 0, (rows, out_rows), width)
+            self.message, slot = algorithms.allgather_message(1, 0, (rows, out_rows), width)
+            self.slot = slot.view(x.dtype) if width else None
             self.alike = self.message[:16].tobytes() if alike else None
             return
-        self.message, self.slot = algorithms.allgather_message(n, rank, (rows, out_rows), x.nbytes)
+        self.message, slot = algorithms.allgather_message(n, rank, (rows, out_rows), x.nbytes)
+        self.slot = slot.view(x.dtype)
         self.gathered = np.empty(self.message.size, np.uint8)
         self.every, self.rows = algorithms.allgather_parts(self.gathered, n, 2)
+        self.typed_rows = self.rows.view(x.dtype)   # (every rank's rows: the result, where the counts are alike)
         self.counts = memoryview(self.gathered)[:self.every.nbytes]
         self.alike = np.array([rows, out_rows] * n, np.int64).tobytes() if alike else None
 
@@ -261,42 +266,46 @@ class AllgatherLane(Lane):
         source = x if x.ndim == 1 else x.reshape(-1)
         if self.pair:
             return self._pair(header, x, out, source)
-        self.slot[...] = source.view(np.uint8)
+        self.slot[...] = source
         exchange = self.exchange or self._exchange(self.message.dtype, self.message.nbytes)
         if not exchange(self.call, header, self.message, np.bitwise_or, self.gathered):
             self.disagree(header)
         if self.counts.tobytes() == self.alike:   # (what finish would find: every rank's rows, in rank order)
             result = np.empty(self.whole, x.dtype) if out is None else out
-            (result if result.ndim == 1 else result.reshape(-1)).view(np.uint8)[...] = self.rows
+            (result if result.ndim == 1 else result.reshape(-1))[...] = self.typed_rows
             return result
         return self.finish(self.call, x, out, source, self.every, self.rows)
 
     def _pair(self, header: bytes, x: np.ndarray, out: np.ndarray | None, source: np.ndarray) -> np.ndarray:
         """:meth:`move` on two ranks: each sent its own counts (and rows, but ``direct``); where the
         other's counts are this one's, the result is the two ranks' rows in rank order."""
-        message, slot, bytes_in = self.message, self.slot, source.view(np.uint8)
-        if slot.size:
-            slot[...] = bytes_in
+        message, slot = self.message, self.slot
+        if slot is not None:
+            slot[...] = source
         exchange = self.exchange
         if exchange is None:
             exchange = self._exchange(message.dtype, message.nbytes)
-            self.theirs = self.incoming[:16], self.incoming[16:message.size]   # (the other's counts, and rows)
+            rows_in = self.incoming[16:message.size]   # (the other's counts, and rows, also in x's dtype)
+            self.theirs = self.incoming[:16], rows_in, rows_in.view(x.dtype) if slot is not None else None
         if not exchange(self.call, header, message, None):
             self.disagree(header)
-        counts_in, rows_in = self.theirs
+        counts_in, rows_in, theirs = self.theirs
         if counts_in.tobytes() != self.alike:
             every, rows = algorithms.pair_gathered(self.transport.rank, message,
                                                    np.concatenate((counts_in, rows_in)), 2)
-            return self.finish(self.call, x, out, source, every, rows if slot.size else None)
+            return self.finish(self.call, x, out, source, every, rows if slot is not None else None)
         result = np.empty(self.whole, x.dtype) if out is None else out
-        both = (result if result.ndim == 1 else result.reshape(-1)).view(np.uint8)
-        width, rank = bytes_in.nbytes, self.transport.rank
-        mine, theirs = (both[:width], both[width:]) if rank == 0 else (both[width:], both[:width])
-        mine[...] = bytes_in
-        if slot.size:
-            theirs[...] = rows_in
-        else:   # (direct: the ring's one message each way, from and into the results)
-            self.transport.exchange(mine, theirs, self.call, dest=1 - rank, source=1 - rank)
+        flat = result if result.ndim == 1 else result.reshape(-1)
+        k, rank = source.size, self.transport.rank
+        if slot is not None:   # (one copy each: slices assigned, no views made)
+            if rank == 0:
+                flat[:k], flat[k:] = source, theirs
+            else:
+                flat[:k], flat[k:] = theirs, source
+            return result
+        mine, theirs = (flat[:k], flat[k:]) if rank == 0 else (flat[k:], flat[:k])
+        mine[...] = source   # (direct: the ring's one message each way, from and into the results)
+        self.transport.exchange(mine, theirs, self.call, dest=1 - rank, source=1 - rank)
         return result
 
 
