@@ -274,7 +274,8 @@ def allgather(call: Call, x: Any, out: Any) -> Any:
         call.disagree(sig)
     every, data = found
     result = gathered(call, x, out, source, every, data if small else None)
-    if host:
+    if host and small == (call.algorithm == "doubling"):   # (not where rows that differ across ranks went
+        # round the ring after the doubling: the next call of this kind, rows alike, takes the doubling)
         express.open_lane(call, x, out_rows, gathered)   # (the calls of this kind that follow skip the layers above)
     return result
 

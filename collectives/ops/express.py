@@ -150,7 +150,7 @@ class AllreduceLane(Lane):
         return call.algorithm == "halving" and kind != "avg"
 
     def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        result = np.empty(self.shape, self.dtype) if out is None else out
+        result = np.empty(self.shape, x.dtype) if out is None else out   # (x's dtype: equal to the lane's, maybe another object)
         flat_in = x if x.ndim == 1 else x.reshape(-1)
         flat_out = result if result.ndim == 1 else result.reshape(-1)
         if self.halves is not None:

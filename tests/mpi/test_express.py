@@ -147,6 +147,20 @@ def test_lanes_of_several_kinds_in_turn_and_call_numbers_that_gain_digits_keep_t
     halves.Free()
 
 
+@pytest.mark.parametrize("first, then", [("f4", "tagged"), ("q", "l"), ("l", "q")])
+def test_a_result_from_the_lane_has_the_dtype_of_its_own_x(first, then):
+    """A lane serves every dtype equal to the one that opened it; each result has its own x's dtype
+    (its metadata, its character), as the usual way's does, whatever call opened the lane."""
+    kinds = {"f4": np.dtype(np.float32), "tagged": np.dtype(np.float32, metadata={"units": "m"}),
+             "q": np.dtype("q"), "l": np.dtype("l")}
+    if kinds[first] != kinds[then]:
+        pytest.skip(f"{first} and {then} are not the same dtype on this platform")
+    for name in (first, then, then):
+        x = _contribution((3,), np.float32, 1).astype(kinds[name])
+        got = col.allreduce(x)
+        assert got.dtype == x.dtype and got.dtype.char == x.dtype.char and got.dtype.metadata == x.dtype.metadata
+
+
 def test_the_lane_is_for_the_main_thread_and_calls_without_options():
     x = _contribution((3,), np.float32, 4)
     col.allreduce(x)
@@ -347,6 +361,25 @@ def test_an_allgather_whose_rows_differ_across_ranks_goes_round_the_ring_from_ei
     got = col.allgather(mine)
     assert got.tobytes() == np.concatenate(COMM.allgather(mine)).tobytes()
     assert col.allgather(x).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()   # (in step again)
+
+
+@pytest.mark.parametrize("first_rows", [0, 1, 3])
+def test_an_allgather_whose_rows_differed_opens_no_lane_for_the_next_whose_rows_are_alike(first_rows):
+    """A call whose rows differ across ranks sends its data round the ring after the doubling; the next
+    call of the same kind with every rank's rows alike takes the doubling on a rank that had no lane
+    of that kind. Had the first call opened a lane of the ring's (the counts, then the rows straight
+    into the result), the two ranks' messages would pair wrong: one rank returned another call's rows,
+    the other waited for a message that never came."""
+    before = col.settings().timeout
+    col.init(timeout=20)   # (a wait for a message that never comes ends within the world's bound)
+    try:
+        for step in range(3):
+            rows = first_rows if RANK == 0 and step == 0 else 2
+            x = _contribution((rows, 1), np.float32, step)
+            got = col.allgather(x)
+            assert got.tobytes() == np.concatenate(COMM.allgather(x)).tobytes(), (step, rows)
+    finally:
+        col.init(timeout=before)
 
 
 @pytest.mark.parametrize("count", [4, 80_000])
