@@ -198,6 +198,12 @@ class Prepared:
         self.own = send[_HEADER:_HEADER + nbytes].view(dtype) if dtype is not None else None
         self.received = np.frombuffer(recv, dtype, nbytes // dtype.itemsize, _HEADER) if dtype is not None else None
         self.incoming = np.frombuffer(recv, np.uint8, offset=_HEADER)   # the partner's payload, as bytes, of any size
+        #: Where a step that is not the last combines floating-point payloads (None: into ``own``). Never
+        #: into one of its inputs: numpy's loop for an output that is one of its inputs may keep the other
+        #: input's NaN (sign and payload) where the loop for a third array keeps the first's, and partners
+        #: that wrote over different inputs would hold different bits of one sum.
+        self.merged = np.empty_like(self.received) if dtype is not None and dtype.kind in "fc" \
+            and len(self.steps) > 1 else None
         #: The step, where the schedule is one exchange with one partner (two ranks): see :meth:`run_wired`.
         self.one_step = self.final if len(self.steps) == 1 and self.final.send_to is not None \
             and self.final.recv_from is not None else None
@@ -228,13 +234,16 @@ class Prepared:
             if agreeing and self.recv_check.tobytes() != agreed_header:
                 self.send_check[SIGNATURE_BYTES] = agreeing = 0
             elif agreeing and payload is not None:
-                target = out if step is final and out is not None else self.own   # the last step writes where
-                if step.merge == "mine_first":                                        # it belongs
+                last = step is final and out is not None   # (the last step writes where the result belongs)
+                target = out if last else self.own if self.merged is None else self.merged
+                if step.merge == "mine_first":
                     combine(self.own, self.received, out=target)
                 else:
                     combine(self.received, self.own, out=target)
-                if step is final:
+                if last:
                     return True
+                if target is not self.own:
+                    self.own[...] = target
         if agreeing and payload is not None and out is not None:
             np.copyto(out, self.own)
         return agreeing == 1

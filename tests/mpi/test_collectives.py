@@ -153,6 +153,27 @@ def test_broadcast_keeps_every_bit_from_a_read_only_root(count):
     agree(x.tobytes() == source.tobytes(), "broadcast changed some bits")
 
 
+@pytest.mark.parametrize("dtype, bits", [("float64", (0x7FF8000000000000, 0xFFF8000000000000, 0x7FF8000000000ABC)),
+                                         ("float32", (0x7FC00000, 0xFFC00000, 0x7FC00ABC)),
+                                         ("float16", (0x7E00, 0xFE00, 0x7E0B))])
+@pytest.mark.parametrize("op", ["sum", "avg", "prod", "min", "max"])
+def test_nans_of_several_signs_and_payloads_reduce_to_the_same_bits_on_every_rank(dtype, bits, op):
+    """Ranks bring NaNs of other signs or payloads (one rank's unlike the others', and every pair of
+    kinds), beside numbers and infinities: whatever NaN the result keeps, every rank keeps the same
+    one (with recursive doubling every rank combines the partial results itself, and must write
+    them as its partners do), through the usual way and a lane."""
+    nans = np.array(bits, dtype=f"uint{np.dtype(dtype).itemsize * 8}").view(dtype)
+    others = np.array([1, np.inf, -np.inf], dtype)
+    for odd_one in range(N):
+        for mine, theirs in [(0, 1), (1, 0), (0, 2), (2, 1)]:
+            nan = [nans[mine if RANK == odd_one else theirs]]
+            for x in (np.array(nan), np.concatenate((nan, others)), np.resize(np.concatenate((others, nan)), 67)):
+                for _ in range(2):   # (the second of a kind takes the lane, where one opens)
+                    got = col.allreduce(x, op)
+                    agree(same_on_every_rank(got), f"{op}, {x.size} elements: the ranks hold different bits "
+                          f"(rank {odd_one} brings NaN {mine}, the others {theirs})")
+
+
 def test_broadcast_into_a_non_contiguous_view():
     big = np.full((4, 6), -1.0)
     view = big[:, ::2]
