@@ -220,9 +220,11 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
         try:
             if timeout is not None or call_name is not None or algorithm is not None:
                 call.check_options(timeout, call_name, algorithm)
+            if call.after_a_pause and not g.destroyed:   # (a rank that gave this call up while this one was
+                g.transport.control.check_gave_up(call.seq, True)   # away: fail before any message, at once)
             result = body(call, *args)
             if not g.destroyed:   # (a rank that gave this call up: this one fails it too)
-                g.transport.control.check_gave_up(call.seq, call.after_a_pause)
+                g.transport.control.check_gave_up(call.seq)
             if main:
                 interrupts.held.on = True
         except CollectiveUsageError as error:

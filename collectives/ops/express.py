@@ -80,10 +80,12 @@ class Lane:
             quiet = arrays.ieee_floating_point() if self.floating else None
             try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as the ranks may be out of step)
                 seq = call.renew()
+                if call.after_a_pause:   # (as the usual frame: a rank that gave this call up fails it here)
+                    self.transport.control.check_gave_up(seq, True)
                 if seq >= self.wider_at:
                     self.header, self.wider_at = doubling.header_template(self.template, seq)
                 result = self.move(self.header % seq, x, out)
-                self.transport.control.check_gave_up(seq, call.after_a_pause)
+                self.transport.control.check_gave_up(seq)
                 held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
             except BaseException as e:
                 held.on = True

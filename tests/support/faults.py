@@ -10,6 +10,7 @@ from tests.worlds import ROOT, run_world
 
 BOUND_S = 60   # "well under a minute": no scenario may take longer to end
 LEAVE_BOUND_S = 10.0   # a rank waiting for one that left knows within this (by message: about 0.1 s when idle)
+AT_ONCE_S = 0.5   # a call that can know as it starts that it fails raises within this (milliseconds when idle)
 DEADLINE_SLACK_S = 5.0   # how late past its deadline a timed-out call may raise on a loaded machine
 OWN_OUTPUT = ROOT / "tests" / "programs" / "own_output.sh"
 

@@ -255,8 +255,9 @@ class Control:
         """At the end of collective ``seq`` on this rank: raise PeerLost if a rank had given it up (its
         runtime stopped before completing it, or it left), so that a rank that comes late to a call the
         others timed out of fails it too, instead of completing it alone with the data they had sent.
-        ``drain``: the call came after a pause in the program's own code (``Call.after_a_pause``), in
-        which the others' words may have queued up behind other messages: read them all.
+        ``drain``: at the start of a call that came after a pause in the program's own code
+        (``Call.after_a_pause``), in which the others' words may have queued up behind other messages:
+        read them all (and fail before sending anything: a large call would otherwise wait to hear it).
         (A rank that completes the call within a message's latency of the others' timeout may still
         succeed: no end of a call can close that window without a round of messages of its own.)"""
         if drain:   # (after a pause: every message that came meanwhile, as _read_locked says)
