@@ -319,6 +319,21 @@ def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call
                      message), output   # (rank 0 or 2: either may be heard first)
 
 
+def test_ranks_that_come_with_no_pause_to_a_call_a_rank_gave_up_fail_it_at_once():
+    """With the check off a ring broadcast's root ends before the last rank; it gives up the next call
+    while that rank is away. The two others come to it straight from the broadcast (no pause, so no
+    drain at its start): they hear the give-up at their wait's first read and fail at once, not at
+    the first look at the peers half a second later, nor after a drain for a death."""
+    result = run_world(3, ["-m", "tests.programs.faults", "late-with-no-pause"], BOUND_S,
+                       env={"COLLECTIVES_CHECK": "0"}, launcher_args=keep_survivors())
+    output = result.stdout
+    errors = reported_errors(output)
+    assert "ok late call" not in output and sorted(errors) == [0, 1, 2], output
+    for rank in (1, 2):
+        seconds, message = errors[rank]
+        assert seconds < AT_ONCE_S and "rank 0 gave up" in message, output
+
+
 def test_a_rank_late_to_a_call_on_part_of_the_world_fails_it_after_the_others_words_queued_up():
     """Rank 1 comes to a call of the group [0, 1] once rank 0 timed out of it and ended, and rank 2,
     outside the group, ended too: the words of both at exit (farewells, the exit barrier's) reach

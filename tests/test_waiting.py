@@ -17,6 +17,7 @@ class _Control:
 
     def __init__(self, seen: bool):
         self.dead = {1} if seen else set()
+        self.departed, self.gave_up = {}, {}   # (farewells and give-ups read: none)
         self.checked_notices = 0
         self.looked = 0
 

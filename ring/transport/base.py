@@ -56,14 +56,17 @@ class PeerLost(TransportError):
     ``message`` says which, in full: ``rank 1 left: uncaught RuntimeError: ... (after 3 collective(s))``.
     ``root``: where a rank died, the root cause as every rank should hear it, naming the rank that
     saw it (``rank 3 is gone: ... (seen by rank 2)``), also when it reached this rank through the
-    farewell of a rank that failed because of it; else None.
+    farewell of a rank that failed because of it; else None. ``said``: the rank said so itself (its
+    farewell or give-up, read from the control channel), not a death seen here.
     """
 
-    def __init__(self, peer: int, message: str, root: str | None = None, dead: int | None = None):
+    def __init__(self, peer: int, message: str, root: str | None = None, dead: int | None = None,
+                 said: bool = False):
         super().__init__(message)
         self.peer = peer
         self.root = root
         self.dead = dead   # the rank that died, where one did (no message may be sent to it any more)
+        self.said = said
 
 
 class Bound:

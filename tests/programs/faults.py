@@ -190,6 +190,28 @@ def late() -> None:
             cue(2)
 
 
+def late_with_no_pause() -> None:
+    """With the check off (the test sets COLLECTIVES_CHECK=0), rank 0's ring broadcast ends once it
+    has sent; rank 0 goes on to an all-reduce with timeout=2 and gives it up while rank 2 is away
+    (cued once rank 0's call has raised). Ranks 1 and 2 then end the broadcast and come to the
+    all-reduce with no pause (their group has just made progress): each must fail it at once."""
+    col.barrier()
+    if col.rank() == 2:
+        await_cue(0)
+    col.broadcast(np.ones(1 << 18, np.float32), root=0, algorithm="ring")
+    if col.rank() == 0:
+        try:
+            report("call", col.allreduce, np.ones(100, np.float32), timeout=2)
+        finally:
+            cue(2)
+            await_cues([1, 2])
+        return
+    try:
+        report("late call", col.allreduce, np.ones(100, np.float32), timeout=30)
+    finally:
+        cue(0)
+
+
 def late_after_timeout() -> None:
     """Rank 1 comes to a call only after every other rank timed out of it (cued by each once its call
     has raised): it must fail the call too, not complete it alone with the data the others had sent
@@ -899,6 +921,7 @@ if __name__ == "__main__":
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
      "late-other-call": late_other_call, "late-after-timeout": late_after_timeout,
+     "late-with-no-pause": late_with_no_pause,
      "slow-but-moving": slow_but_moving, "never-starts-mpi": never_starts_mpi, "ends-without-mpi": ends_without_mpi,
      "late-on-a-part": late_on_a_part, "stuck-beside-a-part": stuck_beside_a_part,
      "timeline": timeline, "group-absent": group_absent, "group-member-dies": group_member_dies,

@@ -43,9 +43,9 @@ def lost(name: int, completed: int, why: str, gave_up: bool, root: bool = False,
     rank 1 ended its program after 3 collective(s)
     """
     if root:
-        return PeerLost(name, why, root=why, dead=dead)
+        return PeerLost(name, why, root=why, dead=dead, said=True)
     if gave_up:
         return PeerLost(name, f"rank {name} gave up (its runtime stopped after {completed} collective(s) of this "
-                              f"group): {why}")
+                              f"group): {why}", said=True)
     return PeerLost(name, f"rank {name} left: {why} (after {completed} collective(s))" if why else
-                    f"rank {name} ended its program after {completed} collective(s)")
+                    f"rank {name} ended its program after {completed} collective(s)", said=True)

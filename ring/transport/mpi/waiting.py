@@ -60,9 +60,12 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     # Near the deadline a collective asks who is in which call, so that a timeout's roll call is
     # answered by the deadline, not a grace period after it (a short wait asks half way).
     ask_at = max(bound.until - ROLL_CALL_GRACE, (started + bound.until) / 2) if seq else math.inf
-    next_check, notices = started + (0.0 if control.dead else CHECK_INTERVAL), control.checked_notices
+    heard = control.dead or control.departed or control.gave_up
+    next_check, notices = started + (0.0 if heard else CHECK_INTERVAL), control.checked_notices
     # (a notice that came while this rank computed, before the wait, is looked into at once: else it
-    # waited CHECK_INTERVAL; so is a death already seen, by a wait that drained after it)
+    # waited CHECK_INTERVAL; so is a death already seen, by a wait that drained after it, and a rank's
+    # farewell or give-up that the read above found: a rank that came to a call a rank had given up,
+    # with no pause before it, waited CHECK_INTERVAL to hear it)
     lost, drain_until = None, math.inf   # (a PeerLost found, held DRAIN_SECONDS while this rank's part may finish)
     drain_polls = 0
     drains = expecting is COLLECTIVE or not control.dead
@@ -80,8 +83,8 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
             try:
                 control.check_peers(seq, expecting)
             except PeerLost as e:
-                if not drains:
-                    raise
+                if not drains or e.said:   # (a rank that said it left or gave the call up before completing
+                    raise                  # it: the call fails whatever this rank's part does, no drain helps)
                 lost, drain_until = e, now + DRAIN_SECONDS
                 continue
             next_check = now + min(CHECK_INTERVAL, control.look_again_in())
