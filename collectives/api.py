@@ -127,7 +127,7 @@ def _interrupted(name: str) -> None:
 # Every collective of the table (``collectives.calls.table``) as a function of this module:
 # ``allreduce``, ``allgather``, ... (made once, at import: the call itself is ``on_group``'s).
 _FUNCTIONS = {c.name: _on_group(getattr(Group, c.name)) for c in table.COLLECTIVES}
-_FUNCTIONS.update({name: _through_the_lane(_FUNCTIONS[name]) for name in ("allreduce", "broadcast", "allgather")})
+_FUNCTIONS.update({name: _through_the_lane(_FUNCTIONS[name]) for name in express.WITH_LANES})
 globals().update(_FUNCTIONS)
 
 

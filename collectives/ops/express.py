@@ -427,3 +427,4 @@ def direct(call: Call, x: np.ndarray) -> bool:
 
 
 _LANES = {"allreduce": AllreduceLane, "broadcast": BroadcastLane, "allgather": AllgatherLane}
+WITH_LANES = tuple(_LANES)   # (the collectives that have express lanes: their module functions look for one first)
