@@ -37,7 +37,6 @@ _QUICK_POLLS = 32          # polls before the first look at the clock (about 5 u
 #: than expected, say). MPICH keeps the error in the request, and polls without them (0.3 us less a poll).
 _KEEP_STATUSES = MPI.Get_library_version().startswith("Open MPI")
 _testall = MPI.Request.Testall
-_startall = MPI.Prequest.Startall
 
 
 class MPITransport(Subsets):
@@ -332,10 +331,12 @@ class Persistent:
         if self.peers[1] in transport._remote:   # (a send to another host: see MPITransport.sending_to)
             transport.control.guard(self.peers[1], bound.seq)
         try:
-            _startall(requests)
+            receiving, sending = requests   # (started and tested one by one: a third less time than
+            receiving.Start()               # Startall and Testall, which convert the list every call)
+            sending.Start()
             if not _KEEP_STATUSES:   # (_wait_all's quick polls, inline: a small exchange mostly ends in them)
                 for _ in range(transport._quick_polls):
-                    if _testall(requests):
+                    if receiving.Test() and sending.Test():   # (a done persistent request tests true)
                         bound.progressed()
                         return
             transport._wait_all(requests, self.peers, bound)
