@@ -8,6 +8,7 @@ import pytest
 
 from ring.transport.base import Bound, PeerLost
 from ring.transport.mpi.control import COLLECTIVE
+from ring.transport.mpi import waiting
 from ring.transport.mpi.waiting import wait_for
 
 
@@ -84,10 +85,43 @@ class _Quiet(_Control):
         self.looked += 1
 
 
-def test_a_wait_that_napped_past_its_deadline_takes_what_came_meanwhile_instead_of_raising():
+class _Clock:
+    """A clock that moves only when the wait naps: each nap is 10 ms."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    @classmethod
+    def installed(cls, monkeypatch) -> "_Clock":
+        """A clock that ``wait_for`` reads and naps on, in place of the real ones."""
+        clock = cls()
+        monkeypatch.setattr(waiting, "time", clock)
+        monkeypatch.setattr(waiting, "pause", clock.nap)
+        return clock
+
+    def monotonic(self):
+        return self.now
+
+    def nap(self, waited, spin_seconds, background=False):
+        self.now += 10e-3
+
+
+def test_a_wait_that_napped_past_its_deadline_takes_what_came_meanwhile_instead_of_raising(monkeypatch):
     """Past a second of waiting, a wait naps 10 ms between polls; the deadline may pass during a nap,
-    and a message that comes in that nap (here 10 ms after the deadline, so before the nap ends) must
+    and a message that comes in that nap (here 2 ms after the deadline, before the nap ends) must
     complete the wait: the others' part of the call came, as it did on the rank that sent it."""
-    bound = Bound(None, until=time.monotonic() + 1.0, stop=threading.Event(), background=True)
-    arrives = bound.until + 10e-3
-    wait_for(lambda: time.monotonic() >= arrives, bound, _Quiet(), 0.0, lambda: 3, None)
+    clock = _Clock.installed(monkeypatch)
+    bound = Bound(None, until=clock.now + 0.105, stop=threading.Event(), background=True)
+    arrives = bound.until + 2e-3
+    wait_for(lambda: clock.now >= arrives, bound, _Quiet(), 0.0, lambda: 3, None)
+    assert clock.now < arrives + 10e-3
+
+
+def test_a_wait_raises_at_its_first_look_at_the_clock_past_the_deadline_not_a_nap_later(monkeypatch):
+    """The loop read the clock, napped, then compared what it had read with the deadline: a deadline
+    passed during a nap was seen only after the next nap, 10 ms late on every timeout."""
+    clock = _Clock.installed(monkeypatch)
+    bound = Bound(None, until=clock.now + 0.105, stop=threading.Event())
+    with pytest.raises(Exception, match="timed out"):
+        wait_for(lambda: False, bound, _Quiet(), 0.0, lambda: 3, None)
+    assert bound.until <= clock.now < bound.until + 10e-3

@@ -71,8 +71,8 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     drains = expecting is COLLECTIVE or not control.dead
     next_read, waited_for_answers, settled = 0.0, False, 0.0   # (past the deadline, while the census waits: below)
     while not _done(done, lost):
-        now = time.monotonic()
-        pause(now - started, spin_seconds, bound.background)
+        pause(time.monotonic() - started, spin_seconds, bound.background)
+        now = time.monotonic()   # (after the nap: read before it, a deadline passed in it was seen a nap late)
         if lost is not None:
             drain_polls += 1
             if now >= drain_until and drain_polls >= DRAIN_POLLS:
