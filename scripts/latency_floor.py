@@ -5,12 +5,13 @@ in mpi4py, beside the lane itself and MPI's own ``Allreduce``, in one launch (8 
 
 Rank 0 prints microseconds per call, the median of 5 rounds of 20000 calls, for:
 
-- ``exchange``: a bare persistent exchange (``Startall``, then ``Testall`` until done) of the lane's
+- ``exchange``: a bare persistent exchange (each request started, then tested until done) of the lane's
   message, a 264-byte header and the payload, with the other rank;
-- ``probes``: the two ``Iprobe``\\ s with which every call looks for a rank that gave up;
+- ``look``: the test of the control channel's posted receive with which every call looks for a rank
+  that gave up;
 - ``floor``: everything the lane must do, flat: a deadline read, the signature padded and written
   into the message, the payload copied in, the exchange, the peer's signature compared, the sum,
-  the two probes, a second deadline read;
+  the look, a second deadline read;
 - ``flat``: the lane's own work with the lane's own objects (its lookup, the engine's turn, the call
   renewed, the floating-point guard, the transport's persistent requests, the give-up look) in one
   function instead of six frames (``Lane.run``, ``_in_turn``, ``move``, ``Prepared.run``,
@@ -47,19 +48,26 @@ def main() -> None:
     requests = [comm.Recv_init([recv, MPI.BYTE], peer, 7), comm.Send_init([send, MPI.BYTE], peer, 7)]
     send_check, recv_check = memoryview(send)[:257], memoryview(recv)[:257]
     own, theirs = send[HEADER:].view(np.float32), recv[HEADER:].view(np.float32)
-    start, test, probe, add, clock = MPI.Prequest.Startall, MPI.Request.Testall, comm.Iprobe, np.add, time.monotonic
+    add, clock = np.add, time.monotonic
+    control = comm.Recv_init([np.zeros(512, np.uint8), MPI.BYTE], MPI.ANY_SOURCE, 99)   # (never matched)
+    control.Start()
+    look = control.Test
     template = b"allreduce|sum|float32|(2,)|%d"
+
+    def exchanged(pair):   # (as the transport's ready exchange: started and tested one by one)
+        receiving, sending = pair
+        receiving.Start()
+        sending.Start()
+        while not (receiving.Test() and sending.Test()):
+            pass
 
     def exchange():
         for _ in range(CALLS):
-            start(requests)
-            while not test(requests):
-                pass
+            exchanged(requests)
 
-    def probes():
+    def looks():
         for _ in range(CALLS):
-            probe(MPI.ANY_SOURCE, 99)
-            probe(MPI.ANY_SOURCE, 99)
+            look()
 
     def floor():
         for seq in range(CALLS):
@@ -67,15 +75,12 @@ def main() -> None:
             header = (template % seq).ljust(256, b"\0") + b"\1"
             send_check[:] = header
             own[...] = x
-            start(requests)
-            while not test(requests):
-                pass
+            exchanged(requests)
             deadline = clock() + 30.0
             if recv_check.tobytes() != header:
                 raise SystemExit("the ranks' signatures differ")
             add(own, theirs, out=o)
-            probe(MPI.ANY_SOURCE, 99)
-            probe(MPI.ANY_SOURCE, 99)
+            look()
         return deadline
 
     col.allreduce(x, out=o)   # (the first call sets the lane up; the second makes its exchange ready)
@@ -98,9 +103,7 @@ def main() -> None:
                     header = (lane.template % seq).ljust(256, b"\0") + b"\1"
                     prepared.send_check[:] = header
                     prepared.own[...] = x
-                    start(lane_requests)
-                    while not test(lane_requests):
-                        pass
+                    exchanged(lane_requests)
                     call.progressed()
                     if prepared.recv_check.tobytes() != header:
                         raise SystemExit("the ranks' signatures differ")
@@ -120,7 +123,7 @@ def main() -> None:
         for _ in range(CALLS):
             comm.Allreduce(x, o)
 
-    loops = {"exchange": exchange, "probes": probes, "floor": floor, "flat": flat, "lane": lane, "mpi": mpi}
+    loops = {"exchange": exchange, "look": looks, "floor": floor, "flat": flat, "lane": lane, "mpi": mpi}
     times: dict[str, list[float]] = {name: [] for name in loops}
     for name, loop in loops.items():   # (a warm-up each: the lane is set up by its first call)
         loop()
@@ -130,6 +133,8 @@ def main() -> None:
             started = time.perf_counter()
             loop()
             times[name].append((time.perf_counter() - started) / CALLS * 1e6)
+    control.Cancel()
+    control.Wait()
     if rank == 0:
         for name, measured in times.items():
             print(f"{name:9s} {statistics.median(measured):6.2f} us per call (median of {ROUNDS} rounds of {CALLS})")

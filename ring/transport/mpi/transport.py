@@ -228,6 +228,7 @@ class MPITransport(Subsets):
             self.control.read()
         except MPI.Exception:
             pass
+        self.control.close()
         self.abandon()
         if not self._abandoned and not self.exits.kept:
             self._free_persistent()
