@@ -207,6 +207,7 @@ class Prepared:
         #: The step, where the schedule is one exchange with one partner (two ranks): see :meth:`run_wired`.
         self.one_step = self.final if len(self.steps) == 1 and self.final.send_to is not None \
             and self.final.recv_from is not None else None
+        self.mine_first = self.one_step is not None and self.one_step.merge == "mine_first"
 
     def run(self, transport: Transport, bound: Bound, agreed_header: bytes, payload: Any = None,
             combine: np.ufunc | None = None, out: Any = None) -> bool:
@@ -266,7 +267,7 @@ class Prepared:
         if out is not None:
             if combine is None:
                 out[...] = self.incoming[:out.nbytes]
-            elif self.one_step.merge == "mine_first":
+            elif self.mine_first:
                 combine(self.own, self.received, out=out)
             else:
                 combine(self.received, self.own, out=out)

@@ -25,7 +25,8 @@ from typing import Any, Callable, NoReturn
 
 import numpy as np
 
-from collectives.calls import progress, timeline
+from collectives.calls import timeline
+from collectives.calls.progress import MAIN_THREAD, on_behalf
 from collectives.calls.interrupts import held, settle
 from collectives.calls.call import Call, ended, stopped
 from collectives.calls.group_protocol import CallGroup
@@ -33,6 +34,9 @@ from ring import algorithms, arrays, doubling, execute
 from ring.schedule import halving_plans
 
 _MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making new shapes does not grow it)
+# (names the hot path reads often, bound once: a module's attribute costs a lookup each time)
+_ndarray, _ieee_floating_point, _restore_floating_point = \
+    np.ndarray, arrays.ieee_floating_point, arrays.restore_floating_point
 
 
 class Lane:
@@ -40,8 +44,8 @@ class Lane:
     the op, the root or the ``out`` rows), the signature template, the reused ``call``, whether the
     arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
-    __slots__ = ("group", "dtype", "shape", "kind", "transport", "template", "call", "floating", "exchange",
-                 "incoming", "header", "wider_at")
+    __slots__ = ("group", "runtime", "engine", "control", "dtype", "shape", "kind", "transport", "template", "call",
+                 "floating", "exchange", "incoming", "header", "wider_at")
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
@@ -52,7 +56,8 @@ class Lane:
     def __init__(self, call: Call, x: np.ndarray, kind: Any, floating: bool):
         self.group, self.template = call.group, call.template
         self.dtype, self.shape, self.kind = x.dtype, x.shape, kind
-        self.transport = call.group.transport   # (a group's, for its whole life)
+        self.transport = call.group.transport   # (a group's, for its whole life; so are these:)
+        self.runtime, self.engine, self.control = call.runtime, call.runtime.engine, self.transport.control
         self.call = copy.copy(call)   # (a bound of its own, renewed by each call)
         self.call.background = False
         self.floating = floating
@@ -70,29 +75,29 @@ class Lane:
         where it is free (else in its place: ``run_now`` hands it over, ``_handed``), then what
         ``_frame`` does around the body, with :meth:`move` as the body. (One frame for all of it:
         this is the hot path of a small call.)"""
-        engine = self.group.runtime.engine
+        engine = self.engine
         if not _handed and not engine.turn_at_once():
             return engine.run_now(self.run, x, out, True)
         try:
-            g, call = self.group, self.call
-            if g.runtime.failure is not None:   # (as the frame begins: collectives.calls.call)
-                raise stopped(call.name, g.runtime)
-            quiet = arrays.ieee_floating_point() if self.floating else None
+            call = self.call
+            if self.runtime.failure is not None:   # (as the frame begins: collectives.calls.call)
+                raise stopped(call.name, self.runtime)
+            quiet = _ieee_floating_point() if self.floating else None
             try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as the ranks may be out of step)
                 seq = call.renew()
                 if call.after_a_pause:   # (as the usual frame: a rank that gave this call up fails it here)
-                    self.transport.control.check_gave_up(seq, True)
+                    self.control.check_gave_up(seq, True)
                 if seq >= self.wider_at:
                     self.header, self.wider_at = doubling.header_template(self.template, seq)
                 result = self.move(self.header % seq, x, out)
-                self.transport.control.check_gave_up(seq)
+                self.control.check_gave_up(seq)
                 held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
             except BaseException as e:
                 held.on = True
                 ended(call, e)
             finally:
                 if quiet is not None:
-                    arrays.restore_floating_point(quiet)
+                    _restore_floating_point(quiet)
             call.in_step = True
             return result
         finally:
@@ -314,7 +319,7 @@ class AllgatherLane(Lane):
 def _open_to(g: CallGroup, x: Any) -> bool:
     """Whether a call on ``x`` may take a lane at all: a host array, from the main thread (not inside
     a done-callback), with no timeline or observer recording, on a group still alive."""
-    return type(x) is np.ndarray and get_ident() == progress.MAIN_THREAD and not progress.on_behalf \
+    return type(x) is _ndarray and get_ident() == MAIN_THREAD and not on_behalf \
         and timeline.current is None and execute.observer is None and not g.destroyed
 
 
@@ -322,7 +327,7 @@ def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any) -> AllreduceLane | N
     """The lane that runs ``allreduce(x, op, out)`` on ``g`` now, or None: take the usual way (which
     sets one up, :func:`open_lane`, where it can). ``out``: None, ``x`` (writable), or a writable array
     of x's kind apart from x; anything else is for the usual checks to name."""
-    if type(x) is not np.ndarray or type(op) is not str or get_ident() != progress.MAIN_THREAD or progress.on_behalf \
+    if type(x) is not _ndarray or type(op) is not str or get_ident() != MAIN_THREAD or on_behalf \
             or timeline.current is not None or execute.observer is not None:   # (_open_to's, inline: the
         return None   # hottest path; an op of another type is for the usual checks to name: it may not even hash)
     lane = g.runtime.last_allreduce   # (the one that ran last, first: see _kept)
@@ -338,7 +343,7 @@ def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any) -> AllreduceLane | N
     if out is x:
         flags = x.flags
         return lane if flags.writeable and flags.c_contiguous else None
-    if type(out) is np.ndarray and (out.dtype is lane.dtype or out.dtype == lane.dtype) and out.shape == lane.shape:
+    if type(out) is _ndarray and (out.dtype is lane.dtype or out.dtype == lane.dtype) and out.shape == lane.shape:
         flags = out.flags   # (_writable_apart's, inline: the hottest path)
         if flags.writeable and flags.c_contiguous and (x.base is None and out.base is None or
                                                        not np.may_share_memory(x, out)):
