@@ -58,22 +58,38 @@ def counted(name: str, fn):
     return call
 
 
+class CountedPrequest(MPI.Prequest):
+    """A persistent request whose starts and tests are counted in ``mpi_calls``."""
+
+    def Start(self) -> None:
+        mpi_calls["Start"] += 1
+        super().Start()
+
+    def Test(self, status=None) -> bool:
+        mpi_calls["Test (a poll, or the look for a give-up)"] += 1
+        return super().Test(status)
+
+
 class CountedComm:
-    """A communicator whose method calls are counted in ``mpi_calls`` (the transport's own is kept)."""
+    """A communicator whose method calls are counted in ``mpi_calls`` (the transport's own is kept),
+    and the persistent requests it makes, each start and test."""
 
     def __init__(self, comm: MPI.Comm):
         self._comm = comm
 
     def __getattr__(self, name: str):
-        return counted(name, getattr(self._comm, name))
+        made = counted(name, getattr(self._comm, name))
+        if name.endswith("_init"):
+            return lambda *args, **kwargs: CountedPrequest(made(*args, **kwargs))
+        return made
 
 
 def count_mpi(group) -> None:
     """Count the MPI calls of ``group``'s transport and its control plane from now on."""
     t = group.transport
     t.comm, t.control.comm = CountedComm(t.comm), CountedComm(t.control.comm)
+    t.control._incoming = CountedPrequest(t.control._incoming)   # (posted as the transport was made)
     mpi_transport._testall = counted("Testall (a poll)", MPI.Request.Testall)
-    mpi_transport._startall = counted("Startall", MPI.Prequest.Startall)
 
 
 WAITING = "waiting past the quick polls (grows with the wait)"
@@ -93,7 +109,7 @@ def layer_of(filename: str, name: str) -> str:
 #: The transport's functions that a small call runs whatever the wait (the exchange, its quick polls,
 #: the deadline moved on, the look for a rank that gave the call up).
 _EVERY_CALL = ("exchange", "_persist", "_exchange_once", "_exchange_again", "_wait_all", "progressed",
-               "check_gave_up")
+               "check_gave_up", "run")   # ("run": Persistent.run, the ready exchange)
 
 
 def counts(fn) -> dict[str, float]:
@@ -155,8 +171,9 @@ def wire_loop(comm: MPI.Comm, nbytes: int):
     def loop(calls: int) -> None:
         for _ in range(calls):
             for requests in steps:
-                MPI.Prequest.Startall(requests)
-                while not MPI.Request.Testall(requests):
+                for request in requests:
+                    request.Start()
+                while not all([request.Test() for request in requests]):
                     pass
     return loop
 
