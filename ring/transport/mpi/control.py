@@ -45,6 +45,7 @@ _AFTER_NOTICE_SECONDS, _AFTER_NOTICE_LOOKS = 1.0, 0.02   # see look_again_in
 _FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
 _DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer that died
 COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-point call)
+_kept: list = []   # control receives that a close could not end, with their buffers: kept for good
 
 
 class Control:
@@ -240,15 +241,21 @@ class Control:
             self.at_exit.add(peer)
 
     def close(self) -> None:
-        """Stop listening: cancel the posted receive (MPI warns of one still posted at MPI_Finalize),
-        after reading what has come. Once; the channel reads nothing after."""
+        """Stop listening (the transport reads what has come first): cancel the posted receive, which
+        MPI would warn of at MPI_Finalize. Once; the channel reads nothing after. A receive that does
+        not end within 0.2 s is kept, with its buffer, for good (freeing one in flight corrupts memory)."""
         with self._control_lock:
             incoming, self._incoming = self._incoming, None
             if incoming is None:
                 return
             try:
                 incoming.Cancel()
-                incoming.Wait()   # (a cancelled receive, or one a message completed meanwhile: at once)
+                give_up = time.monotonic() + 0.2
+                while not incoming.Test():   # (cancelled, or completed by a message meanwhile: at once)
+                    if time.monotonic() >= give_up:
+                        _kept.append((incoming, self._control_in))
+                        return
+                    time.sleep(1e-3)
                 incoming.Free()
             except MPI.Exception:
                 pass
