@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ring.transport.base import Bound, PeerLost
+from ring.transport.base import ROLL_CALL_GRACE, Bound, PeerLost
 from ring.transport.mpi.control import COLLECTIVE
 from ring.transport.mpi import waiting
 from ring.transport.mpi.waiting import wait_for
@@ -125,3 +125,40 @@ def test_a_wait_raises_at_its_first_look_at_the_clock_past_the_deadline_not_a_na
     with pytest.raises(Exception, match="timed out"):
         wait_for(lambda: False, bound, _Quiet(), 0.0, lambda: 3, None)
     assert bound.until <= clock.now < bound.until + 10e-3
+
+
+class _Census(_Quiet):
+    """A control plane whose roll call, asked on the clock, is answered at ``answer_at``: the answer
+    is seen by the first read from then on; answers are due until ROLL_CALL_GRACE after the question."""
+
+    def __init__(self, clock: _Clock, answer_at_grace_end_less: float):
+        super().__init__()
+        self.clock, self.early = clock, answer_at_grace_end_less
+        self.grace_end = self.answer_at = float("inf")
+        self.answered = False
+
+    def ask(self, seq):
+        self.grace_end = self.clock.now + ROLL_CALL_GRACE
+        self.answer_at = self.grace_end - self.early
+
+    def read(self, seq, name=""):
+        self.answered = self.answered or self.clock.now >= self.answer_at
+
+    def answers_due(self, seq, now):
+        return now < self.grace_end and not self.answered
+
+    def all_answered(self):
+        return self.answered
+
+
+def test_an_answer_that_came_in_the_last_nap_of_the_census_is_read_before_the_wait_judges(monkeypatch):
+    """timeout=0.5: the census asks half way and waits ROLL_CALL_GRACE for answers, reading them every
+    few ms. A late rank that answered in the last nap before the grace ended was not read: the wait
+    raised, while the late rank completed the call with the data this rank had sent (the ranks split,
+    in 7 launches of 10 aimed at that moment). Read once more when the grace ends; all answered, the
+    wait polls on, and the late rank's part (here 15 ms later) completes the call."""
+    clock = _Clock.installed(monkeypatch)
+    control = _Census(clock, answer_at_grace_end_less=4e-3)
+    bound = Bound(5, until=clock.now + 0.5, stop=threading.Event())
+    wait_for(lambda: clock.now >= control.answer_at + 15e-3, bound, control, 0.0, lambda: 3)
+    assert control.answered

@@ -104,6 +104,8 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
                     next_read = now + ANSWERS_READ_SECONDS
                 waited_for_answers = True
                 continue
+            if waited_for_answers and not settled:   # (the grace over: answers read a nap ago, and one
+                control.read(seq, getattr(bound, "name", ""))   # may have come since, from a rank that now completes)
             if waited_for_answers and control.all_answered():
                 settled = settled or now + DRAIN_SECONDS
                 if now < settled:
