@@ -262,3 +262,16 @@ def test_the_supervisors_verdict_on_its_ranks_end(status, said, finished, verdic
     heard = Heard.of(said)
     assert ending.supervised("2", status, heard, finished_without_it=finished).status == verdict
     assert ending.awaits_the_others(status, heard) == (status > 128 and heard.in_elastic_job)
+
+
+def test_the_exit_flush_of_open_files_touches_nothing_that_warns():
+    """A rank ending without MPI_Finalize flushes the program's open files, found among every object
+    Python holds: its type checks touched torch's deprecated ``torch.distributed.reduce_op``, and every
+    rank of a torch job that failed printed a FutureWarning at its end."""
+    pytest.importorskip("torch")
+    program = ("import warnings, torch.distributed\n"
+               "from collectives.process import leaving\n"
+               "warnings.simplefilter('error')\n"
+               "leaving._flush_open_files()\n")
+    result = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "Warning" not in result.stderr, result.stderr

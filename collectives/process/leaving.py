@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from dataclasses import replace
 from typing import NoReturn
 
@@ -163,13 +164,16 @@ def outlast_host_mates() -> None:
 
 
 def _flush_open_files() -> None:
-    """Write out what the program's open files still buffer, as Python's own end would."""
-    for thing in gc.get_objects():
-        if isinstance(thing, io.IOBase) and not thing.closed:
-            try:
-                thing.flush()
-            except (OSError, ValueError):
-                pass
+    """Write out what the program's open files still buffer, as Python's own end would. (Quietly: the
+    type check of every object Python holds touches modules' deprecated names, which warn.)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for thing in gc.get_objects():
+            if isinstance(thing, io.IOBase) and not thing.closed:
+                try:
+                    thing.flush()
+                except (OSError, ValueError):
+                    pass
 
 
 def _end_without_finalize(w: Group, status: int = 1) -> NoReturn:
