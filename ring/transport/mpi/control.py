@@ -77,16 +77,20 @@ class Control:
         self.dead_names: dict[int, int] = {}   # rank -> the rank its farewell said died (as names gives it)
         self.unfinalized: set[int] = set()  # ranks whose farewell said they will not call MPI_Finalize
         self.at_exit: set[int] = set()      # ranks waiting in the exit barrier (see exits.exit_barrier)
-        # Control messages land in a receive from any rank kept posted (``_incoming``): one test of it
-        # moves one arrived message and then looks, where a probe looks first (see _read_locked), so
-        # one test tells what two probes did, in a third of their time: every call ends with it
-        # (check_gave_up). Messages of the calls pass it by at no cost that shows (measured: a small
-        # exchange took as long with it posted as without).
+        # Where every rank is on this host, control messages land in a receive from any rank kept
+        # posted (``_incoming``): one test of it moves one arrived message and then looks, where a
+        # probe looks first (see _read_locked), so one test tells what two probes did, in a third of
+        # their time: every call ends with it (check_gave_up). Messages of the calls pass it by at no
+        # cost that shows (measured: a small exchange took as long with it posted as without).
+        # Across hosts they are probed for and received: MPICH never matched a message from another
+        # host to a receive from any rank kept posted (every rank of torchrun across two emulated
+        # hosts waited at exit for the others' word for ever).
         self._control_in = np.zeros(_CONTROL_BYTES, np.uint8)
         self._control_status = MPI.Status()
-        self._incoming: MPI.Prequest | None = comm.Recv_init([self._control_in, MPI.BYTE], MPI.ANY_SOURCE,
-                                                             _CONTROL_TAG)
-        self._incoming.Start()
+        self._incoming: MPI.Prequest | None = None
+        if not self.remote:
+            self._incoming = comm.Recv_init([self._control_in, MPI.BYTE], MPI.ANY_SOURCE, _CONTROL_TAG)
+            self._incoming.Start()
         self.outbox: list = []   # control messages sent and not yet known complete, with their buffers
         self._heard: dict[int, tuple[int, str]] = {}   # roll call: rank -> the call it said it is in, its name
         self._in_call: tuple[int | None, str] = (None, "")   # the call this rank waits in, and its name
@@ -194,9 +198,9 @@ class Control:
 
     def _read_locked(self, seq: int | None, enough: int = 2) -> None:
         # MPICH moves one arrived message per test or probe (of any communicator) from shared memory
-        # into its queues, and a test of the posted receive looks after that: a message of this
-        # channel behind k others (the data of a call, another communicator's words) lands at the
-        # (k+1)th test. While this rank is in MPI the queue stays short, and two tests in a row that
+        # into its queues, and a test of the posted receive looks after that (a probe before: across
+        # hosts, a message found takes one probe more): a message of this channel behind k others
+        # (the data of a call, another communicator's words) lands at the (k+1)th test. While this rank is in MPI the queue stays short, and two tests in a row that
         # find nothing do; after a pause in the program's own code it may be long (DRAIN_MISSES).
         misses = 0
         while misses < enough:
@@ -207,13 +211,19 @@ class Control:
             try:
                 self._take(self._control_status.Get_source(), seq)
             finally:
-                self._incoming.Start()
+                if self._incoming is not None:
+                    self._incoming.Start()
 
     def _arrived(self) -> bool:
-        """Whether a control message is in ``_control_in`` (its sender in ``_control_status``); a
-        closed channel has none."""
+        """Whether a control message is in ``_control_in`` now (its sender in ``_control_status``):
+        the posted receive's, or one probed for and received (across hosts, or once closed)."""
         incoming = self._incoming
-        return incoming is not None and incoming.Test(self._control_status)
+        if incoming is not None:
+            return incoming.Test(self._control_status)
+        if not self.comm.Iprobe(MPI.ANY_SOURCE, _CONTROL_TAG, self._control_status):
+            return False
+        self.comm.Recv(self._control_in, self._control_status.Get_source(), _CONTROL_TAG)   # (arrived: at once)
+        return True
 
     def _take(self, peer: int, seq: int | None) -> None:
         """Note the control message in ``_control_in`` from ``peer`` (answering a roll call as in ``seq``)."""
@@ -299,6 +309,10 @@ class Control:
         succeed: no end of a call can close that window without a round of messages of its own.)"""
         if drain:   # (after a pause: every message that came meanwhile, as _read_locked says)
             self.read(seq, misses=DRAIN_MISSES)
+        elif self._incoming is None:   # (across hosts: two probes, as _read_locked's rule; read only
+            probe = self.comm.Iprobe   # where they find a message)
+            if probe(MPI.ANY_SOURCE, _CONTROL_TAG) or probe(MPI.ANY_SOURCE, _CONTROL_TAG):
+                self.read(seq)
         elif self._control_lock.acquire(False):   # (one test, as _read_locked's rule; all of them only
             try:                                  # where it finds a message)
                 incoming = self._incoming   # (_arrived's, inline: every call's end)
