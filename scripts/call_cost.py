@@ -88,7 +88,8 @@ def count_mpi(group) -> None:
     """Count the MPI calls of ``group``'s transport and its control plane from now on."""
     t = group.transport
     t.comm, t.control.comm = CountedComm(t.comm), CountedComm(t.control.comm)
-    t.control._incoming = CountedPrequest(t.control._incoming)   # (posted as the transport was made)
+    if t.control._incoming is not None:   # (posted as the transport was made, where every rank is on this host)
+        t.control._incoming = CountedPrequest(t.control._incoming)
     mpi_transport._testall = counted("Testall (a poll)", MPI.Request.Testall)
 
 
