@@ -200,8 +200,9 @@ class Control:
         # MPICH moves one arrived message per test or probe (of any communicator) from shared memory
         # into its queues, and a test of the posted receive looks after that (a probe before: across
         # hosts, a message found takes one probe more): a message of this channel behind k others
-        # (the data of a call, another communicator's words) lands at the (k+1)th test. While this rank is in MPI the queue stays short, and two tests in a row that
-        # find nothing do; after a pause in the program's own code it may be long (DRAIN_MISSES).
+        # (the data of a call, another communicator's words) lands at the (k+1)th test. While this
+        # rank is in MPI the queue stays short, and two tests in a row that find nothing do; after
+        # a pause in the program's own code it may be long (DRAIN_MISSES).
         misses = 0
         while misses < enough:
             if not self._arrived():
