@@ -310,9 +310,16 @@ class AllgatherLane(Lane):
             else:
                 flat[:k], flat[k:] = theirs, source
             return result
+        # Direct: the ring's one message each way, sent from x as it is and received into the result;
+        # this rank's own rows are copied into place while the message moves (on two ranks the left
+        # and the right neighbour are the same rank).
         mine, theirs = (flat[:k], flat[k:]) if rank == 0 else (flat[k:], flat[:k])
-        mine[...] = source   # (direct: the ring's one message each way, from and into the results)
-        self.transport.exchange(mine, theirs, self.call, dest=1 - rank, source=1 - rank)
+        transport, call = self.transport, self.call
+        receiving = transport.recv_from_left(theirs, call)
+        sending = transport.send_to_right(source, call)
+        mine[...] = source
+        transport.wait(receiving, call)
+        transport.wait(sending, call)
         return result
 
 
