@@ -26,6 +26,7 @@ from bench.cases import Case, bus_factor
 from bench.report import GB
 from bench.sizes import format_size, sweep
 from bench.timing import time_each
+from collectives.ops import express
 from cmdline.interrupt import stop_together
 from cmdline.parser import INTERRUPTED
 from ring import cost
@@ -71,6 +72,14 @@ class _Forced(Case):
         self.algorithm = algorithm
         return super().run("ring")
 
+    def in_a_lane(self, algorithm: str) -> bool:
+        """Whether the calls that forced ``algorithm`` ran in an express lane (``collectives.ops.express``):
+        one is kept for them now."""
+        find = {"allreduce": lambda: express.allreduce_lane(self.group, self.x, self.redop, self.out, algorithm),
+                "allgather": lambda: express.allgather_lane(self.group, self.x, self.out, algorithm),
+                "broadcast": lambda: express.broadcast_lane(self.group, self.x, self.root, algorithm)}.get(self.op)
+        return find is not None and find() is not None
+
     def candidates(self) -> list[str]:
         """The algorithms that can carry this call (an all-gather chooses for every rank's rows and
         counts: see ``collectives.ops.bodies.allgather``)."""
@@ -92,10 +101,11 @@ def measure(comm: MPI.Comm, args: argparse.Namespace) -> list[dict]:
                     if case.count == 0:
                         continue
                     iters = args.iters or max(5, min(200, (64 << 20) // case.nbytes))
-                    timings = time_each(sub, case, case.candidates(), iters, max(1, iters // 10))
                     chosen = col.algorithm_for(op, case.x, group=group)
-                    rows += [{"n": k, "op": op, "algorithm": a, "bytes": case.nbytes, "seconds": t.seconds,
-                              "wrong": t.wrong, "chosen": chosen} for a, t in timings.items()]
+                    for a in case.candidates():
+                        t = time_each(sub, case, [a], iters, max(1, iters // 10))[a]
+                        rows.append({"n": k, "op": op, "algorithm": a, "bytes": case.nbytes, "seconds": t.seconds,
+                                     "wrong": t.wrong, "chosen": chosen, "lane": case.in_a_lane(a)})
             sub.Free()
         comm.Barrier()
     return rows
@@ -119,22 +129,34 @@ def fit(rows: list[dict], segment_bytes: int, check: bool) -> cost.Costs:
     return cost.Costs(**values)
 
 
-def report(rows: list[dict], costs: cost.Costs, args: argparse.Namespace, segment_bytes: int, check: bool) -> None:
-    """Step 3: the printed tables (rank 0)."""
-    print(f"# fitted on this machine ({len(rows)} timings): call {costs.call * 1e6:.2f} us, "
-          f"alpha {costs.alpha * 1e6:.2f} us per message, beta {costs.beta * 1e9:.3f} ns/B "
-          f"({1 / costs.beta / GB if costs.beta else math.inf:.2f} GB/s), gamma {costs.gamma * 1e9:.3f} ns/B "
-          f"({1 / costs.gamma / GB if costs.gamma else math.inf:.2f} GB/s)")
-    print(f"# in ring/cost.py the runtime chooses with: call {cost.MEASURED.call * 1e6:.2f} us, "
-          f"alpha {cost.MEASURED.alpha * 1e6:.2f} us, beta {cost.MEASURED.beta * 1e9:.3f} ns/B, "
-          f"gamma {cost.MEASURED.gamma * 1e9:.3f} ns/B")
+def _costs_text(costs: cost.Costs) -> str:
+    """The four costs, as the report prints them.
+
+    >>> _costs_text(cost.Costs(call=3e-5, alpha=1e-5, beta=2e-10, gamma=0))
+    'call 30.00 us, alpha 10.00 us per message, beta 0.200 ns/B (5.00 GB/s), gamma 0.000 ns/B (inf GB/s)'
+    """
+    return (f"call {costs.call * 1e6:.2f} us, alpha {costs.alpha * 1e6:.2f} us per message, beta "
+            f"{costs.beta * 1e9:.3f} ns/B ({1 / costs.beta / GB if costs.beta else math.inf:.2f} GB/s), gamma "
+            f"{costs.gamma * 1e9:.3f} ns/B ({1 / costs.gamma / GB if costs.gamma else math.inf:.2f} GB/s)")
+
+
+def report(rows: list[dict], costs: cost.Costs, args: argparse.Namespace, segment_bytes: int, check: bool,
+           lanes: cost.Costs | None = None) -> None:
+    """Step 3: the printed tables (rank 0). ``costs``: fitted on the calls that took the usual way;
+    ``lanes``: on those an express lane carried (None: there were none)."""
+    usual = sum(not r["lane"] for r in rows)
+    print(f"# fitted on this machine, the usual way ({usual} timings): {_costs_text(costs)}")
+    if lanes is not None:
+        print(f"# fitted on this machine, in express lanes ({len(rows) - usual} timings): {_costs_text(lanes)}")
+    print(f"# in ring/cost.py the runtime chooses with MEASURED: {_costs_text(cost.MEASURED)}")
+    print(f"#   and, where every algorithm has a lane, LANES: {_costs_text(cost.LANES)}")
     print("#")
     print(f"# {'n':>3} {'collective':>14} {'algorithm':>9} {'size':>6} | {'measured':>10} {'predicted':>10} "
           f"{'error':>7} | the runtime's choice (ring/cost.py), and whether it was the fastest here")
     errors: dict[int, list[float]] = {}
     for r in rows:
-        predicted = cost.predict(r["op"], r["algorithm"], r["n"], r["bytes"], costs, segment_bytes=segment_bytes,
-                                 check=check)
+        predicted = cost.predict(r["op"], r["algorithm"], r["n"], r["bytes"], lanes if r["lane"] else costs,
+                                 segment_bytes=segment_bytes, check=check)
         error = (predicted - r["seconds"]) / r["seconds"] * 100
         errors.setdefault(r["n"], []).append(abs(error))
         chosen = r["chosen"]
@@ -238,9 +260,11 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
             print("# interrupted (Ctrl-C or SIGTERM): nothing fitted", flush=True)
         return INTERRUPTED
     if comm.Get_rank() == 0:
-        costs = fit(rows, segment_bytes, settings.check)
+        in_lanes = [r for r in rows if r["lane"]]
+        costs = fit([r for r in rows if not r["lane"]], segment_bytes, settings.check)
+        lanes = fit(in_lanes, segment_bytes, settings.check) if in_lanes else None
         print(f"# {' '.join(['python -m bench', *args.argv])}")
         print(f"# the first k ranks of {comm.Get_size()} for k = 2..{comm.Get_size()}; {args.dtype} {args.redop}; "
               f"{', '.join(args.model_ops)}; {format_size(args.min_bytes)}..{format_size(args.max_bytes)}")
-        report(rows, costs, args, segment_bytes, settings.check)
+        report(rows, costs, args, segment_bytes, settings.check, lanes)
     return 1 if any(r["wrong"] for r in rows) else 0

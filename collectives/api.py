@@ -69,7 +69,7 @@ def _through_the_lane(general: Callable) -> Callable:
     option on the world goes straight to its express lane where one is open (``collectives.ops.express``:
     a repeated small call), any other the way of ``general`` (the world's method, ``_on_group``).
     ``group`` and ``algorithm`` are named, not options: a caller that passes their defaults (the bench
-    does) takes the lane as fast."""
+    does) takes the lane as fast, and one that forces an algorithm takes a lane kept for it."""
     name = general.__name__
 
     def usual(*args: Any, **kwargs: Any) -> Any:
@@ -84,8 +84,8 @@ def _through_the_lane(general: Callable) -> Callable:
         def through(x: Any, op: str = "sum", out: Any = None, *, group: Group | None = None,
                     algorithm: str | None = None, **options: Any) -> Any:
             world = startup.the_world
-            if group is None and algorithm is None and not options and world is not None:
-                lane = express.allreduce_lane(world, x, op, out)
+            if group is None and not options and world is not None and (algorithm is None or type(algorithm) is str):
+                lane = express.allreduce_lane(world, x, op, out, algorithm)
                 if lane is not None:
                     return lane.run(x, out)
             return usual(x, op, out, group=group, algorithm=algorithm, **options)
@@ -93,8 +93,8 @@ def _through_the_lane(general: Callable) -> Callable:
         def through(x: Any, root: int = 0, *, group: Group | None = None, algorithm: str | None = None,
                     **options: Any) -> Any:
             world = startup.the_world
-            if group is None and algorithm is None and not options and world is not None:
-                lane = express.broadcast_lane(world, x, root)
+            if group is None and not options and world is not None and (algorithm is None or type(algorithm) is str):
+                lane = express.broadcast_lane(world, x, root, algorithm)
                 if lane is not None:
                     return lane.run(x)
             return usual(x, root, group=group, algorithm=algorithm, **options)
@@ -102,8 +102,8 @@ def _through_the_lane(general: Callable) -> Callable:
         def through(x: Any, out: Any = None, *, group: Group | None = None, algorithm: str | None = None,
                     **options: Any) -> Any:
             world = startup.the_world
-            if group is None and algorithm is None and not options and world is not None:
-                lane = express.allgather_lane(world, x, out)
+            if group is None and not options and world is not None and (algorithm is None or type(algorithm) is str):
+                lane = express.allgather_lane(world, x, out, algorithm)
                 if lane is not None:
                     return lane.run(x, out)
             return usual(x, out, group=group, algorithm=algorithm, **options)

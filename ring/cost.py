@@ -92,6 +92,12 @@ class Costs:
 #: collective from 8 B to 64 MiB: ``mpiexec -n 2 python -m bench --model`` (docs/algorithms.md, "Cost model").
 #: ``call`` and ``alpha`` are mostly Python (one mpi4py exchange alone takes about 4 us here).
 MEASURED = Costs(call=34.5e-6, alpha=10.8e-6, beta=0.250e-9, gamma=0.167e-9)   # medians of 3 fits
+#: What a call costs where an express lane carries it (``collectives.ops.express``: a repeated
+#: blocking call; on two ranks every algorithm of the all-reduce, all-gather and broadcast has one, up
+#: to a segment): the same fit on the timings of those calls alone, which ``--model`` prints apart
+#: (medians of 3 fits, the same machine, 2026-11-29). Its ``alpha`` is a third of the usual way's, so
+#: on two ranks halving takes the all-reduce over from 64 KiB, not 128.
+LANES = Costs(call=5.63e-6, alpha=3.93e-6, beta=0.126e-9, gamma=0.090e-9)
 
 
 class Terms(NamedTuple):

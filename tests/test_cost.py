@@ -134,3 +134,22 @@ def test_links_and_hosts_parse():
     assert parse_hosts("4x2") == (4, 2)
     with pytest.raises(argparse.ArgumentTypeError):
         parse_hosts("0x8")
+
+
+def test_on_two_ranks_the_runtime_prices_a_collective_with_lanes_as_its_lanes_run():
+    """Every algorithm of the all-reduce has an express lane on two ranks, whose messages cost a third of
+    the usual way's: there the choice follows ``cost.LANES`` (halving from 64 KiB), elsewhere, and for
+    what no lane carries (compressed, a reduce-scatter, more ranks, past a segment), ``cost.MEASURED``."""
+    runtime = Runtime(defaults(segment_bytes=4 << 20, timeout=5.0))
+    by = {name: cost.choose("allreduce", 2, 64 << 10, costs) for name, costs in
+          (("lanes", cost.LANES), ("measured", cost.MEASURED))}
+    assert by == {"lanes": "halving", "measured": "doubling"}    # (the two prices disagree at 64 KiB)
+    assert runtime.algorithm_for("allreduce", 2, 64 << 10) == "halving"
+    assert runtime.algorithm_for("allreduce", 2, 64 << 10, wire_ratio=0.5) == \
+        cost.choose("allreduce", 2, 64 << 10, cost.MEASURED, wire_ratio=0.5)
+    for n in (3, 4):
+        assert runtime.algorithm_for("allreduce", n, 64 << 10) == cost.choose("allreduce", n, 64 << 10)
+    assert runtime.algorithm_for("reduce_scatter", 2, 64 << 10) == cost.choose("reduce_scatter", 2, 64 << 10)
+    small = Runtime(defaults(segment_bytes=16 << 10, timeout=5.0))   # (past a segment: no lane)
+    assert small.algorithm_for("allreduce", 2, 64 << 10) == cost.choose("allreduce", 2, 64 << 10,
+                                                                       segment_bytes=16 << 10)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from collectives.calls import progress
+from collectives.calls import progress, table
 from collectives.calls.config import Settings
 from ring import cost
 from ring.partition import chunk_bounds
@@ -88,7 +88,9 @@ class Runtime:
         """The algorithm that runs ``op`` on ``n`` ranks and ``nbytes`` when the call forces none:
         the setting (COLLECTIVES_ALGORITHM) where ``op`` has it, else the cost model's choice, and
         "hierarchical" for an all-reduce on a group whose ``two_level`` layout allows it (unless
-        recursive doubling is chosen). Recursive doubling is for host arrays up to ``small_bytes``;
+        recursive doubling is chosen); on two ranks, a collective whose repeats take an express lane
+        by every algorithm (``table.LANED``, up to a segment) is priced by what the lanes cost
+        (``cost.LANES``). Recursive doubling is for host arrays up to ``small_bytes``;
         GPU arrays take the ring. The same on every rank for the same call (remembered: choosing
         costs more than a small call). ``wire_ratio``: a compressed all-reduce's bytes on the wire per
         byte of data (``ring.cost``)."""
@@ -104,9 +106,11 @@ class Runtime:
                 found = s.algorithm
             elif s.algorithm in cost.ALGORITHMS["allreduce"]:   # forced, but not for this call
                 found = "ring"
-            else:
-                found = cost.choose(op, n, nbytes, segment_bytes=s.segment(), check=s.check,
-                                    doubling_bytes=s.small_bytes, wire_ratio=wire_ratio)
+            else:   # (priced as its repeats run: in an express lane, whatever the algorithm, on two ranks)
+                lanes = op in table.LANED and n == 2 and host and not two_level and wire_ratio == 1.0 \
+                    and nbytes <= s.segment()
+                found = cost.choose(op, n, nbytes, cost.LANES if lanes else cost.MEASURED, segment_bytes=s.segment(),
+                                    check=s.check, doubling_bytes=s.small_bytes, wire_ratio=wire_ratio)
             if two_level and op == "allreduce" and found in _TWO_LEVEL_REPLACES:
                 found = "hierarchical"
             self._choices[key] = found

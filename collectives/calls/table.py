@@ -8,7 +8,8 @@ Who reads it: the module-level functions and the package's exports (``collective
 ``collectives/__init__.py``: one each per entry), the refusals of a rank outside a group
 (``collectives.groups.membership.NonMember``), the floating-point guard of the call's frame
 (``REDUCING``), the cross-rank check's messages (``collectives.calls.signature``: ``shape``),
-``algorithm_for`` and the bench (``SIZED``). Programs read it as ``col.table``.
+``algorithm_for`` and the bench (``SIZED``), the express lanes and the cost model's prices of them
+(``LANED``). Programs read it as ``col.table``.
 It lives on the floor of the calls (``collectives/calls``), the lowest that reads it, so every
 reader imports downwards.
 
@@ -16,6 +17,8 @@ reader imports downwards.
 ['allreduce', 'allreduce_many', 'reduce_scatter', 'reduce']
 >>> SIZED                                             # chosen by size: ring.cost.ALGORITHMS
 ('allreduce', 'reduce_scatter', 'allgather', 'broadcast')
+>>> LANED                                             # express lanes: collectives.ops.express
+('allreduce', 'allgather', 'broadcast')
 >>> sorted(CODECS)                                    # compression=: ring.compression.CODECS
 ['bf16', 'fp16']
 """
@@ -49,6 +52,9 @@ class Collective(NamedTuple):
     #: messages name them: ``x``'s whole shape (and its count), or what stands instead (the shape
     #: past axis 0 where axis 0 may differ between ranks; each array's; the new group's members).
     shape: tuple[str, str] = WHOLE_SHAPE
+    #: A repeated blocking call of it on host arrays runs in an express lane (``collectives.ops.express``),
+    #: which the cost model prices by ``ring.cost.LANES`` where every algorithm has one (two ranks).
+    lanes: bool = False
 
     @property
     def sized(self) -> bool:
@@ -58,11 +64,11 @@ class Collective(NamedTuple):
 
 #: Every collective, in the order ``help(collectives)`` lists them.
 COLLECTIVES: tuple[Collective, ...] = (
-    Collective("allreduce", reduces=True),
+    Collective("allreduce", reduces=True, lanes=True),
     Collective("allreduce_many", reduces=True, shape=("dtype and shape of each array", "arrays")),
     Collective("reduce_scatter", reduces=True, blocks=True),
-    Collective("allgather", blocks=True, shape=_TRAILING),
-    Collective("broadcast"),
+    Collective("allgather", blocks=True, shape=_TRAILING, lanes=True),
+    Collective("broadcast", lanes=True),
     Collective("alltoall", blocks=True, shape=_TRAILING),
     Collective("gather", blocks=True, shape=_TRAILING),
     Collective("scatter", blocks=True),
@@ -81,6 +87,8 @@ NAMES: tuple[str, ...] = tuple(BY_NAME)
 REDUCING: frozenset[str] = frozenset(c.name for c in COLLECTIVES if c.reduces)
 #: The collectives whose algorithm the cost model chooses by size, in the table's order.
 SIZED: tuple[str, ...] = tuple(c.name for c in COLLECTIVES if c.sized)
+#: The collectives with express lanes, in the table's order.
+LANED: tuple[str, ...] = tuple(c.name for c in COLLECTIVES if c.lanes)
 
 
 def compared_shape(collective: str) -> tuple[str, str]:

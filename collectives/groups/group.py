@@ -199,9 +199,9 @@ class Group:
         ...               reproducible=True)                  # on 2: 1e8 + 1 - 1e8, exactly  # doctest: +SKIP
         array([1.], dtype=float32)
         """
-        if async_op is False and timeout is None and name is None and algorithm is None and compression is None \
-                and reproducible is False:
-            lane = express.allreduce_lane(self, x, op, out)
+        if async_op is False and timeout is None and name is None and compression is None and reproducible is False \
+                and (algorithm is None or type(algorithm) is str):
+            lane = express.allreduce_lane(self, x, op, out, algorithm)
             if lane is not None:
                 return lane.run(x, out)
         body, more = (bodies.allreduce, ()) if reproducible is False else (exact.allreduce, (reproducible,))
@@ -249,8 +249,8 @@ class Group:
                [1, 1],
                [1, 1]])
         """
-        if async_op is False and timeout is None and name is None and algorithm is None:
-            lane = express.allgather_lane(self, x, out)
+        if async_op is False and timeout is None and name is None and (algorithm is None or type(algorithm) is str):
+            lane = express.allgather_lane(self, x, out, algorithm)
             if lane is not None:
                 return lane.run(x, out)
         return issue(self, "allgather", bodies.allgather, (x, out), async_op, timeout, name, algorithm)
@@ -265,8 +265,8 @@ class Group:
 
         >>> params = col.broadcast(params, root=0)                         # doctest: +SKIP
         """
-        if async_op is False and timeout is None and name is None and algorithm is None:
-            lane = express.broadcast_lane(self, x, root)
+        if async_op is False and timeout is None and name is None and (algorithm is None or type(algorithm) is str):
+            lane = express.broadcast_lane(self, x, root, algorithm)
             if lane is not None:
                 return lane.run(x)
         return issue(self, "broadcast", bodies.broadcast, (x, root), async_op, timeout, name, algorithm)

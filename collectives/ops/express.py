@@ -6,8 +6,9 @@ The first call of each kind (group, collective, dtype, shape, and the op, root o
 the usual way (``collectives.calls.call``, ``collectives.ops.bodies``) and, where the runtime runs it
 by recursive doubling, sets up a :class:`Lane` for the calls that follow: its checks made once, its
 signature template, its ``Call`` (the bound of its waits) kept and renumbered, its exchange made ready.
-A later call of that kind with no options (``timeout=``, ``name=``, ``algorithm=``, ``compression=``,
-``async_op=``) from the main thread then runs the lane: the same engine turn, the same message (the
+A later call of that kind with no options (``timeout=``, ``name=``, ``compression=``, ``async_op=``;
+``algorithm=`` only as the call that set the lane up forced it) from the main thread then runs the
+lane: the same engine turn, the same message (the
 signature riding on the data: ``ring.doubling``), the same bounded wait and the same errors, only
 fewer Python frames (``scripts/call_cost.py`` counts them). Anything else, or a lane that no longer
 fits (the settings changed, a timeline records), takes the usual way.
@@ -25,7 +26,7 @@ from typing import Any, Callable, NoReturn
 
 import numpy as np
 
-from collectives.calls import timeline
+from collectives.calls import table, timeline
 from collectives.calls.progress import MAIN_THREAD, on_behalf
 from collectives.calls.interrupts import held, settle
 from collectives.calls.call import Call, ended, stopped
@@ -33,7 +34,8 @@ from collectives.calls.group_protocol import CallGroup
 from ring import algorithms, arrays, doubling, execute
 from ring.schedule import halving_plans
 
-_MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making new shapes does not grow it)
+_MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making new shapes does not grow it;
+# a lane let go may live on as a runtime's ``last_<name>`` until another replaces it: it still works)
 # (names the hot path reads often, bound once: a module's attribute costs a lookup each time)
 _ndarray, _ieee_floating_point, _restore_floating_point = \
     np.ndarray, arrays.ieee_floating_point, arrays.restore_floating_point
@@ -44,8 +46,8 @@ class Lane:
     the op, the root or the ``out`` rows), the signature template, the reused ``call``, whether the
     arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
-    __slots__ = ("group", "runtime", "engine", "control", "dtype", "shape", "kind", "transport", "template", "call",
-                 "floating", "exchange", "incoming", "header", "wider_at")
+    __slots__ = ("group", "runtime", "engine", "control", "dtype", "shape", "kind", "forced", "transport", "template",
+                 "call", "floating", "exchange", "incoming", "header", "wider_at")
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
@@ -56,6 +58,7 @@ class Lane:
     def __init__(self, call: Call, x: np.ndarray, kind: Any, floating: bool):
         self.group, self.template = call.group, call.template
         self.dtype, self.shape, self.kind = x.dtype, x.shape, kind
+        self.forced = call.forced   # (the algorithm its calls force, ``algorithm=``; None: the runtime's choice)
         self.transport = call.group.transport   # (a group's, for its whole life; so are these:)
         self.runtime, self.engine, self.control = call.runtime, call.runtime.engine, self.transport.control
         self.call = copy.copy(call)   # (a bound of its own, renewed by each call)
@@ -139,9 +142,9 @@ class Lane:
 class AllreduceLane(Lane):
     """A small all-reduce by ``op`` of arrays of one ``dtype`` and ``shape`` ("avg" takes
     ``algorithms.allreduce_small``, which scales); or (``halves``, two ranks, where halving carries
-    the call: :meth:`_halving`) a larger one by "sum", "prod", "min" or "max"."""
+    the call: :meth:`_halving`) a larger one."""
 
-    __slots__ = ("combine", "halves", "peer")
+    __slots__ = ("combine", "halves", "peer", "prescaled", "averaged")
 
     def __init__(self, call: Call, x: np.ndarray, op: str):
         super().__init__(call, x, op, floating=x.dtype.kind in "fc")
@@ -151,10 +154,13 @@ class AllreduceLane(Lane):
             segment, rank = call.runtime.segment_elems(x.dtype, self.transport), self.transport.rank
             owned = [slice(*halving_plans(r, 2, x.size, segment)[2]) for r in (0, 1)]
             self.halves, self.peer = (owned[rank], owned[1 - rank]), 1 - rank
+            self.combine = arrays.ufunc(np, op)   # ("avg" sums, and divides as algorithms._reduce_by does:)
+            self.prescaled = op == "avg" and x.dtype == np.float16   # (each contribution first)
+            self.averaged = op == "avg" and not self.prescaled       # (the sum of its own half, once)
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
-        return call.algorithm == "halving" and kind != "avg"
+        return call.algorithm == "halving"
 
     def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         result = np.empty(self.shape, x.dtype) if out is None else out   # (x's dtype: equal to the lane's, maybe another object)
@@ -180,10 +186,14 @@ class AllreduceLane(Lane):
         its own (its own part first, as the usual way), and sends it back for the other's result."""
         self.agree(header)
         (mine, theirs), transport, peer = self.halves, self.transport, self.peer
+        if self.prescaled:
+            source, in_place = np.true_divide(source, 2, out=target), True
         own = target[mine]
         received = arrays.scratch(target, own.size, 0) if in_place else own
         transport.exchange(source[theirs], received, self.call, dest=peer, source=peer)
         self.combine(source[mine], received, out=own)
+        if self.averaged:
+            arrays.divide_(own, 2)
         transport.exchange(own, target[theirs], self.call, dest=peer, source=peer)
 
 
@@ -330,17 +340,17 @@ def _open_to(g: CallGroup, x: Any) -> bool:
         and timeline.current is None and execute.observer is None and not g.destroyed
 
 
-def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any) -> AllreduceLane | None:
-    """The lane that runs ``allreduce(x, op, out)`` on ``g`` now, or None: take the usual way (which
-    sets one up, :func:`open_lane`, where it can). ``out``: None, ``x`` (writable), or a writable array
-    of x's kind apart from x; anything else is for the usual checks to name."""
+def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any, algorithm: Any = None) -> AllreduceLane | None:
+    """The lane that runs ``allreduce(x, op, out, algorithm=algorithm)`` on ``g`` now, or None: take the
+    usual way (which sets one up, :func:`open_lane`, where it can). ``out``: None, ``x`` (writable), or
+    a writable array of x's kind apart from x; anything else is for the usual checks to name."""
     if type(x) is not _ndarray or type(op) is not str or get_ident() != MAIN_THREAD or on_behalf \
             or timeline.current is not None or execute.observer is not None:   # (_open_to's, inline: the
         return None   # hottest path; an op of another type is for the usual checks to name: it may not even hash)
     lane = g.runtime.last_allreduce   # (the one that ran last, first: see _kept)
     if lane is None or lane.group is not g or x.dtype is not lane.dtype or x.shape != lane.shape or op != lane.kind:
         lane = _kept(g, "allreduce", x, op)
-    if lane is None or g.destroyed:
+    if lane is None or g.destroyed or lane.forced != algorithm:
         return None
     # (the doubling's lane copies a strided x into its message; halving's sends from x itself)
     if lane.halves is not None and not x.flags.c_contiguous:
@@ -358,21 +368,23 @@ def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any) -> AllreduceLane | N
     return None
 
 
-def broadcast_lane(g: CallGroup, x: Any, root: Any) -> BroadcastLane | None:
-    """The lane that runs ``broadcast(x, root)`` on ``g`` now, or None (a strided ``x``, one this rank
-    cannot write where it receives: the usual way, which copies or names it)."""
+def broadcast_lane(g: CallGroup, x: Any, root: Any, algorithm: Any = None) -> BroadcastLane | None:
+    """The lane that runs ``broadcast(x, root, algorithm=algorithm)`` on ``g`` now, or None (a strided
+    ``x``, one this rank cannot write where it receives: the usual way, which copies or names it)."""
     if type(root) is not int or not _open_to(g, x):
         return None
     lane = g.runtime.last_broadcast
     if lane is None or lane.group is not g or x.dtype is not lane.dtype or x.shape != lane.shape or root != lane.kind:
         lane = _kept(g, "broadcast", x, root)
+    if lane is None or lane.forced != algorithm:
+        return None
     flags = x.flags
-    return lane if lane is not None and flags.c_contiguous and (lane.from_here or flags.writeable) else None
+    return lane if flags.c_contiguous and (lane.from_here or flags.writeable) else None
 
 
-def allgather_lane(g: CallGroup, x: Any, out: Any) -> AllgatherLane | None:
-    """The lane that runs ``allgather(x, out)`` on ``g`` now, or None. ``out``: None, or a writable
-    array of x's dtype whose rows are those of the lane's kind, apart from x."""
+def allgather_lane(g: CallGroup, x: Any, out: Any, algorithm: Any = None) -> AllgatherLane | None:
+    """The lane that runs ``allgather(x, out, algorithm=algorithm)`` on ``g`` now, or None. ``out``:
+    None, or a writable array of x's dtype whose rows are those of the lane's kind, apart from x."""
     if out is None:
         rows = -1
     elif type(out) is np.ndarray and out.ndim:
@@ -384,7 +396,7 @@ def allgather_lane(g: CallGroup, x: Any, out: Any) -> AllgatherLane | None:
     lane = g.runtime.last_allgather
     if lane is None or lane.group is not g or x.dtype is not lane.dtype or x.shape != lane.shape or rows != lane.kind:
         lane = _kept(g, "allgather", x, rows)
-    if lane is None or not x.flags.c_contiguous:
+    if lane is None or lane.forced != algorithm or not x.flags.c_contiguous:
         return None
     if out is None:
         return lane
@@ -413,20 +425,20 @@ def _writable_apart(out: np.ndarray, x: np.ndarray) -> bool:
 
 def open_lane(call: Call, x: np.ndarray, kind: Any, *more: Any) -> None:
     """After ``call``, a collective of host array ``x`` that ran by recursive doubling (or on two ranks
-    in one message each way at each step: the ring's broadcast or all-gather, halving's all-reduce by
-    anything but "avg": :func:`direct`): keep a lane
-    for the calls of its kind that follow (``kind``: the op, the root, or the ``out`` rows), where it
-    forced no option. ``more``: what the lane needs besides (the all-gather's ``finish``)."""
+    in one message each way at each step: the ring's broadcast or all-gather, halving's all-reduce:
+    :func:`direct`): keep a lane for the calls of its kind that follow (``kind``: the op, the root, or
+    the ``out`` rows), where it set no option but ``algorithm=`` (which the lane's calls must force
+    alike). ``more``: what the lane needs besides (the all-gather's ``finish``)."""
     g, runtime, lane = call.group, call.runtime, _LANES.get(call.name)
-    if lane is None or call.thread or call.forced or call.call_name or x.dtype.isbuiltin != 1 \
+    if lane is None or call.thread or call.call_name or x.dtype.isbuiltin != 1 \
             or not x.flags.c_contiguous or call.window != runtime.settings.timeout or not x.size:
         return
     if call.algorithm != "doubling" and not (lane.direct_for(call, kind) and direct(call, x)):
         return
-    if len(runtime.lanes) >= _MOST_LANES:
-        runtime.lanes.clear()
-        runtime.last_allreduce = runtime.last_broadcast = runtime.last_allgather = None
-    runtime.lanes[(g, call.name, x.dtype, x.shape, kind)] = lane(call, x, kind, *more)
+    if len(runtime.lanes) >= _MOST_LANES:   # (the oldest goes: a loop's kinds, made last, stay)
+        del runtime.lanes[next(iter(runtime.lanes))]
+    opened = runtime.lanes[(g, call.name, x.dtype, x.shape, kind)] = lane(call, x, kind, *more)
+    setattr(runtime, "last_" + call.name, opened)   # (it may replace the one the lookups compare first)
 
 
 def direct(call: Call, x: np.ndarray) -> bool:
@@ -438,5 +450,5 @@ def direct(call: Call, x: np.ndarray) -> bool:
     return transport.size == 2 and x.size <= call.runtime.segment_elems(x.dtype, transport)
 
 
-_LANES = {"allreduce": AllreduceLane, "broadcast": BroadcastLane, "allgather": AllgatherLane}
-WITH_LANES = tuple(_LANES)   # (the collectives that have express lanes: their module functions look for one first)
+_LANES = {"allreduce": AllreduceLane, "broadcast": BroadcastLane, "allgather": AllgatherLane}   # (table.LANED's)
+WITH_LANES = table.LANED   # (the collectives that have express lanes: their module functions look for one first)

@@ -179,6 +179,66 @@ def test_an_op_of_another_type_is_the_usual_usage_error_on_every_rank(op):
     assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()   # (in step again)
 
 
+@pytest.mark.parametrize("algorithm, count, lane_where", [
+    ("doubling", 1000, range(1, 9)), ("halving", 1000, [2]), ("halving", 50_001, [2]), ("ring", 1000, [])])
+def test_an_allreduce_that_forces_an_algorithm_takes_a_lane_kept_for_it_with_the_usual_bits(algorithm, count,
+                                                                                               lane_where):
+    """``algorithm=`` is no option that keeps a call off the lanes: a repeated call that forces one takes
+    a lane kept for that algorithm (the ring's all-reduce has none), and a call that forces none never
+    takes it (nor the other way round)."""
+    g = col.world_group()
+    for step in range(3):
+        x = _contribution((count,), np.float32, step)
+        usual = col.allreduce(x, algorithm=algorithm, timeout=60)
+        assert usual.tobytes() == _reference(x, "sum").tobytes()
+        if step > 0:
+            lane = express.allreduce_lane(g, x, "sum", None, algorithm)
+            assert (lane is not None) == (N in lane_where), lane
+            unforced = express.allreduce_lane(g, x, "sum", None)   # (kept for the calls that force it:)
+            assert unforced is None or unforced.forced is None
+        assert col.allreduce(x, algorithm=algorithm).tobytes() == usual.tobytes()
+    col.allreduce(x)   # (the runtime's choice: a lane of its own takes the place ...)
+    assert express.allreduce_lane(g, x, "sum", None, algorithm) is None
+    assert col.allreduce(x, algorithm=algorithm).tobytes() == usual.tobytes()   # (... and gives it back)
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "allgather"])
+@pytest.mark.parametrize("count", [3, 40_000])
+def test_a_broadcast_or_allgather_that_forces_an_algorithm_takes_a_lane_kept_for_it(collective, count):
+    x = _contribution((count,), np.int32, RANK)
+    g = col.world_group()
+    if collective == "broadcast":
+        expected = COMM.bcast(x, 0)
+        run = lambda **kw: col.broadcast(x.copy(), 0, **kw)   # noqa: E731
+        find = lambda a: express.broadcast_lane(g, x, 0, a)   # noqa: E731
+    else:
+        expected = np.concatenate(COMM.allgather(x))
+        run = lambda **kw: col.allgather(x, **kw)   # noqa: E731
+        find = lambda a: express.allgather_lane(g, x, None, a)   # noqa: E731
+    for algorithm in ("doubling", "ring"):
+        if algorithm == "doubling" and count > 20_000:
+            continue   # (above the doubling's sizes it cannot carry the call)
+        for step in range(3):
+            if step > 0:
+                assert (find(algorithm) is not None) == (algorithm == "doubling" or N == 2)
+                assert find(None) is None or find(None).forced is None
+            assert run(algorithm=algorithm).tobytes() == expected.tobytes()
+
+
+def test_ranks_that_force_different_algorithms_are_refused_on_every_rank_from_a_lane_too():
+    if N < 2:
+        pytest.skip("needs two ranks to disagree")
+    x = _contribution((4,), np.float32, 0)
+    col.allreduce(x, algorithm="doubling")   # (every rank keeps a lane for the calls that force it)
+    forced = "doubling" if ODD else None     # (the odd rank takes it, the others the usual way)
+    assert (express.allreduce_lane(col.world_group(), x, "sum", None, forced) is not None) == ODD
+    for _ in range(2):
+        with pytest.raises(col.CollectiveUsageError, match=rf"algorithm differs across ranks: rank 0: -, "
+                                                           rf"rank {N - 1}: doubling"):
+            col.allreduce(x, algorithm=forced)
+    assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()   # (in step again)
+
+
 def _broadcast_lane_taken(x, root) -> bool:
     return express.broadcast_lane(col.world_group(), x, root) is not None
 
@@ -292,18 +352,22 @@ def test_a_repeated_allgather_the_ring_carries_takes_the_direct_lane_on_two_rank
 def test_a_repeated_allreduce_that_halving_carries_takes_the_direct_lane_on_two_ranks(dtype, op, shape, out_kind):
     """Above the doubling's sizes, on two ranks, halving's two messages go straight between the arrays
     after the check's exchange: the bits of the usual way (each half reduced once, by its owner) and
-    mpi4py's, in place too; "avg" takes the usual way."""
+    mpi4py's, in place too; "avg" as the usual way rounds it (float16 divides each contribution first,
+    wider types the sum once: random data, whose bits tell the two apart)."""
     if op == "avg" and np.dtype(dtype).kind != "f":
         pytest.skip("avg is for floating-point data")
     for step in range(3):
-        x = _contribution(shape, dtype, step)
-        usual = col.allreduce(x, op, timeout=60)
+        if op == "avg":
+            x = np.random.default_rng([RANK, step]).uniform(-3, 3, shape).astype(dtype)
+        else:
+            x = _contribution(shape, dtype, step)
+        usual = col.allreduce(x.copy(), op, timeout=60)
         if op != "avg":
             assert usual.tobytes() == _reference(x, op).tobytes()
         out = {"new": None, "in place": x, "own out": np.full(shape, 9, dtype)}[out_kind]
         if step > 0:
             lane = express.allreduce_lane(col.world_group(), x, op, out)
-            if N == 2 and op != "avg":
+            if N == 2:
                 assert lane is not None and lane.halves is not None, lane
             elif N > 2:
                 assert lane is None, lane
