@@ -742,6 +742,17 @@ def test_a_rank_absent_from_a_groups_call_is_named_by_its_world_rank():
                                    "in group [1, 2]: timed out"), output
 
 
+def test_a_world_calls_census_does_not_say_a_rank_waiting_in_a_groups_call_is_in_none():
+    """A rank answers the census on the channel of the group whose call it waits in: the world's census
+    cannot hear a rank in a group's call, and where groups were made it says so."""
+    status, output, wall = fault(3, "world-call-during-a-groups")
+    errors = reported_errors(output)
+    assert status not in (0, -9) and 0 in errors and wall < BOUND_S, output
+    assert errors[0][1].startswith("allreduce #2 on rank 0: timed out after 2") and errors[0][1].endswith(
+        "rank(s) not answering (in no call on the world (maybe in a group's), computing between two messages "
+        "of this one, or gone): 1, 2"), output
+
+
 def test_a_group_member_that_dies_ends_the_groups_and_the_worlds_calls():
     status, output, wall = fault(3, "group-member-dies")
     errors = reported_errors(output)

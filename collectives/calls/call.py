@@ -346,10 +346,11 @@ def _census(g: CallGroup, seq: int, name: str) -> str:
     if unreachable:
         parts.append(f"rank(s) unreachable (their host did not acknowledge a message for {ROLL_CALL_GRACE:g} s: "
                      f"its link or the host is down): {', '.join(map(str, unreachable))}")
-    if silent:
-        on = "" if g.is_world else " on this group"
-        parts.append(f"rank(s) not answering (in no collective call{on}, computing between two messages of "
-                     f"this one, or gone): {', '.join(map(str, silent))}")
+    if silent:   # (a rank answers on the channel of the group whose call it waits in)
+        where = "in no collective call on this group" if not g.is_world else \
+            "in no call on the world (maybe in a group's)" if g.runtime.grouped else "in no collective call"
+        parts.append(f"rank(s) not answering ({where}, computing between two messages of this one, or gone): "
+                     f"{', '.join(map(str, silent))}")
     if elsewhere:
         parts.append(f"rank(s) in another call: {', '.join(elsewhere)}")
     if here:

@@ -57,6 +57,9 @@ class Runtime:
         self.apply(settings)
         self.groups: list[CallGroup] = []             # the groups this rank belongs to, the world first
         self.world = None                  # the world group, once made
+        #: Whether this rank has taken part in making a group (a member or not): the world's census
+        #: then cannot tell a rank in no call from one in a call of a group (``call._census``).
+        self.grouped = False
         self.failure: str | None = None       # why a failure left this rank out of step (read-only: see stop)
         self.stopped_by: Failure | None = None   # ... and the whole record, for the farewell that passes it on
         #: Set with the failure: every wait in flight ends at its next look (it is each call's

@@ -103,6 +103,7 @@ def _joined(call: Call, split: Callable, members: tuple[int, ...]) -> Any:
     MPI running out of communicators fails alike on every rank (the new one's context id is agreed
     by all): a CollectiveError that leaves the ranks in step, so that destroying groups helps."""
     parent, made = call.group, None
+    call.runtime.grouped = True
     try:
         made = split()
         if made is None:

@@ -851,6 +851,22 @@ def group_absent() -> None:
             cue(other)
 
 
+def world_call_during_a_groups() -> None:
+    """Of 3 ranks, rank 1 waits in group [1, 2]'s allreduce (rank 2 comes to it only on rank 0's cue)
+    while rank 0 times out in the world's: its census hears neither, and must not say they are in no call."""
+    group = col.new_group([1, 2])
+    if col.rank() == 0:
+        try:
+            report("world call", col.allreduce, _ints(10, 0), timeout=2)
+        finally:
+            cue(2)
+    elif col.rank() == 2:
+        await_cue(0)
+        report("group call", group.allreduce, _ints(1000, 2))
+    else:
+        report("group call", group.allreduce, _ints(1000, 1), timeout=20)
+
+
 def group_member_dies() -> None:
     """Rank 2 raises an uncaught exception after one call on group [1, 2]; rank 1 waits for it in
     the group's next call, rank 0 in the world's."""
@@ -924,5 +940,6 @@ if __name__ == "__main__":
      "late-with-no-pause": late_with_no_pause,
      "slow-but-moving": slow_but_moving, "never-starts-mpi": never_starts_mpi, "ends-without-mpi": ends_without_mpi,
      "late-on-a-part": late_on_a_part, "stuck-beside-a-part": stuck_beside_a_part,
-     "timeline": timeline, "group-absent": group_absent, "group-member-dies": group_member_dies,
+     "timeline": timeline, "group-absent": group_absent, "world-call-during-a-groups": world_call_during_a_groups,
+     "group-member-dies": group_member_dies,
      "group-partial": group_partial, "group-member-left": group_member_left, "group-comm": group_comm}[sys.argv[1]]()
