@@ -45,7 +45,6 @@ _AFTER_NOTICE_SECONDS, _AFTER_NOTICE_LOOKS = 1.0, 0.02   # see look_again_in
 _FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
 _DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer that died
 COLLECTIVE = object()   # (check_peers: a collective is waiting, not a point-to-point call)
-_kept: list = []   # control receives that a close could not end, with their buffers: kept for good
 
 
 class Control:
@@ -251,25 +250,13 @@ class Control:
         elif kind == AT_EXIT:
             self.at_exit.add(peer)
 
-    def close(self) -> None:
-        """Stop listening (the transport reads what has come first): cancel the posted receive, which
-        MPI would warn of at MPI_Finalize. Once; the channel reads nothing after. A receive that does
-        not end within 0.2 s is kept, with its buffer, for good (freeing one in flight corrupts memory)."""
+    def stop_listening(self) -> tuple[MPI.Prequest, np.ndarray] | None:
+        """Stop listening: the posted receive and its buffer, for the transport to end as it ends its own
+        requests (``MPITransport.close``, which reads what has come first: MPI would warn of a receive
+        still posted at MPI_Finalize); None where none is posted (across hosts, or stopped already)."""
         with self._control_lock:
             incoming, self._incoming = self._incoming, None
-            if incoming is None:
-                return
-            try:
-                incoming.Cancel()
-                give_up = time.monotonic() + 0.2
-                while not incoming.Test():   # (cancelled, or completed by a message meanwhile: at once)
-                    if time.monotonic() >= give_up:
-                        _kept.append((incoming, self._control_in))
-                        return
-                    time.sleep(1e-3)
-                incoming.Free()
-            except MPI.Exception:
-                pass
+        return None if incoming is None else (incoming, self._control_in)
 
     def check_peers(self, seq: int | None, expecting: Any = COLLECTIVE) -> None:
         """Raise PeerLost if a rank that collective ``seq`` needs is gone: it left before completing

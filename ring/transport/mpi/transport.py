@@ -228,9 +228,16 @@ class MPITransport(Subsets):
             self.control.read()
         except MPI.Exception:
             pass
-        self.control.close()
+        listening = self.control.stop_listening()
         self.abandon()
+        if listening is not None:   # (cancelled, or kept with the abandoned, as any receive of this rank's)
+            self.give_up([listening[0]], listening[1], [listening[0]])
         if not self._abandoned and not self.exits.kept:
+            try:
+                if listening is not None:
+                    listening[0].Free()
+            except MPI.Exception:
+                pass
             self._free_persistent()
             try:
                 self.comm.Free()
