@@ -195,19 +195,20 @@ class Control:
         finally:
             self._control_lock.release()
 
-    def _read_locked(self, seq: int | None, enough: int = 2) -> None:
+    def _read_locked(self, seq: int | None, enough: int = 2, arrived: bool = False) -> None:
         # MPICH moves one arrived message per test or probe (of any communicator) from shared memory
         # into its queues, and a test of the posted receive looks after that (a probe before: across
         # hosts, a message found takes one probe more): a message of this channel behind k others
         # (the data of a call, another communicator's words) lands at the (k+1)th test. While this
         # rank is in MPI the queue stays short, and two tests in a row that find nothing do; after
-        # a pause in the program's own code it may be long (DRAIN_MISSES).
+        # a pause in the program's own code it may be long (DRAIN_MISSES). ``arrived``: the caller's
+        # own test found one, in ``_control_in`` already.
         misses = 0
         while misses < enough:
-            if not self._arrived():
+            if not (arrived or self._arrived()):
                 misses += 1
                 continue
-            misses = 0
+            arrived, misses = False, 0
             try:
                 self._take(self._control_status.Get_source(), seq)
             finally:
@@ -305,11 +306,7 @@ class Control:
             try:                                  # where it finds a message)
                 incoming = self._incoming   # (_arrived's, inline: every call's end)
                 if incoming is not None and incoming.Test(self._control_status):
-                    try:
-                        self._take(self._control_status.Get_source(), seq)
-                    finally:
-                        incoming.Start()
-                    self._read_locked(seq)
+                    self._read_locked(seq, arrived=True)
             finally:
                 self._control_lock.release()
         if self.departed or self.gave_up:
