@@ -66,7 +66,7 @@ def gathered(collective: str, x: Any, out: Any) -> tuple[Any, Any]:
                                     f"{type(out).__name__}")
         if out.ndim != x.ndim:
             fail(collective, "out", f"expected {x.ndim} dimension(s) like x, got {out.ndim}")
-        if out_array(collective, out, x, out.shape[:1] + x.shape[1:]):
+        if out_array(collective, out, x, out.shape[:1] + x.shape[1:], in_place=False):
             fail(collective, "out", "is x itself; the result must go elsewhere")
     return x, out
 
@@ -274,10 +274,11 @@ def same_array(a: np.ndarray, b: np.ndarray) -> bool:
                       and a.dtype == b.dtype and arrays.address(a) == arrays.address(b))
 
 
-def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) -> bool:
+def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...], in_place: bool = True) -> bool:
     """``out`` can receive a result of ``shape`` and ``x``'s dtype, and is ``x`` itself or apart from it.
 
-    Returns True when ``out`` is ``x``'s own memory (``out=x``: the call is in place).
+    Returns True when ``out`` is ``x``'s own memory (``out=x``: the call is in place; ``in_place``:
+    whether the collective can run so, which the error for an ``out`` that overlaps x offers).
     """
     if not arrays.is_array(out) or isinstance(out, np.ndarray) != isinstance(x, np.ndarray):
         fail(collective, "out", f"expected a {_kind(x)} like x, got {type(out).__module__}.{type(out).__name__}")
@@ -296,7 +297,8 @@ def out_array(collective: str, out: Any, x: np.ndarray, shape: tuple[int, ...]) 
         return True
     if isinstance(x, np.ndarray) and not _overlap(out, x):
         return False   # views of one array that share no element, like a[:, :5] and a[:, 5:]
-    fail(collective, "out", "overlaps x; pass out=x for an in-place call, or a separate array")
+    fail(collective, "out", "overlaps x; pass out=x for an in-place call, or a separate array" if in_place else
+         "overlaps x; pass a separate array")
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:

@@ -95,10 +95,13 @@ def predicted(g, collective: str, x: Any) -> str:
     return g.runtime.algorithm_for(collective, n, nbytes, host, host and g.levels is not None)
 
 
+_COUNTS_BYTES = 16   # (the two counts of 8 bytes each that an all-gather's rank sends with its rows)
+
+
 def _gathered_guess(n: int, nbytes: int) -> int:
     """What an all-gather chooses its algorithm for: every rank's message if all bring ``nbytes``
-    (the rows, and the two counts of 8 bytes each)."""
-    return n * (nbytes + 16)
+    (the rows, and its counts)."""
+    return n * (nbytes + _COUNTS_BYTES)
 
 
 _SIZED = table.SIZED
@@ -110,7 +113,9 @@ def _cannot_carry(call: Call, forced: str, nbytes: int, host: bool) -> str:
     if not host and forced != "ring":
         return "GPU arrays run the ring only"
     if forced == "doubling" and nbytes > largest:
-        return f"'doubling' carries at most small_bytes ({largest}) bytes, this call {nbytes}"
+        counts = f" (the ranks' rows, and {_COUNTS_BYTES} bytes of counts from each)" \
+            if call.name == "allgather" else ""
+        return f"'doubling' carries at most small_bytes ({largest}) bytes, this call {nbytes}{counts}"
     if forced == "hierarchical" and call.group.levels is None:
         return "this group's ranks are not on several hosts with the same number, more than one, on each"
     return ""

@@ -66,7 +66,11 @@ def test_ranks_that_force_different_algorithms_raise_on_every_rank():
     (lambda: col.allreduce(np.ones(4), algorithm="fastest"), "allreduce: algorithm: expected None"),
     (lambda: col.reduce_scatter(np.ones(4), algorithm="halving"), "reduce_scatter: algorithm: expected None"),
     (lambda: col.allreduce(np.ones(1 << 16), algorithm="doubling"),
-     r"allreduce: algorithm: 'doubling' cannot run this call: 'doubling' carries at most small_bytes"),
+     r"allreduce: algorithm: 'doubling' cannot run this call: 'doubling' carries at most small_bytes \(\d+\) "
+     r"bytes, this call 524288$"),
+    (lambda: col.allgather(np.ones(1 << 15), algorithm="doubling"),   # (its message: every rank's, and counts)
+     r"allgather: algorithm: 'doubling' cannot run this call: 'doubling' carries at most small_bytes \(\d+\) "
+     r"bytes, this call \d+ \(the ranks' rows, and 16 bytes of counts from each\)$"),
     (lambda: col.allreduce(np.ones(4), algorithm="hierarchical"),
      "allreduce: algorithm: 'hierarchical' cannot run this call: this group's ranks are not on several hosts"),
     (lambda: col.algorithm_for("alltoall", np.ones(4)), "algorithm_for: collective: expected one of"),

@@ -98,8 +98,16 @@ def test_disjoint_views_of_one_array_may_be_x_and_out(count):
     before = x.copy()
     col.allreduce(x, out=out, timeout=BOUND_S)
     assert np.array_equal(out, expected) and np.array_equal(x, before)
-    with pytest.raises(col.CollectiveUsageError, match="allreduce: out: overlaps x"):
+    with pytest.raises(col.CollectiveUsageError, match="allreduce: out: overlaps x; pass out=x for an in-place"):
         col.allreduce(a[:, 1:count // 2 + 1], out=a[:, :count // 2], timeout=BOUND_S)
+
+
+def test_an_allgather_whose_out_overlaps_x_is_not_offered_the_in_place_call_it_refuses():
+    big = np.zeros(4 * N + 4, np.float32)
+    with pytest.raises(col.CollectiveUsageError, match=r"allgather: out: overlaps x; pass a separate array$"):
+        col.allgather(big[2:6], out=big[:4 * N], timeout=BOUND_S)
+    with pytest.raises(col.CollectiveUsageError, match="allgather: out: is x itself"):
+        col.allgather(big, out=big, timeout=BOUND_S)
 
 
 def test_name_must_be_a_string():

@@ -611,10 +611,25 @@ def settings_differ() -> None:
 
 
 def unchecked() -> None:
-    """With the check off, rank 1 passes one element more: a message longer than expected."""
+    """With the check off, the ranks disagree and a message is longer than expected: rank 1 passes one
+    element more ("sizes"); rank 1 forces halving where rank 0 forces doubling, after three calls that
+    agreed ("algorithms"); rank 1's broadcast buffer is one element short, and the root ends its
+    program after its part ("broadcast": the receiver must not blame the root's leaving)."""
+    kind = sys.argv[2] if len(sys.argv) > 2 else "sizes"
     col.init(check=False)
-    count = 300_000 + (1 if col.rank() == 1 else 0)
-    report("allreduce", col.allreduce, np.ones(count, np.float32), timeout=5)
+    if kind == "sizes":
+        count = 300_000 + (1 if col.rank() == 1 else 0)
+        report("allreduce", col.allreduce, np.ones(count, np.float32), timeout=5)
+    elif kind == "algorithms":
+        x = np.ones(16, np.float32)
+        for _ in range(3):
+            col.allreduce(x, algorithm="doubling")
+        report("allreduce", col.allreduce, x, algorithm="doubling" if col.rank() == 0 else "halving")
+    else:
+        x = np.ones(70_000, np.float32)
+        for _ in range(3):
+            col.broadcast(x, algorithm="ring")
+        report("broadcast", col.broadcast, np.ones(70_000 - col.rank(), np.float32), algorithm="ring")
 
 
 def rank_only() -> None:

@@ -399,10 +399,16 @@ class Control:
         return sorted(self.names[p] for p in set(self.dead_peers()) | self.dead)
 
     def check_dead(self, peers: Sequence[int], seq: int | None) -> None:
-        """After MPI reported an error in call ``seq``: raise PeerLost if one of ``peers`` (-1: any)
-        is gone. A peer killed a moment ago may have closed its connections before its process
-        ended: look again for up to _DEATH_GRACE seconds before leaving the error to MPI's words."""
-        expecting = {p for p in peers if p >= 0} if all(p >= 0 for p in peers) else None
+        """After MPI reported an error in call ``seq`` (None: a point-to-point wait): raise PeerLost if
+        one of ``peers`` (-1: any) is gone, as ``check_peers`` judges it (in a collective, a rank that
+        left after completing it is not gone for it: the error is MPI's own, such as a message longer
+        than posted where the check is off). A peer killed a moment ago may have closed its
+        connections before its process ended: look again for up to _DEATH_GRACE seconds before
+        leaving the error to MPI's words."""
+        if seq is not None:
+            expecting = COLLECTIVE
+        else:
+            expecting = {p for p in peers if p >= 0} if all(p >= 0 for p in peers) else None
         give_up = time.monotonic() + _DEATH_GRACE
         while True:
             try:
