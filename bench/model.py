@@ -26,7 +26,6 @@ from bench.cases import Case, bus_factor
 from bench.report import GB
 from bench.sizes import format_size, sweep
 from bench.timing import time_each
-from collectives.ops import express
 from cmdline.interrupt import stop_together
 from cmdline.parser import INTERRUPTED
 from ring import cost
@@ -73,12 +72,12 @@ class _Forced(Case):
         return super().run("ring")
 
     def in_a_lane(self, algorithm: str) -> bool:
-        """Whether the calls that forced ``algorithm`` ran in an express lane (``collectives.ops.express``):
-        one is kept for them now."""
-        find = {"allreduce": lambda: express.allreduce_lane(self.group, self.x, self.redop, self.out, algorithm),
-                "allgather": lambda: express.allgather_lane(self.group, self.x, self.out, algorithm),
-                "broadcast": lambda: express.broadcast_lane(self.group, self.x, self.root, algorithm)}.get(self.op)
-        return find is not None and find() is not None
+        """Whether the calls that forced ``algorithm`` ran in an express lane (docs/performance.md): a
+        collective with lanes (``col.table.LANED``) has one for recursive doubling, and on two ranks
+        for every algorithm, up to a segment of each rank's part (``tests/mpi/test_bench_cases.py``
+        checks this against the lanes kept)."""
+        return self.op in col.table.LANED and (algorithm == "doubling" or self.n == 2 and
+                                               self.x.nbytes <= col.settings().segment())
 
     def candidates(self) -> list[str]:
         """The algorithms that can carry this call (an all-gather chooses for every rank's rows and

@@ -32,6 +32,7 @@ from collectives.calls.interrupts import held, settle
 from collectives.calls.call import Call, ended, stopped
 from collectives.calls.group_protocol import CallGroup
 from ring import algorithms, arrays, doubling, execute
+from ring.partition import chunk_bounds
 from ring.schedule import halving_plans
 
 _MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making new shapes does not grow it;
@@ -141,8 +142,8 @@ class Lane:
 
 class AllreduceLane(Lane):
     """A small all-reduce by ``op`` of arrays of one ``dtype`` and ``shape`` ("avg" takes
-    ``algorithms.allreduce_small``, which scales); or (``halves``, two ranks, where halving carries
-    the call: :meth:`_halving`) a larger one."""
+    ``algorithms.allreduce_small``, which scales); or (``halves``, two ranks, where halving or the ring
+    carries the call, whose messages there are the same: :meth:`_halving`) a larger one."""
 
     __slots__ = ("combine", "halves", "peer", "prescaled", "averaged")
 
@@ -150,9 +151,10 @@ class AllreduceLane(Lane):
         super().__init__(call, x, op, floating=x.dtype.kind in "fc")
         self.combine = arrays.ufunc(np, op) if op != "avg" else None
         self.halves = None
-        if call.algorithm == "halving":   # (the range each rank reduces, as halving's schedule gives it)
+        if call.algorithm != "doubling":   # (the range each rank reduces, as the algorithm's schedule gives it)
             segment, rank = call.runtime.segment_elems(x.dtype, self.transport), self.transport.rank
-            owned = [slice(*halving_plans(r, 2, x.size, segment)[2]) for r in (0, 1)]
+            owned = [slice(*halving_plans(r, 2, x.size, segment)[2]) for r in (0, 1)] \
+                if call.algorithm == "halving" else [slice(*chunk) for chunk in chunk_bounds(x.size, 2)]
             self.halves, self.peer = (owned[rank], owned[1 - rank]), 1 - rank
             self.combine = arrays.ufunc(np, op)   # ("avg" sums, and divides as algorithms._reduce_by does:)
             self.prescaled = op == "avg" and x.dtype == np.float16   # (each contribution first)
@@ -160,7 +162,7 @@ class AllreduceLane(Lane):
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
-        return call.algorithm == "halving"
+        return call.algorithm == "halving" or call.algorithm == "ring"   # (on two ranks the same messages)
 
     def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         result = np.empty(self.shape, x.dtype) if out is None else out   # (x's dtype: equal to the lane's, maybe another object)

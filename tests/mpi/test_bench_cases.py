@@ -7,7 +7,10 @@ ranks, so that #wrong = 0 in the bench means what it says.
 import numpy as np
 import pytest
 
+import collectives as col
 from bench.cases import DTYPES, OPS, REDOPS, Case
+from bench.model import _Forced
+from collectives.ops import express
 from tests.support.in_world import COMM, N, RANK, agree
 
 pytestmark = pytest.mark.mpi
@@ -69,3 +72,20 @@ def test_correct_calls_count_zero_and_every_damage_counts(op, impl, dtype, redop
     wrong_if_nothing_written = case.wrong(untouched)
     agree(wrong_if_nothing_written == (0 if op == "broadcast" and RANK == 0 else untouched.size),
           f"{op}: an output the call never wrote was not counted wrong")
+
+
+@pytest.mark.parametrize("op", col.table.LANED)
+@pytest.mark.parametrize("nbytes", [64, 64 << 10, 8 << 20])
+def test_the_model_knows_which_forced_calls_ran_in_a_lane(op, nbytes):
+    """``bench --model`` fits the calls an express lane carried apart from the others, by a rule of the
+    bench's own (it sees only the public API): here the rule against the lanes the runtime kept."""
+    group = col.world_group()
+    case = _Forced(COMM, op, "float32", "sum", nbytes, 0, group=group)
+    for algorithm in case.candidates():
+        for _ in range(2):   # (the first call opens the lane where there is one)
+            case.reset()
+            case.run(algorithm)
+        kept = {"allreduce": lambda: express.allreduce_lane(group, case.x, "sum", case.out, algorithm),
+                "allgather": lambda: express.allgather_lane(group, case.x, case.out, algorithm),
+                "broadcast": lambda: express.broadcast_lane(group, case.x, 0, algorithm)}[op]()
+        assert case.in_a_lane(algorithm) == (kept is not None), (algorithm, kept)

@@ -179,27 +179,32 @@ def test_an_op_of_another_type_is_the_usual_usage_error_on_every_rank(op):
     assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()   # (in step again)
 
 
+@pytest.mark.parametrize("op", ["sum", "min", "avg"])
 @pytest.mark.parametrize("algorithm, count, lane_where", [
-    ("doubling", 1000, range(1, 9)), ("halving", 1000, [2]), ("halving", 50_001, [2]), ("ring", 1000, [])])
+    ("doubling", 1000, range(1, 9)), ("halving", 1000, [2]), ("halving", 50_001, [2]), ("ring", 1001, [2])])
 def test_an_allreduce_that_forces_an_algorithm_takes_a_lane_kept_for_it_with_the_usual_bits(algorithm, count,
-                                                                                               lane_where):
+                                                                                               lane_where, op):
     """``algorithm=`` is no option that keeps a call off the lanes: a repeated call that forces one takes
-    a lane kept for that algorithm (the ring's all-reduce has none), and a call that forces none never
-    takes it (nor the other way round)."""
+    a lane kept for that algorithm (the ring's all-reduce only on two ranks, where its messages are
+    halving's), and a call that forces none never takes it (nor the other way round). Random data,
+    signed zeros among it: the bits tell the order of every combination."""
     g = col.world_group()
     for step in range(3):
-        x = _contribution((count,), np.float32, step)
-        usual = col.allreduce(x, algorithm=algorithm, timeout=60)
-        assert usual.tobytes() == _reference(x, "sum").tobytes()
+        x = np.random.default_rng([RANK, step]).uniform(-2, 2, count).astype(np.float32)
+        x[::7] = 0.0 if RANK % 2 else -0.0
+        usual = col.allreduce(x.copy(), op, algorithm=algorithm, timeout=60)
+        if op != "avg":
+            assert np.array_equal(usual, _reference(x, op)) or N > 2   # (MPI's order, beyond two ranks; and
+            # the sign of a zero minimum is the order's: bits are compared with the usual way's below)
         if step > 0:
-            lane = express.allreduce_lane(g, x, "sum", None, algorithm)
+            lane = express.allreduce_lane(g, x, op, None, algorithm)
             assert (lane is not None) == (N in lane_where), lane
-            unforced = express.allreduce_lane(g, x, "sum", None)   # (kept for the calls that force it:)
+            unforced = express.allreduce_lane(g, x, op, None)   # (kept for the calls that force it:)
             assert unforced is None or unforced.forced is None
-        assert col.allreduce(x, algorithm=algorithm).tobytes() == usual.tobytes()
-    col.allreduce(x)   # (the runtime's choice: a lane of its own takes the place ...)
-    assert express.allreduce_lane(g, x, "sum", None, algorithm) is None
-    assert col.allreduce(x, algorithm=algorithm).tobytes() == usual.tobytes()   # (... and gives it back)
+        assert col.allreduce(x, op, algorithm=algorithm).tobytes() == usual.tobytes()
+    col.allreduce(x, op)   # (the runtime's choice: a lane of its own takes the place ...)
+    assert express.allreduce_lane(g, x, op, None, algorithm) is None
+    assert col.allreduce(x, op, algorithm=algorithm).tobytes() == usual.tobytes()   # (... and gives it back)
 
 
 @pytest.mark.parametrize("collective", ["broadcast", "allgather"])
@@ -412,6 +417,9 @@ def test_a_rank_on_the_lane_and_a_rank_on_the_usual_way_send_the_same_messages(c
             col.broadcast(mine, step % N, **usual)
             assert mine.tobytes() == COMM.bcast(x, root=step % N).tobytes()
             assert col.allgather(x, **usual).tobytes() == np.concatenate(COMM.allgather(x)).tobytes()
+            for algorithm in ("halving", "ring") if count > 3 else ():   # (forced: lanes kept for them)
+                got = col.allreduce(x, algorithm=algorithm, **usual)
+                assert got.tobytes() == _reference(x, "sum").tobytes(), algorithm
     finally:
         col.init(check=was)
 
