@@ -646,6 +646,18 @@ def test_with_the_check_off_a_longer_message_is_named_not_corrupting(kind):
                for _, m in errors.values()), output
 
 
+def test_with_the_check_off_ranks_that_completed_another_call_and_ended_are_named_so():
+    """Ranks that disagree about a call with the check off may each complete their own: the one left
+    waiting times out, and its census says the others ended after completing the call as they saw it
+    (not that they are in no call)."""
+    status, output, wall = fault(3, "unchecked", "collectives")
+    errors = reported_errors(output)
+    assert status not in (0, -9) and wall < BOUND_S and sorted(errors) == [0], output
+    assert errors[0][1].startswith("allreduce #1 on rank 0: timed out after 2") and errors[0][1].endswith(
+        "rank(s) that ended their program after completing this call as they saw it (is the cross-rank check "
+        "off?): 1, 2"), output
+
+
 def test_rank_and_size_are_local():
     status, output, _ = fault(3, "rank-only")
     assert status == 0 and "rank 0: size 3" in output and output.count("ok allreduce") == 3, output

@@ -342,6 +342,11 @@ def _census(g: CallGroup, seq: int, name: str) -> str:
     elsewhere = [f"{r} (#{s}{' ' + n if n else ''})" for r, (s, n) in sorted(heard.items()) if r not in here]
     me = g.ranks[g.rank()]
     silent = [r for r in g.ranks if r != me and r not in heard and r not in unreachable]
+    # (a rank that said it left after completing this call, as it saw it, is not gone for it: where the
+    # check is off, ranks that disagree about a call may each complete their own)
+    done = {control.names[p] for p, (_, completed, _) in control.departed.items() if completed >= seq}
+    ended = [r for r in silent if r in done]
+    silent = [r for r in silent if r not in done]
     parts = []
     if unreachable:
         parts.append(f"rank(s) unreachable (their host did not acknowledge a message for {ROLL_CALL_GRACE:g} s: "
@@ -351,6 +356,9 @@ def _census(g: CallGroup, seq: int, name: str) -> str:
             "in no call on the world (maybe in a group's)" if g.runtime.grouped else "in no collective call"
         parts.append(f"rank(s) not answering ({where}, computing between two messages of this one, or gone): "
                      f"{', '.join(map(str, silent))}")
+    if ended:
+        parts.append(f"rank(s) that ended their program after completing this call as they saw it (is the "
+                     f"cross-rank check off?): {', '.join(map(str, ended))}")
     if elsewhere:
         parts.append(f"rank(s) in another call: {', '.join(elsewhere)}")
     if here:

@@ -614,7 +614,8 @@ def unchecked() -> None:
     """With the check off, the ranks disagree and a message is longer than expected: rank 1 passes one
     element more ("sizes"); rank 1 forces halving where rank 0 forces doubling, after three calls that
     agreed ("algorithms"); rank 1's broadcast buffer is one element short, and the root ends its
-    program after its part ("broadcast": the receiver must not blame the root's leaving)."""
+    program after its part ("broadcast": the receiver must not blame the root's leaving); rank 0 calls
+    another collective than the others, who complete theirs and end ("collectives")."""
     kind = sys.argv[2] if len(sys.argv) > 2 else "sizes"
     col.init(check=False)
     if kind == "sizes":
@@ -625,11 +626,17 @@ def unchecked() -> None:
         for _ in range(3):
             col.allreduce(x, algorithm="doubling")
         report("allreduce", col.allreduce, x, algorithm="doubling" if col.rank() == 0 else "halving")
-    else:
+    elif kind == "broadcast":
         x = np.ones(70_000, np.float32)
         for _ in range(3):
             col.broadcast(x, algorithm="ring")
         report("broadcast", col.broadcast, np.ones(70_000 - col.rank(), np.float32), algorithm="ring")
+    else:   # ("collectives": rank 0 all-reduces by the ring, the others reduce-scatter, and end their programs)
+        x = np.ones(100_000, np.float32)
+        if col.rank() == 0:
+            report("allreduce", col.allreduce, x, algorithm="ring", timeout=2)
+        else:
+            report("reduce_scatter", col.reduce_scatter, x, algorithm="ring")
 
 
 def rank_only() -> None:

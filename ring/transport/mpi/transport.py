@@ -305,7 +305,8 @@ class MPITransport(Subsets):
         peer_text = f"rank {named[0]}" if len(named) == 1 else f"ranks {named}"
         if error.Get_error_class() == MPI.ERR_TRUNCATE:
             return (f"a message from {peer_text} was longer than this rank expected: the ranks disagree "
-                    "about this call's size (is the cross-rank check off?)")
+                    "about this call (its size, its algorithm or which collective it is; is the cross-rank "
+                    "check off?)")
         return f"communication with {peer_text} failed: {error_text(error)}"
 
 
