@@ -149,14 +149,16 @@ class AllreduceLane(Lane):
 
     def __init__(self, call: Call, x: np.ndarray, op: str):
         super().__init__(call, x, op, floating=x.dtype.kind in "fc")
-        self.combine = arrays.ufunc(np, op) if op != "avg" else None
+        halved = call.algorithm != "doubling"
+        # ("avg" by doubling is allreduce_small's, which scales; halved, it sums and divides as
+        # algorithms._reduce_by does, below)
+        self.combine = arrays.ufunc(np, op) if op != "avg" or halved else None
         self.halves = None
-        if call.algorithm != "doubling":   # (the range each rank reduces, as the algorithm's schedule gives it)
+        if halved:   # (the range each rank reduces, as the algorithm's schedule gives it)
             segment, rank = call.runtime.segment_elems(x.dtype, self.transport), self.transport.rank
             owned = [slice(*halving_plans(r, 2, x.size, segment)[2]) for r in (0, 1)] \
                 if call.algorithm == "halving" else [slice(*chunk) for chunk in chunk_bounds(x.size, 2)]
             self.halves, self.peer = (owned[rank], owned[1 - rank]), 1 - rank
-            self.combine = arrays.ufunc(np, op)   # ("avg" sums, and divides as algorithms._reduce_by does:)
             self.prescaled = op == "avg" and x.dtype == np.float16   # (each contribution first)
             self.averaged = op == "avg" and not self.prescaled       # (the sum of its own half, once)
 
