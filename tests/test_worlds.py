@@ -25,7 +25,7 @@ def test_a_few_collectives_in_a_small_world(n, world_tests):
 
 
 def test_only_shared_memory_no_process_maps_and_older_than_a_world_start_is_removed(tmp_path):
-    """MPICH's segments a killed world leaves in /dev/shm are removed after each test
+    """MPICH's and Open MPI's segments a killed world leaves in /dev/shm are removed after each test
     (tests/worlds.py): an old one nobody maps goes; one a process maps, or a new one, stays."""
     # (in a directory of its own: the other test stream removes /dev/shm's orphans after each of its tests)
     import mmap
@@ -34,12 +34,13 @@ def test_only_shared_memory_no_process_maps_and_older_than_a_world_start_is_remo
 
     from tests.worlds import ORPHAN_AGE_S, remove_orphan_segments
     orphan, in_use, new = (tmp_path / f"mpich_shm_test_{kind}" for kind in ("orphan", "mapped", "new"))
+    open_mpis = tmp_path / "sm_segment.vm.0.2f030000.0"
     long_ago = time.time() - 2 * ORPHAN_AGE_S
-    for path in (orphan, in_use, new):
+    for path in (orphan, in_use, new, open_mpis):
         path.write_bytes(b"\0" * 4096)
-    os.utime(orphan, (long_ago, long_ago))
-    os.utime(in_use, (long_ago, long_ago))
+    for path in (orphan, in_use, open_mpis):
+        os.utime(path, (long_ago, long_ago))
     with open(in_use, "r+b") as f, mmap.mmap(f.fileno(), 4096) as mapped:
         removed = remove_orphan_segments(directory=tmp_path)
-        assert removed == [orphan] and not orphan.exists()
+        assert sorted(removed) == sorted([orphan, open_mpis]) and not orphan.exists() and not open_mpis.exists()
         assert in_use.exists() and new.exists() and mapped[0] == 0

@@ -23,17 +23,19 @@ WORLD_PYTEST = ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "-
 
 #: MPICH's shared-memory segments (``/dev/shm/mpich_shm_*``) are unlinked once every rank of a host has
 #: attached; a world killed before that (inside MPI_Init: a rank that never came, a world past its bound)
-#: leaves them, a few MB each, until the machine restarts (6.3 GB after one suite).
+#: leaves them, a few MB each, until the machine restarts (6.3 GB after one suite). Open MPI's shared-memory
+#: transport (``sm_segment.<host>.<uid>.<job>.<rank>``) is unlinked at its finalize: a killed rank leaves its own.
 SHM = Path("/dev/shm")
+SEGMENTS = ("mpich_shm_*", "sm_segment.*")
 ORPHAN_AGE_S = 30.0   # (a segment this old that no process maps is no world's: a world maps it as it makes it)
 
 
 def remove_orphan_segments(now: float | None = None, directory: Path = SHM) -> list[Path]:
-    """Remove MPICH's shared-memory segments in ``directory`` that no live process maps and that are
-    older than ORPHAN_AGE_S; return them. Cheap where there are none (one directory listing)."""
+    """Remove MPI's shared-memory segments (SEGMENTS) in ``directory`` that no live process maps and that
+    are older than ORPHAN_AGE_S; return them. Cheap where there are none (one directory listing)."""
     now = time.time() if now is None else now
     try:
-        old = [p for p in directory.glob("mpich_shm_*") if now - p.stat().st_mtime > ORPHAN_AGE_S]
+        old = [p for pattern in SEGMENTS for p in directory.glob(pattern) if now - p.stat().st_mtime > ORPHAN_AGE_S]
     except OSError:
         return []
     if not old:

@@ -14,6 +14,7 @@ transport; ``split`` makes the others.
 from __future__ import annotations
 
 import time
+from time import monotonic
 from typing import Any, Sequence
 
 import numpy as np
@@ -320,12 +321,15 @@ class Persistent:
     >>> wire.run(call)     # send to rank 1 while receiving from it, within the call's bound  # doctest: +SKIP
     """
 
-    __slots__ = ("transport", "key", "requests", "peers", "buffers")
+    __slots__ = ("transport", "key", "requests", "peers", "buffers", "guarded", "quick_polls")
 
     def __init__(self, transport: MPITransport, key: tuple, peers: tuple[int, int], buffers: tuple):
         self.transport, self.key, self.peers = transport, key, peers
         self.buffers = buffers   # (kept with the requests: their memory must outlive them)
         self.requests: list | None = None
+        self.guarded = peers[1] in transport._remote   # (the hosts are known from the start)
+        #: The quick polls that end most small exchanges (none where the statuses are kept: _wait_all's)
+        self.quick_polls = range(0 if _KEEP_STATUSES else transport._quick_polls)
 
     def make(self) -> list:
         """Make the requests, and keep this exchange among its transport's (freeing every kept one
@@ -344,24 +348,24 @@ class Persistent:
 
     def run(self, bound: Bound) -> None:
         """Send and receive, blocking until both are done or ``bound`` passes (``MPITransport.exchange``)."""
-        transport, requests = self.transport, self.requests
+        requests = self.requests
         if requests is None:   # (freed with the others when the transport kept too many)
             requests = self.make()
-        if self.peers[1] in transport._remote:   # (a send to another host: see MPITransport.sending_to)
-            transport.control.guard(self.peers[1], bound.seq)
+        if self.guarded:   # (a send to another host: see MPITransport.sending_to)
+            self.transport.control.guard(self.peers[1], bound.seq)
         try:
             receiving, sending = requests   # (started and tested one by one: a third less time than
             receiving.Start()               # Startall and Testall, which convert the list every call)
             sending.Start()
-            if not _KEEP_STATUSES:   # (_wait_all's quick polls, inline: a small exchange mostly ends in them)
-                for _ in range(transport._quick_polls):
-                    if receiving.Test() and sending.Test():   # (a done persistent request tests true)
-                        bound.progressed()
-                        return
-            transport._wait_all(requests, self.peers, bound)
+            for _ in self.quick_polls:   # (_wait_all's, inline: a small exchange mostly ends in them)
+                if receiving.Test() and sending.Test():   # (a done persistent request tests true)
+                    if bound.window:   # (Bound.progressed, inline: the hot path of a small call)
+                        bound.until = monotonic() + bound.window
+                    return
+            self.transport._wait_all(requests, self.peers, bound)
         except MPI.Exception as e:
             self._forget()
-            transport._raise_failure(e, requests, self.peers, bound)
+            self.transport._raise_failure(e, requests, self.peers, bound)
         except BaseException:
             self._forget()
             raise
