@@ -348,27 +348,27 @@ def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any, algorithm: Any = Non
     """The lane that runs ``allreduce(x, op, out, algorithm=algorithm)`` on ``g`` now, or None: take the
     usual way (which sets one up, :func:`open_lane`, where it can). ``out``: None, ``x`` (writable), or
     a writable array of x's kind apart from x; anything else is for the usual checks to name."""
-    if type(x) is not _ndarray or type(op) is not str or get_ident() != MAIN_THREAD or on_behalf \
+    if type(x) is not _ndarray or get_ident() != MAIN_THREAD or on_behalf \
             or timeline.current is not None or execute.observer is not None:   # (_open_to's, inline: the
-        return None   # hottest path; an op of another type is for the usual checks to name: it may not even hash)
+        return None   # hottest path)
     lane = g.runtime.last_allreduce   # (the one that ran last, first: see _kept)
-    if lane is None or lane.group is not g or x.dtype is not lane.dtype or x.shape != lane.shape or op != lane.kind:
+    if lane is None or lane.group is not g or x.dtype is not lane.dtype or x.shape != lane.shape \
+            or op is not lane.kind and (type(op) is not str or op != lane.kind):   # (``is``: a loop's literal)
+        if type(op) is not str:   # (an op of another type is for the usual checks to name: it may not even hash)
+            return None
         lane = _kept(g, "allreduce", x, op)
-    if lane is None or g.destroyed or lane.forced != algorithm:
+        if lane is None:
+            return None
+    if lane.forced != algorithm or g.destroyed:
         return None
-    # (the doubling's lane copies a strided x into its message; halving's sends from x itself)
-    if lane.halves is not None and not x.flags.c_contiguous:
-        return None
-    if out is None:
-        return lane
+    if out is None:   # (the doubling's lane copies a strided x into its message; halving's sends from x itself)
+        return lane if lane.halves is None or x.flags.c_contiguous else None
     if out is x:
-        flags = x.flags
-        return lane if flags.writeable and flags.c_contiguous else None
-    if type(out) is _ndarray and (out.dtype is lane.dtype or out.dtype == lane.dtype) and out.shape == lane.shape:
-        flags = out.flags   # (_writable_apart's, inline: the hottest path)
-        if flags.writeable and flags.c_contiguous and (x.base is None and out.base is None or
-                                                       not np.may_share_memory(x, out)):
-            return lane
+        return lane if x.flags.carray else None   # (writable and contiguous: numpy's "carray")
+    if type(out) is _ndarray and out.shape == lane.shape and (out.dtype is lane.dtype or out.dtype == lane.dtype) \
+            and out.flags.carray and (x.base is None and out.base is None or not np.may_share_memory(x, out)) \
+            and (lane.halves is None or x.flags.c_contiguous):   # (_writable_apart's, inline: the hottest path)
+        return lane
     return None
 
 
@@ -391,7 +391,7 @@ def allgather_lane(g: CallGroup, x: Any, out: Any, algorithm: Any = None) -> All
     None, or a writable array of x's dtype whose rows are those of the lane's kind, apart from x."""
     if out is None:
         rows = -1
-    elif type(out) is np.ndarray and out.ndim:
+    elif type(out) is _ndarray and out.ndim:
         rows = out.shape[0]
     else:
         return None
@@ -404,9 +404,10 @@ def allgather_lane(g: CallGroup, x: Any, out: Any, algorithm: Any = None) -> All
         return None
     if out is None:
         return lane
-    if out is x or (out.dtype is not lane.dtype and out.dtype != lane.dtype) or out.shape != lane.out_shape:
-        return None
-    return lane if _writable_apart(out, x) else None
+    if out is not x and out.shape == lane.out_shape and (out.dtype is lane.dtype or out.dtype == lane.dtype) \
+            and _writable_apart(out, x):
+        return lane
+    return None
 
 
 def _kept(g: CallGroup, name: str, x: np.ndarray, kind: Any) -> Any:
@@ -421,10 +422,9 @@ def _kept(g: CallGroup, name: str, x: np.ndarray, kind: Any) -> Any:
 
 
 def _writable_apart(out: np.ndarray, x: np.ndarray) -> bool:
-    """Whether array ``out`` (not ``x``) is writable and contiguous, and shares no memory with ``x``."""
-    flags = out.flags   # (two arrays that own their memory never overlap)
-    return flags.writeable and flags.c_contiguous and (x.base is None and out.base is None or
-                                                       not np.may_share_memory(x, out))
+    """Whether array ``out`` (not ``x``) is writable and contiguous (numpy's "carray": aligned too), and
+    shares no memory with ``x`` (two arrays that own their memory never overlap)."""
+    return out.flags.carray and (x.base is None and out.base is None or not np.may_share_memory(x, out))
 
 
 def open_lane(call: Call, x: np.ndarray, kind: Any, *more: Any) -> None:
