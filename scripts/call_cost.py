@@ -8,7 +8,8 @@ MPI message it needs, MPI's own collective).
 
 Rank 0 prints two markdown tables (docs/performance.md has them). The counts are per call, over
 2000 calls under cProfile (C functions such as numpy's ufuncs and mpi4py's methods are not
-Python frames: the MPI calls are counted by wrappers, the rest not at all). At n=2 the polls
+Python frames: the MPI calls are counted by wrappers, the rest not at all), then the bytecode
+instructions each layer runs, over 200 calls under ``sys.settrace``. At n=2 the polls
 depend on how long the peer takes, so they vary a little from launch to launch; the rest is exact.
 The times are medians of 7 interleaved rounds: "frame" is the same call on a one-rank group (no
 message: the runtime's Python alone), "wire" a persistent exchange of the same message with the
@@ -22,6 +23,7 @@ import cProfile
 import os
 import pstats
 import statistics
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -95,6 +97,7 @@ def count_mpi(group) -> None:
 
 WAITING = "waiting past the quick polls (grows with the wait)"
 FIXED = "the runtime's Python functions, but the waiting"
+BYTECODES = "bytecode instructions the runtime's Python runs, all layers"
 
 
 def layer_of(filename: str, name: str) -> str:
@@ -145,6 +148,31 @@ def counts(fn) -> dict[str, float]:
     for name, n in mpi_calls.items():
         found[f"  MPI: {name}"] = n
     return {k: v / CALLS for k, v in found.items()}
+
+
+def bytecodes(fn, calls: int = 200) -> dict[str, float]:
+    """Per call of ``fn``: the bytecode instructions the runtime's Python runs, all layers and each
+    (``sys.settrace``'s opcode events: what the interpreter does, which frames count only once)."""
+    found: Counter = Counter()
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes, frame.f_trace_lines = True, False
+        if event == "opcode":
+            layer = layer_of(frame.f_code.co_filename, frame.f_code.co_name)
+            if layer:
+                found[f"bytecodes: {layer}"] += 1
+                found[BYTECODES] += 1
+        return trace
+
+    for _ in range(20):
+        fn()
+    sys.settrace(trace)
+    try:
+        for _ in range(calls):
+            fn()
+    finally:
+        sys.settrace(None)
+    return {k: v / calls for k, v in found.items()}
 
 
 def per_call(loop, comm: MPI.Comm, calls: int = 2000) -> float:
@@ -198,7 +226,7 @@ def main() -> None:
         "broadcast": (lambda g: col.broadcast(out, group=g), lambda: comm.Bcast(out), x.nbytes),
     }
     count_mpi(col.world_group())
-    table = {name: counts(lambda: ours(world)) for name, (ours, *_) in cases.items()}
+    table = {name: {**counts(lambda: ours(world)), **bytecodes(lambda: ours(world))} for name, (ours, *_) in cases.items()}
     rows = sorted({k for found in table.values() for k in found}, key=_order)
     if me == 0:
         print(f"# mpiexec -n {n} python scripts/call_cost.py --bytes {args.bytes}: per call, counted")
@@ -232,6 +260,8 @@ def main() -> None:
 def _order(row: str) -> tuple:
     layers = [what for what, _ in LAYERS] + [WAITING, "others' Python functions (numpy, threading)"]
     first = ["Python functions, all layers", FIXED]
+    if row.startswith("bytecodes: ") or row == BYTECODES:   # (last, by layer as the functions are)
+        return (3, -1) if row == BYTECODES else (3, layers.index(row[len("bytecodes: "):]))
     return (0, first.index(row)) if row in first else (1, layers.index(row)) if row in layers else \
         (2, 0 if not row.startswith("  ") else 1, row)
 
