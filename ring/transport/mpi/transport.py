@@ -14,7 +14,6 @@ transport; ``split`` makes the others.
 from __future__ import annotations
 
 import time
-from time import monotonic
 from typing import Any, Sequence
 
 import numpy as np
@@ -359,8 +358,7 @@ class Persistent:
             sending.Start()
             for _ in self.quick_polls:   # (_wait_all's, inline: a small exchange mostly ends in them)
                 if receiving.Test() and sending.Test():   # (a done persistent request tests true)
-                    if bound.window:   # (Bound.progressed, inline: the hot path of a small call)
-                        bound.until = monotonic() + bound.window
+                    bound.progressed()
                     return
             self.transport._wait_all(requests, self.peers, bound)
         except MPI.Exception as e:
