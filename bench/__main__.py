@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:   # outside the sweep: nothing to keep
         return INTERRUPTED
     except Exception:   # one rank failing alone must not leave the others waiting in a barrier
-        print(f"rank {comm.Get_rank()}: {traceback.format_exc()}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"rank {comm.Get_rank()}: {traceback.format_exc()}")   # (one write: the ranks share the stream)
+        sys.stderr.flush()
         comm.Abort(1)
         return 1
 

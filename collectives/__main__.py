@@ -21,7 +21,7 @@ import numpy as np
 
 import collectives as col
 from collectives import about
-from collectives.process import rendezvous
+from collectives.process import ending, rendezvous
 
 # (mpi4py's MPI is imported inside the functions: importing it starts MPI, which --help and a
 # refused argument must not wait for)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         col.init()   # (the runtime starts MPI, once the command line is known good: under torchrun it forms the world)
         lines = describe()
     except (col.CollectiveError, col.CollectiveUsageError) as e:   # the runtime could not be set up: say why
-        print(f"[rank {about.launched_rank() or 0}] python -m collectives: {e}", file=sys.stderr, flush=True)
+        ending.print_line(f"[rank {about.launched_rank() or 0}] python -m collectives: {e}")
         return 1
     from mpi4py import MPI
     if col.rank() == 0:

@@ -367,6 +367,20 @@ def test_a_call_that_keeps_moving_data_outlasts_its_timeout_and_one_that_hears_n
         assert (1 <= seconds or heard_first(message, rank)) and seconds < 1 + DEADLINE_SLACK_S, output
 
 
+def test_a_timeout_names_the_absent_rank_where_the_rank_it_waits_for_waits_too():
+    """Rank 0 waits for rank 2's message, and rank 2 for rank 3's, which never comes: rank 0's timeout
+    says it waits for rank 3 (through rank 2), and so does what the others hear of it."""
+    status, output, _ = fault(4, "absent-behind-a-waiting-rank")
+    errors = reported_errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0, 1, 2], output
+    assert errors[0][1].startswith("allreduce #2 on rank 0: timed out after 2") and \
+        "waiting for rank 3 (here for a message from rank 2, which waits in this call too); rank(s) not answering " \
+        "(in no collective call, computing between two messages of this one, or gone): 3; rank(s) waiting in " \
+        "this call too: 1, 2" in errors[0][1], errors[0][1]
+    for rank in (1, 2):
+        assert re.findall(r"waiting for ranks? (\d+(?:, \d+)*)", errors[rank][1]) == ["3"], errors[rank][1]
+
+
 def test_the_census_tells_a_rank_in_another_collective_of_the_same_number():
     status, output, _ = fault(4, "census-other-call")
     errors = reported_errors(output)

@@ -98,14 +98,8 @@ def test_every_collective_matches_mpi4py_across_hosts(cluster, layout, netmod, t
     point-to-point, each algorithm forced) with its ranks on several hosts: all of it at 2 x 2 over
     UCX, what depends on the hosts (ACROSS_HOSTS) over libfabric's tcp, what depends on the layout
     (BY_LAYOUT) at 2 x 2 x 2 and 3 + 1."""
-    # Open bug, not this tier's: over UCX beside a CPU hog, rank 0's receives from any rank (tag 2)
-    # after the file's earlier tests can time out (at 3 x 2 and at 2 x 2); over libfabric's tcp they do
-    # not. Left out over UCX only, until fixed; it runs over tcp here and on one host in every world
-    # of tests/test_worlds.py.
-    known = (["--deselect", "tests/mpi/test_p2p.py::test_receives_from_any_rank_name_the_sender_and_keep_each_"
-              "senders_order"] if netmod == "ucx" else [])
     # The torch backend's tests compare with gloo, whose rendezvous they put on 127.0.0.1: one host's own.
-    known += ["--ignore", "tests/mpi/test_torch.py"]
+    known = ["--ignore", "tests/mpi/test_torch.py"]
     # (and the only other test that imports torch, for a bfloat16 tensor, costs its 4 ranks 2 s each: what it
     # moves between hosts is numpy bytes, as the other sync test here moves)
     known += ["--deselect", "tests/mpi/test_elastic_sync.py::test_sync_gives_every_rank_rank_0s_arrays_bit_for_bit_"
@@ -243,6 +237,16 @@ def test_a_host_that_vanishes_is_named_unreachable_and_the_survivors_exit(cluste
                                 r"or the host is down\)( \(seen by rank [01]\))?", message), outputs
         assert exited[rank] and "exiting with status 1 without MPI_Finalize" in output, outputs
         assert "Fatal Python error" not in output and "Traceback" not in output, outputs
+
+
+@pytest.mark.parametrize("netmod", NETMODS)
+def test_parameter_servers_train_across_hosts(cluster, netmod):
+    """2 x 2, one server (rank 3, on host 2) and three workers on both hosts: the server's receives
+    from any rank take every worker's messages (over UCX they waited until the timeout, hearing
+    nothing more from host 1 once one message from there had come: ``ring.transport.mpi.p2p``)."""
+    result = _run("2,2", ["-m", "trainer", "--strategy", "ps", "--epochs", "1"],
+                  {**NETMODS[netmod], "COLLECTIVES_TIMEOUT": "20"})
+    assert result.returncode == 0 and "done: 1 epoch(s)" in result.stdout, result.stdout[-3000:]
 
 
 def _trainer_ranks_on(host: str) -> list[int]:

@@ -231,7 +231,8 @@ def run(argv=None) -> None:
     try:
         code = main(argv)
     except col.CollectiveError as e:   # another rank failed or left: it says why; this one says what it saw
-        print(f"[rank {col.rank()}] error: {e}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"[rank {col.rank()}] error: {e}\n")   # (one write: the ranks share the stream)
+        sys.stderr.flush()
         code = FAULT
         col.abort(code)   # after the others have had time to report: a rank stuck elsewhere must not keep the job
     except Exception:   # the ranks waiting for this one hear of it at once (the runtime's farewell)

@@ -327,14 +327,21 @@ def _failure(call: Call, error: TransportError) -> CollectiveError:
     runtime = g.runtime
     if runtime.failure is not None:   # stopped from outside the call (runtime.stop: a wait ran out, Ctrl-C)
         return CollectiveError(f"{where} was stopped: {runtime.failure}")
-    detail = f"{error}; {_census(g, call.seq, call.name)}" if isinstance(error, TransportTimeout) else str(error)
+    detail = str(error)
+    if isinstance(error, TransportTimeout):
+        census, absent, here = _census(g, call.seq, call.name)
+        if error.peer in here and absent:   # (the rank this one waits for waits too: name those the call waits for)
+            detail = error.words(error.waited, f"rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} "
+                                               f"(here for a message from rank {error.peer}, which waits in this call too)")
+        detail += f"; {census}"
     return CollectiveError(runtime.stop(f"{where}: {detail}", error, by_peer=True, patience=call.window, group=g))
 
 
-def _census(g: CallGroup, seq: int, name: str) -> str:
+def _census(g: CallGroup, seq: int, name: str) -> tuple[str, list[int], list[int]]:
     """After a timeout in call ``seq`` (collective ``name``): which call of this group every other
-    member is in, as far as they answer (see ``Control.roll_call``): ranks are world ranks, call
-    numbers count this group's calls."""
+    member is in, as far as they answer (see ``Control.roll_call``), in words; the ranks the call
+    waits for (unreachable, silent, ended, or in another call); those waiting in it too. Ranks are
+    world ranks, call numbers count this group's calls."""
     control = g.transport.control
     heard = control.roll_call(seq)
     unreachable = [r for r in control.unreachable() if r not in heard]
@@ -363,4 +370,5 @@ def _census(g: CallGroup, seq: int, name: str) -> str:
         parts.append(f"rank(s) in another call: {', '.join(elsewhere)}")
     if here:
         parts.append(f"rank(s) waiting in this call too: {', '.join(map(str, here))}")
-    return "; ".join(parts) or "every rank is in this call (the slowest came too late)"
+    absent = sorted(r for r in g.ranks if r != me and r not in here)
+    return "; ".join(parts) or "every rank is in this call (the slowest came too late)", absent, here

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from collectives.errors import CollectiveError
-from collectives.process import supervision
+from collectives.process import ending, supervision
 from ring.transport.base import TransportError
 from ring.transport.mpi.notices import NoticeWatch, failure_notices
 from ring.transport.host_waits import GivenUp, watched
@@ -147,9 +147,8 @@ def leave_if_held(comm, rank: int, failure: SpawnFailed, seconds: float = 1.0) -
     try:
         watched(lambda: comm.Iprobe(tag=_PROBE_TAG), seconds, lambda: "MPI does not answer", "collectives probe")
     except GivenUp:
-        print(f"[rank {rank}] collectives: MPI stays held by a spawn that was given up ({failure}); this process "
-              "cannot go on and ends (status 1); the ranks left, if any, go on without it", file=sys.stderr,
-              flush=True)
+        ending.print_line(f"[rank {rank}] collectives: MPI stays held by a spawn that was given up ({failure}); this "
+                          "process cannot go on and ends (status 1); the ranks left, if any, go on without it")
         sys.stdout.flush()
         os._exit(1)
 

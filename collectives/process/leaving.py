@@ -16,7 +16,6 @@ import io
 import json
 import os
 import signal
-import sys
 import time
 import warnings
 from dataclasses import replace
@@ -203,15 +202,15 @@ def _write_timeline(w: Group, healthy: bool) -> None:
             timelines.write(path, events)
             missing = [r for r in range(1, w.size()) if found[r] is None]
             if missing:
-                print(f"[rank 0] collectives: {path} lacks rank(s) {', '.join(map(str, missing))}, which left after "
-                      "a failure or did not come (each wrote its own file)", file=sys.stderr, flush=True)
+                ending.print_line(f"[rank 0] collectives: {path} lacks rank(s) {', '.join(map(str, missing))}, which "
+                                  "left after a failure or did not come (each wrote its own file)")
             return
         if healthy and exits.deliver_at_exit(mine, deadline):
             return
     except Exception as e:   # noqa: BLE001 (at exit: an MPI error, or the file; say so, write our own)
-        print(f"[rank {w.rank()}] collectives: the timeline could not be gathered ({e}); writing this rank's own",
-              file=sys.stderr, flush=True)
+        ending.print_line(f"[rank {w.rank()}] collectives: the timeline could not be gathered ({e}); writing this "
+                          "rank's own")
     try:
         timelines.write(timelines.own_file(path, w.rank()), recorder.trace_events())
     except OSError as e:
-        print(f"[rank {w.rank()}] collectives: the timeline was not written: {e}", file=sys.stderr, flush=True)
+        ending.print_line(f"[rank {w.rank()}] collectives: the timeline was not written: {e}")

@@ -37,9 +37,14 @@ class TransportTimeout(TransportError):
     after ``waited`` seconds: for a collective, the time since its last progress (see ``Bound``)."""
 
     def __init__(self, peer: int, waited: float, waiting_for: str = ""):
-        super().__init__(f"timed out after {waited:.3g} s waiting for {waiting_for or f'rank {peer}'}")
+        super().__init__(self.words(waited, waiting_for or f"rank {peer}"))
         self.peer = peer
         self.waited = waited
+
+    @staticmethod
+    def words(waited: float, what: str) -> str:
+        """How a timeout says it: ``words(2.0, "rank 1")`` is "timed out after 2 s waiting for rank 1"."""
+        return f"timed out after {waited:.3g} s waiting for {what}"
 
 
 class Stopped(TransportError):

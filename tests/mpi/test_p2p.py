@@ -47,6 +47,46 @@ def test_receives_from_any_rank_name_the_sender_and_keep_each_senders_order():
     agree(ok, f"each sender's messages in the order sent, from the sender named: {arrived}")
 
 
+def test_receives_from_any_rank_posted_one_after_another_take_every_message_in_order():
+    """A parameter server's loop: the last rank receives from any rank, one receive after another,
+    20 messages from every other rank (across hosts, MPICH over UCX lost them once one receive from
+    any rank had taken a message from another host: ``ring.transport.mpi.p2p``)."""
+    if N < 2:
+        pytest.skip("needs two ranks")
+    server, count = N - 1, 20
+    if RANK == server:
+        buf, arrived = np.empty(2, np.int64), {}
+        for _ in range(count * (N - 1)):
+            source = col.recv(buf, source=None, tag=5, timeout=BOUND_S)
+            arrived.setdefault(source, []).append(int(buf[1]) if buf[0] == source else -1)
+        ok = sorted(arrived) == list(range(N - 1)) and all(seen == list(range(count)) for seen in arrived.values())
+    else:
+        for k in range(count):
+            col.send(np.array([RANK, k], np.int64), dest=server, tag=5, timeout=BOUND_S)
+        ok, arrived = True, None
+    agree(ok, f"every sender's messages, in the order sent: {arrived}")
+
+
+def test_two_receives_with_one_tag_take_one_ranks_messages_in_posting_order():
+    """Rank 0 sends every other rank a small message, then a large one, with one tag; each posts a
+    receive from any rank for the first and one from rank 0 for the second, before either comes: the
+    first posted takes the first sent (as a worker's pull of its version and its parameters)."""
+    if N < 2:
+        pytest.skip("needs two ranks")
+    for step in range(10):
+        if RANK == 0:
+            for peer in range(1, N):
+                col.send(np.array([step, peer], np.int64), dest=peer, tag=6, timeout=BOUND_S)
+                col.send(_message(peer, 4810, np.float32, step), dest=peer, tag=6, timeout=BOUND_S)
+            ok = True
+        else:
+            version, params = np.zeros(2, np.int64), np.zeros(4810, np.float32)
+            col.wait_all([col.irecv(version, source=None, tag=6), col.irecv(params, source=0, tag=6)],
+                         timeout=BOUND_S)
+            ok = version.tolist() == [step, RANK] and np.array_equal(params, _message(RANK, 4810, np.float32, step))
+        agree(ok, f"step {step}: rank {RANK} took the messages out of order")
+
+
 def test_messages_to_self_of_8_mb_complete_every_time():
     for k in range(20):
         sent = np.arange(1 << 20, dtype=np.float64) + RANK + k

@@ -382,6 +382,20 @@ def census_other_call() -> None:
             cue(3)
 
 
+def absent_behind_a_waiting_rank() -> None:
+    """Four ranks, recursive doubling: rank 3 stays away until the others' calls have ended. Rank 0
+    times out first (2 s; the others 30 s), waiting for rank 2's message of the second step, which
+    rank 2 cannot send while it waits for rank 3's of the first: the call waits for rank 3."""
+    col.barrier()
+    if col.rank() == 3:
+        await_cues(range(3))
+        return
+    try:
+        report("call 2", col.allreduce, np.ones(4, np.float32), timeout=2 if col.rank() == 0 else 30)
+    finally:
+        cue(3)
+
+
 #: How long rank 2 of crash-first-late still loads its data after rank 1's raise: the time is the
 #: property (longer than the 2 s grace of an exit after a failure, inside the 10 s a rank that left
 #: before its first collective waits at exit to be heard).
@@ -954,7 +968,8 @@ if __name__ == "__main__":
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "first-from-threads": first_from_threads,
      "idle": idle, "crash-first": crash_first, "crash-first-late": crash_first_late,
-     "census-other-call": census_other_call, "retry-at-setup": retry_at_setup, "late-to-setup": late_to_setup,
+     "census-other-call": census_other_call, "absent-behind-a-waiting-rank": absent_behind_a_waiting_rank,
+     "retry-at-setup": retry_at_setup, "late-to-setup": late_to_setup,
      "absent-at-setup": absent_at_setup, "farewell-alone": farewell_alone, "unchecked": unchecked,
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,

@@ -81,9 +81,9 @@ class Control:
         # probe looks first (see _read_locked), so one test tells what two probes did, in a third of
         # their time: every call ends with it (check_gave_up). Messages of the calls pass it by at no
         # cost that shows (measured: a small exchange took as long with it posted as without).
-        # Across hosts they are probed for and received: MPICH never matched a message from another
-        # host to a receive from any rank kept posted (every rank of torchrun across two emulated
-        # hosts waited at exit for the others' word for ever).
+        # Across hosts they are probed for and received: MPICH over UCX, with ranks on this host and on
+        # others, loses the matches of a receive from any rank posted to it (see ring.transport.mpi.p2p;
+        # every rank of torchrun across two emulated hosts waited at exit for the others' word for ever).
         self._control_in = np.zeros(_CONTROL_BYTES, np.uint8)
         self._control_status = MPI.Status()
         self._incoming: MPI.Prequest | None = None

@@ -23,6 +23,14 @@ MPI_TAG_UB >= PAYLOAD_TAG + base.MAX_P2P_TAG (MPICH: 2**29 - 1; Open MPI: 2**31 
 A message to the rank itself moves its header through MPI like any other (so it takes its place
 among receives from any rank) and its bytes by one local copy, into the receive's buffer.
 
+Where the communicator spans hosts, a header's receive is not posted to MPI: each poll matches the
+receives still without a header, in posting order, to the messages that have come (a matched probe,
+then the receive of just that message), which is how MPI itself matches messages to posted
+receives. MPICH 5.0.2 over UCX with shared memory (ranks on this host and on others) loses messages
+of a receive from any rank posted to it: once one such receive took a message from another host,
+later ones never matched another host's messages (a receiving rank on 2 x 2 emulated hosts heard one
+of 50 from each rank of the other host; parameter servers waited until their timeout).
+
 Waits never block inside MPI and never wait for the runtime's collectives: a program thread
 waiting here polls beside the progress engine's thread running a collective on the same
 communicator (distinct tags; MPI_THREAD_MULTIPLE). Each wait has its own deadline.
@@ -104,13 +112,18 @@ class PointToPoint:
         self._stopped = False                # abandoned after a failure: waits end at once
         self._status = MPI.Status()
         self._outbox: dict[int, deque[Posted]] = {}   # sends to this rank itself, by tag, in posting order
+        #: Across hosts, receives whose header no message has matched yet, in posting order (see the
+        #: module docstring); None where headers' receives are posted to MPI.
+        self._unmatched: list[Posted] | None = [] if transport.control.remote else None
 
     def post(self, buf: np.ndarray, peer: int | None, tag: int, receive: bool) -> Posted:
         """Post a send of ``buf`` to ``peer``, or a receive into it from ``peer`` (None: any rank)."""
         comm, posted = self.transport.comm, Posted(receive, buf, peer, tag)
         try:
             with self._lock:
-                if receive:
+                if receive and self._unmatched is not None:
+                    self._unmatched.append(posted)
+                elif receive:
                     source = MPI.ANY_SOURCE if peer is None else peer
                     posted.requests.append(comm.Irecv([posted.header, MPI.BYTE], source, HEADER_TAG + tag))
                     self._unread.append(posted)
@@ -160,6 +173,8 @@ class PointToPoint:
         TransportError for a message that does not fit, or once the runtime has stopped)."""
         if self._stopped:
             raise TransportError("the runtime stopped while this rank waited")
+        if self._unmatched:
+            self._match_headers()
         if self._unread:
             self._read_headers()
         for p in posted:
@@ -174,6 +189,25 @@ class PointToPoint:
             done = set(map(id, posted))
             self._posted = [p for p in self._posted if id(p) not in done]
         return [p.source for p in posted]
+
+    def _match_headers(self) -> None:
+        """Across hosts: receive each header that has come into the first receive still without one
+        that it matches (in posting order, as MPI matches a message to posted receives: one that came
+        between the probes for two receives goes to the earlier one, if it matches both)."""
+        with self._lock:
+            comm, status, unmatched = self.transport.comm, self._status, self._unmatched
+            k = 0
+            while k < len(unmatched):
+                p = unmatched[k]
+                message = comm.Improbe(MPI.ANY_SOURCE if p.peer is None else p.peer, HEADER_TAG + p.tag, status)
+                if message is None:
+                    k += 1
+                    continue
+                source = status.Get_source()
+                k = next(i for i, q in enumerate(unmatched) if q.tag == p.tag and q.peer in (None, source))
+                first = unmatched.pop(k)   # (p, or an earlier receive: then p probes again)
+                first.requests.append(message.Irecv([first.header, MPI.BYTE]))
+                self._unread.append(first)
 
     def _read_headers(self) -> None:
         """Take the headers that are in (all at once, then in posting order: see the module
@@ -239,6 +273,8 @@ class PointToPoint:
         program owns again); keep what cannot be cancelled, with its buffers, for good."""
         with self._lock:
             posted, self._posted, self._unread = self._posted, [], []
+            if self._unmatched is not None:
+                self._unmatched = []
             self._outbox.clear()
             self._stopped = True
         receives = [r for p in posted if p.receive for r in p.requests]
