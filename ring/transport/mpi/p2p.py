@@ -23,13 +23,16 @@ MPI_TAG_UB >= PAYLOAD_TAG + base.MAX_P2P_TAG (MPICH: 2**29 - 1; Open MPI: 2**31 
 A message to the rank itself moves its header through MPI like any other (so it takes its place
 among receives from any rank) and its bytes by one local copy, into the receive's buffer.
 
-Where the communicator spans hosts, a header's receive is not posted to MPI: each poll matches the
-receives still without a header, in posting order, to the messages that have come (a matched probe,
-then the receive of just that message), which is how MPI itself matches messages to posted
-receives. MPICH 5.0.2 over UCX with shared memory (ranks on this host and on others) loses messages
-of a receive from any rank posted to it: once one such receive took a message from another host,
-later ones never matched another host's messages (a receiving rank on 2 x 2 emulated hosts heard one
-of 50 from each rank of the other host; parameter servers waited until their timeout).
+Where the communicator spans hosts over MPICH's UCX network module, a header's receive is not
+posted to MPI: each poll matches the receives still without a header, in posting order, to the
+messages that have come (a matched probe, then the receive of just that message), which is how MPI
+itself matches messages to posted receives. MPICH 5.0.2 over UCX with shared memory (ranks on this
+host and on others) loses the matches of a receive from any rank posted to it: once one such
+receive took a message from another host, later ones never matched another host's messages (a
+receiving rank on 2 x 2 emulated hosts heard one of 50 from each rank of the other host; parameter
+servers waited until their timeout). Over libfabric's tcp it is the other way round: posted
+receives match every message, and probes missed some of a flood of waiting ones (20 of 30 from a
+rank, with three tags' messages queued), so receives are posted there, as on one host.
 
 Waits never block inside MPI and never wait for the runtime's collectives: a program thread
 waiting here polls beside the progress engine's thread running a collective on the same
@@ -37,6 +40,8 @@ communicator (distinct tags; MPI_THREAD_MULTIPLE). Each wait has its own deadlin
 """
 from __future__ import annotations
 
+import os
+import re
 import struct
 import threading
 from collections import deque
@@ -56,6 +61,20 @@ _DTYPE_BYTES = 16
 _HEADER = struct.Struct(f"<qq{_DTYPE_BYTES}s")   # byte count, element count, dtype.str (zero-padded)
 INLINE_BYTES = 16 << 10         # messages up to this size travel inside their header's message
 _QUICK_POLLS = 32               # polls before the first look at the clock (as ring.transport.mpi.transport)
+
+
+def netmod(environment=os.environ) -> str:
+    """The network module MPICH carries messages between hosts with: the one chosen
+    (``MPIR_CVAR_CH4_NETMOD``), else the first its build lists ("MPICH Device: ch4:ucx ofi"); "" under
+    another MPI."""
+    version = MPI.Get_library_version()
+    if "MPICH" not in version:
+        return ""
+    chosen = environment.get("MPIR_CVAR_CH4_NETMOD") or environment.get("MPICH_CH4_NETMOD")
+    if chosen:
+        return chosen.lower()
+    listed = re.search(r"MPICH Device:\s*ch4:(\w+)", version)
+    return listed.group(1) if listed else ""
 
 
 def header(buf: np.ndarray) -> bytes:
@@ -112,9 +131,9 @@ class PointToPoint:
         self._stopped = False                # abandoned after a failure: waits end at once
         self._status = MPI.Status()
         self._outbox: dict[int, deque[Posted]] = {}   # sends to this rank itself, by tag, in posting order
-        #: Across hosts, receives whose header no message has matched yet, in posting order (see the
-        #: module docstring); None where headers' receives are posted to MPI.
-        self._unmatched: list[Posted] | None = [] if transport.control.remote else None
+        #: Across hosts over MPICH's UCX, receives whose header no message has matched yet, in posting
+        #: order (see the module docstring); None where headers' receives are posted to MPI.
+        self._unmatched: list[Posted] | None = [] if transport.control.remote and netmod() == "ucx" else None
 
     def post(self, buf: np.ndarray, peer: int | None, tag: int, receive: bool) -> Posted:
         """Post a send of ``buf`` to ``peer``, or a receive into it from ``peer`` (None: any rank)."""
