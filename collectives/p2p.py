@@ -52,14 +52,14 @@ class Request:
 
 def send(x: np.ndarray, dest: int, tag: int = 0, *, group: Group | None = None, timeout: float | None = None) -> None:
     """Send host array ``x`` to rank ``dest`` of the group; returns once ``x`` may be reused."""
-    _post("send", x, dest, tag, group, receive=False).wait(timeout)
+    _post("send", x, dest, tag, group, receive=False, setup_timeout=timeout).wait(timeout)
 
 
 def recv(x: np.ndarray, source: int | None = None, tag: int = 0, *, group: Group | None = None,
          timeout: float | None = None) -> int:
     """Receive into host array ``x`` (exactly its size) from rank ``source`` (None: any rank) with
     ``tag``; return the rank it came from."""
-    return _post("recv", x, source, tag, group, receive=True).wait(timeout)
+    return _post("recv", x, source, tag, group, receive=True, setup_timeout=timeout).wait(timeout)
 
 
 def isend(x: np.ndarray, dest: int, tag: int = 0, *, group: Group | None = None) -> Request:
@@ -86,8 +86,9 @@ def wait_all(requests: list[Request], timeout: float | None = None) -> list[int]
     return [r._source for r in requests]
 
 
-def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive: bool) -> Request:
-    world = startup.world()
+def _post(what: str, x: Any, peer: int | None, tag: int, group: object, receive: bool,
+          setup_timeout: float | None = None) -> Request:
+    world = startup.world(setup_timeout)   # (a blocking call's first: set up within its own timeout, as a collective's)
     g = member(group, what, world.runtime) if group is not None else world
     if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
         validate.fail(what, "x", "expected a contiguous numpy.ndarray (point-to-point moves host arrays)")

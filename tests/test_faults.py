@@ -110,11 +110,13 @@ def test_a_healthy_rank_that_finds_one_gone_at_exit_names_the_one_still_in_its_o
            "0 (leaving without it too) and 1 (not at exit yet: still in its own code?)\n" in result.stdout, result.stdout
 
 
-@pytest.mark.parametrize("absent", ["until-cued", "for-ever"])
-def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeout(absent):
+@pytest.mark.parametrize("absent, first", [("until-cued", "allreduce"), ("for-ever", "allreduce"),
+                                           ("until-cued", "recv")])
+def test_a_rank_absent_from_setup_makes_the_first_call_time_out_by_its_own_timeout(absent, first):
     """The others then end without MPI_Finalize, so that the launcher ends the job even where the
-    absent rank never ends (for-ever: MPICH's launcher waited for it for ever after their finalize)."""
-    status, output, wall = fault(3, "absent-at-setup", absent)
+    absent rank never ends (for-ever: MPICH's launcher waited for it for ever after their finalize).
+    A first call that is a receive sets up within its timeout too (it took COLLECTIVES_TIMEOUT)."""
+    status, output, wall = fault(3, "absent-at-setup", absent, first)
     errors = reported_errors(output)
     assert status not in (0, -9) and sorted(errors) == [0, 1] and wall < 30, output
     assert "exiting with status 1 without MPI_Finalize: a rank of this job did not come to the runtime's setup" \

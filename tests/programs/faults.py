@@ -125,15 +125,18 @@ def farewell_alone() -> None:
 def absent_at_setup() -> None:
     """The last rank never calls into the runtime; the others' first call sets up, bounded by its
     timeout. The last rank then ends its program once the others' calls have ended, or (argv[2]
-    "for-ever") never: only the launcher can end it."""
+    "for-ever") never: only the launcher can end it. argv[3] "recv": the first call is a receive."""
     last = col.size() - 1
     if col.rank() == last:
-        if sys.argv[2:] == ["for-ever"]:
+        if sys.argv[2:3] == ["for-ever"]:
             time.sleep(3600)
         await_cues(range(last))   # (until the others' calls ended: then it may end its program)
         return
     try:
-        report("first call", col.allreduce, np.ones(10, np.float32), timeout=2)
+        if sys.argv[3:] == ["recv"]:   # (a point-to-point call sets the runtime up within its timeout too)
+            report("first call", col.recv, np.empty(4), None, 7, timeout=2)
+        else:
+            report("first call", col.allreduce, np.ones(10, np.float32), timeout=2)
     finally:
         cue(last)
 
