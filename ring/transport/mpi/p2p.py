@@ -210,9 +210,9 @@ class PointToPoint:
         return [p.source for p in posted]
 
     def _match_headers(self) -> None:
-        """Across hosts: receive each header that has come into the first receive still without one
-        that it matches (in posting order, as MPI matches a message to posted receives: one that came
-        between the probes for two receives goes to the earlier one, if it matches both)."""
+        """Across hosts over UCX: receive each header that has come into the first receive still
+        without one that it matches (in posting order, as MPI matches a message to posted receives:
+        one that came between the probes for two receives goes to the earlier one, if it matches both)."""
         with self._lock:
             comm, status, unmatched = self.transport.comm, self._status, self._unmatched
             k = 0
