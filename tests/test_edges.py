@@ -179,6 +179,29 @@ def test_after_a_rank_is_killed_every_survivor_says_so_and_exits_non_zero_within
         assert "Traceback" not in output and "error stack" not in output, outputs
 
 
+@pytest.mark.parametrize("case", [("any",), ("sends", "4"), ("sends", "131072")],
+                         ids=["any-rank receive", "small sends", "1 MiB sends"])
+def test_a_point_to_point_wait_goes_on_when_a_rank_that_did_its_part_ends_its_program(case):
+    """Rank 1 does its whole part and ends its program while rank 0 still waits for rank 2's part (which
+    comes 1 s later): rank 0's wait is owed nothing by rank 1, so it completes (it failed, naming rank 1,
+    where the wait was for any rank or had a message with rank 1 among its own)."""
+    status, output, wall = _edge(3, "p2p-after-an-end", *case)
+    assert status == 0 and not reported_errors(output) and wall < 30, output
+    if case[0] == "any":
+        assert "rank 0: the second came from rank 2, right" in output, output
+    else:
+        assert output.count("received right") == 2 and "rank 0: ok sends" in output, output
+
+
+def test_a_receive_from_any_rank_fails_once_every_rank_that_could_send_has_ended_its_program():
+    status, output, wall = _edge(3, "p2p-after-an-end", "nobody")
+    errors = reported_errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0], output
+    seconds, message = errors[0]
+    assert seconds < LEAVE_BOUND_S and re.fullmatch(
+        r"recv from any rank \(tag 1\) on rank 0: rank [12] ended its program after 1 collective\(s\)", message), output
+
+
 def test_a_rank_that_ends_before_its_first_collective_is_named_at_once():
     """At once: by its farewell, within LEAVE_BOUND_S, where the call's timeout is 30 s."""
     status, output, wall = _edge(3, "ended-early")

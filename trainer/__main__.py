@@ -227,7 +227,11 @@ def tell_outputs(args) -> None:
 
 
 def run(argv=None) -> None:
-    """The program: main(), with a failure reported by the rank that saw it, and the exit status."""
+    """The program: main(), with a failure reported by the rank that saw it, and the exit status. Any
+    other exception is left uncaught, so that the runtime's farewell tells the ranks waiting for this
+    one why it left (``rank 1 left: uncaught RuntimeError: ...``); its traceback is printed by
+    :func:`_report_uncaught`, and the exit status is Python's, 1 (FAULT)."""
+    sys.excepthook = _report_uncaught   # (the runtime, at its first use, puts its own hook before this one)
     try:
         code = main(argv)
     except col.CollectiveError as e:   # another rank failed or left: it says why; this one says what it saw
@@ -235,11 +239,13 @@ def run(argv=None) -> None:
         sys.stderr.flush()
         code = FAULT
         col.abort(code)   # after the others have had time to report: a rank stuck elsewhere must not keep the job
-    except Exception:   # the ranks waiting for this one hear of it at once (the runtime's farewell)
-        sys.stderr.write(f"[rank {col.rank()}] " + traceback.format_exc())
-        sys.stderr.flush()
-        code = FAULT
     sys.exit(code)
+
+
+def _report_uncaught(kind, value, trace) -> None:
+    """sys.excepthook: the traceback in one write, marked with this rank (the ranks share the stream)."""
+    sys.stderr.write(f"[rank {col.rank()}] " + "".join(traceback.format_exception(kind, value, trace)))
+    sys.stderr.flush()
 
 
 

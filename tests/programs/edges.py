@@ -12,7 +12,7 @@ import numpy as np
 
 import collectives as col
 from collectives.groups.group import Group
-from tests.programs.cues import await_cues, await_file, await_ended, cue, report, say, when_inside
+from tests.programs.cues import await_cue, await_cues, await_file, await_ended, cue, report, say, when_inside
 
 
 def p2p_mismatch() -> None:
@@ -28,6 +28,43 @@ def p2p_mismatch() -> None:
             report("recv", col.recv, buffer, source=0, tag=3, timeout=10)
         finally:
             say(f"rank 1: buffer {'untouched' if np.all(buffer == -1) else 'WRITTEN'}")
+
+
+def p2p_after_an_end() -> None:
+    """Rank 1 does its whole part of rank 0's point-to-point messages and ends its program; rank 2 does
+    its part 1 s after rank 0 cued it, with rank 0 inside the wait meanwhile. argv[2] "any": rank 0
+    receives twice from any rank (rank 1 sends at once); "sends": rank 0 sends argv[3] float64 to
+    ranks 1 and 2 and waits for both (rank 1 receives at once); "nobody": rank 0 receives from any
+    rank, and ranks 1 and 2 end their programs without sending."""
+    col.barrier()
+    rank, count = col.rank(), int(sys.argv[3]) if len(sys.argv) > 3 else 4
+    if sys.argv[2] == "nobody":
+        if rank == 0:
+            report("receive", col.recv, np.empty(4), None, 1, timeout=20)
+    elif sys.argv[2] == "any":
+        if rank == 0:
+            first = np.empty(4)
+            report("first receive", col.recv, first, None, 1, timeout=10)
+            cue(2)
+            second = np.empty(4)
+            source = report("second receive", col.recv, second, None, 1, timeout=10)
+            say(f"rank 0: the second came from rank {source}, {'right' if np.all(second == source) else 'WRONG'}")
+        else:
+            if rank == 2:
+                await_cue(0)
+                time.sleep(1)
+            report("send", col.send, np.full(4, float(rank)), 0, 1, timeout=10)
+    elif rank == 0:
+        requests = [col.isend(np.full(count, float(peer)), peer, 1) for peer in (1, 2)]
+        cue(2)
+        report("sends", col.wait_all, requests, timeout=10)
+    else:
+        if rank == 2:
+            await_cue(0)
+            time.sleep(1)
+        got = np.empty(count)
+        report("receive", col.recv, got, 0, 1, timeout=10)
+        say(f"rank {rank}: received {'right' if np.all(got == rank) else 'WRONG'}")
 
 
 def killed() -> None:
@@ -162,5 +199,5 @@ def vanished() -> None:
 
 
 if __name__ == "__main__":
-    {"p2p-mismatch": p2p_mismatch, "killed": killed, "killed-async": killed_async, "terminated-before-setup": terminated_before_setup, "ended-early": ended_early, "never-used": never_used,
+    {"p2p-mismatch": p2p_mismatch, "p2p-after-an-end": p2p_after_an_end, "killed": killed, "killed-async": killed_async, "terminated-before-setup": terminated_before_setup, "ended-early": ended_early, "never-used": never_used,
      "groups-in-a-loop": groups_in_a_loop, "hosts": hosts, "vanished": vanished}[sys.argv[1]]()

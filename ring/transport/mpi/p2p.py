@@ -119,6 +119,36 @@ class Posted:
         return self.payload and MPI.Request.Testall(self.requests)
 
 
+class _Needed:
+    """The ranks a point-to-point wait still needs, as its messages stand at each look at the peers
+    (``Control.check_peers`` asks ``rank in``): the peer of each message not done yet (a receive from
+    any rank whose header came: the rank it came from). While a receive from any rank waits for a
+    header, also a rank that left for a reason (an error: the message awaited may have been its), and
+    every rank once none other is left to send one. A rank that ended its program after its part is
+    not needed: a parameter server's receive from any worker waits on for the others.
+
+    >>> class Control: departed, dead = {1: (False, 3, "")}, set()        # rank 1 ended its program
+    >>> waiting = Posted(True, np.empty(4), None, 0)                       # a receive from any rank
+    >>> 1 in _Needed([waiting], Control, 0, 3), 1 in _Needed([waiting], Control, 0, 2)
+    (False, True)
+    """
+
+    __slots__ = ("posted", "control", "others")
+
+    def __init__(self, posted: list[Posted], control, rank: int, size: int):
+        self.posted, self.control = posted, control
+        self.others = frozenset(range(size)) - {rank}
+
+    def __contains__(self, rank: int) -> bool:
+        pending = [p.source if p.source >= 0 else p.peer for p in self.posted if not p.done()]
+        if rank in pending:
+            return True
+        if None not in pending:
+            return False
+        failed, _, why = self.control.departed.get(rank, (False, 0, ""))
+        return failed or bool(why) or self.others <= self.control.departed.keys() | self.control.dead
+
+
 class PointToPoint:
     """The point-to-point messages of one MPI transport (``transport``: its comm, names, peers)."""
 
@@ -174,7 +204,7 @@ class PointToPoint:
             for _ in range(_QUICK_POLLS):   # a few microseconds, without the clock: the latency path
                 if self._done(posted):
                     return self._finished(posted)
-            expecting = None if None in peers else set(peers)
+            expecting = _Needed(posted, control, transport.rank, transport.size)
 
             def waiting_for() -> int | None:
                 pending = [p for p in posted if not p.done()]

@@ -49,8 +49,9 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
              waiting_for: Callable[[], int | None], expecting: Any = COLLECTIVE) -> None:
     """Poll ``done()`` until it is true; raise PeerLost (a peer that ``expecting`` needs is gone:
     see ``Control.check_peers``; COLLECTIVE: the ranks of collective ``bound.seq``; DRAIN_SECONDS
-    and DRAIN_POLLS after it is found, unless ``done()`` comes true meanwhile; at once in a
-    point-to-point wait that began with a death already seen) or, once
+    and DRAIN_POLLS after it is found, unless ``done()`` comes true meanwhile, also after a farewell in
+    a point-to-point wait; at once in a point-to-point wait that began with a death already seen, and
+    in a collective that a rank said it left or gave up before completing) or, once
     ``bound`` passes, its error naming ``waiting_for()``, the rank (as the control plane names
     it) still pending (None: any rank)."""
     seq = bound.seq if expecting is COLLECTIVE else None
@@ -83,8 +84,9 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
             try:
                 control.check_peers(seq, expecting)
             except PeerLost as e:
-                if not drains or e.said:   # (a rank that said it left or gave the call up before completing
-                    raise                  # it: the call fails whatever this rank's part does, no drain helps)
+                if not drains or e.said and expecting is COLLECTIVE:   # (a rank that said it left or gave the call
+                    raise   # up before completing it: the call fails whatever this rank's part does, no drain
+                    # helps; a point-to-point message it sent before it left may still be on its way)
                 lost, drain_until = e, now + DRAIN_SECONDS
                 continue
             next_check = now + min(CHECK_INTERVAL, control.look_again_in())
