@@ -30,9 +30,14 @@ def p2p_mismatch() -> None:
             say(f"rank 1: buffer {'untouched' if np.all(buffer == -1) else 'WRITTEN'}")
 
 
+#: How late rank 2 does its part, after rank 0 cued it from its wait: more than that wait's first looks at
+#: the control channel (``ring.transport.mpi.waiting.CHECK_INTERVAL``), which read rank 1's farewell.
+LATE_PART_S = 1.0
+
+
 def p2p_after_an_end() -> None:
     """Rank 1 does its whole part of rank 0's point-to-point messages and ends its program; rank 2 does
-    its part 1 s after rank 0 cued it, with rank 0 inside the wait meanwhile. argv[2] "any": rank 0
+    its part LATE_PART_S after rank 0 cued it, with rank 0 inside the wait meanwhile. argv[2] "any": rank 0
     receives twice from any rank (rank 1 sends at once); "sends": rank 0 sends argv[3] float64 to
     ranks 1 and 2 and waits for both (rank 1 receives at once); "nobody": rank 0 receives from any
     rank, and ranks 1 and 2 end their programs without sending."""
@@ -52,7 +57,7 @@ def p2p_after_an_end() -> None:
         else:
             if rank == 2:
                 await_cue(0)
-                time.sleep(1)
+                time.sleep(LATE_PART_S)
             report("send", col.send, np.full(4, float(rank)), 0, 1, timeout=10)
     elif rank == 0:
         requests = [col.isend(np.full(count, float(peer)), peer, 1) for peer in (1, 2)]
@@ -61,7 +66,7 @@ def p2p_after_an_end() -> None:
     else:
         if rank == 2:
             await_cue(0)
-            time.sleep(1)
+            time.sleep(LATE_PART_S)
         got = np.empty(count)
         report("receive", col.recv, got, 0, 1, timeout=10)
         say(f"rank {rank}: received {'right' if np.all(got == rank) else 'WRONG'}")
