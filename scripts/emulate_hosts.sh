@@ -4,6 +4,7 @@
 # namespace through veth pairs, addresses 169.254.100.<i>, /etc/netns/<host>/hosts naming every host.
 #
 #   scripts/emulate_hosts.sh up 3 [RATE]        # hosts ringh1..ringh3; RATE (tc tbf, e.g. 1gbit): each host link
+#   scripts/emulate_hosts.sh shape 2 10mbit     # host 2's link from now on (none: unshaped)
 #   scripts/emulate_hosts.sh run 2,2 -- python -m trainer     # mpiexec on ringh1, 2 ranks on each of 2 hosts
 #   scripts/emulate_hosts.sh down               # remove every emulated host (also stale ones of a killed run)
 #
@@ -39,15 +40,21 @@ up() {
         ip -n "$host" addr add "169.254.100.$i/24" dev eth0
         ip -n "$host" link set eth0 up
         ip -n "$host" link set lo up
-        if [ -n "$rate" ]; then   # shape what the host sends (tbf: no netem here)
-            ip netns exec "$host" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
-        fi
+        [ -n "$rate" ] && shape "$i" "$rate"
         mkdir -p "/etc/netns/$host"
     done
     for i in $(seq 1 "$hosts"); do
         { echo "127.0.0.1 localhost"
           for j in $(seq 1 "$hosts"); do echo "169.254.100.$j ${prefix}$j"; done; } > "/etc/netns/${prefix}$i/hosts"
     done
+}
+
+shape() {   # host I's link: what it sends at RATE (tbf: no netem here), or as fast as it goes ("none")
+    local host="${prefix}$1" rate=$2
+    ip netns exec "$host" tc qdisc del dev eth0 root 2>/dev/null || true
+    if [ "$rate" != none ]; then
+        ip netns exec "$host" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
+    fi
 }
 
 run() {
@@ -81,6 +88,7 @@ run() {
 case "${1:-}" in
     up) shift; up "$@" ;;
     down) down ;;
+    shape) shift; shape "$@" ;;
     run) shift; run "$@" ;;
-    *) echo "usage: $0 up HOSTS [RATE] | run SLOTS,SLOTS,... -- COMMAND... | down" >&2; exit 2 ;;
+    *) echo "usage: $0 up HOSTS [RATE] | shape HOST RATE|none | run SLOTS,SLOTS,... -- COMMAND... | down" >&2; exit 2 ;;
 esac

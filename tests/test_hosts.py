@@ -239,6 +239,22 @@ def test_a_host_that_vanishes_is_named_unreachable_and_the_survivors_exit(cluste
         assert "Fatal Python error" not in output and "Traceback" not in output, outputs
 
 
+@pytest.mark.parametrize("source", ["from-1", "any"])
+@pytest.mark.parametrize("netmod", NETMODS)
+def test_a_message_still_crossing_a_slow_link_when_its_sender_ends_is_received(cluster, netmod, source):
+    """Rank 1 on host 2 leaves 4 MiB on their way to rank 0 on host 1 (links of 10 Mbit/s: 3.3 s) as
+    its program ends: its farewell says so, and rank 0's receive goes on until the message is in (over
+    UCX the farewell overtook the message, and the receive failed naming rank 1 0.9 s in)."""
+    for host in ("1", "2"):
+        subprocess.run([str(SCRIPT), "shape", host, "10mbit"], check=True, timeout=60)
+    try:
+        result = _run("1,1", ["-m", "tests.programs.edges", "p2p-in-flight", str(1 << 19), source], env=NETMODS[netmod])
+    finally:
+        for host in ("1", "2"):
+            subprocess.run([str(SCRIPT), "shape", host, "none"], check=True, timeout=60)
+    assert result.returncode == 0 and "rank 0: received right" in result.stdout, result.stdout[-3000:]
+
+
 @pytest.mark.parametrize("netmod", NETMODS)
 def test_parameter_servers_train_across_hosts(cluster, netmod):
     """2 x 2, one server (rank 3, on host 2) and three workers on both hosts: the server's receives

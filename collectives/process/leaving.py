@@ -62,7 +62,8 @@ def leave(w: Group, finishing: bool = True) -> None:
             # last: a rank that will not finalize ends once it has every world farewell, so none may follow
             g.transport.exits.farewell(g.completed, why, failed=failed,
                                        root=root is not None, finalizing=not gone,
-                                       dead=failure.dead_rank if failure is not None else None)
+                                       dead=failure.dead_rank if failure is not None else None,
+                                       sending=g.transport.p2p.in_flight() if finishing and not (why or gone) else ())
         if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
             _write_timeline(w, healthy=not why)
         if finishing and not gone and not runtime.outlived:

@@ -72,6 +72,20 @@ def p2p_after_an_end() -> None:
         say(f"rank {rank}: received {'right' if np.all(got == rank) else 'WRONG'}")
 
 
+def p2p_in_flight() -> None:
+    """Rank 1 starts sending rank 0 argv[2] float64 (tag 2) and ends its program without waiting for the
+    send; rank 0 receives it (argv[3] "any": from any rank, else from rank 1). Across a slow link the
+    message is still on its way when rank 1's farewell comes."""
+    col.barrier()
+    count = int(sys.argv[2])
+    if col.rank() == 1:
+        col.isend(np.full(count, 1.0), 0, 2)
+    elif col.rank() == 0:
+        got = np.empty(count)
+        report("receive", col.recv, got, None if sys.argv[3] == "any" else 1, 2, timeout=60)
+        say(f"rank 0: received {'right' if np.all(got == 1.0) else 'WRONG'}")
+
+
 def killed() -> None:
     """Rank 1 (argv[3], if given) is killed (SIGKILL) after a first call, once every other rank has
     cued it: from inside its second call (argv[2] "waiting"), or from outside the runtime, where it
@@ -204,5 +218,5 @@ def vanished() -> None:
 
 
 if __name__ == "__main__":
-    {"p2p-mismatch": p2p_mismatch, "p2p-after-an-end": p2p_after_an_end, "killed": killed, "killed-async": killed_async, "terminated-before-setup": terminated_before_setup, "ended-early": ended_early, "never-used": never_used,
+    {"p2p-mismatch": p2p_mismatch, "p2p-after-an-end": p2p_after_an_end, "p2p-in-flight": p2p_in_flight, "killed": killed, "killed-async": killed_async, "terminated-before-setup": terminated_before_setup, "ended-early": ended_early, "never-used": never_used,
      "groups-in-a-loop": groups_in_a_loop, "hosts": hosts, "vanished": vanished}[sys.argv[1]]()

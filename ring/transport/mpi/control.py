@@ -40,7 +40,8 @@ LEFT, _ASK, _HERE, AT_EXIT, GAVE_UP = 1, 2, 3, 4, 5
 #: arrived message of any communicator into MPICH's queues (0.1-0.4 us each; the other ranks' words
 #: at their exit, a few per rank and group, come first).
 DRAIN_MISSES = 64
-FAILED, ROOT, NOT_FINALIZING = 1, 2, 4   # a farewell's flags
+FAILED, ROOT, NOT_FINALIZING, SENDING = 1, 2, 4, 8   # a farewell's flags (SENDING: point-to-point messages
+# of mine to you are still on their way: this rank's exit waits for every rank's farewell, moving them meanwhile)
 _AFTER_NOTICE_SECONDS, _AFTER_NOTICE_LOOKS = 1.0, 0.02   # see look_again_in
 _FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
 _DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer that died
@@ -75,6 +76,7 @@ class Control:
         self.dead: set[int] = set()         # ranks known dead: never sent anything again
         self.dead_names: dict[int, int] = {}   # rank -> the rank its farewell said died (as names gives it)
         self.unfinalized: set[int] = set()  # ranks whose farewell said they will not call MPI_Finalize
+        self.sending: set[int] = set()      # ranks whose farewell said messages to this rank are on their way
         self.at_exit: set[int] = set()      # ranks waiting in the exit barrier (see exits.exit_barrier)
         # Where every rank is on this host, control messages land in a receive from any rank kept
         # posted (``_incoming``): one test of it moves one arrived message and then looks, where a
@@ -234,6 +236,7 @@ class Control:
         if kind in (LEFT, GAVE_UP):
             if kind == LEFT:
                 self.departed[peer] = (bool(flag & FAILED), number, text)
+                (self.sending.add if flag & SENDING else self.sending.discard)(peer)   # (the last farewell's word)
             else:
                 self.gave_up.setdefault(peer, (bool(flag & FAILED), number, text))
             if flag & ROOT:

@@ -125,9 +125,10 @@ class _Needed:
     any rank whose header came: the rank it came from). While a receive from any rank waits for a
     header, also a rank that left for a reason (an error: the message awaited may have been its), and
     every rank once none other is left to send one. A rank that ended its program after its part is
-    not needed: a parameter server's receive from any worker waits on for the others.
+    not needed: a parameter server's receive from any worker waits on for the others; nor is one whose
+    farewell said messages of its to this rank are still on their way (``Control.sending``).
 
-    >>> class Control: departed, dead = {1: (False, 3, "")}, set()        # rank 1 ended its program
+    >>> class Control: departed, dead, sending = {1: (False, 3, "")}, set(), set()   # rank 1 ended its program
     >>> waiting = Posted(True, np.empty(4), None, 0)                       # a receive from any rank
     >>> 1 in _Needed([waiting], Control, 0, 3), 1 in _Needed([waiting], Control, 0, 2)
     (False, True)
@@ -140,13 +141,16 @@ class _Needed:
         self.others = frozenset(range(size)) - {rank}
 
     def __contains__(self, rank: int) -> bool:
+        control = self.control
+        if rank in control.sending:   # (its farewell said messages to this rank are on their way: the wait's
+            return False              # own bound holds)
         pending = [p.source if p.source >= 0 else p.peer for p in self.posted if not p.done()]
         if rank in pending:
             return True
         if None not in pending:
             return False
-        failed, _, why = self.control.departed.get(rank, (False, 0, ""))
-        return failed or bool(why) or self.others <= self.control.departed.keys() | self.control.dead
+        failed, _, why = control.departed.get(rank, (False, 0, ""))
+        return failed or bool(why) or self.others <= (control.departed.keys() - control.sending) | control.dead
 
 
 class PointToPoint:
@@ -216,6 +220,12 @@ class PointToPoint:
             raise TransportError(f"point-to-point with {_ranks(transport, peers)} failed: "
                                  f"{error_text(_cause(e, posted))}") from e
         return self._finished(posted)
+
+    def in_flight(self) -> set[int]:
+        """The ranks that sends posted here and not done yet go to (at exit, its farewell tells them:
+        their waits for these go on while this rank's MPI_Finalize delivers them)."""
+        with self._lock:
+            return {p.peer for p in self._posted if not p.receive and p.peer != self.transport.rank and not p.done()}
 
     def _done(self, posted: list[Posted]) -> bool:
         """One poll: take the headers that are in; whether every one of ``posted`` is done (raises
