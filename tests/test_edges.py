@@ -202,6 +202,17 @@ def test_a_receive_from_any_rank_fails_once_every_rank_that_could_send_has_ended
         r"recv from any rank \(tag 1\) on rank 0: rank [12] ended its program after 1 collective\(s\)", message), output
 
 
+@pytest.mark.parametrize("source", ["from-0", "any"])
+def test_a_wait_fails_fast_on_a_rank_that_left_once_the_messages_it_left_on_their_way_have_come(source):
+    """Rank 0 ended with 4 MiB on their way to rank 1 (its farewell said so); once rank 1 has them, a wait
+    for a message rank 0 never sent fails at once, naming it (it waited the whole timeout, 20 s)."""
+    status, output, wall = _edge(2, "p2p-after-in-flight", source)
+    errors = reported_errors(output)
+    assert status not in (0, -9) and sorted(errors) == [1] and "rank 1: received right" in output, output
+    seconds, message = errors[1]
+    assert seconds < LEAVE_BOUND_S and message.endswith(": rank 0 ended its program after 1 collective(s)"), output
+
+
 def test_a_rank_that_ends_before_its_first_collective_is_named_at_once():
     """At once: by its farewell, within LEAVE_BOUND_S, where the call's timeout is 30 s."""
     status, output, wall = _edge(3, "ended-early")

@@ -86,6 +86,21 @@ def p2p_in_flight() -> None:
         say(f"rank 0: received {'right' if np.all(got == 1.0) else 'WRONG'}")
 
 
+def p2p_after_in_flight() -> None:
+    """Rank 0 starts sending rank 1 4 MiB (tag 1) and ends its program without waiting for the send;
+    rank 1 takes it LATE_PART_S later (after rank 0's farewell), then waits for a message with tag 2
+    that rank 0 never sent, from rank 0 (argv[2] "from-0") or from any rank ("any")."""
+    col.barrier()
+    if col.rank() == 0:
+        col.isend(np.full(1 << 19, 1.0), 1, 1)
+    elif col.rank() == 1:
+        time.sleep(LATE_PART_S)
+        got = np.empty(1 << 19)
+        report("receive", col.recv, got, 0, 1, timeout=20)
+        say(f"rank 1: received {'right' if np.all(got == 1.0) else 'WRONG'}")
+        report("second receive", col.recv, np.empty(4), None if sys.argv[2] == "any" else 0, 2, timeout=20)
+
+
 def killed() -> None:
     """Rank 1 (argv[3], if given) is killed (SIGKILL) after a first call, once every other rank has
     cued it: from inside its second call (argv[2] "waiting"), or from outside the runtime, where it
@@ -218,5 +233,5 @@ def vanished() -> None:
 
 
 if __name__ == "__main__":
-    {"p2p-mismatch": p2p_mismatch, "p2p-after-an-end": p2p_after_an_end, "p2p-in-flight": p2p_in_flight, "killed": killed, "killed-async": killed_async, "terminated-before-setup": terminated_before_setup, "ended-early": ended_early, "never-used": never_used,
+    {"p2p-mismatch": p2p_mismatch, "p2p-after-an-end": p2p_after_an_end, "p2p-in-flight": p2p_in_flight, "p2p-after-in-flight": p2p_after_in_flight, "killed": killed, "killed-async": killed_async, "terminated-before-setup": terminated_before_setup, "ended-early": ended_early, "never-used": never_used,
      "groups-in-a-loop": groups_in_a_loop, "hosts": hosts, "vanished": vanished}[sys.argv[1]]()

@@ -28,7 +28,7 @@ _CONTROL_TAG = 8
 EXIT_TAG = 9    # what a rank hands rank 0 at exit, after the farewells (the timeline's events)
 _testall = MPI.Request.Testall
 
-# Control messages: kind, a flag, then a number, then text. LEFT: "I left after completing <number>
+# Control messages: kind, a flag, the dead rank a farewell passes on, a number, a count, then text. LEFT: "I left after completing <number>
 # collectives, because <text>" (flag: after a failure of the runtime, so probably not the cause);
 # ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>"; AT_EXIT: "I have said every
 # farewell and wait for the others before MPI_Finalize" (the exit barrier, ``ring.transport.mpi.exits``);
@@ -40,8 +40,7 @@ LEFT, _ASK, _HERE, AT_EXIT, GAVE_UP = 1, 2, 3, 4, 5
 #: arrived message of any communicator into MPICH's queues (0.1-0.4 us each; the other ranks' words
 #: at their exit, a few per rank and group, come first).
 DRAIN_MISSES = 64
-FAILED, ROOT, NOT_FINALIZING, SENDING = 1, 2, 4, 8   # a farewell's flags (SENDING: point-to-point messages
-# of mine to you are still on their way: this rank's exit waits for every rank's farewell, moving them meanwhile)
+FAILED, ROOT, NOT_FINALIZING = 1, 2, 4   # a farewell's flags
 _AFTER_NOTICE_SECONDS, _AFTER_NOTICE_LOOKS = 1.0, 0.02   # see look_again_in
 _FAREWELL_GRACE = 0.05   # seconds a rank that finds peers dead waits for their farewells, if any
 _DEATH_GRACE = 0.5       # seconds a rank whose MPI call failed looks for a peer that died
@@ -76,7 +75,9 @@ class Control:
         self.dead: set[int] = set()         # ranks known dead: never sent anything again
         self.dead_names: dict[int, int] = {}   # rank -> the rank its farewell said died (as names gives it)
         self.unfinalized: set[int] = set()  # ranks whose farewell said they will not call MPI_Finalize
-        self.sending: set[int] = set()      # ranks whose farewell said messages to this rank are on their way
+        #: rank -> how many point-to-point messages its farewell said it had sent this rank in all (where
+        #: some were still on their way: its exit waits for every rank's farewell, moving them meanwhile)
+        self.sent: dict[int, int] = {}
         self.at_exit: set[int] = set()      # ranks waiting in the exit barrier (see exits.exit_barrier)
         # Where every rank is on this host, control messages land in a receive from any rank kept
         # posted (``_incoming``): one test of it moves one arrived message and then looks, where a
@@ -151,8 +152,9 @@ class Control:
         return [self.names[p] for p in found]
 
     def send(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0,
-             dead: int | None = None) -> None:
-        """Send control message ``kind`` to ``peer``, unless it is dead or will take no more."""
+             dead: int | None = None, count: int = 0) -> None:
+        """Send control message ``kind`` to ``peer``, unless it is dead or will take no more (``count``: a
+        farewell's point-to-point messages sent ``peer`` in all, where some are still on their way)."""
         if peer in self.dead or (peer in self.remote and self.liveness is not None
                                  and self.liveness.gone(self.names[peer])):
             return   # (over UCX, a message to a dead process crashes the sender: see Liveness.gone)
@@ -162,9 +164,9 @@ class Control:
         message[0] = kind
         message[1] = flag
         message[4:8] = np.frombuffer(np.int32(-1 if dead is None else dead).tobytes(), np.uint8)
-        message[8:16] = np.frombuffer(np.int64(number).tobytes(), np.uint8)
-        encoded = text.encode(errors="replace")[:_CONTROL_BYTES - 16]
-        message[16:16 + len(encoded)] = np.frombuffer(encoded, np.uint8)
+        message[8:24] = np.frombuffer(np.array([number, count], np.int64).tobytes(), np.uint8)
+        encoded = text.encode(errors="replace")[:_CONTROL_BYTES - 24]
+        message[24:24 + len(encoded)] = np.frombuffer(encoded, np.uint8)
         with self._send_lock:
             try:
                 self.outbox.append((self.comm.Isend(message, peer, _CONTROL_TAG), message))
@@ -231,12 +233,12 @@ class Control:
     def _take(self, peer: int, seq: int | None) -> None:
         """Note the control message in ``_control_in`` from ``peer`` (answering a roll call as in ``seq``)."""
         kind, flag = int(self._control_in[0]), int(self._control_in[1])
-        number = int(np.frombuffer(self._control_in[8:16].tobytes(), np.int64)[0])
-        text = self._control_in[16:].tobytes().rstrip(b"\0").decode(errors="replace")
+        number, count = np.frombuffer(self._control_in[8:24].tobytes(), np.int64).tolist()
+        text = self._control_in[24:].tobytes().rstrip(b"\0").decode(errors="replace")
         if kind in (LEFT, GAVE_UP):
             if kind == LEFT:
                 self.departed[peer] = (bool(flag & FAILED), number, text)
-                (self.sending.add if flag & SENDING else self.sending.discard)(peer)   # (the last farewell's word)
+                self.sent[peer] = count   # (the last farewell's word)
             else:
                 self.gave_up.setdefault(peer, (bool(flag & FAILED), number, text))
             if flag & ROOT:

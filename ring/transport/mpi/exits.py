@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Collection
+from typing import Mapping
 
 import numpy as np
 from mpi4py import MPI
 
-from ring.transport.mpi.control import AT_EXIT, EXIT_TAG, FAILED, LEFT, NOT_FINALIZING, ROOT, SENDING, Control
+from ring.transport.mpi.control import AT_EXIT, EXIT_TAG, FAILED, LEFT, NOT_FINALIZING, ROOT, Control
 from ring.transport.host_waits import pause, process_state
 
 _testall = MPI.Request.Testall
@@ -29,14 +29,14 @@ class Exits:
 
     def farewell(self, completed: int, why: str, failed: bool = False, root: bool = False,
                  finalizing: bool = True, dead: int | None = None, patience: float = 1.0,
-                 sending: Collection[int] = ()) -> None:
+                 sent: Mapping[int, int] | None = None) -> None:
         """Tell every other rank that this one is leaving, having completed ``completed``
         collectives, because ``why`` ("": its program ended), and whether it ``failed`` (then it is
         probably not the cause: waiting ranks name a rank that left of its own accord first),
-        whether ``why`` is a ``root`` cause to pass on verbatim, whether it is ``finalizing``, and
-        to which ranks point-to-point messages of its are still on their way (``sending``: their
-        waits for them go on). Waits at most ``patience`` seconds for the messages to leave (they
-        are small: MPI sends them at once)."""
+        whether ``why`` is a ``root`` cause to pass on verbatim, whether it is ``finalizing``, and,
+        for each rank that point-to-point messages of its are still on their way to, how many it sent
+        that rank in all (``sent``: its waits go on until as many have come). Waits at most
+        ``patience`` seconds for the messages to leave (they are small: MPI sends them at once)."""
         flag = (FAILED if failed else 0) | (ROOT if root else 0) | (0 if finalizing else NOT_FINALIZING)
         c = self.control
         c.note_dead(dead)
@@ -44,7 +44,7 @@ class Exits:
             c.liveness.goodbye()
         for peer in range(c.size):
             if peer != c.rank:
-                c.send(peer, LEFT, completed, why, flag=flag | (SENDING if peer in sending else 0), dead=dead)
+                c.send(peer, LEFT, completed, why, flag=flag, dead=dead, count=(sent or {}).get(peer, 0))
         give_up = time.monotonic() + patience
         requests = [r for r, _ in c.outbox]
         while requests and not _testall(requests) and time.monotonic() < give_up:

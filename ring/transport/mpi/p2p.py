@@ -126,31 +126,42 @@ class _Needed:
     header, also a rank that left for a reason (an error: the message awaited may have been its), and
     every rank once none other is left to send one. A rank that ended its program after its part is
     not needed: a parameter server's receive from any worker waits on for the others; nor is one whose
-    farewell said messages of its to this rank are still on their way (``Control.sending``).
+    farewell said it sent this rank messages of which some are still coming (``Control.sent``).
 
-    >>> class Control: departed, dead, sending = {1: (False, 3, "")}, set(), set()   # rank 1 ended its program
-    >>> waiting = Posted(True, np.empty(4), None, 0)                       # a receive from any rank
-    >>> 1 in _Needed([waiting], Control, 0, 3), 1 in _Needed([waiting], Control, 0, 2)
+    >>> class Control: departed, dead, sent = {1: (False, 3, "")}, set(), {}   # rank 1 ended its program
+    >>> waiting = Posted(True, np.empty(4), None, 0)                         # a receive from any rank
+    >>> 1 in _Needed([waiting], Control, {}, 0, 3), 1 in _Needed([waiting], Control, {}, 0, 2)
     (False, True)
+    >>> Control.sent = {1: 5}            # its farewell: 5 messages sent this rank in all, 4 headers in so far
+    >>> 1 in _Needed([waiting], Control, {1: 4}, 0, 2)
+    False
     """
 
-    __slots__ = ("posted", "control", "others")
+    __slots__ = ("posted", "control", "received", "others")
 
-    def __init__(self, posted: list[Posted], control, rank: int, size: int):
-        self.posted, self.control = posted, control
+    def __init__(self, posted: list[Posted], control, received: dict[int, int], rank: int, size: int):
+        self.posted, self.control, self.received = posted, control, received
         self.others = frozenset(range(size)) - {rank}
 
     def __contains__(self, rank: int) -> bool:
         control = self.control
-        if rank in control.sending:   # (its farewell said messages to this rank are on their way: the wait's
-            return False              # own bound holds)
-        pending = [p.source if p.source >= 0 else p.peer for p in self.posted if not p.done()]
-        if rank in pending:
+        pending = [p for p in self.posted if not p.done()]
+        if self._on_its_way(rank, pending):   # (the wait's own bound holds)
+            return False
+        peers = [p.source if p.source >= 0 else p.peer for p in pending]
+        if rank in peers:
             return True
-        if None not in pending:
+        if None not in peers:
             return False
         failed, _, why = control.departed.get(rank, (False, 0, ""))
-        return failed or bool(why) or self.others <= (control.departed.keys() - control.sending) | control.dead
+        left = {r for r in control.departed if not self._on_its_way(r, pending)}
+        return failed or bool(why) or self.others <= left | control.dead
+
+    def _on_its_way(self, rank: int, pending: list[Posted]) -> bool:
+        """Whether messages that ``rank``'s farewell said it sent this one are still coming: fewer of their
+        headers have come than it sent, or a receive holds one's header and waits for its bytes."""
+        sent = self.control.sent.get(rank, 0)
+        return sent > 0 and (sent > self.received.get(rank, 0) or any(p.receive and p.payload and p.source == rank for p in pending))
 
 
 class PointToPoint:
@@ -165,6 +176,8 @@ class PointToPoint:
         self._stopped = False                # abandoned after a failure: waits end at once
         self._status = MPI.Status()
         self._outbox: dict[int, deque[Posted]] = {}   # sends to this rank itself, by tag, in posting order
+        self.sent_to: dict[int, int] = {}        # rank -> messages posted to it, in all
+        self.received_from: dict[int, int] = {}  # rank -> messages from it whose header a receive took, in all
         #: Across hosts over MPICH's UCX, receives whose header no message has matched yet, in posting
         #: order (see the module docstring); None where headers' receives are posted to MPI.
         self._unmatched: list[Posted] | None = [] if transport.control.remote and netmod() == "ucx" else None
@@ -190,6 +203,8 @@ class PointToPoint:
                         self._outbox.setdefault(tag, deque()).append(posted)
                     elif buf.nbytes:
                         posted.requests.append(comm.Isend([buf, MPI.BYTE], peer, PAYLOAD_TAG + tag))
+                    if peer != self.transport.rank:
+                        self.sent_to[peer] = self.sent_to.get(peer, 0) + 1
                 self._posted.append(posted)
         except MPI.Exception as e:
             name = "any" if peer is None else self.transport.names[peer]
@@ -208,7 +223,7 @@ class PointToPoint:
             for _ in range(_QUICK_POLLS):   # a few microseconds, without the clock: the latency path
                 if self._done(posted):
                     return self._finished(posted)
-            expecting = _Needed(posted, control, transport.rank, transport.size)
+            expecting = _Needed(posted, control, self.received_from, transport.rank, transport.size)
 
             def waiting_for() -> int | None:
                 pending = [p for p in posted if not p.done()]
@@ -221,11 +236,12 @@ class PointToPoint:
                                  f"{error_text(_cause(e, posted))}") from e
         return self._finished(posted)
 
-    def in_flight(self) -> set[int]:
-        """The ranks that sends posted here and not done yet go to (at exit, its farewell tells them:
-        their waits for these go on while this rank's MPI_Finalize delivers them)."""
+    def in_flight(self) -> dict[int, int]:
+        """For each rank that a send posted here and not done yet goes to, how many messages this rank
+        sent it in all (at exit, its farewell tells them: their waits go on until as many have come)."""
         with self._lock:
-            return {p.peer for p in self._posted if not p.receive and p.peer != self.transport.rank and not p.done()}
+            going = {p.peer for p in self._posted if not p.receive and p.peer != self.transport.rank and not p.done()}
+            return {peer: self.sent_to[peer] for peer in going}
 
     def _done(self, posted: list[Posted]) -> bool:
         """One poll: take the headers that are in; whether every one of ``posted`` is done (raises
@@ -295,6 +311,7 @@ class PointToPoint:
         take its bytes into ``p.buf`` if they fit (from the header's message, or by receiving its
         payload), else nowhere (a payload into scratch, kept), noting why they did not fit."""
         p.source = source
+        self.received_from[source] = self.received_from.get(source, 0) + 1
         head = p.header[:_HEADER_BYTES].tobytes()
         nbytes = _HEADER.unpack(head)[0]
         target: Any = p.buf
