@@ -28,8 +28,9 @@ _CONTROL_TAG = 8
 EXIT_TAG = 9    # what a rank hands rank 0 at exit, after the farewells (the timeline's events)
 _testall = MPI.Request.Testall
 
-# Control messages: kind, a flag, the dead rank a farewell passes on, a number, a count, then text. LEFT: "I left after completing <number>
-# collectives, because <text>" (flag: after a failure of the runtime, so probably not the cause);
+# Control messages: kind, a flag, the dead rank a farewell passes on, a number, a count, then text.
+# LEFT: "I left after completing <number> collectives, because <text>" (flag: after a failure of the
+# runtime, so probably not the cause; count: point-to-point messages I sent you in all, some still coming);
 # ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>"; AT_EXIT: "I have said every
 # farewell and wait for the others before MPI_Finalize" (the exit barrier, ``ring.transport.mpi.exits``);
 # GAVE_UP: "my runtime stopped after I completed <number> collectives, because <text>" (flags and the

@@ -161,7 +161,8 @@ class _Needed:
         """Whether messages that ``rank``'s farewell said it sent this one are still coming: fewer of their
         headers have come than it sent, or a receive holds one's header and waits for its bytes."""
         sent = self.control.sent.get(rank, 0)
-        return sent > 0 and (sent > self.received.get(rank, 0) or any(p.receive and p.payload and p.source == rank for p in pending))
+        return sent > 0 and (sent > self.received.get(rank, 0)
+                             or any(p.receive and p.payload and p.source == rank for p in pending))
 
 
 class PointToPoint:
