@@ -63,7 +63,7 @@ def leave(w: Group, finishing: bool = True) -> None:
             g.transport.exits.farewell(g.completed, why, failed=failed,
                                        root=root is not None, finalizing=not gone,
                                        dead=failure.dead_rank if failure is not None else None,
-                                       sent=g.transport.p2p.in_flight() if finishing and not (why or gone) else None)
+                                       sent=g.transport.p2p.sent() if finishing and not (why or gone) else None)
         if runtime.settings.timeline:   # (after the farewells: a rank still in a call hears why this one left)
             _write_timeline(w, healthy=not why)
         if finishing and not gone and not runtime.outlived:

@@ -30,7 +30,7 @@ _testall = MPI.Request.Testall
 
 # Control messages: kind, a flag, the dead rank a farewell passes on, a number, a count, then text.
 # LEFT: "I left after completing <number> collectives, because <text>" (flag: after a failure of the
-# runtime, so probably not the cause; count: point-to-point messages I sent you in all, some still coming);
+# runtime, so probably not the cause; count: point-to-point messages I sent you in all);
 # ASK: "which call are you in? (I am in <number>)"; HERE: "in <number>"; AT_EXIT: "I have said every
 # farewell and wait for the others before MPI_Finalize" (the exit barrier, ``ring.transport.mpi.exits``);
 # GAVE_UP: "my runtime stopped after I completed <number> collectives, because <text>" (flags and the
@@ -76,8 +76,8 @@ class Control:
         self.dead: set[int] = set()         # ranks known dead: never sent anything again
         self.dead_names: dict[int, int] = {}   # rank -> the rank its farewell said died (as names gives it)
         self.unfinalized: set[int] = set()  # ranks whose farewell said they will not call MPI_Finalize
-        #: rank -> how many point-to-point messages its farewell said it had sent this rank in all (where
-        #: some were still on their way: its exit waits for every rank's farewell, moving them meanwhile)
+        #: rank -> how many point-to-point messages its farewell said it had sent this rank in all (its exit
+        #: waits for every rank's farewell, moving those still on their way meanwhile)
         self.sent: dict[int, int] = {}
         self.at_exit: set[int] = set()      # ranks waiting in the exit barrier (see exits.exit_barrier)
         # Where every rank is on this host, control messages land in a receive from any rank kept
@@ -155,7 +155,7 @@ class Control:
     def send(self, peer: int, kind: int, number: int, text: str = "", flag: int = 0,
              dead: int | None = None, count: int = 0) -> None:
         """Send control message ``kind`` to ``peer``, unless it is dead or will take no more (``count``: a
-        farewell's point-to-point messages sent ``peer`` in all, where some are still on their way)."""
+        farewell's point-to-point messages sent ``peer`` in all)."""
         if peer in self.dead or (peer in self.remote and self.liveness is not None
                                  and self.liveness.gone(self.names[peer])):
             return   # (over UCX, a message to a dead process crashes the sender: see Liveness.gone)

@@ -33,9 +33,9 @@ class Exits:
         """Tell every other rank that this one is leaving, having completed ``completed``
         collectives, because ``why`` ("": its program ended), and whether it ``failed`` (then it is
         probably not the cause: waiting ranks name a rank that left of its own accord first),
-        whether ``why`` is a ``root`` cause to pass on verbatim, whether it is ``finalizing``, and,
-        for each rank that point-to-point messages of its are still on their way to, how many it sent
-        that rank in all (``sent``: its waits go on until as many have come). Waits at most
+        whether ``why`` is a ``root`` cause to pass on verbatim, whether it is ``finalizing``, and how
+        many point-to-point messages it sent each rank in all (``sent``: that rank's waits go on until
+        as many have been received). Waits at most
         ``patience`` seconds for the messages to leave (they are small: MPI sends them at once)."""
         flag = (FAILED if failed else 0) | (ROOT if root else 0) | (0 if finalizing else NOT_FINALIZING)
         c = self.control

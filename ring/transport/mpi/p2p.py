@@ -126,13 +126,13 @@ class _Needed:
     header, also a rank that left for a reason (an error: the message awaited may have been its), and
     every rank once none other is left to send one. A rank that ended its program after its part is
     not needed: a parameter server's receive from any worker waits on for the others; nor is one whose
-    farewell said it sent this rank messages of which some are still coming (``Control.sent``).
+    farewell said it sent this rank messages that have not all been received (``Control.sent``).
 
     >>> class Control: departed, dead, sent = {1: (False, 3, "")}, set(), {}   # rank 1 ended its program
     >>> waiting = Posted(True, np.empty(4), None, 0)                         # a receive from any rank
     >>> 1 in _Needed([waiting], Control, {}, 0, 3), 1 in _Needed([waiting], Control, {}, 0, 2)
     (False, True)
-    >>> Control.sent = {1: 5}            # its farewell: 5 messages sent this rank in all, 4 headers in so far
+    >>> Control.sent = {1: 5}            # its farewell: 5 messages sent this rank in all, 4 received so far
     >>> 1 in _Needed([waiting], Control, {1: 4}, 0, 2)
     False
     """
@@ -158,8 +158,8 @@ class _Needed:
         return failed or bool(why) or self.others <= left | control.dead
 
     def _on_its_way(self, rank: int, pending: list[Posted]) -> bool:
-        """Whether messages that ``rank``'s farewell said it sent this one are still coming: fewer of their
-        headers have come than it sent, or a receive holds one's header and waits for its bytes."""
+        """Whether messages that ``rank``'s farewell said it sent this one are still to be received: fewer
+        of their headers were taken than it sent, or a receive holds one's header and waits for its bytes."""
         sent = self.control.sent.get(rank, 0)
         return sent > 0 and (sent > self.received.get(rank, 0)
                              or any(p.receive and p.payload and p.source == rank for p in pending))
@@ -237,12 +237,12 @@ class PointToPoint:
                                  f"{error_text(_cause(e, posted))}") from e
         return self._finished(posted)
 
-    def in_flight(self) -> dict[int, int]:
-        """For each rank that a send posted here and not done yet goes to, how many messages this rank
-        sent it in all (at exit, its farewell tells them: their waits go on until as many have come)."""
+    def sent(self) -> dict[int, int]:
+        """How many messages this rank sent each other rank, in all (at exit, its farewell tells them:
+        their waits go on until as many have been received; a send MPI has finished may still be on its
+        way, behind larger ones across a slow link)."""
         with self._lock:
-            going = {p.peer for p in self._posted if not p.receive and p.peer != self.transport.rank and not p.done()}
-            return {peer: self.sent_to[peer] for peer in going}
+            return dict(self.sent_to)
 
     def _done(self, posted: list[Posted]) -> bool:
         """One poll: take the headers that are in; whether every one of ``posted`` is done (raises
