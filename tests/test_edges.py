@@ -202,6 +202,17 @@ def test_a_receive_from_any_rank_fails_once_every_rank_that_could_send_has_ended
         r"recv from any rank \(tag 1\) on rank 0: rank [12] ended its program after 1 collective\(s\)", message), output
 
 
+def test_a_receive_from_any_rank_names_the_rank_that_raised_not_one_that_ended_after_its_part():
+    """Rank 1 sends its message and ends; rank 2 raises instead of sending: rank 0's second receive from
+    any rank fails naming rank 2 and its exception (it named rank 1, which ended well, after 0.2 s)."""
+    status, output, wall = _edge(3, "p2p-after-an-end", "raises")
+    errors = reported_errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0], output
+    assert errors[0][1] == (
+        "recv from any rank (tag 1) on rank 0: rank 2 left: uncaught RuntimeError: a bug on rank 2 "
+        "(after 1 collective(s))"), output
+
+
 @pytest.mark.parametrize("source", ["from-0", "any"])
 def test_a_wait_fails_fast_on_a_rank_that_left_once_the_messages_it_left_on_their_way_have_come(source):
     """Rank 0 ended with 4 MiB on their way to rank 1 (its farewell said so); once rank 1 has them, a wait

@@ -38,15 +38,16 @@ LATE_PART_S = 1.0
 def p2p_after_an_end() -> None:
     """Rank 1 does its whole part of rank 0's point-to-point messages and ends its program; rank 2 does
     its part LATE_PART_S after rank 0 cued it, with rank 0 inside the wait meanwhile. argv[2] "any": rank 0
-    receives twice from any rank (rank 1 sends at once); "sends": rank 0 sends argv[3] float64 to
-    ranks 1 and 2 and waits for both (rank 1 receives at once); "nobody": rank 0 receives from any
-    rank, and ranks 1 and 2 end their programs without sending."""
+    receives twice from any rank (rank 1 sends at once); "raises": the same, but rank 2 raises instead
+    of sending; "sends": rank 0 sends argv[3] float64 to ranks 1 and 2 and waits for both (rank 1
+    receives at once); "nobody": rank 0 receives from any rank, and ranks 1 and 2 end their programs
+    without sending."""
     col.barrier()
     rank, count = col.rank(), int(sys.argv[3]) if len(sys.argv) > 3 else 4
     if sys.argv[2] == "nobody":
         if rank == 0:
             report("receive", col.recv, np.empty(4), None, 1, timeout=20)
-    elif sys.argv[2] == "any":
+    elif sys.argv[2] in ("any", "raises"):
         if rank == 0:
             first = np.empty(4)
             report("first receive", col.recv, first, None, 1, timeout=10)
@@ -58,6 +59,8 @@ def p2p_after_an_end() -> None:
             if rank == 2:
                 await_cue(0)
                 time.sleep(LATE_PART_S)
+                if sys.argv[2] == "raises":
+                    raise RuntimeError("a bug on rank 2")
             report("send", col.send, np.full(4, float(rank)), 0, 1, timeout=10)
     elif rank == 0:
         requests = [col.isend(np.full(count, float(peer)), peer, 1) for peer in (1, 2)]

@@ -13,7 +13,9 @@ Said = dict[int, tuple[bool, int, str]]
 def first_gone(said: Said, counts: Callable[[int, int], bool]) -> tuple[int, int, str] | None:
     """Of the ranks in ``said`` that ``counts(rank, completed)`` accepts, the one to name, with its count
     and why: one that stopped on its own account before one that stopped after a failure (which the
-    first probably caused), then the one that completed fewest calls, then the lowest rank.
+    first probably caused), then the one that completed fewest calls, then one that left for a reason
+    (an uncaught exception) before one that ended its program (a wait for a message from any rank
+    that both could have sent fails because of the first), then the lowest rank.
 
     >>> said = {1: (True, 3, "it stopped after a failure: ..."), 2: (False, 4, "uncaught ValueError")}
     >>> first_gone(said, lambda rank, completed: completed < 5)
@@ -22,11 +24,14 @@ def first_gone(said: Said, counts: Callable[[int, int], bool]) -> tuple[int, int
     (1, 3, 'it stopped after a failure: ...')
     >>> first_gone(said, lambda rank, completed: completed < 3) is None
     True
+    >>> first_gone({1: (False, 0, ""), 2: (False, 0, "uncaught RuntimeError: a bug")}, lambda rank, completed: True)
+    (2, 0, 'uncaught RuntimeError: a bug')
     """
-    gone = [(failed, completed, rank, why) for rank, (failed, completed, why) in said.items() if counts(rank, completed)]
+    gone = [(failed, completed, not why, rank, why) for rank, (failed, completed, why) in said.items()
+            if counts(rank, completed)]
     if not gone:
         return None
-    _, completed, rank, why = min(gone)
+    _, completed, _, rank, why = min(gone)
     return rank, completed, why
 
 
