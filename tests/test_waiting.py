@@ -150,6 +150,11 @@ class _Census(_Quiet):
     def all_answered(self):
         return self.answered
 
+    def all_here(self, seq):
+        return self.answered and self.from_the_call
+
+    from_the_call = False   # (whether the answers said "in this call": the late rank came before the deadline)
+
 
 def test_an_answer_that_came_in_the_last_nap_of_the_census_is_read_before_the_wait_judges(monkeypatch):
     """timeout=0.5: the census asks half way and waits ROLL_CALL_GRACE for answers, reading them every
@@ -162,3 +167,26 @@ def test_an_answer_that_came_in_the_last_nap_of_the_census_is_read_before_the_wa
     bound = Bound(5, until=clock.now + 0.5, stop=threading.Event())
     wait_for(lambda: clock.now >= control.answer_at + 15e-3, bound, control, 0.0, lambda: 3)
     assert control.answered
+
+
+def test_a_call_every_rank_answered_from_waits_past_its_deadline_for_the_late_ones_messages(monkeypatch):
+    """timeout=3: the census asks at 2 s, the late rank answers from inside the call at 2.5 s, and its
+    message comes 0.4 s past the deadline: the wait goes on for it (up to ROLL_CALL_GRACE) instead of
+    raising at the deadline while the late rank completes with the data this rank sent."""
+    clock = _Clock.installed(monkeypatch)
+    control = _Census(clock, answer_at_grace_end_less=0.5)
+    control.from_the_call = True
+    bound = Bound(5, until=clock.now + 3.0, stop=threading.Event())
+    wait_for(lambda: clock.now >= bound.until + 0.4, bound, control, 0.0, lambda: 3)
+    assert control.answered and bound.until + 0.4 <= clock.now < bound.until + ROLL_CALL_GRACE
+
+
+def test_a_call_some_rank_did_not_answer_from_still_times_out_at_its_deadline(monkeypatch):
+    """The same, but the answers do not all say "in this call" (a rank computing elsewhere): the wait
+    raises at its deadline, as before."""
+    clock = _Clock.installed(monkeypatch)
+    control = _Census(clock, answer_at_grace_end_less=0.5)
+    bound = Bound(5, until=clock.now + 3.0, stop=threading.Event())
+    with pytest.raises(Exception, match="timed out"):
+        wait_for(lambda: clock.now >= bound.until + 0.4, bound, control, 0.0, lambda: 3)
+    assert bound.until <= clock.now < bound.until + 0.4

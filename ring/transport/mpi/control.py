@@ -122,6 +122,14 @@ class Control:
         """Whether every other rank has answered the last roll call (or said it left)."""
         return len(self._heard) + len(self.departed) >= self.size - 1
 
+    def all_here(self, seq: int) -> bool:
+        """Whether every other rank has answered the roll call asked in call ``seq`` from inside that call
+        or a later one: none is absent, so the messages this rank waits for are coming (a rank that came
+        late answers at its call's start, and sends them next)."""
+        asked, heard = self._asked, self._heard
+        return asked is not None and asked[0] == seq and len(heard) >= self.size - 1 \
+            and all(number >= seq for number, _ in heard.values())
+
     def roll_call(self, seq: int, grace: float = ROLL_CALL_GRACE) -> dict[int, tuple[int, str]]:
         """After a timeout in call ``seq``: which call every rank is in, ``{rank: (call, name)}`` for the
         ranks that answered within ``grace`` seconds of being asked (a rank answers while it waits

@@ -16,7 +16,8 @@ waits for. For a collective with timeout=3 that rank 2 never joins::
 With a timeout under 2 s the question goes out half way, and a census still waiting for answers
 at the deadline keeps the wait polling until they are in (at most ROLL_CALL_GRACE after the
 question), and DRAIN_SECONDS more where they all came: a call completed meanwhile completes, on
-this rank as on the late one.
+this rank as on the late one. Where every rank has answered from inside the call (one came late,
+and its messages are on their way), the wait goes on ROLL_CALL_GRACE past the deadline.
 """
 from __future__ import annotations
 
@@ -106,12 +107,17 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
                     next_read = now + ANSWERS_READ_SECONDS
                 waited_for_answers = True
                 continue
-            if waited_for_answers and not settled:   # (the grace over: answers read a nap ago, and one
-                control.read(seq, getattr(bound, "name", ""))   # may have come since, from a rank that now completes)
-            if waited_for_answers and control.all_answered():
+            if not settled:   # (answers read a nap ago, or before the deadline: one may have come since,
+                control.read(seq, getattr(bound, "name", ""))   # from a rank that now completes)
+            if not settled and control.all_here(seq):
+                # Every rank said it is in this call (or past it): none is absent, one came late and its
+                # messages are on their way. Raising now, this rank split from the ranks that receive
+                # them in time and complete; it waits for them as long as a census waits for answers.
+                settled = now + ROLL_CALL_GRACE
+            elif waited_for_answers and control.all_answered():
                 settled = settled or now + DRAIN_SECONDS
-                if now < settled:
-                    continue
+            if settled and now < settled:
+                continue
         if bound.passed(now):
             if done():   # (it may have completed while this wait napped: up to 10 ms, past a second of waiting)
                 return
