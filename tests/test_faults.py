@@ -440,6 +440,29 @@ def test_the_census_tells_a_rank_in_another_collective_of_the_same_number():
         r"barrier #2 on rank 2: rank [01] (gave up|left: it stopped after a failure).*rank\(s\) in another call: 2 \(#2 barrier\)", errors[2][1]), output
 
 
+def test_a_late_rank_in_another_call_of_the_same_number_is_named_so_and_not_waited_for():
+    """With the check off, rank 0 comes 2.5 s late (after the others' census question, at 2 s) to a
+    broadcast while the others wait in an allreduce (timeout=3): its answer at its call's start must say
+    which collective it is in. It said nothing, and the others' census counted it as waiting in their
+    call (and, since the census holds a call whose every rank answered from inside it past its deadline,
+    they waited a second more for nothing)."""
+    program = ("import time, numpy as np, collectives as col\n"
+               "from tests.programs.cues import report\n"
+               "col.barrier()\n"
+               "if col.rank() == 0:\n"
+               "    time.sleep(2.5)\n"
+               "    report('call 2', col.broadcast, np.ones(4), root=0)\n"
+               "else:\n"
+               "    report('call 2', col.allreduce, np.ones(4), timeout=3)\n")
+    result = run_world(3, ["-c", program], BOUND_S, env={"COLLECTIVES_CHECK": "0"})
+    output = result.stdout
+    errors = reported_errors(output)
+    assert 1 in errors and 2 in errors, output
+    for rank in (1, 2):
+        assert "rank(s) in another call: 0 (#2 broadcast)" in errors[rank][1], output
+        assert not re.search(r"waiting in this call too: 0\b", errors[rank][1]), output
+
+
 @pytest.mark.parametrize("scenario, why", [
     ("uncaught", "rank 1 left: uncaught RuntimeError: user bug on rank 1 (after 3 collective(s))"),
     ("uncaught-own-hook", "rank 1 left: uncaught RuntimeError: user bug on rank 1 (after 3 collective(s))"),

@@ -150,7 +150,7 @@ class _Census(_Quiet):
     def all_answered(self):
         return self.answered
 
-    def all_here(self, seq):
+    def all_here(self, seq, name):
         return self.answered and self.from_the_call
 
     from_the_call = False   # (whether the answers said "in this call": the late rank came before the deadline)

@@ -221,7 +221,7 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
             if timeout is not None or call_name is not None or algorithm is not None:
                 call.check_options(timeout, call_name, algorithm)
             if call.after_a_pause and not g.destroyed:   # (a rank that gave this call up while this one was
-                g.transport.control.check_gave_up(call.seq, True)   # away: fail before any message, at once)
+                g.transport.control.check_gave_up(call.seq, True, name)   # away: fail before any message, at once)
             result = body(call, *args)
             if not g.destroyed:   # (a rank that gave this call up: this one fails it too)
                 g.transport.control.check_gave_up(call.seq)

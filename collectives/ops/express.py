@@ -90,7 +90,7 @@ class Lane:
             try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as the ranks may be out of step)
                 seq = call.renew()
                 if call.after_a_pause:   # (as the usual frame: a rank that gave this call up fails it here)
-                    self.control.check_gave_up(seq, True)
+                    self.control.check_gave_up(seq, True, call.name)
                 if seq >= self.wider_at:
                     self.header, self.wider_at = doubling.header_template(self.template, seq)
                 result = self.move(self.header % seq, x, out)

@@ -122,13 +122,14 @@ class Control:
         """Whether every other rank has answered the last roll call (or said it left)."""
         return len(self._heard) + len(self.departed) >= self.size - 1
 
-    def all_here(self, seq: int) -> bool:
+    def all_here(self, seq: int, name: str) -> bool:
         """Whether every other rank has answered the roll call asked in call ``seq`` from inside that call
-        or a later one: none is absent, so the messages this rank waits for are coming (a rank that came
-        late answers at its call's start, and sends them next)."""
+        (collective ``name``; "": a rank that did not say): none is absent or in another call, so the
+        messages this rank waits for are coming (a rank that came late answers at its call's start,
+        and sends them next)."""
         asked, heard = self._asked, self._heard
         return asked is not None and asked[0] == seq and len(heard) >= self.size - 1 \
-            and all(number >= seq for number, _ in heard.values())
+            and all(number == seq and said in (name, "") for number, said in heard.values())
 
     def roll_call(self, seq: int, grace: float = ROLL_CALL_GRACE) -> dict[int, tuple[int, str]]:
         """After a timeout in call ``seq``: which call every rank is in, ``{rank: (call, name)}`` for the
@@ -301,17 +302,19 @@ class Control:
         if expecting is COLLECTIVE:
             self._raise_if_gave_up(seq)
 
-    def check_gave_up(self, seq: int, drain: bool = False) -> None:
+    def check_gave_up(self, seq: int, drain: bool = False, name: str | None = None) -> None:
         """At the end of collective ``seq`` on this rank: raise PeerLost if a rank had given it up (its
         runtime stopped before completing it, or it left), so that a rank that comes late to a call the
         others timed out of fails it too, instead of completing it alone with the data they had sent.
         ``drain``: at the start of a call that came after a pause in the program's own code
         (``Call.after_a_pause``), in which the others' words may have queued up behind other messages:
-        read them all (and fail before sending anything: a large call would otherwise wait to hear it).
+        read them all (and fail before sending anything: a large call would otherwise wait to hear it),
+        answering a roll call among them as in collective ``name`` (a late rank's answer, which tells the
+        waiting ranks that it came to their call, not to another of the same number).
         (A rank that completes the call within a message's latency of the others' timeout may still
         succeed: no end of a call can close that window without a round of messages of its own.)"""
         if drain:   # (after a pause: every message that came meanwhile, as _read_locked says)
-            self.read(seq, misses=DRAIN_MISSES)
+            self.read(seq, name, misses=DRAIN_MISSES)
         elif self._incoming is None:   # (across hosts: two probes, as _read_locked's rule; read only
             probe = self.comm.Iprobe   # where they find a message)
             if probe(MPI.ANY_SOURCE, _CONTROL_TAG) or probe(MPI.ANY_SOURCE, _CONTROL_TAG):

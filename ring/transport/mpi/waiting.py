@@ -107,16 +107,19 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
                     next_read = now + ANSWERS_READ_SECONDS
                 waited_for_answers = True
                 continue
+            name = getattr(bound, "name", "")
             if not settled:   # (answers read a nap ago, or before the deadline: one may have come since,
-                control.read(seq, getattr(bound, "name", ""))   # from a rank that now completes)
-            if not settled and control.all_here(seq):
-                # Every rank said it is in this call (or past it): none is absent, one came late and its
-                # messages are on their way. Raising now, this rank split from the ranks that receive
-                # them in time and complete; it waits for them as long as a census waits for answers.
-                settled = now + ROLL_CALL_GRACE
+                control.read(seq, name)   # from a rank that now completes)
+            if not settled and control.all_here(seq, name):
+                # Every rank said it is in this call: none is absent, one came late and its messages are
+                # on their way. Raising now, this rank split from the ranks that receive them in time and
+                # complete; it waits for them up to as long past the deadline as a census waits for answers.
+                settled = max(bound.until + ROLL_CALL_GRACE, now + DRAIN_SECONDS)
             elif waited_for_answers and control.all_answered():
                 settled = settled or now + DRAIN_SECONDS
             if settled and now < settled:
+                if now >= next_read:   # (a rank that gives the call up meanwhile ends the wait: see check_peers)
+                    next_check, next_read = now, now + ANSWERS_READ_SECONDS
                 continue
         if bound.passed(now):
             if done():   # (it may have completed while this wait napped: up to 10 ms, past a second of waiting)
