@@ -181,19 +181,27 @@ def test_a_rank_late_past_a_short_timeout_while_the_others_take_the_census_gets_
     answers past their deadline (a short timeout asks half way). Rank 1 came meanwhile and completed
     the call with the data the others had sent, while they raised the timeout: the ranks split on
     whether the call happened. Every rank must end the call alike, whichever way."""
+    _ended_alike(n, "x = np.ones(4) * (col.rank() + 1)\n"
+                    "if col.rank() == 1: time.sleep(0.6)\n", timeout=0.3)
+
+
+def _ended_alike(n: int, setup: str, timeout: float) -> str:
+    """Run a world of ``n`` whose ranks, after a barrier and ``setup`` (which makes ``x``, and makes rank 1
+    late), all-reduce ``x`` with ``timeout``; assert that every rank ended the call alike (and right,
+    where it completed); return the output."""
     program = ("import sys, time, numpy as np, collectives as col\n"
                "col.barrier()\n"
-               "if col.rank() == 1: time.sleep(0.6)\n"
+               + setup +
                "try:\n"
-               "    total = col.allreduce(np.ones(4) * (col.rank() + 1), timeout=0.3)[0]\n"
+               f"    total = col.allreduce(x, timeout={timeout})[0]\n"
                "    sys.stdout.write(f'rank {col.rank()}: completed {total}\\n')\n"
                "except col.CollectiveError as e:\n"
                "    sys.stdout.write(f'rank {col.rank()}: failed: {e}\\n')\n")
-    result = run_world(n, ["-c", program], BOUND_S)
-    output = result.stdout
+    output = run_world(n, ["-c", program], BOUND_S).stdout
     completed, failed = output.count("completed"), output.count("failed:")
     assert completed + failed == n and n in (completed, failed), output
     assert failed or output.count(f"completed {n * (n + 1) / 2}") == n, output
+    return output
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -205,28 +213,16 @@ def test_a_call_every_rank_came_to_by_its_deadline_is_not_abandoned_while_the_la
     within a message's latency of it completed the call alone. A call every rank answered from must wait
     for their messages (ROLL_CALL_GRACE past the deadline); where the machine was too busy for the
     question to come first, every rank still ends the call alike."""
-    program = ("import sys, time, numpy as np, collectives as col\n"
-               "class Held(np.ndarray):\n"
-               "    hold = 0.0\n"
-               "    def view(self, *args, **kwargs):\n"
-               "        hold, Held.hold = Held.hold, 0.0\n"
-               "        time.sleep(hold)\n"
-               "        return super().view(*args, **kwargs)\n"
-               "col.barrier()\n"
-               "x = (np.ones(4) * (col.rank() + 1)).view(Held)\n"
-               "if col.rank() == 1:\n"
-               "    time.sleep(2.5)\n"
-               "    Held.hold = 0.9\n"
-               "try:\n"
-               "    total = col.allreduce(x, timeout=3)[0]\n"
-               "    sys.stdout.write(f'rank {col.rank()}: completed {total}\\n')\n"
-               "except col.CollectiveError as e:\n"
-               "    sys.stdout.write(f'rank {col.rank()}: failed: {e}\\n')\n")
-    result = run_world(n, ["-c", program], BOUND_S)
-    output = result.stdout
-    completed, failed = output.count("completed"), output.count("failed:")
-    assert completed + failed == n and n in (completed, failed), output
-    assert failed or output.count(f"completed {n * (n + 1) / 2}") == n, output
+    output = _ended_alike(n, "class Held(np.ndarray):\n"
+                             "    hold = 0.0\n"
+                             "    def view(self, *args, **kwargs):\n"
+                             "        hold, Held.hold = Held.hold, 0.0\n"
+                             "        time.sleep(hold)\n"
+                             "        return super().view(*args, **kwargs)\n"
+                             "x = (np.ones(4) * (col.rank() + 1)).view(Held)\n"
+                             "if col.rank() == 1:\n"
+                             "    time.sleep(2.5)\n"
+                             "    Held.hold = 0.9\n", timeout=3)
     for rank, waiting in re.findall(r"on rank (\d): timed out after .*rank\(s\) waiting in this call too: ([\d, ]+)$",
                                     output, re.MULTILINE):
         assert waiting != ", ".join(str(r) for r in range(n) if r != int(rank)), output   # (every other rank)
