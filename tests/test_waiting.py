@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ring.transport.base import ROLL_CALL_GRACE, Bound, PeerLost
-from ring.transport.mpi.control import COLLECTIVE
+from ring.transport.mpi.control import COLLECTIVE, Control
 from ring.transport.mpi import waiting
 from ring.transport.mpi.waiting import wait_for
 
@@ -190,3 +190,15 @@ def test_a_call_some_rank_did_not_answer_from_still_times_out_at_its_deadline(mo
     with pytest.raises(Exception, match="timed out"):
         wait_for(lambda: clock.now >= bound.until + 0.4, bound, control, 0.0, lambda: 3)
     assert bound.until <= clock.now < bound.until + 0.4
+
+
+def test_a_rank_that_answered_the_census_and_then_left_counts_once():
+    """n=4, timeout=1: rank 1 came late, answered rank 2's census, completed the call and ended its
+    program (its farewell) before rank 0, waiting in the call since its start, had read the question.
+    Counted twice, rank 1 made the census look complete at rank 2's deadline: rank 2 raised, naming rank 0
+    "not answering", while ranks 1 and 3 completed (1 launch in 20 beside a CPU hog)."""
+    control = Control.__new__(Control)   # (its census books alone: no MPI)
+    control.size, control._heard, control.departed = 4, {1: (2, "barrier"), 3: (2, "barrier")}, {1: (False, 2, "")}
+    assert not control.all_answered()
+    control._heard[0] = (2, "barrier")
+    assert control.all_answered()

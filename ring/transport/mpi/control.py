@@ -119,8 +119,9 @@ class Control:
         return asked is not None and asked[0] == seq and now < asked[1] + ROLL_CALL_GRACE and not self.all_answered()
 
     def all_answered(self) -> bool:
-        """Whether every other rank has answered the last roll call (or said it left)."""
-        return len(self._heard) + len(self.departed) >= self.size - 1
+        """Whether every other rank has answered the last roll call (or said it left; a rank that did
+        both, as a late rank that completed the call and ended its program, counts once)."""
+        return len(self._heard.keys() | self.departed.keys()) >= self.size - 1
 
     def all_here(self, seq: int, name: str) -> bool:
         """Whether every other rank has answered the roll call asked in call ``seq`` from inside that call
