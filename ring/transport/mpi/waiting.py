@@ -112,7 +112,7 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
                 control.read(seq, name)   # from a rank that now completes)
             if not settled and control.all_here(seq, name):
                 # Every rank said it is in this call: none is absent, one came late and its messages are
-                # on their way. Raising now, this rank split from the ranks that receive them in time and
+                # on their way. Raising now would split this rank from those that receive them in time and
                 # complete; it waits for them up to as long past the deadline as a census waits for answers.
                 settled = max(bound.until + ROLL_CALL_GRACE, now + DRAIN_SECONDS)
             elif waited_for_answers and control.all_answered():
