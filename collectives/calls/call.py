@@ -43,7 +43,7 @@ from collectives.calls.progress import MAIN_THREAD, Work, issuer_name, on_behalf
 from collectives.calls.runtime import Runtime
 from collectives.calls.signature import disagreement, signature as make_signature, template
 from ring import arrays, cost, doubling
-from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, TransportTimeout
+from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, TransportTimeout, from_this_call
 
 _PROBLEM_BYTES = 512
 #: A call that comes this long after the group's last progress comes after a pause (``after_a_pause``).
@@ -345,7 +345,7 @@ def _census(g: CallGroup, seq: int, name: str) -> tuple[str, list[int], list[int
     control = g.transport.control
     heard = control.roll_call(seq)
     unreachable = [r for r in control.unreachable() if r not in heard]
-    here = [r for r, (s, n) in sorted(heard.items()) if s == seq and n in (name, "")]
+    here = [r for r, answer in sorted(heard.items()) if from_this_call(answer, seq, name)]
     elsewhere = [f"{r} (#{s}{' ' + n if n else ''})" for r, (s, n) in sorted(heard.items()) if r not in here]
     me = g.ranks[g.rank()]
     silent = [r for r in g.ranks if r != me and r not in heard and r not in unreachable]

@@ -24,6 +24,19 @@ MAX_P2P_TAG = 30000   # the largest point-to-point tag a program may use (MPI pr
 ROLL_CALL_GRACE = 1.0
 
 
+def from_this_call(answer: tuple[int, str], seq: int, name: str) -> bool:
+    """Whether a rank's roll-call ``answer`` (the call it is in, and its collective: "" where it did not
+    say) places it in call ``seq`` of collective ``name``: a rank in another collective of the same
+    number (the check off) is not.
+
+    >>> from_this_call((2, "allreduce"), 2, "allreduce"), from_this_call((2, ""), 2, "allreduce")
+    (True, True)
+    >>> from_this_call((2, "broadcast"), 2, "allreduce"), from_this_call((3, "allreduce"), 2, "allreduce")
+    (False, False)
+    """
+    return answer[0] == seq and answer[1] in (name, "")
+
+
 class TransportError(RuntimeError):
     """The network failed underneath a collective (a peer died, a message was cut short)."""
 

@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ring.transport.mpi import departures, liveness as liveness_watch
-from ring.transport.base import ROLL_CALL_GRACE, PeerLost
+from ring.transport.base import ROLL_CALL_GRACE, PeerLost, from_this_call
 from ring.transport.mpi.notices import failure_notices
 from ring.transport.host_waits import process_state
 
@@ -130,7 +130,7 @@ class Control:
         and sends them next)."""
         asked, heard = self._asked, self._heard
         return asked is not None and asked[0] == seq and len(heard) >= self.size - 1 \
-            and all(number == seq and said in (name, "") for number, said in heard.values())
+            and all(from_this_call(answer, seq, name) for answer in heard.values())
 
     def roll_call(self, seq: int, grace: float = ROLL_CALL_GRACE) -> dict[int, tuple[int, str]]:
         """After a timeout in call ``seq``: which call every rank is in, ``{rank: (call, name)}`` for the

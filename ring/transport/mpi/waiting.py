@@ -56,8 +56,8 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     ``bound`` passes, its error naming ``waiting_for()``, the rank (as the control plane names
     it) still pending (None: any rank)."""
     seq = bound.seq if expecting is COLLECTIVE else None
-    control.read(seq, getattr(bound, "name", ""))   # (a roll call's question that came while this rank
-    # computed: answered now; a collective's bound is its Call, which has the collective's name)
+    name = getattr(bound, "name", "")   # (a collective's bound is its Call, which has the collective's name)
+    control.read(seq, name)   # (a roll call's question that came while this rank computed: answered now)
     started = time.monotonic()
     # Near the deadline a collective asks who is in which call, so that a timeout's roll call is
     # answered by the deadline, not a grace period after it (a short wait asks half way).
@@ -103,11 +103,10 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
             # messages of a rank that came late to reach the ranks that wait for them in turn.
             if control.answers_due(seq, now):
                 if now >= next_read:
-                    control.read(seq, getattr(bound, "name", ""))
+                    control.read(seq, name)
                     next_read = now + ANSWERS_READ_SECONDS
                 waited_for_answers = True
                 continue
-            name = getattr(bound, "name", "")
             if not settled:   # (answers read a nap ago, or before the deadline: one may have come since,
                 control.read(seq, name)   # from a rank that now completes)
             if not settled and control.all_here(seq, name):
