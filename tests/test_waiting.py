@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from ring.transport import base
 from ring.transport.base import ROLL_CALL_GRACE, Bound, PeerLost
 from ring.transport.mpi.control import COLLECTIVE, Control
 from ring.transport.mpi import waiting
@@ -202,3 +203,25 @@ def test_a_rank_that_answered_the_census_and_then_left_counts_once():
     assert not control.all_answered()
     control._heard[0] = (2, "barrier")
     assert control.all_answered()
+
+
+@pytest.mark.parametrize("message_after", [1.5, None], ids=["its message comes", "nothing comes"])
+def test_a_wait_after_this_rank_computed_past_the_timeout_still_waits_the_timeout(monkeypatch, message_after):
+    """timeout=2: this rank computed 3 s since the call's last progress (the plan of a call of many
+    small segments, say), and the rank it waits for, computing alike, sends 1.5 s after this wait
+    begins. The wait waits for it: 2 s from its start, not 2 s from the last progress, which had passed
+    before it began (then it failed at once, saying it had waited 5 s, with every rank in the call).
+    Where nothing comes, it fails as a wait of 2 s (and its census's grace) would, naming that time."""
+    clock = _Clock.installed(monkeypatch)
+    monkeypatch.setattr(base, "time", clock)   # (the error's figure reads the clock too)
+    control = _Census(clock, answer_at_grace_end_less=-1.0)   # (the census is never answered)
+    bound = Bound(5, until=clock.now - 1.0, stop=threading.Event(), window=2.0)   # (last progress 3 s ago)
+    began = clock.now
+    if message_after is not None:
+        wait_for(lambda: clock.now >= began + message_after, bound, control, 0.0, lambda: 3)
+        assert clock.now < began + message_after + 0.02
+        return
+    with pytest.raises(Exception, match=r"timed out after (\d\.\d+|\d) s") as raised:
+        wait_for(lambda: False, bound, control, 0.0, lambda: 3)
+    waited = float(str(raised.value).split("timed out after ")[1].split(" s")[0])
+    assert began + 2.0 <= clock.now <= began + 2.0 + ROLL_CALL_GRACE + 0.02 and waited == pytest.approx(clock.now - began, abs=0.05)

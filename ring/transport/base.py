@@ -96,8 +96,10 @@ class Bound:
 
     With a ``window`` (a collective's timeout), the deadline is ``window`` seconds after the call's
     last progress: every wait that completes moves it (:meth:`progressed`), so a large call that
-    keeps moving data outlasts its timeout, and one that hears nothing for ``window`` seconds ends.
-    Without one (0), ``until`` is fixed: a whole operation's deadline (the setup, point-to-point).
+    keeps moving data outlasts its timeout, and one that hears nothing for ``window`` seconds ends;
+    and every wait waits ``window`` seconds at least (:meth:`wait_begins`): what the rank computed since
+    the last progress is not time it waited. Without one (0), ``until`` is fixed: a whole
+    operation's deadline (the setup, point-to-point).
 
     >>> bound = Bound(3, until=100.0, stop=threading.Event())
     >>> bound.passed(99.0), bound.passed(100.0)
@@ -107,6 +109,8 @@ class Bound:
     >>> moving = Bound(1, until=time.monotonic() + 3.0, stop=threading.Event(), window=3.0)
     >>> moving.until = 0.0; moving.progressed(); moving.passed(time.monotonic() + 2.9)
     False
+    >>> moving.until = 0.0; moving.wait_begins(50.0); moving.until
+    53.0
     """
 
     __slots__ = ("seq", "until", "stop", "background", "window")
@@ -128,10 +132,18 @@ class Bound:
         if self.window:
             self.until = time.monotonic() + self.window
 
+    def wait_begins(self, now: float) -> None:
+        """A wait begins at ``now``: with a ``window``, its deadline is ``window`` seconds away at least.
+        (A rank that computed longer than the timeout since the call's last progress, making the plan
+        of a call of many small segments, say, has not waited for anyone: counted, its wait failed at
+        once, with the others in the call and its data on the way.)"""
+        if self.window and self.until < now + self.window:
+            self.until = now + self.window
+
     def expired(self, waited: float, peer: int, waiting_for: str = "") -> TransportError:
         """The error of a wait that gave up after ``waited`` seconds, waiting for ``peer``: the
         runtime's stop if that is what ended it, else the deadline's timeout, which names (with a
-        ``window``) the time since the call's last progress: what ran out."""
+        ``window``) the time since the call's last progress, or since the wait began: what ran out."""
         if self.stop.is_set():
             return Stopped(waited)
         if self.window:

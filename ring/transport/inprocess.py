@@ -61,7 +61,9 @@ class InProcessTransport:
     def wait(self, request: _PendingRecv | None, bound: Bound) -> None:
         if request is None:
             return
-        patience = min(self._world.timeout, max(0.0, bound.until - time.monotonic()))
+        now = time.monotonic()
+        bound.wait_begins(now)
+        patience = min(self._world.timeout, max(0.0, bound.until - now))
         try:
             data = self._world._mailboxes[(request.source, self.rank)].get(timeout=patience)
         except queue.Empty:

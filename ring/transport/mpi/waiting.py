@@ -59,6 +59,7 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     name = getattr(bound, "name", "")   # (a collective's bound is its Call, which has the collective's name)
     control.read(seq, name)   # (a roll call's question that came while this rank computed: answered now)
     started = time.monotonic()
+    bound.wait_begins(started)
     # Near the deadline a collective asks who is in which call, so that a timeout's roll call is
     # answered by the deadline, not a grace period after it (a short wait asks half way).
     ask_at = max(bound.until - ROLL_CALL_GRACE, (started + bound.until) / 2) if seq else math.inf
