@@ -18,6 +18,7 @@ from ring.transport.host_waits import pause, siblings
 
 _HELLO_TAG = 10  # the setup's empty messages across hosts (see _connect_across_hosts)
 _SETUP_RECORD_BYTES = 1024
+_SEGMENTS = "/dev/shm/mpich_shm_"   # (MPICH's shared-memory segments, as a process's memory map names them)
 _testall = MPI.Request.Testall
 
 
@@ -39,6 +40,7 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     deadline = began + timeout
     heeded = failure_notices() if notices_before is None else notices_before
     watch = _Watch(heeded, local_ranks)
+    whole_world = comm is None or comm == MPI.COMM_WORLD
     comm, request = (comm or MPI.COMM_WORLD).Idup()   # a private duplicate: our messages never match the user's
     _wait_setup([request], began, deadline, watch, "make the runtime's communicator", comm)
     liveness = liveness_watch.Liveness()
@@ -53,6 +55,8 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     except TransportError:
         liveness.close()
         raise
+    if whole_world:   # (every process of the world is past MPI_Init: each has attached MPICH's segments)
+        unlink_shared_memory_names()
     pids, ports = np.frombuffer(every[:, :16].tobytes(), np.int64).reshape(-1, 2).T.tolist()
     hosts = [row[16:272].tobytes().rstrip(b"\0").decode(errors="replace") for row in every]
     records = [row[272:].tobytes().rstrip(b"\0") for row in every]
@@ -60,6 +64,34 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     liveness.join(rank, hosts, ports)
     _connect_across_hosts(comm, rank, hosts, began, deadline, watch)
     return MPITransport(comm, hosts, pids, liveness=liveness, owns_liveness=True), records
+
+
+def unlink_shared_memory_names(maps: str = "/proc/self/maps") -> list[str]:
+    """Unlink the names of MPICH's shared-memory segments this process maps (``/dev/shm/mpich_shm_*``:
+    MPI_Init's, which MPICH itself unlinks only in MPI_Finalize), once every process of the host has
+    attached them; return the names unlinked. The memory stays mapped as long as a process uses it,
+    and goes with the last; a process that ends without MPI_Finalize (killed, or leaving without it
+    after a failure: ``collectives.process.ending``) no longer leaves its segment in /dev/shm, a few
+    MB, until the machine restarts. Another process of the host may have unlinked a name first.
+
+    >>> unlink_shared_memory_names("/nonexistent")
+    []
+    """
+    try:
+        with open(maps) as lines:
+            names = {line.split(None, 5)[5].rstrip("\n") for line in lines if _SEGMENTS in line}
+    except OSError:
+        return []
+    unlinked = []
+    for name in sorted(names):
+        if name.endswith(" (deleted)"):
+            continue
+        try:
+            os.unlink(name)
+            unlinked.append(name)
+        except OSError:
+            pass
+    return unlinked
 
 
 def _connect_across_hosts(comm: MPI.Comm, rank: int, hosts: Sequence[str], began: float, deadline: float,
