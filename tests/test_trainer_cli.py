@@ -140,6 +140,10 @@ def test_help_states_each_default_once():
     assert "(default: None)" not in text and "default: none) (default" not in text, text
     assert "--metrics METRICS write one JSON object per epoch to this file; with --resume, the epochs after the " \
            "checkpoint are replaced (default: none)" in text, text
+    # (--resume-changed names every flag a resume compares with the checkpoint: it left out --compression)
+    assert "--resume-changed with --resume: continue even where --dataset, --seed, --batch-size, --lr, --momentum, " \
+           "--weight-decay, --sync-every, --outer-lr, --outer-momentum, --compression, --inner-state or --shards " \
+           "differ from the checkpoint's" in text, text
 
 
 @pytest.mark.parametrize("flags, says", [

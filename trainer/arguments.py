@@ -17,6 +17,13 @@ from trainer import checkpoint, compression, data, shards
 from trainer.common import UsageExit
 from trainer.strategies.periodic import INNER_STATES
 
+#: What a resumed run must share with the checkpoint unless --resume-changed: flag -> config key
+#: (``trainer.resuming`` compares them; the flag's help lists them).
+RESUME_MUST_MATCH = {"--dataset": "dataset", "--seed": "seed", "--batch-size": "batch_size", "--lr": "lr",
+                     "--momentum": "momentum", "--weight-decay": "weight_decay", "--sync-every": "sync_every",
+                     "--outer-lr": "outer_lr", "--outer-momentum": "outer_momentum", "--compression": "compression",
+                     "--inner-state": "inner_state", "--shards": "shards"}
+
 
 def _at_least(least: int):
     def parse(text):
@@ -254,10 +261,9 @@ def _run_flags(p: ArgumentParser) -> None:
     p.add_argument("--commit-every", type=_positive_int, default=1, metavar="K",
                    help="--elastic: commit (keep in memory what a change rolls back to) every K steps, and at "
                         "every epoch's end (default: 1)")
+    *most, last = RESUME_MUST_MATCH
     p.add_argument("--resume-changed", action="store_true",
-                   help="with --resume: continue even where --seed, --batch-size, --lr, --momentum, "
-                        "--weight-decay, --sync-every, --outer-lr, --outer-momentum, --inner-state or --shards differ from the "
-                        "checkpoint's")
+                   help=f"with --resume: continue even where {', '.join(most)} or {last} differ from the checkpoint's")
 
 
 

@@ -11,17 +11,9 @@ import numpy as np
 import collectives as col
 from cmdline.parser import USAGE
 from trainer import checkpoint
-from trainer.arguments import agree_on
+from trainer.arguments import RESUME_MUST_MATCH, agree_on
 from trainer.model import MLP
 from trainer.optim import SGD
-
-
-#: What a resumed run must share with the checkpoint unless --resume-changed: flag -> config key.
-RESUME_MUST_MATCH = {"--dataset": "dataset", "--seed": "seed", "--batch-size": "batch_size", "--lr": "lr",
-                     "--momentum": "momentum", "--weight-decay": "weight_decay", "--sync-every": "sync_every",
-                     "--outer-lr": "outer_lr", "--outer-momentum": "outer_momentum", "--compression": "compression",
-                     "--inner-state": "inner_state", "--shards": "shards"}
-
 
 
 def config_of(args, dataset) -> dict:
