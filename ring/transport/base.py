@@ -134,9 +134,9 @@ class Bound:
 
     def wait_begins(self, now: float) -> None:
         """A wait begins at ``now``: with a ``window``, its deadline is ``window`` seconds away at least.
-        (A rank that computed longer than the timeout since the call's last progress, making the plan
-        of a call of many small segments, say, has not waited for anyone: counted, its wait failed at
-        once, with the others in the call and its data on the way.)"""
+        (A rank that computed for longer than the timeout since the call's last progress, making the
+        plan of a call of many small segments, say, has not waited for anyone yet: counting that time
+        would fail its wait at once, though every rank is in the call and its data on the way.)"""
         if self.window and self.until < now + self.window:
             self.until = now + self.window
 
