@@ -356,9 +356,12 @@ def test_a_rank_terminated_before_its_first_collective_is_reported_by_the_others
 
 
 _STUCK_RANK_AND_SEGMENTS = """
-import time
+import sys, time
 import numpy as np
 import collectives as col
+if sys.argv[1] == "duplicate":
+    from mpi4py import MPI
+    col.init(comm=MPI.COMM_WORLD.Dup())
 col.allreduce(np.ones(2))
 maps = [line.split(None, 5) for line in open("/proc/self/maps")]
 print("segments:", *sorted({m[5].strip().removesuffix(" (deleted)") for m in maps if len(m) == 6
@@ -369,14 +372,16 @@ col.allreduce(np.ones(2), timeout=1)
 """
 
 
-def test_a_job_that_ends_without_mpi_finalize_leaves_no_shared_memory_segment():
+@pytest.mark.parametrize("set_up_on", ["world", "duplicate"])
+def test_a_job_that_ends_without_mpi_finalize_leaves_no_shared_memory_segment(set_up_on):
     """MPICH unlinks its shared-memory segment (/dev/shm/mpich_shm_*, 3 MB here) in MPI_Finalize: a job
     whose ranks ended without it (one stuck, the other leaving after its call failed, the launcher
     killing the stuck one) left it until the machine restarted. The runtime unlinks its name once
-    every rank has attached (its setup); the memory goes with the last process that maps it."""
+    every process has attached (its setup, on the world or on a communicator with every process of
+    it); the memory goes with the last process that maps it."""
     if mpi_name() == "Open MPI":
         pytest.skip("Open MPI's segments are each rank's own, unlinked in its MPI_Finalize (docs/failures.md)")
-    result = run_world(2, ["-c", _STUCK_RANK_AND_SEGMENTS], BOUND_S)
+    result = run_world(2, ["-c", _STUCK_RANK_AND_SEGMENTS, set_up_on], BOUND_S)
     segments = {Path(name) for name in re.findall(r"/dev/shm/mpich_shm_\S+", result.stdout)}   # (the ranks' lines
     assert result.returncode != 0 and "timed out after" in result.stdout and result.stdout.count("segments:") == 2 \
         and segments, result.stdout   # may interleave)

@@ -40,7 +40,7 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     deadline = began + timeout
     heeded = failure_notices() if notices_before is None else notices_before
     watch = _Watch(heeded, local_ranks)
-    whole_world = comm is None or comm == MPI.COMM_WORLD
+    whole_world = _has_every_process(comm or MPI.COMM_WORLD)
     comm, request = (comm or MPI.COMM_WORLD).Idup()   # a private duplicate: our messages never match the user's
     _wait_setup([request], began, deadline, watch, "make the runtime's communicator", comm)
     liveness = liveness_watch.Liveness()
@@ -55,7 +55,7 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     except TransportError:
         liveness.close()
         raise
-    if whole_world:   # (every process of the world is past MPI_Init: each has attached MPICH's segments)
+    if whole_world:   # (every process of MPI's world is past MPI_Init: each has attached MPICH's segments)
         unlink_shared_memory_names()
     pids, ports = np.frombuffer(every[:, :16].tobytes(), np.int64).reshape(-1, 2).T.tolist()
     hosts = [row[16:272].tobytes().rstrip(b"\0").decode(errors="replace") for row in every]
@@ -64,6 +64,18 @@ def connect(timeout: float, record: bytes, comm: MPI.Comm | None = None,
     liveness.join(rank, hosts, ports)
     _connect_across_hosts(comm, rank, hosts, began, deadline, watch)
     return MPITransport(comm, hosts, pids, liveness=liveness, owns_liveness=True), records
+
+
+def _has_every_process(comm: MPI.Comm) -> bool:
+    """Whether ``comm`` has every process of this one's MPI_COMM_WORLD: the world or a duplicate of it,
+    or the communicator an elastic job's newcomers join (their world is the processes spawned with
+    them); not a part of the world (``init(comm=...)`` on a split)."""
+    world, ours = MPI.COMM_WORLD.Get_group(), comm.Get_group()
+    try:
+        return MPI.UNDEFINED not in world.Translate_ranks(list(range(world.Get_size())), ours)
+    finally:
+        world.Free()
+        ours.Free()
 
 
 def unlink_shared_memory_names(maps: str = "/proc/self/maps") -> list[str]:
