@@ -225,3 +225,21 @@ def test_a_wait_after_this_rank_computed_past_the_timeout_still_waits_the_timeou
         wait_for(lambda: False, bound, control, 0.0, lambda: 3)
     waited = float(str(raised.value).split("timed out after ")[1].split(" s")[0])
     assert began + 2.0 <= clock.now <= began + 2.0 + ROLL_CALL_GRACE + 0.02 and waited == pytest.approx(clock.now - began, abs=0.05)
+
+
+def test_a_rank_that_gave_up_on_its_own_account_is_named_before_one_that_left_after_its_failure():
+    """n=4: rank 1 is ending (Ctrl-C) and gives the call up; rank 0 hears it, fails, and leaves; rank 3
+    read rank 0's farewell and rank 1's give-up, not yet rank 1's farewell. It named rank 0, `rank 0 left:
+    it stopped after a failure: ...`, not the rank that caused it (1 launch of 7243 tests, beside a hog)."""
+    control = Control.__new__(Control)   # (its books alone: no MPI)
+    control.names, control.roots, control.dead_names = list(range(4)), set(), {}
+    control.departed = {0: (True, 3, "it stopped after a failure: allreduce #4 on rank 0: rank 1 gave up ...")}
+    control.gave_up = {1: (False, 3, "rank 1 is ending (uncaught KeyboardInterrupt)"),
+                       0: (True, 3, "allreduce #4 on rank 0: rank 1 gave up ...")}
+    with pytest.raises(PeerLost) as raised:
+        control._raise_if_left(4)
+    assert str(raised.value).startswith("rank 1 gave up") and "rank 1 is ending (uncaught KeyboardInterrupt)" \
+        in str(raised.value), raised.value
+    del control.gave_up[1]   # (only ranks that stopped after a failure: the farewell read first is named)
+    with pytest.raises(PeerLost, match="^rank 0 left: it stopped after a failure"):
+        control._raise_if_left(4)

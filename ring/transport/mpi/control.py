@@ -333,9 +333,18 @@ class Control:
 
     def _raise_if_left(self, seq: int | None, expecting: Any = COLLECTIVE) -> None:
         """PeerLost for a rank whose farewell says it left before collective ``seq`` (a point-to-point
-        wait, ``expecting`` ranks: before this wait ended), as ``departures.first_gone`` chooses it."""
-        self._raise_first(self.departed, (lambda rank, completed: seq is not None and completed < seq)
-                          if expecting is COLLECTIVE else (lambda rank, completed: expecting is None or rank in expecting))
+        wait, ``expecting`` ranks: before this wait ended), as ``departures.first_gone`` chooses it; but
+        where that rank stopped after another's failure, and a rank gave the call up on its own account
+        (its program ending, say), the one that gave up: its farewell may simply not have come yet, and
+        the error should name the rank that caused the others' (as ``first_gone`` prefers among farewells)."""
+        if expecting is not COLLECTIVE:
+            self._raise_first(self.departed, lambda rank, completed: expecting is None or rank in expecting)
+            return
+        counts = (lambda rank, completed: seq is not None and completed < seq)
+        first = departures.first_gone(self.departed, counts)
+        if first is not None and self.departed[first[0]][0]:
+            self._raise_first({rank: said for rank, said in self.gave_up.items() if not said[0]}, counts, gave_up=True)
+        self._raise_first(self.departed, counts)
 
     def _raise_if_gave_up(self, seq: int | None) -> None:
         """PeerLost for a rank whose runtime stopped before collective ``seq`` (see give_up)."""
