@@ -85,6 +85,11 @@ def _through_the_lane(general: Callable) -> Callable:
                     algorithm: str | None = None, **options: Any) -> Any:
             world = startup.the_world
             if group is None and not options and world is not None and (algorithm is None or type(algorithm) is str):
+                fused = world.runtime.fused_allreduce
+                if fused is not None:
+                    result = fused(world, x, op, out, algorithm)
+                    if result is not None:
+                        return result
                 lane = express.allreduce_lane(world, x, op, out, algorithm)
                 if lane is not None:
                     return lane.run(x, out)

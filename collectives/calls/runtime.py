@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -85,6 +85,9 @@ class Runtime:
         #: and the lane of each collective that ran last (``express._kept``).
         self.lanes: dict = {}
         self.last_allreduce = self.last_broadcast = self.last_allgather = None
+        #: The all-reduce lane's calls as one function where that lane ran last and has one
+        #: (``collectives.ops.fused``): the module's ``allreduce`` and ``Group.allreduce`` try it first.
+        self.fused_allreduce: Callable | None = None
 
     def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True, two_level: bool = False,
                       wire_ratio: float = 1.0) -> str:

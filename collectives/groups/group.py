@@ -201,6 +201,11 @@ class Group:
         """
         if async_op is False and timeout is None and name is None and compression is None and reproducible is False \
                 and (algorithm is None or type(algorithm) is str):
+            fused = self.runtime.fused_allreduce
+            if fused is not None:
+                result = fused(self, x, op, out, algorithm)
+                if result is not None:
+                    return result
             lane = express.allreduce_lane(self, x, op, out, algorithm)
             if lane is not None:
                 return lane.run(x, out)

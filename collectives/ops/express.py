@@ -31,6 +31,7 @@ from collectives.calls.progress import MAIN_THREAD, on_behalf
 from collectives.calls.interrupts import held, settle
 from collectives.calls.call import Call, ended, stopped
 from collectives.calls.group_protocol import CallGroup
+from collectives.ops import fused
 from ring import algorithms, arrays, doubling, execute
 from ring.partition import chunk_bounds
 from ring.schedule import halving_plans
@@ -136,8 +137,12 @@ class Lane:
         else:
             wire = transport.persistent(ready.send, ready.recv, step.send_to, step.recv_from, ready)
             self.exchange = functools.partial(ready.run_wired, wire.run)
+            self.wired(ready, wire)
         self.incoming = ready.incoming
         return self.exchange
+
+    def wired(self, ready: doubling.Prepared, wire: Any) -> None:
+        """Its exchange is now ``wire``, the transport's ready exchange of ``ready``'s buffers."""
 
 
 class AllreduceLane(Lane):
@@ -145,7 +150,7 @@ class AllreduceLane(Lane):
     ``algorithms.allreduce_small``, which scales); or (``halves``, two ranks, where halving or the ring
     carries the call, whose messages there are the same: :meth:`_halving`) a larger one."""
 
-    __slots__ = ("combine", "halves", "peer", "prescaled", "averaged")
+    __slots__ = ("combine", "halves", "peer", "prescaled", "averaged", "fused")
 
     def __init__(self, call: Call, x: np.ndarray, op: str):
         super().__init__(call, x, op, floating=x.dtype.kind in "fc")
@@ -161,10 +166,16 @@ class AllreduceLane(Lane):
             self.halves, self.peer = (owned[rank], owned[1 - rank]), 1 - rank
             self.prescaled = op == "avg" and x.dtype == np.float16   # (each contribution first)
             self.averaged = op == "avg" and not self.prescaled       # (the sum of its own half, once)
+        #: Its calls as one function (``collectives.ops.fused``), once its exchange is wired on two ranks.
+        self.fused: Callable | None = None
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
         return call.algorithm == "halving" or call.algorithm == "ring"   # (on two ranks the same messages)
+
+    def wired(self, ready: doubling.Prepared, wire: Any) -> None:
+        if self.combine is not None and self.halves is None and getattr(wire, "holds_requests", False):
+            self.fused = self.runtime.fused_allreduce = fused.two_rank_allreduce(self, ready, wire)
 
     def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         result = np.empty(self.shape, x.dtype) if out is None else out   # (x's dtype: equal to the lane's, maybe another object)
@@ -420,6 +431,8 @@ def _kept(g: CallGroup, name: str, x: np.ndarray, kind: Any) -> Any:
     lane = runtime.lanes.get((g, name, x.dtype, x.shape, kind))
     if lane is not None:
         setattr(runtime, "last_" + name, lane)
+        if name == "allreduce":
+            runtime.fused_allreduce = lane.fused
     return lane
 
 

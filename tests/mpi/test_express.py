@@ -543,3 +543,34 @@ def test_a_lane_whose_ready_exchange_was_freed_makes_it_again():
         x = _contribution((3,), np.float32, step)
         assert _lane_taken(x, "sum")
         assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()
+
+
+@pytest.mark.parametrize("shape, dtype, op", [((2,), np.float32, "sum"), ((2, 3), np.int64, "max"),
+                                              ((5,), np.float16, "prod")])
+@pytest.mark.parametrize("out_kind", ["new", "in place", "own out"])
+def test_the_two_rank_lane_runs_as_one_function_with_the_usual_bits_as_its_numbers_gain_digits(shape, dtype, op,
+                                                                                             out_kind):
+    """On two ranks a repeated small all-reduce runs as one function (``collectives.ops.fused``, from
+    the lane's third call): 120 calls on the same arrays, whose values change, each against mpi4py's
+    (the call's number gains digits at 10 and 100: its header's template is remade), through the
+    module function and the group's method alike."""
+    x, own_out = np.empty(shape, dtype), np.empty(shape, dtype)
+    runtime = col.world_group().runtime
+    served = []
+    for step in range(120):
+        x[...] = _contribution(shape, dtype, step)
+        expected = _reference(x, op)
+        out = {"new": None, "in place": x, "own out": own_out}[out_kind]
+        if step == 3 and N == 2:   # (count the calls the one function serves from here on)
+            fused = runtime.fused_allreduce
+            assert fused is not None, "no one function for a lane on two ranks"
+
+            def counted(*args):
+                result = fused(*args)
+                served.append(result is not None)
+                return result
+            runtime.fused_allreduce = counted
+        got = col.allreduce(x, op, out=out) if step % 2 else col.world_group().allreduce(x, op, out=out)
+        assert got.tobytes() == expected.tobytes(), step
+        assert out is None or got is out
+    assert served == [True] * (117 if N == 2 else 0)

@@ -14,7 +14,7 @@ transport; ``split`` makes the others.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -360,13 +360,26 @@ class Persistent:
                 if receiving.Test() and sending.Test():   # (a done persistent request tests true)
                     bound.progressed()
                     return
-            self.transport._wait_all(requests, self.peers, bound)
-        except MPI.Exception as e:
-            self._forget()
-            self.transport._raise_failure(e, requests, self.peers, bound)
-        except BaseException:
-            self._forget()
-            raise
+            self.wait(bound)
+        except BaseException as e:
+            self.failed(e, bound)
+
+    #: Its requests are MPI's persistent ones, which a holder may start and test itself, as :meth:`run`
+    #: does (``collectives.ops.fused``), handing a longer wait to :meth:`wait` and an error to :meth:`failed`.
+    holds_requests = True
+
+    def wait(self, bound: Bound) -> None:
+        """Wait for its started requests, after the quick polls, until done or ``bound`` passes."""
+        self.transport._wait_all(self.requests, self.peers, bound)
+
+    def failed(self, error: BaseException, bound: Bound) -> NoReturn:
+        """Raise what ``error``, which ended a run of this exchange, means (MPI's own error: the
+        transport's words for it), never starting these requests again."""
+        requests = self.requests
+        self._forget()
+        if isinstance(error, MPI.Exception):
+            self.transport._raise_failure(error, requests, self.peers, bound)
+        raise error
 
     def _forget(self) -> None:
         """After a failure, or an interruption with the messages in flight: never start these requests

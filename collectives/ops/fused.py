@@ -1,0 +1,134 @@
+"""The express lane's all-reduce on two ranks, as one function: the hottest path of the runtime (a
+training loop's loss, a metric, a flag summed), where Python's frames and attribute lookups cost
+more than MPI's own call (issue 61: docs/performance.md counts them).
+
+On two ranks, a small all-reduce by recursive doubling is one exchange with one partner of the same
+two buffers every time; its lane (``collectives.ops.express.AllreduceLane``) holds MPI's persistent
+requests for it (``MPITransport.persistent``). :func:`two_rank_allreduce` makes, once per lane, a
+function that does what the lane's call does through five frames (the lookup, ``Lane.run``,
+``AllreduceLane.move``, ``Prepared.run_wired``, ``Persistent.run``, ``Call.renew`` and
+``Control.check_gave_up``) in one, its objects in local cells: the same checks, the same engine
+turn, the same message (the signature in front of the data), the same bounded wait, the same look
+for a give-up and the same errors. Anything rare hands the call to the owner of that case: a turn
+not free at once, a call after a pause, a request freed or a send guarded, a wait past the quick
+polls, a disagreement, an error. Whatever it does not serve (another kind of call, an ``out`` it
+cannot write), it returns None for: the caller takes the lane's lookup, then the usual way.
+
+    >>> x = np.ones(2, np.float32)                                                   # doctest: +SKIP
+    >>> col.allreduce(x); col.allreduce(x)   # the usual way, then the lane, which wires its exchange # doctest: +SKIP
+    >>> col.allreduce(x)                     # this function                         # doctest: +SKIP
+    array([2., 2.], dtype=float32)
+"""
+from __future__ import annotations
+
+from threading import get_ident
+from time import monotonic
+from typing import Any, Callable
+
+import numpy as np
+
+from collectives.calls import timeline
+from collectives.calls.call import PAUSE_SECONDS, ended, stopped
+from collectives.calls.interrupts import held, settle
+from collectives.calls.progress import MAIN_THREAD, on_behalf
+from ring import arrays, doubling, execute
+
+_ndarray = np.ndarray
+
+
+def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callable:
+    """The call of ``lane`` (an ``AllreduceLane`` of the doubling with a ufunc to combine, on two
+    ranks) over ``ready``'s buffers and ``wire``, their ``Persistent`` exchange, as one function
+    ``(group, x, op, out, algorithm) -> result``, or None where ``lane`` does not serve that call."""
+    group, runtime, call, control = lane.group, lane.runtime, lane.call, lane.control
+    engine, dtype, shape, kind, forced = lane.engine, lane.dtype, lane.shape, lane.kind, lane.forced
+    turn_lock, window, name = engine._lock, call.window, call.name
+    guard, unguard = (arrays.ieee_floating_point, arrays.restore_floating_point) if lane.floating else (None, None)
+    send_check, recv_check, own, received = ready.send_check, ready.recv_check, ready.own, ready.received
+    first, second = (own, received) if ready.mine_first else (received, own)   # (run_wired's order)
+    combine, flat = lane.combine, len(shape) == 1
+    quick_polls = wire.quick_polls
+
+    def allreduce(g: Any, x: Any, op: Any, out: Any, algorithm: Any) -> Any:
+        # express.allreduce_lane's checks, for this lane alone
+        if type(x) is not _ndarray or g is not group or x.dtype is not dtype or op is not kind \
+                or algorithm is not forced or x.shape != shape or get_ident() != MAIN_THREAD or on_behalf \
+                or timeline.current is not None or execute.observer is not None or group.destroyed:
+            return None
+        if out is None:
+            out = np.empty(shape, dtype)
+        elif out is x:
+            if not x.flags.carray:
+                return None
+        elif type(out) is not _ndarray or out.dtype is not dtype or out.shape != shape or not out.flags.carray \
+                or not (x.base is None and out.base is None or not np.may_share_memory(x, out)):
+            return None
+        # engine.turn_at_once's, inline (its owner is the main thread: the lane's only caller)
+        if not turn_lock.acquire(False):
+            return lane.run(x, out)
+        if engine._busy or engine._queue:
+            turn_lock.release()
+            return lane.run(x, out)
+        engine._owner, engine._busy = MAIN_THREAD, True
+        turn_lock.release()
+        try:
+            if runtime.failure is not None:
+                raise stopped(name, runtime)
+            quiet = None
+            try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as in Lane.run)
+                last = group.last   # Call.renew's, inline
+                group.seq = seq = group.seq + 1
+                group.last, call.seq, call.in_step = call, seq, False
+                now = monotonic()
+                call.after_a_pause = now - (last.until - last.window) > PAUSE_SECONDS
+                call.until = now + window
+                if call.after_a_pause:
+                    control.check_gave_up(seq, True, name)
+                if seq >= lane.wider_at:
+                    lane.header, lane.wider_at = doubling.header_template(lane.template, seq)
+                header = lane.header % seq
+                send_check[:] = header   # Prepared.run_wired's, inline
+                own[...] = x if flat else x.reshape(-1)
+                requests = wire.requests
+                if requests is None or wire.guarded:   # (made again after the transport freed it; another host)
+                    quiet = guard() if guard is not None else None
+                    wire.run(call)
+                    control.check_gave_up(seq)
+                else:   # Persistent.run's, inline; a quick exchange leaves the deadline where the call began
+                    receiving, sending = requests
+                    try:
+                        receiving.Start()
+                        sending.Start()
+                        # (while the partner's message comes: the guard for the combine, and the look for a
+                        # rank that gave this call up)
+                        quiet = guard() if guard is not None else None
+                        control.check_gave_up(seq)
+                        for _ in quick_polls:
+                            if receiving.Test() and sending.Test():
+                                break
+                        else:
+                            wire.wait(call)
+                    except BaseException as e:
+                        wire.failed(e, call)
+                if recv_check.tobytes() != header:
+                    lane.disagree(header)
+                combine(first, second, out if flat else out.reshape(-1))
+                held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
+            except BaseException as e:
+                held.on = True
+                ended(call, e)
+            finally:
+                if quiet is not None:
+                    unguard(quiet)
+            call.in_step = True
+            return out
+        finally:
+            engine._busy = False   # engine.end_turn's, inline
+            if engine._queue or engine._closing:
+                with turn_lock:
+                    engine._turns.notify_all()
+            if held.pending:
+                settle(call.interrupted)
+            held.on = False
+
+    return allreduce
