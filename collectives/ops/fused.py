@@ -5,14 +5,18 @@ more than MPI's own call (issue 61: docs/performance.md counts them).
 On two ranks, a small all-reduce by recursive doubling is one exchange with one partner of the same
 two buffers every time; its lane (``collectives.ops.express.AllreduceLane``) holds MPI's persistent
 requests for it (``MPITransport.persistent``). :func:`two_rank_allreduce` makes, once per lane, a
-function that does what the lane's call does through five frames (the lookup, ``Lane.run``,
-``AllreduceLane.move``, ``Prepared.run_wired``, ``Persistent.run``, ``Call.renew`` and
-``Control.check_gave_up``) in one, its objects in local cells: the same checks, the same engine
-turn, the same message (the signature in front of the data), the same bounded wait, the same look
-for a give-up and the same errors. Anything rare hands the call to the owner of that case: a turn
-not free at once, a call after a pause, a request freed or a send guarded, a wait past the quick
-polls, a disagreement, an error. Whatever it does not serve (another kind of call, an ``out`` it
-cannot write), it returns None for: the caller takes the lane's lookup, then the usual way.
+function that does in one frame what the lane's call does in six (``express.allreduce_lane``,
+``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``, ``Persistent.run``, ``Call.renew``),
+its objects in local cells: the same checks, the same engine turn, the same message (the signature
+in front of the data), the same bounded wait, the same look for a give-up and the same errors. Two
+things it does while the partner's message is on its way, where the lane does them after: the
+floating-point guard and the look for a rank that gave the call up (the call has not ended either
+way, and the look's test moves MPI's progress as a poll does). Anything rare goes to the owner of
+that case: a turn not free at once (``Lane.run``), a call after a pause (``Control.check_gave_up``'s
+drain), a request freed or a send guarded (``Persistent.run``), a wait past the quick polls or an
+error (``Persistent.wait``, ``Persistent.failed``), a disagreement (``Lane.disagree``), whatever
+ends the call (``call.ended``). A call it does not serve (another kind, an ``out`` it may not write),
+it returns None for: the caller takes the lane's lookup, then the usual way.
 
     >>> x = np.ones(2, np.float32)                                                   # doctest: +SKIP
     >>> col.allreduce(x); col.allreduce(x)   # the usual way, then the lane, which wires its exchange # doctest: +SKIP
@@ -47,12 +51,15 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
     send_check, recv_check, own, received = ready.send_check, ready.recv_check, ready.own, ready.received
     first, second = (own, received) if ready.mine_first else (received, own)   # (run_wired's order)
     combine, flat = lane.combine, len(shape) == 1
+    count = shape[0] if flat else -1
     quick_polls = wire.quick_polls
 
     def allreduce(g: Any, x: Any, op: Any, out: Any, algorithm: Any) -> Any:
         # express.allreduce_lane's checks, for this lane alone
+        # (a 1-D shape compared by its parts: ``shape`` makes a tuple)
         if type(x) is not _ndarray or g is not group or x.dtype is not dtype or op is not kind \
-                or algorithm is not forced or x.shape != shape or get_ident() != MAIN_THREAD or on_behalf \
+                or algorithm is not forced or (x.ndim != 1 or len(x) != count if flat else x.shape != shape) \
+                or get_ident() != MAIN_THREAD or on_behalf \
                 or timeline.current is not None or execute.observer is not None or group.destroyed:
             return None
         if out is None:
@@ -60,7 +67,8 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
         elif out is x:
             if not x.flags.carray:
                 return None
-        elif type(out) is not _ndarray or out.dtype is not dtype or out.shape != shape or not out.flags.carray \
+        elif type(out) is not _ndarray or out.dtype is not dtype \
+                or (out.ndim != 1 or len(out) != count if flat else out.shape != shape) or not out.flags.carray \
                 or not (x.base is None and out.base is None or not np.may_share_memory(x, out)):
             return None
         # engine.turn_at_once's, inline (its owner is the main thread: the lane's only caller)
