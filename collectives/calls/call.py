@@ -46,7 +46,7 @@ from ring import arrays, cost, doubling
 from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, TransportTimeout, from_this_call
 
 _PROBLEM_BYTES = 512
-#: A call that comes this long after the group's last progress comes after a pause (``after_a_pause``).
+#: A call that comes this long after the start of the group's last call comes after a pause (``after_a_pause``).
 PAUSE_SECONDS = 0.01
 _REDUCTIONS = table.REDUCING   # (the floating-point guard)
 
@@ -60,7 +60,7 @@ class Call(Bound):
     call alone: its body fills in what it ran, the frame returns it with the result."""
 
     __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes", "signed",
-                 "template", "in_step", "after_a_pause")
+                 "template", "in_step", "after_a_pause", "began")
 
     def __init__(self, group: CallGroup, name: str, timeout: object, call_name: object = None, forced: object = None,
                  thread: str = "", background: bool = False):
@@ -78,11 +78,12 @@ class Call(Bound):
         last = group.last
         self.seq = group.next_call(self)
         self.window = runtime.settings.timeout if timeout is None or not validate.is_timeout(timeout) else timeout
-        now = monotonic()
+        now = self.began = monotonic()
         self.until = now + self.window   # (moved on by every wait that completes: see Bound.progressed)
-        #: Whether the group's last call made its last progress more than PAUSE_SECONDS ago (or there was
-        #: none): the others' words may have queued up meanwhile (``Control.check_gave_up``'s drain).
-        self.after_a_pause = last is None or now - (last.until - last.window) > PAUSE_SECONDS
+        #: Whether the group's last call began more than PAUSE_SECONDS ago (or there was none): the others'
+        #: words may have queued up meanwhile (``Control.check_gave_up``'s drain). (Its start, not its last
+        #: progress: that is lost where its window is infinite; a long call is followed by a drain.)
+        self.after_a_pause = last is None or now - last.began > PAUSE_SECONDS
         self.stop = runtime.stopped   # (set by runtime.stop: a wait in flight ends at its next look)
         self.background = background
 
@@ -92,8 +93,8 @@ class Call(Bound):
         last = self.group.last
         self.seq = seq = self.group.next_call(self)
         self.in_step = False
-        now = monotonic()
-        self.after_a_pause = now - (last.until - last.window) > PAUSE_SECONDS   # (as in __init__)
+        now = self.began = monotonic()
+        self.after_a_pause = now - last.began > PAUSE_SECONDS   # (as in __init__)
         self.until = now + self.window
         return seq
 

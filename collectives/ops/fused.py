@@ -8,10 +8,10 @@ requests for it (``MPITransport.persistent``). :func:`two_rank_allreduce` makes,
 function that does in one frame what the lane's call does in six (``express.allreduce_lane``,
 ``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``, ``Persistent.run``, ``Call.renew``),
 its objects in local cells: the same checks, the same engine turn, the same message (the signature
-in front of the data), the same bounded wait, the same look for a give-up and the same errors. Two
-things it does while the partner's message is on its way, where the lane does them after: the
-floating-point guard and the look for a rank that gave the call up (the call has not ended either
-way, and the look's test moves MPI's progress as a poll does). Anything rare goes to the owner of
+in front of the data), the same bounded wait, the same look for a give-up and the same errors. It sets
+the floating-point guard while the partner's message is on its way (the lane, before it sends); the
+look for a rank that gave the call up comes after the message, as the lane's (a give-up sent after the
+partner's data reaches MPICH's queues behind it: a look before the data moved would miss it). Anything rare goes to the owner of
 that case: a turn not free at once (``Lane.run``), a call after a pause (``Control.check_gave_up``'s
 drain), a request freed or a send guarded (``Persistent.run``), a wait past the quick polls or an
 error (``Persistent.wait``, ``Persistent.failed``), a disagreement (``Lane.disagree``), whatever
@@ -87,8 +87,8 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
                 last = group.last   # Call.renew's, inline
                 group.seq = seq = group.seq + 1
                 group.last, call.seq, call.in_step = call, seq, False
-                now = monotonic()
-                call.after_a_pause = now - (last.until - last.window) > PAUSE_SECONDS
+                now = call.began = monotonic()
+                call.after_a_pause = now - last.began > PAUSE_SECONDS
                 call.until = now + window
                 if call.after_a_pause:
                     control.check_gave_up(seq, True, name)
@@ -101,16 +101,12 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
                 if requests is None or wire.guarded:   # (made again after the transport freed it; another host)
                     quiet = guard() if guard is not None else None
                     wire.run(call)
-                    control.check_gave_up(seq)
                 else:   # Persistent.run's, inline; a quick exchange leaves the deadline where the call began
                     receiving, sending = requests
                     try:
                         receiving.Start()
                         sending.Start()
-                        # (while the partner's message comes: the guard for the combine, and the look for a
-                        # rank that gave this call up)
-                        quiet = guard() if guard is not None else None
-                        control.check_gave_up(seq)
+                        quiet = guard() if guard is not None else None   # (while the partner's message comes)
                         for _ in quick_polls:
                             if receiving.Test() and sending.Test():
                                 break
@@ -118,6 +114,7 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
                             wire.wait(call)
                     except BaseException as e:
                         wire.failed(e, call)
+                control.check_gave_up(seq)   # (after the message: MPICH moves a word queued behind it then)
                 if recv_check.tobytes() != header:
                     lane.disagree(header)
                 combine(first, second, out if flat else out.reshape(-1))

@@ -223,15 +223,17 @@ def late_after_timeout() -> None:
     its first call opened, with the timeout set by init), "direct-broadcast", "direct-allgather",
     "direct-allreduce" (the same, large: on two ranks the lane of the ring's or halving's messages), or "group-allreduce", "group-barrier" (on a group of every rank, made
     first: its give-up is sent beside the world's); argv[3]: "staying" (the others live on until
-    rank 1's call has ended: their give-up message tells it) or "gone" (they end their programs:
-    their farewells tell it)."""
+    rank 1's call has ended: their give-up message tells it), "gone" (they end their programs:
+    their farewells tell it) or "ended" (likewise, and rank 1 waits for their processes to end
+    without a cue, so that no MPI call of its own moves their words meanwhile); argv[4], if given: the late rank's timeout (30 s: "inf", say)."""
     call, others = sys.argv[2], sys.argv[3]
+    pids = col.allgather(np.array([os.getpid()])).tolist() if others == "ended" else None
     group = col.new_group(list(range(col.size()))) if call.startswith("group-") else None
     call = call.removeprefix("group-")
     count = 1 << 20 if call == "ring" else 100_000 if call.startswith("direct-") else 1000
     x = _ints(count, col.rank())
     late = 1
-    timeout = 30 if col.rank() == late else 2
+    timeout = (float(sys.argv[4]) if len(sys.argv) > 4 else 30) if col.rank() == late else 2
     lanes = {"lane-allreduce": lambda: col.allreduce(x), "lane-broadcast": lambda: col.broadcast(x, 0),
              "lane-allgather": lambda: col.allgather(x)}
     lanes.update({"direct-broadcast": lanes["lane-broadcast"], "direct-allgather": lanes["lane-allgather"],
@@ -249,7 +251,10 @@ def late_after_timeout() -> None:
     do = (lambda: col.barrier(timeout=timeout, group=group)) if call == "barrier" else lanes[call] if call in lanes \
         else (lambda: col.allreduce(x, timeout=timeout, algorithm="ring" if call == "ring" else None, group=group))
     if col.rank() == late:
-        await_cues([r for r in range(col.size()) if r != late])
+        if others == "ended":   # (no MPI call meanwhile: their words queue up behind their data, unread)
+            await_ended([pid for r, pid in enumerate(pids) if r != late])
+        else:
+            await_cues([r for r in range(col.size()) if r != late])
         try:
             report("late call", do)
         finally:
@@ -261,7 +266,8 @@ def late_after_timeout() -> None:
     try:
         report("call", do)
     finally:
-        cue(late)
+        if others != "ended":
+            cue(late)
         if others == "staying":
             await_cue(late)
 
