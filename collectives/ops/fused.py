@@ -5,8 +5,8 @@ more than MPI's own call (issue 61: docs/performance.md counts them).
 On two ranks, a small all-reduce by recursive doubling is one exchange with one partner of the same
 two buffers every time; its lane (``collectives.ops.express.AllreduceLane``) holds MPI's persistent
 requests for it (``MPITransport.persistent``). :func:`two_rank_allreduce` makes, once per lane, a
-function that does in one frame what the lane's call does in six (``express.allreduce_lane``,
-``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``, ``Persistent.run``, ``Call.renew``),
+function that does in one frame what the lane's call does in five (``express.allreduce_lane``,
+``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``, ``Persistent.run``),
 its objects in local cells: the same checks, the same engine turn, the same message (the signature
 in front of the data), the same bounded wait, the same look for a give-up and the same errors. It sets
 the floating-point guard while the partner's message is on its way (the lane, before it sends); the
@@ -26,13 +26,12 @@ it returns None for: the caller takes the lane's lookup, then the usual way.
 from __future__ import annotations
 
 from threading import get_ident
-from time import monotonic
 from typing import Any, Callable
 
 import numpy as np
 
 from collectives.calls import timeline
-from collectives.calls.call import PAUSE_SECONDS, ended, stopped
+from collectives.calls.call import ended, stopped
 from collectives.calls.interrupts import held, settle
 from collectives.calls.progress import MAIN_THREAD, on_behalf
 from ring import arrays, doubling, execute
@@ -46,7 +45,7 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
     ``(group, x, op, out, algorithm) -> result``, or None where ``lane`` does not serve that call."""
     group, runtime, call, control = lane.group, lane.runtime, lane.call, lane.control
     engine, dtype, shape, kind, forced = lane.engine, lane.dtype, lane.shape, lane.kind, lane.forced
-    turn_lock, window, name = engine._lock, call.window, call.name
+    turn_lock, name = engine._lock, call.name
     guard, unguard = (arrays.ieee_floating_point, arrays.restore_floating_point) if lane.floating else (None, None)
     send_check, recv_check, own, received = ready.send_check, ready.recv_check, ready.own, ready.received
     first, second = (own, received) if ready.mine_first else (received, own)   # (run_wired's order)
@@ -84,12 +83,7 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
                 raise stopped(name, runtime)
             quiet = None
             try:   # (from the number on: a Ctrl-C anywhere after it stops the runtime, as in Lane.run)
-                last = group.last   # Call.renew's, inline
-                group.seq = seq = group.seq + 1
-                group.last, call.seq, call.in_step = call, seq, False
-                now = call.began = monotonic()
-                call.after_a_pause = now - last.began > PAUSE_SECONDS
-                call.until = now + window
+                seq = call.renew()   # (the group's counters have one writer: tests/test_layout.py)
                 if call.after_a_pause:
                     control.check_gave_up(seq, True, name)
                 if seq >= lane.wider_at:
