@@ -93,9 +93,9 @@ class Call(Bound):
         last = self.group.last
         self.seq = seq = self.group.next_call(self)
         self.in_step = False
-        now = self.began = monotonic()
-        self.after_a_pause = now - last.began > PAUSE_SECONDS   # (as in __init__)
-        self.until = now + self.window
+        now = monotonic()
+        self.after_a_pause = now - last.began > PAUSE_SECONDS   # (as in __init__; ``last`` may be this call, a
+        self.began, self.until = now, now + self.window         # lane's: its start is read before it moves)
         return seq
 
     def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,

@@ -1,11 +1,14 @@
 """Tier 2, issue 61: the express lanes of a repeated small all-reduce, broadcast and all-gather
 (``collectives.ops.express``) give the bits of the usual way and of mpi4py's own, keep the cross-rank
 check and the usage errors, and give way where the settings change. Runs at every world size."""
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import collectives as col
+from collectives.calls.call import PAUSE_SECONDS
 from collectives.ops import express
 
 pytestmark = pytest.mark.mpi
@@ -574,3 +577,28 @@ def test_the_two_rank_lane_runs_as_one_function_with_the_usual_bits_as_its_numbe
         assert got.tobytes() == expected.tobytes(), step
         assert out is None or got is out
     assert served == [True] * (117 if N == 2 else 0)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "broadcast", "allgather"])
+def test_a_lanes_call_after_a_pause_reads_the_others_words_before_it_sends(collective, monkeypatch):
+    """A lane reuses its ``Call``: the pause before its next call is measured from that same call's start
+    (``Call.renew``), and a call after a pause drains the control channel first (the others may have
+    given it up meanwhile: docs/failures.md)."""
+    if N < 2:
+        pytest.skip("a world of one has no one to hear from")
+    x = _contribution((3,), np.float32, 1)
+    call = {"allreduce": lambda: col.allreduce(x), "broadcast": lambda: col.broadcast(x, 0),
+            "allgather": lambda: col.allgather(x)}[collective]
+    for _ in range(3):   # (the usual way, then the lane, which makes its exchange ready: on two ranks, then one function)
+        call()
+    control = col.world_group().transport.control
+    drains = []
+    looked = type(control).check_gave_up
+
+    def counted(self, seq, drain=False, name=None):
+        drains.append(drain)
+        return looked(self, seq, drain, name)
+    monkeypatch.setattr(type(control), "check_gave_up", counted)
+    time.sleep(3 * PAUSE_SECONDS)   # (the pause under test: the program's own work)
+    call()
+    assert drains.count(True) == 1, drains
