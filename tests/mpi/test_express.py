@@ -589,7 +589,7 @@ def test_a_lanes_call_after_a_pause_reads_the_others_words_before_it_sends(colle
     x = _contribution((3,), np.float32, 1)
     call = {"allreduce": lambda: col.allreduce(x), "broadcast": lambda: col.broadcast(x, 0),
             "allgather": lambda: col.allgather(x)}[collective]
-    for _ in range(3):   # (the usual way, then the lane, which makes its exchange ready: on two ranks, then one function)
+    for _ in range(3):   # (the usual way, the lane making its exchange ready, the lane: on two ranks, one function)
         call()
     control = col.world_group().transport.control
     drains = []
