@@ -2,22 +2,22 @@
 training loop's loss, a metric, a flag summed), where Python's frames and attribute lookups cost
 more than MPI's own call (issue 61: docs/performance.md counts them).
 
-On two ranks, a small all-reduce by recursive doubling is one exchange with one partner of the same
-two buffers every time; its lane (``collectives.ops.express.AllreduceLane``) holds MPI's persistent
-requests for it (``MPITransport.persistent``). :func:`two_rank_allreduce` makes, once per lane, a
-function that does in one frame what the lane's call does in five (``express.allreduce_lane``,
-``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``, ``Persistent.run``),
-its objects in local cells: the same checks, the same engine turn, the same message (the signature
-in front of the data), the same bounded wait, the same look for a give-up and the same errors. It
-sets the floating-point guard while the partner's message is on its way (the lane, before it
-sends); the look for a rank that gave the call up comes after the message, as the lane's (a give-up
-sent after the partner's data lands behind it in MPICH's queues: a look before the data moved
-would miss it). Anything rare goes to the owner of that case: a turn not free at once
+On two ranks (and for rank 1 of three), a small all-reduce by recursive doubling is one exchange
+with one partner of the same two buffers every time; its lane (``express.AllreduceLane``) holds
+MPI's persistent requests for it (``MPITransport.persistent``). :func:`two_rank_allreduce` makes,
+once per lane, a function that does in one frame what the lane's call does in five
+(``express.allreduce_lane``, ``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``,
+``Persistent.run``), its objects in local cells: the same checks, the same engine turn, the same
+message (the signature in front of the data), the same bounded wait, the same look for a give-up and
+the same errors. It sets the floating-point guard while the partner's message is on its way (the
+lane, before it sends); the look for a rank that gave the call up comes after the message, as the
+lane's (a give-up sent after the partner's data lands behind it in MPICH's queues: a look before the
+data moved would miss it). Anything rare goes to the owner of that case: a turn not free at once
 (``Lane.run``), a call after a pause (``Control.check_gave_up``'s drain), a request freed or a send
 guarded (``Persistent.run``), a wait past the quick polls or an error (``Persistent.wait``,
-``Persistent.failed``), a disagreement (``Lane.disagree``), whatever ends the call
-(``call.ended``). A call it does not serve (another kind, an ``out`` it may not write), it returns
-None for: the caller takes the lane's lookup, then the usual way.
+``Persistent.failed``), a disagreement (``Lane.disagree``), whatever ends the call (``call.ended``).
+A call it does not serve (another kind, an ``out`` it may not write), it returns None for: the
+caller takes the lane's lookup, then the usual way.
 
     >>> x = np.ones(2, np.float32)                                                   # doctest: +SKIP
     >>> col.allreduce(x); col.allreduce(x)   # the usual way, then the lane, which wires its exchange # doctest: +SKIP

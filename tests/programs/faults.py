@@ -525,23 +525,33 @@ def ctrl_c_as_the_others_finish() -> None:
 
 
 def interrupted_as_it_ends() -> None:
-    """Ctrl-C lands on rank 1 as its 4th small allreduce ends (argv[2] "lane": the express lane's;
-    "usual": with an option), after the data has moved on every rank; rank 1 catches it and calls
-    again with the same data, as a program that retries an interrupted step would. Its runtime must
-    be stopped (the next call raises), never pairing the retry with the others' next call."""
+    """Ctrl-C lands on rank 1 as its 4th small allreduce ends, as numpy's error state is restored, after
+    the data has moved on every rank (argv[2] "lane": the express lane's call, of the kind the first
+    three opened and made ready: on two ranks the lane's one function; "usual": with an option); rank
+    1 catches it and calls again with the same data, as a program that retries an interrupted step
+    would. Its runtime must be stopped (the next call raises), never pairing the retry with the
+    others' next call."""
+    from collectives.ops import express
     from ring import arrays
-    options = {} if sys.argv[2] == "lane" else {"timeout": 60}
-    _three_calls()
-    if col.rank() == 1:
-        restore = arrays.restore_floating_point
+    lane = sys.argv[2] == "lane"
+    options = {} if lane else {"timeout": 60}
+    count = 1000 if lane else 100   # (the lane: the kind of _three_calls)
+    restore, armed = arrays.restore_floating_point, []
 
-        def interrupted_once(token):   # (the call's end restores numpy's error state: the signal comes there)
-            arrays.restore_floating_point = restore
-            restore(token)
+    def interrupted_once(token):   # (the call's end restores numpy's error state: the signal comes there)
+        restore(token)
+        if armed:
+            armed.clear()
             signal.raise_signal(signal.SIGINT)
-        arrays.restore_floating_point = interrupted_once
+    if col.rank() == 1:   # (set before the lanes take it: the lane binds it at import, its one function when made)
+        arrays.restore_floating_point = express._restore_floating_point = interrupted_once
+    _three_calls()
+    if lane:
+        assert express.allreduce_lane(col.world_group(), _ints(count, col.rank()), "sum", None) is not None, \
+            "the lane did not open"
+    armed.append(True)
     for step in range(3, 6):
-        x = _ints(100, col.rank(), step)
+        x = _ints(count, col.rank(), step)
         for attempt in ("first", "again"):
             try:
                 result = col.allreduce(x, **options)
@@ -551,7 +561,7 @@ def interrupted_as_it_ends() -> None:
             except col.CollectiveError as e:
                 say(f"rank {col.rank()}: CollectiveError in step {step} ({attempt}): {e}")
                 return
-            right = np.array_equal(result, _expected_sum(100, col.size(), step))
+            right = np.array_equal(result, _expected_sum(count, col.size(), step))
             say(f"rank {col.rank()}: step {step} {'right' if right else 'WRONG DATA'}")
             break
 
