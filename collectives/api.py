@@ -108,6 +108,11 @@ def _through_the_lane(general: Callable) -> Callable:
                     **options: Any) -> Any:
             world = startup.the_world
             if group is None and not options and world is not None and (algorithm is None or type(algorithm) is str):
+                fused = world.runtime.fused_allgather
+                if fused is not None:
+                    result = fused(world, x, None, out, algorithm)
+                    if result is not None:
+                        return result
                 lane = express.allgather_lane(world, x, out, algorithm)
                 if lane is not None:
                     return lane.run(x, out)

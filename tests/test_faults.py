@@ -331,6 +331,7 @@ def test_after_a_timeout_the_census_tells_a_late_rank_from_an_absent_one():
 @pytest.mark.parametrize("n, call, others", [(2, "allreduce", "staying"), (3, "ring", "staying"),
                                              (2, "lane-allreduce", "staying"), (3, "lane-allreduce", "gone"),
                                              (2, "lane-broadcast", "staying"), (3, "lane-allgather", "gone"),
+                                             (2, "lane-allgather", "staying"),
                                              (2, "direct-broadcast", "staying"), (2, "direct-allgather", "gone"),
                                              (2, "direct-allreduce", "staying"),
                                              (2, "barrier", "staying"), (3, "allreduce", "gone"),

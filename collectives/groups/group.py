@@ -255,6 +255,11 @@ class Group:
                [1, 1]])
         """
         if async_op is False and timeout is None and name is None and (algorithm is None or type(algorithm) is str):
+            fused = self.runtime.fused_allgather
+            if fused is not None:
+                result = fused(self, x, None, out, algorithm)
+                if result is not None:
+                    return result
             lane = express.allgather_lane(self, x, out, algorithm)
             if lane is not None:
                 return lane.run(x, out)

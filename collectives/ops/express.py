@@ -49,7 +49,7 @@ class Lane:
     arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
     __slots__ = ("group", "runtime", "engine", "control", "dtype", "shape", "kind", "forced", "transport", "template",
-                 "call", "floating", "exchange", "incoming", "header", "wider_at")
+                 "call", "floating", "exchange", "incoming", "header", "wider_at", "fused")
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
@@ -74,6 +74,9 @@ class Lane:
         #: The message's header (the signature, padded) as a template of the call's number, good
         #: below the number ``wider_at`` (``doubling.header_template``).
         self.header, self.wider_at = b"", 0
+        #: Its calls as one function (``collectives.ops.fused``), once its exchange is wired on two
+        #: ranks (an all-reduce's or an all-gather's by the doubling).
+        self.fused: Callable | None = None
 
     def run(self, x: np.ndarray, out: np.ndarray | None = None, _handed: bool = False) -> Any:
         """One call on ``x`` (``out``: where the collective has one): the engine's turn taken at once
@@ -150,7 +153,7 @@ class AllreduceLane(Lane):
     ``algorithms.allreduce_small``, which scales); or (``halves``, two ranks, where halving or the ring
     carries the call, whose messages there are the same: :meth:`_halving`) a larger one."""
 
-    __slots__ = ("combine", "halves", "peer", "prescaled", "averaged", "fused")
+    __slots__ = ("combine", "halves", "peer", "prescaled", "averaged")
 
     def __init__(self, call: Call, x: np.ndarray, op: str):
         super().__init__(call, x, op, floating=x.dtype.kind in "fc")
@@ -166,8 +169,6 @@ class AllreduceLane(Lane):
             self.halves, self.peer = (owned[rank], owned[1 - rank]), 1 - rank
             self.prescaled = op == "avg" and x.dtype == np.float16   # (each contribution first)
             self.averaged = op == "avg" and not self.prescaled       # (the sum of its own half, once)
-        #: Its calls as one function (``collectives.ops.fused``), once its exchange is wired on two ranks.
-        self.fused: Callable | None = None
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
@@ -308,6 +309,21 @@ class AllgatherLane(Lane):
             return result
         return self.finish(self.call, x, out, source, self.every, self.rows)
 
+    def wired(self, ready: doubling.Prepared, wire: Any) -> None:
+        if self.pair and self.slot is not None and getattr(wire, "holds_requests", False):
+            self.fused = self.runtime.fused_allgather = fused.two_rank_allgather(self, ready, wire)
+
+    def unalike(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """The rest of a call on two ranks whose exchange brought the other's counts, not equal to
+        this one's (rows that differ, an ``out`` of another size): what they tell, as the usual body
+        finds it (``finish``)."""
+        source = x if x.ndim == 1 else x.reshape(-1)
+        counts_in, rows_in, _ = self.theirs
+        if self.slot is not None:   # (pair_gathered reads this rank's rows from its message)
+            self.slot[...] = source
+        every, rows = algorithms.pair_gathered(self.transport.rank, self.message, np.concatenate((counts_in, rows_in)), 2)
+        return self.finish(self.call, x, out, source, every, rows if self.slot is not None else None)
+
     def _pair(self, header: bytes, x: np.ndarray, out: np.ndarray | None, source: np.ndarray) -> np.ndarray:
         """:meth:`move` on two ranks: each sent its own counts (and rows, but ``direct``); where the
         other's counts are this one's, the result is the two ranks' rows in rank order."""
@@ -323,9 +339,7 @@ class AllgatherLane(Lane):
             self.disagree(header)
         counts_in, rows_in, theirs = self.theirs
         if counts_in.tobytes() != self.alike:
-            every, rows = algorithms.pair_gathered(self.transport.rank, message,
-                                                   np.concatenate((counts_in, rows_in)), 2)
-            return self.finish(self.call, x, out, source, every, rows if slot is not None else None)
+            return self.unalike(x, out)
         result = np.empty(self.whole, x.dtype) if out is None else out
         flat = result if result.ndim == 1 else result.reshape(-1)
         k, rank = source.size, self.transport.rank
@@ -431,8 +445,8 @@ def _kept(g: CallGroup, name: str, x: np.ndarray, kind: Any) -> Any:
     lane = runtime.lanes.get((g, name, x.dtype, x.shape, kind))
     if lane is not None:
         setattr(runtime, "last_" + name, lane)
-        if name == "allreduce":
-            runtime.fused_allreduce = lane.fused
+        if name != "broadcast":
+            setattr(runtime, "fused_" + name, lane.fused)
     return lane
 
 

@@ -1,13 +1,15 @@
-"""The express lane's all-reduce on two ranks, as one function: the hottest path of the runtime (a
-training loop's loss, a metric, a flag summed), where Python's frames and attribute lookups cost
-more than MPI's own call (issue 61: docs/performance.md counts them).
+"""The express lane's all-reduce and all-gather on two ranks, as one function: the hottest path of the
+runtime (a training loop's loss, a metric, a flag summed, a row gathered), where Python's frames and
+attribute lookups cost more than MPI's own call (issue 61: docs/performance.md counts them).
 
 On two ranks (and for rank 1 of three), a small all-reduce by recursive doubling is one exchange
-with one partner of the same two buffers every time; its lane (``express.AllreduceLane``) holds
-MPI's persistent requests for it (``MPITransport.persistent``). :func:`two_rank_allreduce` makes,
-once per lane, a function that does in one frame what the lane's call does in five
-(``express.allreduce_lane``, ``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``,
-``Persistent.run``), its objects in local cells: the same checks, the same engine turn, the same
+with one partner of the same two buffers every time, and so is a small all-gather on two ranks (each
+rank's counts and rows one way, the other's back); their lanes (``express.AllreduceLane``,
+``express.AllgatherLane``) hold MPI's persistent requests for it (``MPITransport.persistent``).
+:func:`two_rank_allreduce` and :func:`two_rank_allgather` make, once per lane, a function that does
+in one frame what the lane's call does in five or more (``express.allreduce_lane``, ``Lane.run``,
+``AllreduceLane.move``, ``Prepared.run_wired``, ``Persistent.run``; the all-gather's lookup and
+``AllgatherLane._pair``), its objects in local cells: the same checks, the same engine turn, the same
 message (the signature in front of the data), the same bounded wait, the same look for a give-up and
 the same errors. It sets the floating-point guard while the partner's message is on its way (the
 lane, before it sends); the look for a rank that gave the call up comes after the message, as the
@@ -15,8 +17,8 @@ lane's (a give-up sent after the partner's data lands behind it in MPICH's queue
 data moved would miss it). Anything rare goes to the owner of that case: a turn not free at once
 (``Lane.run``), a call after a pause (``Control.check_gave_up``'s drain), a request freed or a send
 guarded (``Persistent.run``), a wait past the quick polls or an error (``Persistent.wait``,
-``Persistent.failed``), a disagreement (``Lane.disagree``), whatever ends the call (``call.ended``).
-A call it does not serve (another kind, an ``out`` it may not write), it returns None for: the
+``Persistent.failed``), a disagreement (``Lane.disagree``), an all-gather whose ranks brought other
+counts (``AllgatherLane.unalike``), whatever ends the call (``call.ended``). A call it does not serve (another kind, an ``out`` it may not write), it returns None for: the
 caller takes the lane's lookup, then the usual way.
 
     >>> x = np.ones(2, np.float32)                                                   # doctest: +SKIP
@@ -44,25 +46,53 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
     """The call of ``lane`` (an ``AllreduceLane`` of the doubling with a ufunc to combine, on two
     ranks) over ``ready``'s buffers and ``wire``, their ``Persistent`` exchange, as one function
     ``(group, x, op, out, algorithm) -> result``, or None where ``lane`` does not serve that call."""
+    return _one_function(lane, ready, wire, gathering=False)
+
+
+def two_rank_allgather(lane: Any, ready: doubling.Prepared, wire: Any) -> Callable:
+    """The call of ``lane`` (an ``AllgatherLane`` of the doubling on two ranks: each rank's counts and
+    rows one way, the other's back) over ``ready``'s buffers and ``wire``, as one function
+    ``(group, x, None, out, algorithm) -> result``, or None where ``lane`` does not serve that call."""
+    return _one_function(lane, ready, wire, gathering=True)
+
+
+def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: bool) -> Callable:
+    """The one function of :func:`two_rank_allreduce` or (``gathering``) :func:`two_rank_allgather`:
+    one body, since the two differ only in their checks, what goes into the message and what the
+    result is made of (a branch each; a hook called instead would cost the all-reduce a frame)."""
     group, runtime, call, control = lane.group, lane.runtime, lane.call, lane.control
     engine, dtype, shape, kind, forced = lane.engine, lane.dtype, lane.shape, lane.kind, lane.forced
-    turn_lock, name = engine._lock, call.name
+    turn_lock, name, quick_polls = engine._lock, call.name, wire.quick_polls
     guard, unguard = (arrays.ieee_floating_point, arrays.restore_floating_point) if lane.floating else (None, None)
     send_check, recv_check, own, received = ready.send_check, ready.recv_check, ready.own, ready.received
     first, second = (own, received) if ready.mine_first else (received, own)   # (run_wired's order)
-    combine, flat = lane.combine, len(shape) == 1
+    flat, combine = len(shape) == 1, None if gathering else lane.combine
     count = shape[0] if flat else -1
-    quick_polls = wire.quick_polls
+    if gathering:   # (the message: this rank's counts, then its rows; the other's likewise)
+        out_shape, whole, rows_to = lane.out_shape, lane.whole, lane.kind
+        counts, alike, own_counts, counts_in = lane.message[:16], lane.alike, own[:16], received[:16]
+        own_rows, rows_in = own[16:].view(dtype), received[16:].view(dtype)
+        k, rank_zero = own_rows.size, lane.transport.rank == 0
 
-    def allreduce(g: Any, x: Any, op: Any, out: Any, algorithm: Any) -> Any:
-        # express.allreduce_lane's checks, for this lane alone
+    def one_call(g: Any, x: Any, op: Any, out: Any, algorithm: Any) -> Any:
+        # the lookup's checks (express.allreduce_lane's, allgather_lane's), for this lane alone
         # (a 1-D shape compared by its parts: ``shape`` makes a tuple)
-        if type(x) is not _ndarray or g is not group or x.dtype is not dtype or op is not kind \
-                or algorithm is not forced or (x.ndim != 1 or len(x) != count if flat else x.shape != shape) \
+        if type(x) is not _ndarray or g is not group or x.dtype is not dtype or algorithm is not forced \
+                or (x.ndim != 1 or len(x) != count if flat else x.shape != shape) \
                 or get_ident() != MAIN_THREAD or on_behalf \
                 or timeline.current is not None or execute.observer is not None or group.destroyed:
             return None
-        if out is None:
+        if gathering:
+            if out is None:
+                if rows_to != -1:
+                    return None
+            elif type(out) is not _ndarray or out.shape != out_shape or out.dtype is not dtype \
+                    or not out.flags.carray or out is x \
+                    or not (x.base is None and out.base is None or not np.may_share_memory(x, out)):
+                return None
+        elif op is not kind:
+            return None
+        elif out is None:
             out = np.empty(shape, dtype)
         elif out is x:
             if not x.flags.carray:
@@ -91,7 +121,11 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
                     lane.header, lane.wider_at = doubling.header_template(lane.template, seq)
                 header = lane.header % seq
                 send_check[:] = header   # Prepared.run_wired's, inline
-                own[...] = x if flat else x.reshape(-1)
+                if gathering:
+                    own_counts[...] = counts
+                    own_rows[...] = x if flat else x.reshape(-1)
+                else:
+                    own[...] = x if flat else x.reshape(-1)
                 requests = wire.requests
                 if requests is None or wire.guarded:   # (made again after the transport freed it; another host)
                     quiet = guard() if guard is not None else None
@@ -112,7 +146,15 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
                 control.check_gave_up(seq)   # (after the message: MPICH moves a word queued behind it then)
                 if recv_check.tobytes() != header:
                     lane.disagree(header)
-                combine(first, second, out if flat else out.reshape(-1))
+                if not gathering:
+                    combine(first, second, out if flat else out.reshape(-1))
+                elif counts_in.tobytes() != alike:   # (the counts differ: what they tell, the lane's own way)
+                    out = lane.unalike(x, out)
+                else:
+                    if out is None:
+                        out = np.empty(whole, dtype)
+                    target, mine = out if out.ndim == 1 else out.reshape(-1), x if flat else x.reshape(-1)
+                    target[:k], target[k:] = (mine, rows_in) if rank_zero else (rows_in, mine)
                 held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
             except BaseException as e:
                 held.on = True
@@ -131,4 +173,4 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
                 settle(call.interrupted)
             held.on = False
 
-    return allreduce
+    return one_call

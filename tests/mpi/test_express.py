@@ -579,6 +579,47 @@ def test_the_two_rank_lane_runs_as_one_function_with_the_usual_bits_as_its_numbe
     assert served == [True] * (117 if N == 2 else 0)
 
 
+@pytest.mark.parametrize("shape, dtype", [((2,), np.float32), ((2, 3), np.int64), ((1,), np.float16), ((4,), np.bool_)])
+@pytest.mark.parametrize("out_kind", ["new", "own out"])
+@pytest.mark.parametrize("rows", ["alike", "the last rank's change"])
+def test_the_two_rank_allgather_runs_as_one_function_with_mpi4pys_bits(shape, dtype, out_kind, rows):
+    """On two ranks a repeated small all-gather runs as one function too (``collectives.ops.fused``, from
+    its lane's third call): 60 calls on the same arrays, whose values change, each against mpi4py's,
+    through the module function and the group's method alike. Where the last rank brings one row more
+    from the 30th call on (another kind of call: the usual way there), the others' one function finds
+    the counts it carries unlike its own, and the usual body finishes its call (where it brings no
+    ``out``: one of the new size makes another kind of call there too)."""
+    changing = rows != "alike" and ODD and N > 1
+    arrays = [np.empty(shape, dtype), np.empty((shape[0] + changing,) + shape[1:], dtype)]
+    runtime = col.world_group().runtime
+    served, wrong = [], []
+    for step in range(60):
+        x = arrays[step >= 30]
+        x[...] = _contribution(x.shape, dtype, step)
+        expected = np.concatenate(COMM.allgather(x))
+        out = {"new": None, "own out": np.empty_like(expected)}[out_kind]
+        if step == 3 and N == 2:   # (count the calls the one function serves from here on)
+            fused = runtime.fused_allgather
+
+            def counted(*args):
+                result = fused(*args)
+                served.append(result is not None)
+                return result
+            runtime.fused_allgather = counted if fused is not None else None
+        got = col.allgather(x, out=out) if step % 2 else col.world_group().allgather(x, out=out)
+        if got.shape != expected.shape or got.tobytes() != expected.tobytes() or out is not None and got is not out:
+            wrong.append(step)
+    runtime.fused_allgather = None   # (the counter goes: the next call of a lane puts the one function back)
+    if N != 2:
+        as_expected = served == []
+    elif changing or rows != "alike" and out_kind == "own out":   # (another kind from the 30th call: its
+        # one function serves its first kind only, and a miss of the module's is tried twice)
+        as_expected = served[:27] == [True] * 27 and not any(served[27:])
+    else:
+        as_expected = served == [True] * 57
+    assert COMM.allgather((wrong, as_expected)) == [([], True)] * N   # (alike on every rank: none hangs)
+
+
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast", "allgather"])
 def test_a_lanes_call_after_a_pause_reads_the_others_words_before_it_sends(collective, monkeypatch):
     """A lane reuses its ``Call``: the pause before its next call is measured from that same call's start
