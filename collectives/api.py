@@ -99,6 +99,11 @@ def _through_the_lane(general: Callable) -> Callable:
                     **options: Any) -> Any:
             world = startup.the_world
             if group is None and not options and world is not None and (algorithm is None or type(algorithm) is str):
+                fused = world.runtime.fused_broadcast
+                if fused is not None:
+                    result = fused(world, x, root, None, algorithm)
+                    if result is not None:
+                        return result
                 lane = express.broadcast_lane(world, x, root, algorithm)
                 if lane is not None:
                     return lane.run(x)

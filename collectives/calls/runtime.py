@@ -85,10 +85,11 @@ class Runtime:
         #: and the lane of each collective that ran last (``express._kept``).
         self.lanes: dict = {}
         self.last_allreduce = self.last_broadcast = self.last_allgather = None
-        #: The all-reduce's and the all-gather's lane's calls as one function, where the lane of that
-        #: collective that ran last has one (``collectives.ops.fused``): the module's ``allreduce`` and
-        #: ``allgather``, and the Group's methods, try it first.
+        #: Each lane's calls as one function, where the lane of that collective that ran last has one
+        #: (``collectives.ops.fused``): the module's ``allreduce``, ``broadcast`` and ``allgather``, and
+        #: the Group's methods, try it first.
         self.fused_allreduce: Callable | None = None
+        self.fused_broadcast: Callable | None = None
         self.fused_allgather: Callable | None = None
 
     def algorithm_for(self, op: str, n: int, nbytes: int, host: bool = True, two_level: bool = False,

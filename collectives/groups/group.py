@@ -276,6 +276,11 @@ class Group:
         >>> params = col.broadcast(params, root=0)                         # doctest: +SKIP
         """
         if async_op is False and timeout is None and name is None and (algorithm is None or type(algorithm) is str):
+            fused = self.runtime.fused_broadcast
+            if fused is not None:
+                result = fused(self, x, root, None, algorithm)
+                if result is not None:
+                    return result
             lane = express.broadcast_lane(self, x, root, algorithm)
             if lane is not None:
                 return lane.run(x)

@@ -20,6 +20,7 @@ fits (the settings changed, a timeline records), takes the usual way.
 from __future__ import annotations
 
 import copy
+import math
 import functools
 from threading import get_ident
 from typing import Any, Callable, NoReturn
@@ -220,7 +221,8 @@ class BroadcastLane(Lane):
     the ring carries the call) the check's exchange, then the root's bytes straight from its array
     into the other's."""
 
-    __slots__ = ("from_here", "zeros", "direct", "peer")
+    __slots__ = ("from_here", "zeros", "direct", "peer", "ends")
+    # (``ends``: where its bytes go from, on the root, or come to, elsewhere, in the ready exchange's buffers)
 
     def __init__(self, call: Call, x: np.ndarray, root: int):
         super().__init__(call, x, root, floating=False)
@@ -232,6 +234,24 @@ class BroadcastLane(Lane):
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
         return call.algorithm == "ring"
+
+    def wired(self, ready: doubling.Prepared, wire: Any) -> None:
+        if self.zeros is None and not self.direct and getattr(wire, "holds_requests", False):
+            self.ends = ready.own.view(self.dtype) if self.from_here else \
+                ready.incoming[:self.dtype.itemsize * math.prod(self.shape)].view(self.dtype).reshape(self.shape)
+            self.fused = self.runtime.fused_broadcast = fused.two_rank_broadcast(self, ready, wire)
+
+    def pack(self, x: np.ndarray) -> None:
+        """The root's part of a call on two ranks, straight into the ready exchange's buffer (the one
+        function's way, ``collectives.ops.fused``): its bytes; the other rank sends the signature alone."""
+        if self.from_here:
+            self.ends[...] = x if x.ndim == 1 else x.reshape(-1)
+
+    def unpack(self, x: np.ndarray, out: None) -> np.ndarray:
+        """The result of such a call: ``x``, where the other rank writes the root's bytes as they came."""
+        if not self.from_here:
+            x[...] = self.ends
+        return x
 
     def move(self, header: bytes, x: np.ndarray, out: None) -> np.ndarray:
         mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
@@ -268,7 +288,7 @@ class AllgatherLane(Lane):
     other's result, as the ring's one message."""
 
     __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole", "out_shape",
-                 "pair", "theirs", "typed_rows")
+                 "pair", "theirs", "typed_rows", "sending")
     # (``slot`` and ``typed_rows`` are views in x's dtype: a copy between arrays of one dtype moves the
     # bytes as they are, and costs less than the byte views it would take otherwise)
     direct_for = BroadcastLane.direct_for   # (the ring's)
@@ -311,7 +331,28 @@ class AllgatherLane(Lane):
 
     def wired(self, ready: doubling.Prepared, wire: Any) -> None:
         if self.pair and self.slot is not None and getattr(wire, "holds_requests", False):
+            self.sending = ready.own[:16], ready.own[16:].view(self.dtype)
             self.fused = self.runtime.fused_allgather = fused.two_rank_allgather(self, ready, wire)
+
+    def pack(self, x: np.ndarray) -> None:
+        """Put the message of a call on two ranks straight into the ready exchange's buffer (the one
+        function's way, ``collectives.ops.fused``): this rank's counts, then its rows."""
+        counts, rows = self.sending
+        counts[...] = self.message[:16]
+        rows[...] = x if x.ndim == 1 else x.reshape(-1)
+
+    def unpack(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """The result of a call on two ranks by the doubling, once the exchange has brought the other's
+        counts and rows: the two ranks' rows in rank order, where its counts are this one's; else
+        what they tell (:meth:`unalike`)."""
+        counts_in, _, theirs = self.theirs
+        if counts_in.tobytes() != self.alike:
+            return self.unalike(x, out)
+        result = np.empty(self.whole, x.dtype) if out is None else out
+        flat, mine = result if result.ndim == 1 else result.reshape(-1), x if x.ndim == 1 else x.reshape(-1)
+        k = mine.size   # (one copy each: slices assigned, no views made)
+        flat[:k], flat[k:] = (mine, theirs) if self.transport.rank == 0 else (theirs, mine)
+        return result
 
     def unalike(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """The rest of a call on two ranks whose exchange brought the other's counts, not equal to
@@ -337,18 +378,11 @@ class AllgatherLane(Lane):
             self.theirs = self.incoming[:16], rows_in, rows_in.view(x.dtype) if slot is not None else None
         if not exchange(self.call, header, message, None):
             self.disagree(header)
-        counts_in, rows_in, theirs = self.theirs
-        if counts_in.tobytes() != self.alike:
-            return self.unalike(x, out)
+        if slot is not None or self.theirs[0].tobytes() != self.alike:
+            return self.unpack(x, out)
         result = np.empty(self.whole, x.dtype) if out is None else out
         flat = result if result.ndim == 1 else result.reshape(-1)
         k, rank = source.size, self.transport.rank
-        if slot is not None:   # (one copy each: slices assigned, no views made)
-            if rank == 0:
-                flat[:k], flat[k:] = source, theirs
-            else:
-                flat[:k], flat[k:] = theirs, source
-            return result
         # Direct: the ring's one message each way, sent from x as it is and received into the result;
         # this rank's own rows are copied into place while the message moves (on two ranks the left
         # and the right neighbour are the same rank).
@@ -445,8 +479,7 @@ def _kept(g: CallGroup, name: str, x: np.ndarray, kind: Any) -> Any:
     lane = runtime.lanes.get((g, name, x.dtype, x.shape, kind))
     if lane is not None:
         setattr(runtime, "last_" + name, lane)
-        if name != "broadcast":
-            setattr(runtime, "fused_" + name, lane.fused)
+        setattr(runtime, "fused_" + name, lane.fused)
     return lane
 
 

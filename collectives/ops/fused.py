@@ -46,7 +46,7 @@ def two_rank_allreduce(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
     """The call of ``lane`` (an ``AllreduceLane`` of the doubling with a ufunc to combine, on two
     ranks) over ``ready``'s buffers and ``wire``, their ``Persistent`` exchange, as one function
     ``(group, x, op, out, algorithm) -> result``, or None where ``lane`` does not serve that call."""
-    return _one_function(lane, ready, wire, gathering=False)
+    return _one_function(lane, ready, wire)
 
 
 def two_rank_allgather(lane: Any, ready: doubling.Prepared, wire: Any) -> Callable:
@@ -56,26 +56,36 @@ def two_rank_allgather(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
     return _one_function(lane, ready, wire, gathering=True)
 
 
-def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: bool) -> Callable:
-    """The one function of :func:`two_rank_allreduce` or (``gathering``) :func:`two_rank_allgather`:
-    one body, since the two differ only in their checks, what goes into the message and what the
-    result is made of (a branch each; a hook called instead would cost the all-reduce a frame)."""
+def two_rank_broadcast(lane: Any, ready: doubling.Prepared, wire: Any) -> Callable:
+    """The call of ``lane`` (a ``BroadcastLane`` of the doubling on two ranks: the root's bytes one way,
+    the signature alone back) over ``ready``'s buffers and ``wire``, as one function
+    ``(group, x, root, None, algorithm) -> x``, or None where ``lane`` does not serve that call."""
+    return _one_function(lane, ready, wire, broadcasting=True)
+
+
+def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: bool = False,
+                  broadcasting: bool = False) -> Callable:
+    """The one function of :func:`two_rank_allreduce`, (``gathering``) :func:`two_rank_allgather` or
+    (``broadcasting``) :func:`two_rank_broadcast`: one body, since they differ only in their checks,
+    what goes into the message and what the result is made of. The all-reduce's are inline (its
+    calls are the hottest); the others' lanes put their message together and take their result
+    apart themselves (``lane.pack``, ``lane.unpack``: a frame each)."""
     group, runtime, call, control = lane.group, lane.runtime, lane.call, lane.control
     engine, dtype, shape, kind, forced = lane.engine, lane.dtype, lane.shape, lane.kind, lane.forced
     turn_lock, name, quick_polls = engine._lock, call.name, wire.quick_polls
     guard, unguard = (arrays.ieee_floating_point, arrays.restore_floating_point) if lane.floating else (None, None)
     send_check, recv_check, own, received = ready.send_check, ready.recv_check, ready.own, ready.received
     first, second = (own, received) if ready.mine_first else (received, own)   # (run_wired's order)
-    flat, combine = len(shape) == 1, None if gathering else lane.combine
+    flat, combine = len(shape) == 1, None if gathering or broadcasting else lane.combine
     count = shape[0] if flat else -1
-    if gathering:   # (the message: this rank's counts, then its rows; the other's likewise)
-        out_shape, whole, rows_to = lane.out_shape, lane.whole, lane.kind
-        counts, alike, own_counts, counts_in = lane.message[:16], lane.alike, own[:16], received[:16]
-        own_rows, rows_in = own[16:].view(dtype), received[16:].view(dtype)
-        k, rank_zero = own_rows.size, lane.transport.rank == 0
+    if combine is None:
+        pack, unpack = lane.pack, lane.unpack
+    from_here = broadcasting and lane.from_here
+    if gathering:
+        out_shape, rows_to = lane.out_shape, lane.kind
 
     def one_call(g: Any, x: Any, op: Any, out: Any, algorithm: Any) -> Any:
-        # the lookup's checks (express.allreduce_lane's, allgather_lane's), for this lane alone
+        # the lookup's checks (express.allreduce_lane's, broadcast_lane's, allgather_lane's), for this lane alone
         # (a 1-D shape compared by its parts: ``shape`` makes a tuple)
         if type(x) is not _ndarray or g is not group or x.dtype is not dtype or algorithm is not forced \
                 or (x.ndim != 1 or len(x) != count if flat else x.shape != shape) \
@@ -89,6 +99,9 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
             elif type(out) is not _ndarray or out.shape != out_shape or out.dtype is not dtype \
                     or not out.flags.carray or out is x \
                     or not (x.base is None and out.base is None or not np.may_share_memory(x, out)):
+                return None
+        elif broadcasting:   # (``op``: the root)
+            if type(op) is not int or op != kind or not (from_here or x.flags.writeable):
                 return None
         elif op is not kind:
             return None
@@ -121,9 +134,8 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                     lane.header, lane.wider_at = doubling.header_template(lane.template, seq)
                 header = lane.header % seq
                 send_check[:] = header   # Prepared.run_wired's, inline
-                if gathering:
-                    own_counts[...] = counts
-                    own_rows[...] = x if flat else x.reshape(-1)
+                if combine is None:
+                    pack(x)
                 else:
                     own[...] = x if flat else x.reshape(-1)
                 requests = wire.requests
@@ -146,15 +158,10 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                 control.check_gave_up(seq)   # (after the message: MPICH moves a word queued behind it then)
                 if recv_check.tobytes() != header:
                     lane.disagree(header)
-                if not gathering:
-                    combine(first, second, out if flat else out.reshape(-1))
-                elif counts_in.tobytes() != alike:   # (the counts differ: what they tell, the lane's own way)
-                    out = lane.unalike(x, out)
+                if combine is None:
+                    out = unpack(x, out)
                 else:
-                    if out is None:
-                        out = np.empty(whole, dtype)
-                    target, mine = out if out.ndim == 1 else out.reshape(-1), x if flat else x.reshape(-1)
-                    target[:k], target[k:] = (mine, rows_in) if rank_zero else (rows_in, mine)
+                    combine(first, second, out if flat else out.reshape(-1))
                 held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
             except BaseException as e:
                 held.on = True

@@ -620,6 +620,36 @@ def test_the_two_rank_allgather_runs_as_one_function_with_mpi4pys_bits(shape, dt
     assert COMM.allgather((wrong, as_expected)) == [([], True)] * N   # (alike on every rank: none hangs)
 
 
+@pytest.mark.parametrize("shape, dtype", [((2,), np.float32), ((2, 3), np.int64), ((1,), np.float16), ((4,), np.bool_)])
+@pytest.mark.parametrize("root", ["first", "last"])
+def test_the_two_rank_broadcast_runs_as_one_function_with_mpi4pys_bits(shape, dtype, root):
+    """On two ranks a repeated small broadcast runs as one function too (``collectives.ops.fused``, from
+    its lane's third call): 60 calls on the same array, whose values change on every rank, each against
+    mpi4py's, through the module function and the group's method alike; the root's array stays as it
+    was, the other's takes its bits."""
+    root = 0 if root == "first" else N - 1
+    x, runtime = np.empty(shape, dtype), col.world_group().runtime
+    served, wrong = [], []
+    for step in range(60):
+        x[...] = _contribution(shape, dtype, step)
+        expected = x.copy()
+        COMM.Bcast(expected, root)
+        if step == 3 and N == 2:   # (count the calls the one function serves from here on)
+            fused = runtime.fused_broadcast
+
+            def counted(*args):
+                result = fused(*args)
+                served.append(result is not None)
+                return result
+            runtime.fused_broadcast = counted if fused is not None else None
+        got = col.broadcast(x, root) if step % 2 else col.world_group().broadcast(x, root)
+        if got is not x or x.tobytes() != expected.tobytes():
+            wrong.append(step)
+    runtime.fused_broadcast = None   # (the counter goes: the next call of a lane puts the one function back)
+    as_expected = served == ([True] * 57 if N == 2 else [])
+    assert COMM.allgather((wrong, as_expected)) == [([], True)] * N   # (alike on every rank: none hangs)
+
+
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast", "allgather"])
 def test_a_lanes_call_after_a_pause_reads_the_others_words_before_it_sends(collective, monkeypatch):
     """A lane reuses its ``Call``: the pause before its next call is measured from that same call's start
