@@ -548,6 +548,20 @@ def test_a_lane_whose_ready_exchange_was_freed_makes_it_again():
         assert col.allreduce(x).tobytes() == _reference(x, "sum").tobytes()
 
 
+def _count_served(runtime, collective: str, served: list) -> None:
+    """From now on, put in ``served`` whether each call the runtime's one function of ``collective``
+    (``collectives.ops.fused``) is given it serves (True) or leaves to the lane's lookup (False)."""
+    fused = getattr(runtime, "fused_" + collective)
+    if fused is None:
+        return
+
+    def counted(*args):
+        result = fused(*args)
+        served.append(result is not None)
+        return result
+    setattr(runtime, "fused_" + collective, counted)
+
+
 @pytest.mark.parametrize("shape, dtype, op", [((2,), np.float32, "sum"), ((2, 3), np.int64, "max"),
                                               ((5,), np.float16, "prod")])
 @pytest.mark.parametrize("out_kind", ["new", "in place", "own out"])
@@ -565,14 +579,8 @@ def test_the_two_rank_lane_runs_as_one_function_with_the_usual_bits_as_its_numbe
         expected = _reference(x, op)
         out = {"new": None, "in place": x, "own out": own_out}[out_kind]
         if step == 3 and N == 2:   # (count the calls the one function serves from here on)
-            fused = runtime.fused_allreduce
-            assert fused is not None, "no one function for a lane on two ranks"
-
-            def counted(*args):
-                result = fused(*args)
-                served.append(result is not None)
-                return result
-            runtime.fused_allreduce = counted
+            assert runtime.fused_allreduce is not None, "no one function for a lane on two ranks"
+            _count_served(runtime, "allreduce", served)
         got = col.allreduce(x, op, out=out) if step % 2 else col.world_group().allreduce(x, op, out=out)
         assert got.tobytes() == expected.tobytes(), step
         assert out is None or got is out
@@ -599,13 +607,7 @@ def test_the_two_rank_allgather_runs_as_one_function_with_mpi4pys_bits(shape, dt
         expected = np.concatenate(COMM.allgather(x))
         out = {"new": None, "own out": np.empty_like(expected)}[out_kind]
         if step == 3 and N == 2:   # (count the calls the one function serves from here on)
-            fused = runtime.fused_allgather
-
-            def counted(*args):
-                result = fused(*args)
-                served.append(result is not None)
-                return result
-            runtime.fused_allgather = counted if fused is not None else None
+            _count_served(runtime, "allgather", served)
         got = col.allgather(x, out=out) if step % 2 else col.world_group().allgather(x, out=out)
         if got.shape != expected.shape or got.tobytes() != expected.tobytes() or out is not None and got is not out:
             wrong.append(step)
@@ -635,13 +637,7 @@ def test_the_two_rank_broadcast_runs_as_one_function_with_mpi4pys_bits(shape, dt
         expected = x.copy()
         COMM.Bcast(expected, root)
         if step == 3 and N == 2:   # (count the calls the one function serves from here on)
-            fused = runtime.fused_broadcast
-
-            def counted(*args):
-                result = fused(*args)
-                served.append(result is not None)
-                return result
-            runtime.fused_broadcast = counted if fused is not None else None
+            _count_served(runtime, "broadcast", served)
         got = col.broadcast(x, root) if step % 2 else col.world_group().broadcast(x, root)
         if got is not x or x.tobytes() != expected.tobytes():
             wrong.append(step)
