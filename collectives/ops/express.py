@@ -331,14 +331,14 @@ class AllgatherLane(Lane):
 
     def wired(self, ready: doubling.Prepared, wire: Any) -> None:
         if self.pair and self.slot is not None and getattr(wire, "holds_requests", False):
-            self.sending = ready.own[:16], ready.own[16:].view(self.dtype)
+            self.sending = memoryview(ready.own)[:16], self.message[:16].tobytes(), ready.own[16:].view(self.dtype)
             self.fused = self.runtime.fused_allgather = fused.two_rank_allgather(self, ready, wire)
 
     def pack(self, x: np.ndarray) -> None:
         """Put the message of a call on two ranks straight into the ready exchange's buffer (the one
         function's way, ``collectives.ops.fused``): this rank's counts, then its rows."""
-        counts, rows = self.sending
-        counts[...] = self.message[:16]
+        counts, mine, rows = self.sending   # (bytes into a memoryview: less than numpy's copy of 16 bytes)
+        counts[:] = mine
         rows[...] = x if x.ndim == 1 else x.reshape(-1)
 
     def unpack(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -349,9 +349,9 @@ class AllgatherLane(Lane):
         if counts_in.tobytes() != self.alike:
             return self.unalike(x, out)
         result = np.empty(self.whole, x.dtype) if out is None else out
-        flat, mine = result if result.ndim == 1 else result.reshape(-1), x if x.ndim == 1 else x.reshape(-1)
-        k = mine.size   # (one copy each: slices assigned, no views made)
-        flat[:k], flat[k:] = (mine, theirs) if self.transport.rank == 0 else (theirs, mine)
+        mine = x if x.ndim == 1 else x.reshape(-1)   # (one call of numpy: less than two slices assigned)
+        np.concatenate((mine, theirs) if self.transport.rank == 0 else (theirs, mine),
+                       out=result if result.ndim == 1 else result.reshape(-1))
         return result
 
     def unalike(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
