@@ -20,8 +20,8 @@ fits (the settings changed, a timeline records), takes the usual way.
 from __future__ import annotations
 
 import copy
-import math
 import functools
+import math
 from threading import get_ident
 from typing import Any, Callable, NoReturn
 
@@ -76,7 +76,7 @@ class Lane:
         #: below the number ``wider_at`` (``doubling.header_template``).
         self.header, self.wider_at = b"", 0
         #: Its calls as one function (``collectives.ops.fused``), once its exchange is wired on two
-        #: ranks (an all-reduce's or an all-gather's by the doubling).
+        #: ranks (an all-reduce's, a broadcast's or an all-gather's by the doubling).
         self.fused: Callable | None = None
 
     def run(self, x: np.ndarray, out: np.ndarray | None = None, _handed: bool = False) -> Any:
@@ -362,7 +362,8 @@ class AllgatherLane(Lane):
         counts_in, rows_in, _ = self.theirs
         if self.slot is not None:   # (pair_gathered reads this rank's rows from its message)
             self.slot[...] = source
-        every, rows = algorithms.pair_gathered(self.transport.rank, self.message, np.concatenate((counts_in, rows_in)), 2)
+        theirs = np.concatenate((counts_in, rows_in))
+        every, rows = algorithms.pair_gathered(self.transport.rank, self.message, theirs, 2)
         return self.finish(self.call, x, out, source, every, rows if self.slot is not None else None)
 
     def _pair(self, header: bytes, x: np.ndarray, out: np.ndarray | None, source: np.ndarray) -> np.ndarray:

@@ -1,15 +1,16 @@
-"""The express lane's all-reduce and all-gather on two ranks, as one function: the hottest path of the
-runtime (a training loop's loss, a metric, a flag summed, a row gathered), where Python's frames and
-attribute lookups cost more than MPI's own call (issue 61: docs/performance.md counts them).
+"""The express lanes' small calls on two ranks, as one function: the hottest path of the runtime (a
+training loop's loss, a metric, a flag summed or broadcast, a row gathered), where Python's frames
+and attribute lookups cost more than MPI's own call (issue 61: docs/performance.md counts them).
 
 On two ranks (and for rank 1 of three), a small all-reduce by recursive doubling is one exchange
-with one partner of the same two buffers every time, and so is a small all-gather on two ranks (each
-rank's counts and rows one way, the other's back); their lanes (``express.AllreduceLane``,
-``express.AllgatherLane``) hold MPI's persistent requests for it (``MPITransport.persistent``).
-:func:`two_rank_allreduce` and :func:`two_rank_allgather` make, once per lane, a function that does
-in one frame what the lane's call does in five or more (``express.allreduce_lane``, ``Lane.run``,
-``AllreduceLane.move``, ``Prepared.run_wired``, ``Persistent.run``; the all-gather's lookup and
-``AllgatherLane._pair``), its objects in local cells: the same checks, the same engine turn, the same
+with one partner of the same two buffers every time, and so are a small all-gather (each rank's
+counts and rows one way, the other's back) and a small broadcast (the root's bytes one way, the
+signature alone back) on two ranks; their lanes (``express.AllreduceLane``, ``AllgatherLane``,
+``BroadcastLane``) hold MPI's persistent requests for it (``MPITransport.persistent``).
+:func:`two_rank_allreduce`, :func:`two_rank_allgather` and :func:`two_rank_broadcast` make, once per
+lane, a function that does in one frame what the lane's call does in five or more
+(``express.allreduce_lane``, ``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``,
+``Persistent.run``), its objects in local cells: the same checks, the same engine turn, the same
 message (the signature in front of the data), the same bounded wait, the same look for a give-up and
 the same errors. It sets the floating-point guard while the partner's message is on its way (the
 lane, before it sends); the look for a rank that gave the call up comes after the message, as the
@@ -18,8 +19,9 @@ data moved would miss it). Anything rare goes to the owner of that case: a turn 
 (``Lane.run``), a call after a pause (``Control.check_gave_up``'s drain), a request freed or a send
 guarded (``Persistent.run``), a wait past the quick polls or an error (``Persistent.wait``,
 ``Persistent.failed``), a disagreement (``Lane.disagree``), an all-gather whose ranks brought other
-counts (``AllgatherLane.unalike``), whatever ends the call (``call.ended``). A call it does not serve (another kind, an ``out`` it may not write), it returns None for: the
-caller takes the lane's lookup, then the usual way.
+counts (``AllgatherLane.unalike``), whatever ends the call (``call.ended``). A call it does not
+serve (another kind, an ``out`` it may not write), it returns None for: the caller takes the lane's
+lookup, then the usual way.
 
     >>> x = np.ones(2, np.float32)                                                   # doctest: +SKIP
     >>> col.allreduce(x); col.allreduce(x)   # the usual way, then the lane, which wires its exchange # doctest: +SKIP
@@ -85,7 +87,8 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
         out_shape, rows_to = lane.out_shape, lane.kind
 
     def one_call(g: Any, x: Any, op: Any, out: Any, algorithm: Any) -> Any:
-        # the lookup's checks (express.allreduce_lane's, broadcast_lane's, allgather_lane's), for this lane alone
+        # the lookup's checks (express.allreduce_lane's, broadcast_lane's, allgather_lane's), for this
+        # lane alone
         # (a 1-D shape compared by its parts: ``shape`` makes a tuple)
         if type(x) is not _ndarray or g is not group or x.dtype is not dtype or algorithm is not forced \
                 or (x.ndim != 1 or len(x) != count if flat else x.shape != shape) \
