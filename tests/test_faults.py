@@ -355,20 +355,21 @@ def test_a_rank_that_comes_after_the_others_timed_out_fails_the_call_too(n, call
                      message), output   # (rank 0 or 2: either may be heard first)
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_a_rank_late_after_calls_with_an_infinite_timeout_fails_the_call_too(n):
+@pytest.mark.parametrize("n, call", [(2, "lane-allreduce"), (3, "lane-allreduce"), (2, "lane-broadcast"),
+                                     (2, "lane-allgather")])
+def test_a_rank_late_after_calls_with_an_infinite_timeout_fails_the_call_too(n, call):
     """The late rank's timeout is infinite (``init(timeout=inf)``), so is the window of its calls: a call
     after one of them is judged to come after a pause by when that one began (its last progress is not
     kept), and drains the others' words before it sends, though no MPI call moved them while it was
     away (before, on two ranks, its lane completed the call alone, 4 launches of 4)."""
-    result = run_world(n, ["-m", "tests.programs.faults", "late-after-timeout", "lane-allreduce", "ended", "inf"],
+    result = run_world(n, ["-m", "tests.programs.faults", "late-after-timeout", call, "ended", "inf"],
                        BOUND_S, launcher_args=keep_survivors())   # (the others end with status 3 before it calls)
     output = result.stdout
     errors = reported_errors(output)
     assert "ok late call" not in output and sorted(errors) == list(range(n)), output
     seconds, message = errors[1]
-    assert seconds < AT_ONCE_S and re.search(r"allreduce #4 on rank 1: rank [02] (gave up|left: it stopped after a "
-                                             r"failure)", message), output
+    assert seconds < AT_ONCE_S and re.search(rf"{call.removeprefix('lane-')} #4 on rank 1: rank [02] (gave up|left: "
+                                             r"it stopped after a failure)", message), output
 
 
 def test_ranks_that_come_with_no_pause_to_a_call_a_rank_gave_up_fail_it_at_once():
