@@ -66,6 +66,9 @@ def gathered(collective: str, x: Any, out: Any) -> tuple[Any, Any]:
                                     f"{type(out).__name__}")
         if out.ndim != x.ndim:
             fail(collective, "out", f"expected {x.ndim} dimension(s) like x, got {out.ndim}")
+        if out.shape[1:] != x.shape[1:]:   # (out_array would name a result's shape that axis 0 does not know yet)
+            fail(collective, "out", f"shape {out.shape}: its shape past axis 0 must be x's, {x.shape[1:]} (axis 0: "
+                                    "the rows of every rank together)")
         if out_array(collective, out, x, out.shape[:1] + x.shape[1:], in_place=False):
             fail(collective, "out", "is x itself; the result must go elsewhere")
     return x, out

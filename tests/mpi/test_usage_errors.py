@@ -53,6 +53,9 @@ CASES = [
     ("reduce_scatter out shape", lambda x: col.reduce_scatter(x, out=np.empty(11, np.float32)), "reduce_scatter: out"),
     ("allgather 0-d", lambda x: col.allgather(np.float32(1.0) * np.ones(())), "allgather: x"),
     ("allgather object dtype", lambda x: col.allgather(np.array([object()])), "allgather: x"),
+    ("allgather out's trailing shape", lambda x: col.allgather(x.reshape(2, 5), out=np.empty((2 * N, 4), np.float32)),
+     "allgather: out: shape (%d, 4): its shape past axis 0 must be x's, (5,) (axis 0: the rows of every rank "
+     "together)" % (2 * N)),
     ("broadcast root too big", lambda x: col.broadcast(x, root=N), "broadcast: root"),
     ("broadcast root negative", lambda x: col.broadcast(x, root=-1), "broadcast: root"),
     ("broadcast root not int", lambda x: col.broadcast(x, root=0.0), "broadcast: root"),
