@@ -88,8 +88,7 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
 
     def one_call(g: Any, x: Any, op: Any, out: Any, algorithm: Any) -> Any:
         # the lookup's checks (express.allreduce_lane's, broadcast_lane's, allgather_lane's), for this
-        # lane alone
-        # (a 1-D shape compared by its parts: ``shape`` makes a tuple)
+        # lane alone (a 1-D shape compared by its parts: ``shape`` makes a tuple)
         if type(x) is not _ndarray or g is not group or x.dtype is not dtype or algorithm is not forced \
                 or (x.ndim != 1 or len(x) != count if flat else x.shape != shape) \
                 or get_ident() != MAIN_THREAD or on_behalf \
