@@ -69,7 +69,7 @@ def gathered(collective: str, x: Any, out: Any) -> tuple[Any, Any]:
         if out.shape[1:] != x.shape[1:]:   # (out_array would name a result's shape that axis 0 does not know yet)
             fail(collective, "out", f"shape {out.shape}: its shape past axis 0 must be x's, {x.shape[1:]} (axis 0: "
                                     "the rows of every rank together)")
-        if out_array(collective, out, x, out.shape[:1] + x.shape[1:], in_place=False):
+        if out_array(collective, out, x, out.shape, in_place=False):   # (its axis 0: checked by the call)
             fail(collective, "out", "is x itself; the result must go elsewhere")
     return x, out
 

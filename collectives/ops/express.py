@@ -379,8 +379,10 @@ class AllgatherLane(Lane):
             self.theirs = self.incoming[:16], rows_in, rows_in.view(x.dtype) if slot is not None else None
         if not exchange(self.call, header, message, None):
             self.disagree(header)
-        if slot is not None or self.theirs[0].tobytes() != self.alike:
+        if slot is not None:   # (the doubling's message: the rows came with the counts)
             return self.unpack(x, out)
+        if self.theirs[0].tobytes() != self.alike:
+            return self.unalike(x, out)
         result = np.empty(self.whole, x.dtype) if out is None else out
         flat = result if result.ndim == 1 else result.reshape(-1)
         k, rank = source.size, self.transport.rank
