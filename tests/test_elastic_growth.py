@@ -126,6 +126,30 @@ def test_a_member_that_dies_during_a_spawn_leaves_the_others_to_go_on_and_grow_a
     np.testing.assert_array_equal(np.load(out), reference(60))
 
 
+@needs_mpich
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_newcomer_that_ends_before_it_joins_costs_the_spawns_root_which_says_so_and_never_hangs(tmp_path, n):
+    """The members give the spawn up after JOIN_SECONDS + 5 s; its root, whose spawn stays inside MPI
+    (holding MPI's lock nearly all the time: a probe may get through, the next call not), ends saying
+    so, every time. With a member beside it, that member goes on and grows again (the next
+    newcomers join): the weights of a run alone. Alone, the root's end is the job's (status 1)."""
+    out, marker = tmp_path / "w.npy", tmp_path / "died"
+    args = [*PROGRAM, "--steps", "30", "--die-joining", str(marker), "--discovery", f"echo localhost:{n + 1}",
+            "--grow-to", str(n + 1), "--out", str(out)]
+    result = run_world(n, args, BOUND_S, launcher_args=keep_survivors())
+    output = result.stdout
+    assert "ends before MPI starts" in output, output[-3000:]
+    assert re.search(r"\[rank 0\] collectives: MPI stays held by a spawn that was given up \(the spawn of 1 "
+                     r"newcomer\(s\) was given up: [^)]+\); this process cannot go on and ends", output), output[-3000:]
+    if n == 1:
+        assert result.returncode != 0 and not _done(output), output[-3000:]
+        return
+    assert "rank 0 gone: 2 -> 1 ranks (the spawn of 1 newcomer(s) was given up" in output, output[-3000:]
+    assert "elastic: 2 joined: 1 -> 3 ranks" in output, output[-3000:]
+    assert sorted(_done(output)) == [(-1, 1, 3, 30), (-1, 2, 3, 30), (1, 0, 3, 30)], output[-3000:]
+    np.testing.assert_array_equal(np.load(out), reference(30))
+
+
 GROWTH_HOSTS = "ringg"   # (a prefix of its own: tests/test_hosts.py's hosts, "ringh", are left alone)
 
 

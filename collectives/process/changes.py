@@ -74,8 +74,13 @@ JOIN_SECONDS = 20.0
 
 
 class SpawnFailed(CollectiveError):
-    """The members gave up on a spawn: a member or a newcomer died meanwhile, or the newcomers did
-    not join in time. The spawn is left behind, inside MPI for good (MPI cannot cancel one)."""
+    """The members gave up on a spawn (``inside_mpi``: a member or a newcomer died meanwhile, or the
+    newcomers did not join in time; the spawn is left behind, inside MPI for good, as MPI cannot
+    cancel one), or MPI's spawn failed (the launcher could not start the newcomers)."""
+
+    def __init__(self, message: str, inside_mpi: bool):
+        super().__init__(message)
+        self.inside_mpi = inside_mpi
 
 
 def grow(world, comm, count: int, hosts: list[str], until: float) -> tuple[tuple[int, ...], object, str]:
@@ -132,21 +137,21 @@ def spawn_newcomers(comm, count: int, hosts: list[str], until: float, dead: Call
     try:
         merged = watched(spawn, 0.01, give_up, "collectives spawn")
     except GivenUp as e:
-        raise SpawnFailed(f"the spawn of {count} newcomer(s) was given up: {e}") from None
+        raise SpawnFailed(f"the spawn of {count} newcomer(s) was given up: {e}", inside_mpi=True) from None
     except Exception as e:   # (an MPI error: the launcher could not start them)
-        raise SpawnFailed(f"the spawn of {count} newcomer(s) failed: {e}") from None
+        raise SpawnFailed(f"the spawn of {count} newcomer(s) failed: {e}", inside_mpi=False) from None
     spawned_here()
     return merged
 
 
 def leave_if_held(comm, rank: int, failure: SpawnFailed, seconds: float = 1.0) -> None:
     """After a spawn was given up: end this process (status 1) if MPI no longer answers here.
-    The spawn's root was seen to keep MPI's lock inside the spawn left behind after another
-    member died (its next MPI call waited for ever): it cannot take part in a new world, so it
-    leaves, and the others count it among the gone."""
-    try:
-        watched(lambda: comm.Iprobe(tag=_PROBE_TAG), seconds, lambda: "MPI does not answer", "collectives probe")
-    except GivenUp:
+    The spawn's root (rank 0 of ``comm``) leaves whenever its spawn stays inside MPI: that spawn
+    keeps MPI's lock nearly all the time, so a probe may get through once and the next call wait
+    for ever (seen: a job of one rank whose newcomer died before it joined). Another member leaves
+    if a probe does not answer within ``seconds``. A rank that leaves cannot take part in a new
+    world; the others count it among the gone."""
+    if (failure.inside_mpi and rank == 0) or not _answers(comm, seconds):
         ending.print_line(f"[rank {rank}] collectives: MPI stays held by a spawn that was given up ({failure}); this "
                           "process cannot go on and ends (status 1); the ranks left, if any, go on without it")
         sys.stdout.flush()
@@ -154,6 +159,16 @@ def leave_if_held(comm, rank: int, failure: SpawnFailed, seconds: float = 1.0) -
 
 
 _PROBE_TAG = 13   # (never sent: leave_if_held only asks MPI whether it answers)
+
+
+def _answers(comm, seconds: float) -> bool:
+    """Whether a probe on ``comm`` returns within ``seconds`` (a thread left inside MPI by a spawn
+    given up may hold MPI's lock)."""
+    try:
+        watched(lambda: comm.Iprobe(tag=_PROBE_TAG), seconds, lambda: "MPI does not answer", "collectives probe")
+    except GivenUp:
+        return False
+    return True
 
 
 def joining() -> bool:

@@ -12,7 +12,8 @@ gradient depends on the weights, so a step applied twice or lost would show.
 ``--grow-to K``: after the last step, keep committing (one commit a ``--sleep``, at most
 ``--wait-commits``) until the world has K ranks, so that a slow machine cannot end the job
 before the newcomers came. ``--kill R:S``: the process that the launcher made rank R dies by
-SIGKILL at step S; ``--die-spawning R``: during the first spawn. ``--log PATH``: rank 0 appends
+SIGKILL at step S; ``--die-spawning R``: during the first spawn; ``--die-joining PATH``: the first
+newcomer to make PATH ends before MPI starts (as one whose MPI_Init failed). ``--log PATH``: rank 0 appends
 ``commit N`` to PATH after each commit that did not grow the world, N ranks (the growth check of
 that commit passed). Every rank prints one line at the end (``done``), rank 0 writes the weights.
 """
@@ -55,6 +56,9 @@ def main() -> int:
     launched_as = -1 if col.elastic.joining() else int(os.environ.get("PMI_RANK", "0"))
     if launched_as == args.die_spawning:
         _die_while_spawning()
+    if launched_as == -1 and args.die_joining and _made(args.die_joining):
+        print(f"newcomer {os.getpid()}: ends before MPI starts", flush=True)
+        os._exit(1)
     state = col.elastic.State(w=np.zeros(SIZE), step=0)
 
     def train(state):
@@ -130,6 +134,15 @@ def _die_while_spawning() -> None:
     changes.spawn_newcomers = dying
 
 
+def _made(path: str) -> bool:
+    """Whether this process made the file ``path`` (False: another had)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 def _arguments():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
@@ -142,6 +155,7 @@ def _arguments():
     p.add_argument("--kill", action="append", default=[], type=lambda s: tuple(map(int, s.split(":"))),
                    help="R:S: the rank launched as R dies at step S")
     p.add_argument("--die-spawning", type=int, help="the rank launched as this dies during the first spawn")
+    p.add_argument("--die-joining", help="the first newcomer to make this file ends before MPI starts")
     p.add_argument("--timing", action="store_true", help="print when growth starts and a newcomer's first step ends")
     p.add_argument("--out", help="rank 0 writes the final weights here (.npy)")
     p.add_argument("--log", help="rank 0 appends 'commit N' here after each commit that kept N ranks")
