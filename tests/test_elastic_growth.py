@@ -150,6 +150,24 @@ def test_a_newcomer_that_ends_before_it_joins_costs_the_spawns_root_which_says_s
     np.testing.assert_array_equal(np.load(out), reference(30))
 
 
+@needs_mpich
+@pytest.mark.quick
+def test_a_launchers_notice_during_a_spawn_does_not_give_it_up(tmp_path):
+    """The notice does not say whose death it tells (in CI: a rank that had just left gave the next
+    spawn up); a member that gave the spawn up on it while the spawn ended on the others split the
+    job in two worlds, each waiting for the other. Here one member alone hears a notice inside the
+    spawn: the newcomer joins all the same."""
+    out = tmp_path / "w.npy"
+    args = [*PROGRAM, "--steps", "30", "--notice-spawning", "1", "--discovery", "echo localhost:3",
+            "--grow-to", "3", "--out", str(out)]
+    result = run_world(2, args, BOUND_S, launcher_args=keep_survivors())
+    output = result.stdout
+    assert result.returncode == 0, output[-3000:]
+    assert "elastic: 1 joined: 2 -> 3 ranks" in output and "given up" not in output, output[-3000:]
+    assert sorted(_done(output)) == [(-1, 2, 3, 30), (0, 0, 3, 30), (1, 1, 3, 30)], output[-3000:]
+    np.testing.assert_array_equal(np.load(out), reference(30))
+
+
 GROWTH_HOSTS = "ringg"   # (a prefix of its own: tests/test_hosts.py's hosts, "ringh", are left alone)
 
 

@@ -20,7 +20,6 @@ from typing import Callable
 from collectives.errors import CollectiveError
 from collectives.process import ending, supervision
 from ring.transport.base import TransportError
-from ring.transport.mpi.notices import NoticeWatch, failure_notices
 from ring.transport.host_waits import GivenUp, watched
 
 #: The interpreter option (``python -X collectives_joining ...``) that its spawners give a newcomer:
@@ -106,8 +105,12 @@ def spawn_newcomers(comm, count: int, hosts: list[str], until: float, dead: Call
 
     MPI's spawn blocks until every newcomer has joined (``join_spawners``), and for ever if a
     member or a newcomer dies meanwhile: it runs in a thread of its own, while this one watches
-    ``dead()`` (the members known dead), the launcher's failure notices (a newcomer's death) and
-    the time (``until``, at most JOIN_SECONDS and a little more), and raises SpawnFailed on the first.
+    ``dead()`` (the members known dead) and the time (``until``, at most JOIN_SECONDS and a little
+    more), and raises SpawnFailed on the first. Both leave the spawn stuck on every member, so the
+    members agree on its outcome. Not the launcher's failure notice: it does not say whose death
+    it tells (seen: a rank that had just left, or the newcomer of a spawn given up before, gave the
+    next spawn up), and a member that gives the spawn up while it ends on the others splits the job
+    in two worlds, each waiting for the other (seen: a notice to one member alone).
 
     One spawn of ``count`` processes with the hosts as one comma-separated list (MPI's "host"
     info key), not one per host: MPICH's launcher keeps only the last host of a Spawn_multiple."""
@@ -126,13 +129,12 @@ def spawn_newcomers(comm, count: int, hosts: list[str], until: float, dead: Call
         finally:
             info.Free()
 
-    notices = NoticeWatch(heeded=failure_notices())
     until = min(until, time.monotonic() + JOIN_SECONDS + 5.0)
 
     def give_up() -> str:
-        now, died = time.monotonic(), dead()   # (once a look: it reads every local peer's process and liveness)
-        return (f"rank(s) {died} died" if died else "a process died (the launcher's notice)"
-                if notices.grace_over(now) else "the newcomers did not join in time" if now > until else "")
+        died = dead()   # (once a look: it reads every local peer's process and liveness)
+        late = time.monotonic() > until
+        return f"rank(s) {died} died" if died else "the newcomers did not join in time" if late else ""
 
     try:
         merged = watched(spawn, 0.01, give_up, "collectives spawn")

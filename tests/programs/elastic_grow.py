@@ -12,10 +12,12 @@ gradient depends on the weights, so a step applied twice or lost would show.
 ``--grow-to K``: after the last step, keep committing (one commit a ``--sleep``, at most
 ``--wait-commits``) until the world has K ranks, so that a slow machine cannot end the job
 before the newcomers came. ``--kill R:S``: the process that the launcher made rank R dies by
-SIGKILL at step S; ``--die-spawning R``: during the first spawn; ``--die-joining PATH``: the first
-newcomer to make PATH ends before MPI starts (as one whose MPI_Init failed). ``--log PATH``: rank 0 appends
-``commit N`` to PATH after each commit that did not grow the world, N ranks (the growth check of
-that commit passed). Every rank prints one line at the end (``done``), rank 0 writes the weights.
+SIGKILL at step S; ``--die-spawning R``: during the first spawn (``--notice-spawning R``: gets
+the launcher's notice of a death, SIGUSR1, there, as of a death before the spawn);
+``--die-joining PATH``: the first newcomer to make PATH ends before MPI starts (as one whose
+MPI_Init failed). ``--log PATH``: rank 0 appends ``commit N`` to PATH after each commit that did
+not grow the world, N ranks (the growth check of that commit passed). Every rank prints one line
+at the end (``done``), rank 0 writes the weights.
 """
 from __future__ import annotations
 
@@ -55,7 +57,9 @@ def main() -> int:
     args = _arguments()
     launched_as = -1 if col.elastic.joining() else int(os.environ.get("PMI_RANK", "0"))
     if launched_as == args.die_spawning:
-        _die_while_spawning()
+        _signal_while_spawning(signal.SIGKILL)
+    if launched_as == args.notice_spawning:
+        _signal_while_spawning(signal.SIGUSR1)
     if launched_as == -1 and args.die_joining and _made(args.die_joining):
         print(f"newcomer {os.getpid()}: ends before MPI starts", flush=True)
         os._exit(1)
@@ -98,16 +102,17 @@ def main() -> int:
     return 0
 
 
-def _die_while_spawning() -> None:
-    """This process dies (SIGKILL) inside MPI's spawn of the first newcomers: once the thread that
-    spawns is in the call (seen on its stack), not a time after the spawn began, which a busy
-    machine could let pass before the call (a newcomer takes far longer to start and join)."""
+def _signal_while_spawning(signum: int) -> None:
+    """This process sends itself ``signum`` inside MPI's spawn of the first newcomers (SIGKILL: it
+    dies; SIGUSR1: a launcher's notice of a death elsewhere): once the thread that spawns is in the
+    call (seen on its stack), not a time after the spawn began, which a busy machine could let pass
+    before the call (a newcomer takes far longer to start and join)."""
     import threading
     from collectives.process import changes
     spawn = changes.spawn_newcomers
 
-    class DiesInSpawn:
-        """The members' communicator, whose Spawn kills this process once MPI's spawn runs."""
+    class SignalledInSpawn:
+        """The members' communicator, whose Spawn signals this process once MPI's spawn runs."""
 
         def __init__(self, comm):
             self._comm = comm
@@ -116,22 +121,23 @@ def _die_while_spawning() -> None:
             return getattr(self._comm, name)
 
         def Spawn(self, *args, **kwargs):  # noqa: N802 - (mpi4py's name)
-            spawning, code = threading.get_ident(), DiesInSpawn.Spawn.__code__
+            spawning, code = threading.get_ident(), SignalledInSpawn.Spawn.__code__
 
             def watch():   # (this frame innermost on the spawning thread: it is inside MPI's call)
                 while True:
                     frame = sys._current_frames().get(spawning)
                     if frame is not None and frame.f_code is code:
-                        os.kill(os.getpid(), signal.SIGKILL)
+                        os.kill(os.getpid(), signum)
+                        return
                     time.sleep(0.005)
 
             threading.Thread(target=watch, daemon=True).start()
             return self._comm.Spawn(*args, **kwargs)
 
-    def dying(comm, *args, **kwargs):
-        return spawn(DiesInSpawn(comm), *args, **kwargs)
+    def signalled(comm, *args, **kwargs):
+        return spawn(SignalledInSpawn(comm), *args, **kwargs)
 
-    changes.spawn_newcomers = dying
+    changes.spawn_newcomers = signalled
 
 
 def _made(path: str) -> bool:
@@ -155,6 +161,8 @@ def _arguments():
     p.add_argument("--kill", action="append", default=[], type=lambda s: tuple(map(int, s.split(":"))),
                    help="R:S: the rank launched as R dies at step S")
     p.add_argument("--die-spawning", type=int, help="the rank launched as this dies during the first spawn")
+    p.add_argument("--notice-spawning", type=int, help="the rank launched as this gets a launcher's notice "
+                   "(SIGUSR1) during the first spawn")
     p.add_argument("--die-joining", help="the first newcomer to make this file ends before MPI starts")
     p.add_argument("--timing", action="store_true", help="print when growth starts and a newcomer's first step ends")
     p.add_argument("--out", help="rank 0 writes the final weights here (.npy)")
