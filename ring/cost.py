@@ -26,9 +26,14 @@ halving         check + 2 log2(p) k     2(p-1)/p N + [n > p] 2N     (p-1)/p N + 
 ==============  ======================  ==========================  ============================
 
 Doubling counts the same for every collective (all-gather and broadcast combine by
-bitwise or where all-reduce reduces). The ``+ 1`` of doubling is its copies into and out
-of the message; the ring's ``/ k`` is its pipeline (it reduces one segment while the next
-one moves; the others run in lockstep). Two levels (H hosts of L ranks) add a local
+bitwise or where all-reduce reduces), but the all-gather on two ranks, whose message is its
+sender's own rows (N/2 moved; copied into the message, then both halves into the result: 3N/2).
+The ``+ 1`` of doubling is its copies into and out of the message; the ring's ``/ k`` is its pipeline (it reduces one segment while the next
+one moves; the others run in lockstep). The all-gather's ring waits for every rank's row
+counts (one doubling exchange) before its first message: a round of its own, priced as one
+call more (on two ranks, measured: 10 us more than the doubling at 8 B a rank, whose message
+carries counts and rows at once; the doubling stays ahead to 32 KiB a rank, the ring from 64).
+Two levels (H hosts of L ranks) add a local
 reduce-scatter and all-gather (the ring on L ranks, local link) to an all-reduce of N/L
 across hosts (network link).
 
@@ -85,7 +90,8 @@ class Costs:
     gamma: float
 
     def time(self, terms: "Terms") -> float:
-        return self.call + self.alpha * terms.messages + self.beta * terms.moved + self.gamma * terms.reduced
+        return (self.call * (1 + terms.calls) + self.alpha * terms.messages + self.beta * terms.moved
+                + self.gamma * terms.reduced)
 
 
 #: Fitted on the 2-core development machine, n = 2, float32 sum, every algorithm of every
@@ -101,13 +107,17 @@ LANES = Costs(call=5.63e-6, alpha=3.93e-6, beta=0.126e-9, gamma=0.090e-9)
 
 
 class Terms(NamedTuple):
-    """What one call does on its slowest rank: messages, bytes sent, bytes reduced (or copied)."""
+    """What one call does on its slowest rank: messages, bytes sent, bytes reduced (or copied), and
+    ``calls``: rounds it waits through before its data moves, each priced as a call (the all-gather's
+    ring, whose counts come first)."""
     messages: float
     moved: float
     reduced: float
+    calls: float = 0
 
     def __add__(self, other):   # (a NamedTuple adds by concatenating)
-        return Terms(self.messages + other.messages, self.moved + other.moved, self.reduced + other.reduced)
+        return Terms(self.messages + other.messages, self.moved + other.moved, self.reduced + other.reduced,
+                     self.calls + other.calls)
 
 
 def candidates(op: str, nbytes: int, doubling_bytes: int = DOUBLING_MAX_BYTES) -> tuple[str, ...]:
@@ -139,16 +149,18 @@ def terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int = 4 <
     ``wire_ratio`` < 1: a compressed all-reduce (see the module).
 
     >>> terms("allreduce", "ring", 4, 4096, check=False)
-    Terms(messages=6, moved=6144.0, reduced=3072.0)
+    Terms(messages=6, moved=6144.0, reduced=3072.0, calls=0)
     >>> terms("allreduce", "ring", 4, 4096, check=False, wire_ratio=0.5)   # half the bytes; the codec's work
-    Terms(messages=6, moved=3072.0, reduced=17408.0)
+    Terms(messages=6, moved=3072.0, reduced=17408.0, calls=0)
+    >>> terms("allgather", "ring", 2, 4096), terms("allgather", "doubling", 2, 4096)   # counts first; one message
+    (Terms(messages=2, moved=2048.0, reduced=2048.0, calls=1), Terms(messages=1, moved=2048.0, reduced=6144.0, calls=0))
     """
     counted = _terms(op, algorithm, n, nbytes, segment_bytes, check)
     if wire_ratio == 1.0 or algorithm == "doubling" or n == 1:
         return counted
     # every byte sent was encoded and every byte received decoded; the owner rounds its chunk
     codec = 2 * counted.moved + 2 * nbytes / n
-    return Terms(counted.messages, counted.moved * wire_ratio, counted.reduced + codec)
+    return Terms(counted.messages, counted.moved * wire_ratio, counted.reduced + codec, counted.calls)
 
 
 def _terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int, check: bool) -> Terms:
@@ -161,6 +173,8 @@ def _terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int, che
     checking = Terms(s if check or op == "allgather" else 0, 0, 0)   # (an all-gather's lengths, always)
     segments = max(1, math.ceil(nbytes / n / segment_bytes))
     if algorithm == "doubling":
+        if op == "allgather" and n == 2:   # (its sender's rows alone: ``algorithms.allgather_message``)
+            return Terms(1, nbytes / 2, 3 * nbytes / 2)
         return Terms(s, s * nbytes, (log_p + folded + 1) * nbytes)
     if algorithm == "halving":
         fold = Terms(2 * math.ceil(nbytes / segment_bytes), 2 * nbytes, nbytes) if folded else Terms(0, 0, 0)
@@ -174,7 +188,7 @@ def _terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int, che
     if op == "reduce_scatter":
         return checking + Terms((n - 1) * segments, share, exposed)
     if op == "allgather":
-        return checking + Terms((n - 1) * segments, share, nbytes / n)   # (its own block, copied into place)
+        return checking + Terms((n - 1) * segments, share, nbytes / n, calls=1)   # (its own block, copied into place)
     if op == "broadcast":
         k = max(1, math.ceil(nbytes / segment_bytes))
         return checking + Terms(n - 2 + k, (n - 2 + k) * nbytes / k, 0)
