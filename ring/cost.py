@@ -2,10 +2,11 @@
 
 Every algorithm's time is a sum over what it does on its slowest path::
 
-    time = call + alpha * messages + beta * bytes moved + gamma * bytes reduced
+    time = call * (1 + rounds) + alpha * messages + beta * bytes moved + gamma * bytes reduced
 
 ``call`` is the fixed cost of one call (Python: validation, the frame, the cross-rank
-check's bookkeeping), ``alpha`` the cost of one message (latency and software), ``beta``
+check's bookkeeping), paid once more for each round the call waits through before its data
+moves (``rounds``: only the all-gather's ring, below), ``alpha`` the cost of one message (latency and software), ``beta``
 seconds per byte a rank sends, ``gamma`` seconds per byte combined (or copied). The
 counts come from the schedules (``ring.schedule``, ``ring.doubling``); the four numbers
 are measured: ``python -m bench --model`` fits them to a sweep of every algorithm and

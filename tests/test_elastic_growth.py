@@ -155,10 +155,10 @@ def test_a_newcomer_that_ends_before_it_joins_costs_the_spawns_root_which_says_s
 @needs_mpich
 @pytest.mark.quick
 def test_a_launchers_notice_during_a_spawn_does_not_give_it_up(tmp_path):
-    """The notice does not say whose death it tells (in CI: a rank that had just left gave the next
-    spawn up); a member that gave the spawn up on it while the spawn ended on the others split the
-    job in two worlds, each waiting for the other. Here one member alone hears a notice inside the
-    spawn: the newcomer joins all the same."""
+    """The notice does not say whose death it tells (a rank that had just left, say); a member that
+    gave the spawn up on it while the spawn ended on the others would split the job in two worlds,
+    each waiting for the other. Here one member alone hears a notice inside the spawn: the newcomer
+    joins all the same."""
     out = tmp_path / "w.npy"
     args = [*PROGRAM, "--steps", "30", "--notice-spawning", "1", "--discovery", "echo localhost:3",
             "--grow-to", "3", "--out", str(out)]
@@ -171,10 +171,10 @@ def test_a_launchers_notice_during_a_spawn_does_not_give_it_up(tmp_path):
 
 
 def _regrowth_never_started(output: str) -> bool:
-    """MPICH's launcher (hydra 5.0.2) sometimes starts none of the newcomers of the spawn that
-    follows one given up whose root has left (about 1 run in 30 beside a busy CPU; no proxy for them
-    15 s in): the members give it up when the newcomers did not join in time, and its root ends, as
-    docs/elastic.md says. Not the runtime's doing: such a run is made once more."""
+    """MPICH's launcher (hydra 5.0.2) may start none of the newcomers of the spawn that follows one
+    given up whose root has left (docs/elastic.md: no proxy for them 15 s in): the members give it up
+    when the newcomers did not join in time, and its root ends, as the docs say. Not the runtime's
+    doing: such a run is made once more."""
     return bool(re.search(r"the spawn of \d newcomer\(s\) was given up: the newcomers did not join in time",
                           output)) and "joined" not in output
 
