@@ -110,8 +110,8 @@ def test_a_newcomer_that_dies_is_left_behind_like_any_rank_and_its_host_left_out
 @pytest.mark.parametrize("victim", [1, 0], ids=["a-member", "the-spawns-root"])
 def test_a_member_that_dies_during_a_spawn_leaves_the_others_to_go_on_and_grow_again(tmp_path, victim):
     """MPI's spawn would wait for ever for a member that died in it: the members give it up, those
-    that can go on make a world of their own (the spawn's root too, unless MPI stays held by the
-    spawn left behind: then it ends as well, and says so), and discovery grows the job again."""
+    that can go on make a world of their own (the spawn's root, in which MPI stays held by the spawn
+    left behind, ends as well, and says so), and discovery grows the job again."""
     out = tmp_path / "w.npy"
     args = [*PROGRAM, "--steps", "60", "--die-spawning", str(victim), "--discovery", "echo localhost:4",
             "--grow-to", "4", "--out", str(out)]
@@ -119,9 +119,10 @@ def test_a_member_that_dies_during_a_spawn_leaves_the_others_to_go_on_and_grow_a
     if _regrowth_never_started(result.stdout):
         result = run_world(3, args, BOUND_S, launcher_args=keep_survivors())
     output = result.stdout
-    given_up = re.search(rf"elastic: ranks? ([\d, ]+) gone: 3 -> \d ranks \(the spawn of 1 newcomer\(s\) was given up: "
-                         rf"rank\(s\) \[{victim}\] died\); back to step", output)
-    assert given_up and str(victim) in given_up.group(1).split(", "), output[-3000:]
+    given_up = re.search(r"elastic: ranks? ([\d, ]+) gone: 3 -> \d ranks \(the spawn of 1 newcomer\(s\) was given up: "
+                         r"rank\(s\) \[([\d, ]+)\] died\); back to step", output)
+    # (the spawn's root ends at once: a member's look may find it gone beside the victim)
+    assert given_up and all(str(victim) in given_up.group(k).split(", ") for k in (1, 2)), output[-3000:]
     assert re.search(r"elastic: \d joined: \d -> 4 ranks", output), output[-3000:]
     done = _done(output)
     assert len(done) == 4 and all(size == 4 and steps == 60 for _, _, size, steps in done), output[-3000:]
