@@ -114,7 +114,7 @@ def fit(rows: list[dict], segment_bytes: int, check: bool) -> cost.Costs:
     """Step 2: the non-negative costs that minimise the squared relative error over ``rows``."""
     names = ["call", "alpha", "beta", "gamma"]
     counted = [cost.terms(r["op"], r["algorithm"], r["n"], r["bytes"], segment_bytes, check) for r in rows]
-    design = np.array([[1.0 + t.calls, t.messages, t.moved, t.reduced] for t in counted])
+    design = np.array([[1.0 + t.rounds, t.messages, t.moved, t.reduced] for t in counted])
     measured = np.array([r["seconds"] for r in rows])
     free = list(range(4))
     while True:

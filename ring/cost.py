@@ -6,8 +6,8 @@ Every algorithm's time is a sum over what it does on its slowest path::
 
 ``call`` is the fixed cost of one call (Python: validation, the frame, the cross-rank
 check's bookkeeping), paid once more for each round the call waits through before its data
-moves (``rounds``: only the all-gather's ring, below), ``alpha`` the cost of one message (latency and software), ``beta``
-seconds per byte a rank sends, ``gamma`` seconds per byte combined (or copied). The
+moves (``rounds``: only the all-gather's ring, below), ``alpha`` the cost of one message
+(latency and software), ``beta`` seconds per byte a rank sends, ``gamma`` seconds per byte combined (or copied). The
 counts come from the schedules (``ring.schedule``, ``ring.doubling``); the four numbers
 are measured: ``python -m bench --model`` fits them to a sweep of every algorithm and
 prints how well they predict it. The runtime picks, per call, the algorithm with the least
@@ -29,12 +29,12 @@ halving         check + 2 log2(p) k     2(p-1)/p N + [n > p] 2N     (p-1)/p N + 
 Doubling counts the same for every collective (all-gather and broadcast combine by
 bitwise or where all-reduce reduces), but the all-gather on two ranks, whose message is its
 sender's own rows (N/2 moved; copied into the message, then both halves into the result: 3N/2).
-The ``+ 1`` of doubling is its copies into and out of the message; the ring's ``/ k`` is its pipeline (it reduces one segment while the next
-one moves; the others run in lockstep). The all-gather's ring waits for every rank's row
-counts (one doubling exchange) before its first message: a round of its own, priced as one
-call more (on two ranks, measured: 10 us more than the doubling at 8 B a rank, whose message
-carries counts and rows at once; the doubling stays ahead to 32 KiB a rank, the ring from 64).
-Two levels (H hosts of L ranks) add a local
+The ``+ 1`` of doubling is its copies into and out of the message; the ring's ``/ k`` is its
+pipeline (it reduces one segment while the next one moves; the others run in lockstep). The
+all-gather's ring waits for every rank's row counts (one doubling exchange) before its first
+message: a round of its own, priced as one call more (on two ranks, measured: 10 us more than
+the doubling at 8 B a rank, whose message carries counts and rows at once; the doubling stays
+ahead to 32 KiB a rank, the ring from 64). Two levels (H hosts of L ranks) add a local
 reduce-scatter and all-gather (the ring on L ranks, local link) to an all-reduce of N/L
 across hosts (network link).
 
@@ -91,7 +91,7 @@ class Costs:
     gamma: float
 
     def time(self, terms: "Terms") -> float:
-        return (self.call * (1 + terms.calls) + self.alpha * terms.messages + self.beta * terms.moved
+        return (self.call * (1 + terms.rounds) + self.alpha * terms.messages + self.beta * terms.moved
                 + self.gamma * terms.reduced)
 
 
@@ -109,16 +109,16 @@ LANES = Costs(call=5.63e-6, alpha=3.93e-6, beta=0.126e-9, gamma=0.090e-9)
 
 class Terms(NamedTuple):
     """What one call does on its slowest rank: messages, bytes sent, bytes reduced (or copied), and
-    ``calls``: rounds it waits through before its data moves, each priced as a call (the all-gather's
-    ring, whose counts come first)."""
+    ``rounds`` it waits through before its data moves, each priced as a call (the all-gather's ring,
+    whose row counts come first)."""
     messages: float
     moved: float
     reduced: float
-    calls: float = 0
+    rounds: float = 0
 
     def __add__(self, other):   # (a NamedTuple adds by concatenating)
         return Terms(self.messages + other.messages, self.moved + other.moved, self.reduced + other.reduced,
-                     self.calls + other.calls)
+                     self.rounds + other.rounds)
 
 
 def candidates(op: str, nbytes: int, doubling_bytes: int = DOUBLING_MAX_BYTES) -> tuple[str, ...]:
@@ -150,18 +150,20 @@ def terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int = 4 <
     ``wire_ratio`` < 1: a compressed all-reduce (see the module).
 
     >>> terms("allreduce", "ring", 4, 4096, check=False)
-    Terms(messages=6, moved=6144.0, reduced=3072.0, calls=0)
+    Terms(messages=6, moved=6144.0, reduced=3072.0, rounds=0)
     >>> terms("allreduce", "ring", 4, 4096, check=False, wire_ratio=0.5)   # half the bytes; the codec's work
-    Terms(messages=6, moved=3072.0, reduced=17408.0, calls=0)
-    >>> terms("allgather", "ring", 2, 4096), terms("allgather", "doubling", 2, 4096)   # counts first; one message
-    (Terms(messages=2, moved=2048.0, reduced=2048.0, calls=1), Terms(messages=1, moved=2048.0, reduced=6144.0, calls=0))
+    Terms(messages=6, moved=3072.0, reduced=17408.0, rounds=0)
+    >>> terms("allgather", "ring", 2, 4096)        # the counts first, a round of their own
+    Terms(messages=2, moved=2048.0, reduced=2048.0, rounds=1)
+    >>> terms("allgather", "doubling", 2, 4096)    # one message: its sender's counts and rows
+    Terms(messages=1, moved=2048.0, reduced=6144.0, rounds=0)
     """
     counted = _terms(op, algorithm, n, nbytes, segment_bytes, check)
     if wire_ratio == 1.0 or algorithm == "doubling" or n == 1:
         return counted
     # every byte sent was encoded and every byte received decoded; the owner rounds its chunk
     codec = 2 * counted.moved + 2 * nbytes / n
-    return Terms(counted.messages, counted.moved * wire_ratio, counted.reduced + codec, counted.calls)
+    return Terms(counted.messages, counted.moved * wire_ratio, counted.reduced + codec, counted.rounds)
 
 
 def _terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int, check: bool) -> Terms:
@@ -189,7 +191,7 @@ def _terms(op: str, algorithm: str, n: int, nbytes: int, segment_bytes: int, che
     if op == "reduce_scatter":
         return checking + Terms((n - 1) * segments, share, exposed)
     if op == "allgather":
-        return checking + Terms((n - 1) * segments, share, nbytes / n, calls=1)   # (its own block, copied into place)
+        return checking + Terms((n - 1) * segments, share, nbytes / n, rounds=1)   # (its own block, copied into place)
     if op == "broadcast":
         k = max(1, math.ceil(nbytes / segment_bytes))
         return checking + Terms(n - 2 + k, (n - 2 + k) * nbytes / k, 0)

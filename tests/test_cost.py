@@ -157,7 +157,7 @@ def test_on_two_ranks_the_runtime_prices_a_collective_with_lanes_as_its_lanes_ru
 
 def test_on_two_ranks_the_all_gather_keeps_the_doubling_to_32_kib_a_rank_as_measured():
     """The all-gather's ring waits for every rank's counts before its one message (a round of its own,
-    ``Terms.calls``); the doubling's one message carries counts and rows, on two ranks its sender's rows
+    ``Terms.rounds``); the doubling's one message carries counts and rows, on two ranks its sender's rows
     alone. Measured on the 2-core Xeon (2026-11-30, n=2, forced in turn, tight loop, a lane each):
     doubling 10.1 / 19.0 / 24.3 / 34.1 us, the ring 20.3 / 26.0 / 27.8 / 33.2 us at 8 B / 16 / 32 /
     64 KiB a rank. The lanes' prices said the ring from 16 KiB a rank."""
