@@ -171,6 +171,22 @@ def test_a_launchers_notice_during_a_spawn_does_not_give_it_up(tmp_path):
     np.testing.assert_array_equal(np.load(out), reference(30))
 
 
+@needs_mpich
+@pytest.mark.quick
+def test_a_newcomer_that_joined_outlives_a_later_notice_to_its_supervisor(tmp_path):
+    """A supervisor ends a rank whose MPI_Init outlives a failure notice by 0.5 s (it would wait
+    there for ever); a newcomer's supervisor must hear that MPI started before the joining closes
+    its pipe, or any notice after the join (a late process of a spawn given up) ends a newcomer at work."""
+    out = tmp_path / "w.npy"
+    args = [*PROGRAM, "--steps", "40", "--notice-joined", "--sleep", "0.05", "--discovery", "echo localhost:3",
+            "--grow-to", "3", "--out", str(out)]
+    result = run_world(2, args, BOUND_S, launcher_args=keep_survivors())
+    output = result.stdout
+    assert result.returncode == 0 and "gone" not in output, output[-3000:]
+    assert sorted(_done(output)) == [(-1, 2, 3, 40), (0, 0, 3, 40), (1, 1, 3, 40)], output[-3000:]
+    np.testing.assert_array_equal(np.load(out), reference(40))
+
+
 def _regrowth_never_started(output: str) -> bool:
     """MPICH's launcher (hydra 5.0.2) may start none of the newcomers of the spawn that follows one
     given up whose root has left (docs/elastic.md: no proxy for them 15 s in): the members give it up

@@ -155,8 +155,10 @@ def _start(given: dict, setup_timeout: float | None = None, comm=None) -> None:
     spawned into a running job (``changes``) joins its world; a lone task of several srun started is refused."""
     with _setting_up:
         if life.world is None:
-            if comm is None and not changes.joining():
-                launchers.refuse_lone_srun_task(mpi())
+            if comm is None:   # (a newcomer too: its supervisor hears STARTED before joining closes the pipe)
+                started = mpi()
+                if not changes.joining():
+                    launchers.refuse_lone_srun_task(started)
             joining = changes.join_spawners() if comm is None and changes.joining() else None
             comm = joining or comm
             found, problem = config.read(given, from_environment=True, rank=(comm or mpi().COMM_WORLD).Get_rank())

@@ -14,6 +14,7 @@ gradient depends on the weights, so a step applied twice or lost would show.
 before the newcomers came. ``--kill R:S``: the process that the launcher made rank R dies by
 SIGKILL at step S; ``--die-spawning R``: during the first spawn (``--notice-spawning R``: gets
 the launcher's notice of a death, SIGUSR1, there, as of a death before the spawn);
+``--notice-joined``: each newcomer's supervisor gets one at the newcomer's first step;
 ``--die-joining PATH``: the first newcomer to make PATH ends before MPI starts (as one whose
 MPI_Init failed). ``--log PATH``: rank 0 appends ``commit N`` to PATH after each commit that did
 not grow the world, N ranks (the growth check of that commit passed). Every rank prints one line
@@ -71,6 +72,8 @@ def main() -> int:
             if state.step < args.steps:
                 if (launched_as, state.step) in args.kill:
                     os.kill(os.getpid(), signal.SIGKILL)
+                if launched_as == -1 and args.notice_joined and not noticed:
+                    noticed.append(os.kill(os.getppid(), signal.SIGUSR1))   # (its supervisor: a notice, as of a death)
                 share = np.array_split(np.arange(BATCH), col.size())[col.rank()]
                 g = col.allreduce(gradient(state.w, state.step, share))
                 state.w += g
@@ -93,6 +96,7 @@ def main() -> int:
         return state.w
 
     timed: list = []
+    noticed: list = []
     w = col.elastic.run(train, state, min_ranks=1, max_ranks=args.max_ranks, host_discovery=args.discovery,
                         discovery_interval=args.interval)
     print(f"[{launched_as}->{col.rank()}/{col.size()}] done step {state.step} sum {w.sum():.1f} on "
@@ -163,6 +167,8 @@ def _arguments():
     p.add_argument("--die-spawning", type=int, help="the rank launched as this dies during the first spawn")
     p.add_argument("--notice-spawning", type=int, help="the rank launched as this gets a launcher's notice "
                    "(SIGUSR1) during the first spawn")
+    p.add_argument("--notice-joined", action="store_true", help="each newcomer's supervisor gets a launcher's "
+                   "notice (SIGUSR1) at the newcomer's first step")
     p.add_argument("--die-joining", help="the first newcomer to make this file ends before MPI starts")
     p.add_argument("--timing", action="store_true", help="print when growth starts and a newcomer's first step ends")
     p.add_argument("--out", help="rank 0 writes the final weights here (.npy)")
