@@ -21,7 +21,8 @@ def failure_notices() -> int:
 
 
 class NoticeWatch:
-    """For a wait that cannot tell who died (a world's first setup, a spawn): the launcher's
+    """For a wait that cannot tell who died (a world's first setup; not a spawn, whose members see
+    every death among them directly: ``collectives.process.changes.spawn_newcomers``): the launcher's
     notice is its only word of a death, and the death may not concern it, so it gives up only
     once a notice (beyond the ``heeded`` first ones) has gone unanswered for NOTICE_GRACE seconds.
 
