@@ -48,6 +48,8 @@ from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, Transpor
 _PROBLEM_BYTES = 512
 #: A call that comes this long after the start of the group's last call comes after a pause (``after_a_pause``).
 PAUSE_SECONDS = 0.01
+#: A lane's call that comes within this of the start of its own last call comes back to back (``back_to_back``).
+BACK_TO_BACK_SECONDS = 0.0001
 _REDUCTIONS = table.REDUCING   # (the floating-point guard)
 
 
@@ -60,7 +62,7 @@ class Call(Bound):
     call alone: its body fills in what it ran, the frame returns it with the result."""
 
     __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes", "signed",
-                 "template", "in_step", "after_a_pause", "began")
+                 "template", "in_step", "after_a_pause", "back_to_back", "began")
 
     def __init__(self, group: CallGroup, name: str, timeout: object, call_name: object = None, forced: object = None,
                  thread: str = "", background: bool = False):
@@ -84,18 +86,23 @@ class Call(Bound):
         #: words may have queued up meanwhile (``Control.check_gave_up``'s drain). (Its start, not its last
         #: progress: that is lost where its window is infinite; a long call is followed by a drain.)
         self.after_a_pause = last is None or now - last.began > PAUSE_SECONDS
+        self.back_to_back = False   # (see renew)
         self.stop = runtime.stopped   # (set by runtime.stop: a wait in flight ends at its next look)
         self.background = background
 
     def renew(self) -> int:
         """Make this call the group's next of its kind, as a lane reuses it (``collectives.ops.express``):
-        a new number (returned), a fresh deadline, not yet in step."""
+        a new number (returned), a fresh deadline, not yet in step; ``back_to_back`` where the group's
+        last call was this one, begun at most BACK_TO_BACK_SECONDS before: it needs no look for a new
+        give-up after its message (``collectives.ops.express``: "One look fewer")."""
         last = self.group.last
         self.seq = seq = self.group.next_call(self)
         self.in_step = False
         now = monotonic()
-        self.after_a_pause = now - last.began > PAUSE_SECONDS   # (as in __init__; ``last`` may be this call, a
-        self.began, self.until = now, now + self.window         # lane's: its start is read before it moves)
+        since = now - last.began   # (``last`` may be this call: its start is read before it moves)
+        self.after_a_pause = since > PAUSE_SECONDS   # (as in __init__)
+        self.back_to_back = last is self and since <= BACK_TO_BACK_SECONDS
+        self.began, self.until = now, now + self.window
         return seq
 
     def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,

@@ -11,17 +11,18 @@ signature alone back) on two ranks; their lanes (``express.AllreduceLane``, ``Al
 lane, a function that does in one frame what the lane's call does in five or more
 (``express.allreduce_lane``, ``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``,
 ``Persistent.run``), its objects in local cells: the same checks, the same engine turn, the same
-message (the signature in front of the data), the same bounded wait, the same look for a give-up and
-the same errors. It sets the floating-point guard while the partner's message is on its way (the
-lane, before it sends); the look for a rank that gave the call up comes after the message, as the
-lane's (a give-up sent after the partner's data lands behind it in MPICH's queues: a look before the
-data moved would miss it). Anything rare goes to the owner of that case: a turn not free at once
-(``Lane.run``), a call after a pause (``Control.check_gave_up``'s drain), a request freed or a send
-guarded (``Persistent.run``), a wait past the quick polls or an error (``Persistent.wait``,
-``Persistent.failed``), a disagreement (``Lane.disagree``), an all-gather whose ranks brought other
-counts (``AllgatherLane.unalike``), whatever ends the call (``call.ended``). A call it does not
-serve (another kind, an ``out`` it may not write), it returns None for: the caller takes the lane's
-lookup, then the usual way.
+message (the signature in front of the data), the same bounded wait and the same errors. It sets the
+floating-point guard while the partner's message is on its way (the lane, before it sends). The look
+for a rank that gave the call up comes after the message, as the lane's (a give-up sent after the
+partner's data lands behind it in MPICH's queues: a look before the data moved would miss it), and
+as the lane's, not where the call comes back to back with the lane's last and no give-up is on
+record (``collectives.ops.express``: "One look fewer"). Anything rare goes to the owner of that
+case: a turn not free at once (``Lane.run``), a call after a pause (``Control.check_gave_up``'s
+drain), a request freed or a send guarded (``Persistent.run``), a wait past the quick polls or an
+error (``Persistent.wait``, ``Persistent.failed``), a disagreement (``Lane.disagree``), an all-gather
+whose ranks brought other counts (``AllgatherLane.unalike``), whatever ends the call
+(``call.ended``). A call it does not serve (another kind, an ``out`` it may not write), it returns
+None for: the caller takes the lane's lookup, then the usual way.
 
     >>> x = np.ones(2, np.float32)                                                   # doctest: +SKIP
     >>> col.allreduce(x); col.allreduce(x)   # the usual way, then the lane, which wires its exchange # doctest: +SKIP
@@ -157,7 +158,8 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                             wire.wait(call)
                     except BaseException as e:
                         wire.failed(e, call)
-                control.check_gave_up(seq)   # (after the message: MPICH moves a word queued behind it then)
+                if not call.back_to_back or control.departed or control.gave_up:   # (express: "One look fewer")
+                    control.check_gave_up(seq)   # (after the message: MPICH moves a word queued behind it then)
                 if recv_check.tobytes() != header:
                     lane.disagree(header)
                 if combine is None:

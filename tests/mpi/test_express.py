@@ -8,7 +8,8 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
-from collectives.calls.call import PAUSE_SECONDS
+from collectives.calls import call as call_module
+from collectives.calls.call import BACK_TO_BACK_SECONDS, PAUSE_SECONDS
 from collectives.ops import express
 
 pytestmark = pytest.mark.mpi
@@ -669,3 +670,34 @@ def test_a_lanes_call_after_a_pause_reads_the_others_words_before_it_sends(colle
     time.sleep(3 * PAUSE_SECONDS)   # (the pause under test: the program's own work)
     call()
     assert drains.count(True) == 1, drains
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "broadcast", "allgather"])
+@pytest.mark.parametrize("gap, looks", [(BACK_TO_BACK_SECONDS / 10, False), (BACK_TO_BACK_SECONDS * 10, True)])
+def test_a_lanes_call_back_to_back_with_its_last_makes_no_look_for_a_new_give_up(collective, gap, looks,
+                                                                                monkeypatch):
+    """A lane's call that begins within BACK_TO_BACK_SECONDS of its own last begins cannot find a new
+    give-up after its message (``collectives.ops.express``: "One look fewer"), and makes no look; one
+    that begins later looks as the usual way does. The calls' clock is stepped by ``gap`` a call, from
+    the real one (their deadlines stay ahead), so that the test does not hang on this machine's speed."""
+    x = _contribution((3,), np.float32, 1)
+    call = {"allreduce": lambda: col.allreduce(x), "broadcast": lambda: col.broadcast(x, 0),
+            "allgather": lambda: col.allgather(x)}[collective]
+    for _ in range(3):   # (the usual way, the lane making its exchange ready, the lane: on two ranks, one function)
+        call()
+    started, steps = time.monotonic(), iter(range(1, 10 ** 6))
+    monkeypatch.setattr(call_module, "monotonic", lambda: started + next(steps) * gap)
+    control = col.world_group().transport.control
+    seen = []
+    looked = type(control).check_gave_up
+
+    def counted(self, seq, drain=False, name=None):
+        seen.append(drain)
+        return looked(self, seq, drain, name)
+    monkeypatch.setattr(type(control), "check_gave_up", counted)
+    call()   # (its last began before the clock was stepped: a pause)
+    del seen[:]
+    for _ in range(20):
+        call()
+    monkeypatch.undo()
+    assert seen == ([False] * 20 if looks else []), seen
