@@ -372,6 +372,22 @@ def test_a_rank_late_after_calls_with_an_infinite_timeout_fails_the_call_too(n, 
                                              r"it stopped after a failure)", message), output
 
 
+@pytest.mark.parametrize("n, collective", [(2, "allreduce"), (3, "allreduce"), (2, "broadcast"), (2, "allgather")])
+def test_a_rank_stalled_inside_a_back_to_back_lane_call_until_the_others_timed_out_fails_it_too(n, collective):
+    """Rank 1 runs a tight loop of small calls on a lane (every call back to back with its last) and is
+    paused inside one, after it began and before its message left, until the others timed out of it:
+    it fails the call too. A back-to-back call skips the look for a give-up only where the look itself
+    comes within 0.1 ms of the last call's start (judged at the call's start instead, rank 1 completed
+    the call alone: a helper's SIGSTOP between a call's start and its send, 5 launches in 33)."""
+    result = run_world(n, ["-m", "tests.programs.faults", "stalled-in-a-lane-call", collective], BOUND_S)
+    output = result.stdout
+    errors = reported_errors(output)
+    assert "ok late call" not in output and sorted(errors) == list(range(n)), output
+    seconds, message = errors[1]
+    assert re.search(rf"{collective} #\d+ on rank 1: rank [02] (gave up|left: it stopped after a failure)",
+                     message), output
+
+
 def test_ranks_that_come_with_no_pause_to_a_call_a_rank_gave_up_fail_it_at_once():
     """With the check off a ring broadcast's root ends before the last rank; it gives up the next call
     while that rank is away. The two others come to it straight from the broadcast (no pause, so no

@@ -48,7 +48,8 @@ from ring.transport.base import ROLL_CALL_GRACE, Bound, TransportError, Transpor
 _PROBLEM_BYTES = 512
 #: A call that comes this long after the start of the group's last call comes after a pause (``after_a_pause``).
 PAUSE_SECONDS = 0.01
-#: A lane's call that comes within this of the start of its own last call comes back to back (``back_to_back``).
+#: A lane's call whose look for a give-up would come within this of the start of its own last call
+#: needs none (``no_look_until``).
 BACK_TO_BACK_SECONDS = 0.0001
 _REDUCTIONS = table.REDUCING   # (the floating-point guard)
 
@@ -62,7 +63,7 @@ class Call(Bound):
     call alone: its body fills in what it ran, the frame returns it with the result."""
 
     __slots__ = ("group", "runtime", "name", "call_name", "thread", "forced", "algorithm", "nbytes", "signed",
-                 "template", "in_step", "after_a_pause", "back_to_back", "began")
+                 "template", "in_step", "after_a_pause", "no_look_until", "began")
 
     def __init__(self, group: CallGroup, name: str, timeout: object, call_name: object = None, forced: object = None,
                  thread: str = "", background: bool = False):
@@ -86,22 +87,23 @@ class Call(Bound):
         #: words may have queued up meanwhile (``Control.check_gave_up``'s drain). (Its start, not its last
         #: progress: that is lost where its window is infinite; a long call is followed by a drain.)
         self.after_a_pause = last is None or now - last.began > PAUSE_SECONDS
-        self.back_to_back = False   # (see renew)
+        self.no_look_until = 0.0   # (see renew)
         self.stop = runtime.stopped   # (set by runtime.stop: a wait in flight ends at its next look)
         self.background = background
 
     def renew(self) -> int:
         """Make this call the group's next of its kind, as a lane reuses it (``collectives.ops.express``):
-        a new number (returned), a fresh deadline, not yet in step; ``back_to_back`` where the group's
-        last call was this one, begun at most BACK_TO_BACK_SECONDS before: it needs no look for a new
-        give-up after its message (``collectives.ops.express``: "One look fewer")."""
+        a new number (returned), a fresh deadline, not yet in step; ``no_look_until``, where the group's
+        last call was this one, that call's start plus BACK_TO_BACK_SECONDS: a look for a new give-up
+        after the message that comes before then would find none (``collectives.ops.express``: "One
+        look fewer"), else 0."""
         last = self.group.last
         self.seq = seq = self.group.next_call(self)
         self.in_step = False
         now = monotonic()
-        since = now - last.began   # (``last`` may be this call: its start is read before it moves)
-        self.after_a_pause = since > PAUSE_SECONDS   # (as in __init__)
-        self.back_to_back = last is self and since <= BACK_TO_BACK_SECONDS
+        # (``last`` may be this call: its start is read before it moves)
+        self.after_a_pause = now - last.began > PAUSE_SECONDS   # (as in __init__)
+        self.no_look_until = last.began + BACK_TO_BACK_SECONDS if last is self else 0.0
         self.began, self.until = now, now + self.window
         return seq
 

@@ -14,16 +14,18 @@ fewer Python frames (``scripts/call_cost.py`` counts them). Anything else, or a 
 fits (the settings changed, a timeline records), takes the usual way.
 
 One look fewer: after its message, the usual way looks whether a rank gave the call up (the late
-rank's failure of issue 58: it fails too, instead of completing alone). A lane's call that comes back
-to back with the lane's last (``Call.back_to_back``: begun within 0.1 ms of it) looks only at the
-give-ups already on record: it would find no new one. Every lane's message reaches every member (an
-agreement), so a member began call k after its call k-1 ended, which needed this rank's message of
-k-1; a member gives k up by timeout at least that timeout after it began k, so after this rank's
-k-1 began and after the member's own message of k left. This rank's look at k comes within 0.1 ms of
-its k-1, just after that message: before a timeout of 0.1 ms or more ends. (A call after another
-kind, or after a pause, looks as ever; a give-up for another cause, a Ctrl-C or a failure on another
-thread, comes at any moment and races the look on every path: the next call finds it.) Measured:
-the look was a sixth of a two-rank 8-byte call's time (docs/performance.md).
+rank's failure of issue 58: it fails too, instead of completing alone). A lane's call whose look
+would come within 0.1 ms of the start of the lane's last call (``Call.no_look_until``, the clock
+read where the look would be) looks only at the give-ups already on record: it would find no new one.
+Every lane's message reaches every member (an agreement), so a member began call k after its call
+k-1 ended, which needed this rank's message of k-1, sent after this rank's k-1 began; a member gives k
+up by timeout at least that timeout after it began k: after this rank's look, for any timeout over
+0.1 ms. (The clock is read at the look, not at the call's start: a rank paused inside its call, by
+the system or a signal's handler, after it began and before its message left, lets the others time
+out meanwhile, and it looks.) A call after another kind, or after a pause, looks as ever; a give-up
+for another cause, a Ctrl-C or a failure on another thread, comes at any moment and races the look on
+every path: the next call finds it. Measured: the look was a sixth of a two-rank 8-byte call's time
+(docs/performance.md).
 
     >>> x = np.ones(2, np.float32)                                                   # doctest: +SKIP
     >>> col.allreduce(x)            # sets the lane up                               # doctest: +SKIP
@@ -35,6 +37,7 @@ import copy
 import functools
 import math
 from threading import get_ident
+from time import monotonic
 from typing import Any, Callable, NoReturn
 
 import numpy as np
@@ -111,8 +114,9 @@ class Lane:
                 if seq >= self.wider_at:
                     self.header, self.wider_at = doubling.header_template(self.template, seq)
                 result = self.move(self.header % seq, x, out)
-                if not call.back_to_back or self.control.departed or self.control.gave_up:   # (the module's "One
-                    self.control.check_gave_up(seq)                                          # look fewer")
+                control = self.control
+                if monotonic() > call.no_look_until or control.departed or control.gave_up:   # (the module's
+                    control.check_gave_up(seq)                                                # "One look fewer")
                 held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
             except BaseException as e:
                 held.on = True

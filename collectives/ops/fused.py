@@ -15,14 +15,14 @@ message (the signature in front of the data), the same bounded wait and the same
 floating-point guard while the partner's message is on its way (the lane, before it sends). The look
 for a rank that gave the call up comes after the message, as the lane's (a give-up sent after the
 partner's data lands behind it in MPICH's queues: a look before the data moved would miss it), and
-as the lane's, not where the call comes back to back with the lane's last and no give-up is on
-record (``collectives.ops.express``: "One look fewer"). Anything rare goes to the owner of that
-case: a turn not free at once (``Lane.run``), a call after a pause (``Control.check_gave_up``'s
-drain), a request freed or a send guarded (``Persistent.run``), a wait past the quick polls or an
-error (``Persistent.wait``, ``Persistent.failed``), a disagreement (``Lane.disagree``), an all-gather
-whose ranks brought other counts (``AllgatherLane.unalike``), whatever ends the call
-(``call.ended``). A call it does not serve (another kind, an ``out`` it may not write), it returns
-None for: the caller takes the lane's lookup, then the usual way.
+as the lane's, not where it would come within 0.1 ms of the start of the lane's last call and no
+give-up is on record (``collectives.ops.express``: "One look fewer"). Anything rare goes to the
+owner of that case: a turn not free at once (``Lane.run``), a call after a pause
+(``Control.check_gave_up``'s drain), a request freed or a send guarded (``Persistent.run``), a wait
+past the quick polls or an error (``Persistent.wait``, ``Persistent.failed``), a disagreement
+(``Lane.disagree``), an all-gather whose ranks brought other counts (``AllgatherLane.unalike``),
+whatever ends the call (``call.ended``). A call it does not serve (another kind, an ``out`` it may
+not write), it returns None for: the caller takes the lane's lookup, then the usual way.
 
     >>> x = np.ones(2, np.float32)                                                   # doctest: +SKIP
     >>> col.allreduce(x); col.allreduce(x)   # the usual way, then the lane, which wires its exchange # doctest: +SKIP
@@ -32,6 +32,7 @@ None for: the caller takes the lane's lookup, then the usual way.
 from __future__ import annotations
 
 from threading import get_ident
+from time import monotonic
 from typing import Any, Callable
 
 import numpy as np
@@ -158,8 +159,9 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                             wire.wait(call)
                     except BaseException as e:
                         wire.failed(e, call)
-                if not call.back_to_back or control.departed or control.gave_up:   # (express: "One look fewer")
-                    control.check_gave_up(seq)   # (after the message: MPICH moves a word queued behind it then)
+                # (after the message: MPICH moves a word queued behind it then; express's "One look fewer")
+                if monotonic() > call.no_look_until or control.departed or control.gave_up:
+                    control.check_gave_up(seq)
                 if recv_check.tobytes() != header:
                     lane.disagree(header)
                 if combine is None:

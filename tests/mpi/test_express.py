@@ -11,6 +11,7 @@ import collectives as col
 from collectives.calls import call as call_module
 from collectives.calls.call import BACK_TO_BACK_SECONDS, PAUSE_SECONDS
 from collectives.ops import express
+from collectives.ops import fused as fused_module
 
 pytestmark = pytest.mark.mpi
 
@@ -676,17 +677,19 @@ def test_a_lanes_call_after_a_pause_reads_the_others_words_before_it_sends(colle
 @pytest.mark.parametrize("gap, looks", [(BACK_TO_BACK_SECONDS / 10, False), (BACK_TO_BACK_SECONDS * 10, True)])
 def test_a_lanes_call_back_to_back_with_its_last_makes_no_look_for_a_new_give_up(collective, gap, looks,
                                                                                 monkeypatch):
-    """A lane's call that begins within BACK_TO_BACK_SECONDS of its own last begins cannot find a new
-    give-up after its message (``collectives.ops.express``: "One look fewer"), and makes no look; one
-    that begins later looks as the usual way does. The calls' clock is stepped by ``gap`` a call, from
-    the real one (their deadlines stay ahead), so that the test does not hang on this machine's speed."""
+    """A lane's call whose look for a give-up would come within BACK_TO_BACK_SECONDS of the start of its
+    own last call cannot find a new give-up (``collectives.ops.express``: "One look fewer"), and makes
+    no look; one whose look comes later looks as the usual way does. The clock of the calls and the
+    lanes is stepped by ``gap`` a reading, from the real one (their deadlines stay ahead), so that the
+    test does not hang on this machine's speed."""
     x = _contribution((3,), np.float32, 1)
     call = {"allreduce": lambda: col.allreduce(x), "broadcast": lambda: col.broadcast(x, 0),
             "allgather": lambda: col.allgather(x)}[collective]
     for _ in range(3):   # (the usual way, the lane making its exchange ready, the lane: on two ranks, one function)
         call()
     started, steps = time.monotonic(), iter(range(1, 10 ** 6))
-    monkeypatch.setattr(call_module, "monotonic", lambda: started + next(steps) * gap)
+    for module in (call_module, express, fused_module):
+        monkeypatch.setattr(module, "monotonic", lambda: started + next(steps) * gap)
     control = col.world_group().transport.control
     seen = []
     looked = type(control).check_gave_up

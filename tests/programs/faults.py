@@ -272,6 +272,79 @@ def late_after_timeout() -> None:
             await_cue(late)
 
 
+class _SteppedClock:
+    """The calls' and lanes' clock on one rank (``stalled-in-a-lane-call``): 1 us a reading from the real
+    one, and the time it stalled, so that every call of a tight loop comes back to back with its last
+    on a machine of any speed (their deadlines stay ahead of the real clock: the run is short)."""
+
+    def __init__(self):
+        self.base, self.readings, self.stalled = time.monotonic(), 0, 0.0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        return self.base + self.readings * 1e-6 + self.stalled
+
+
+class _StallingHeader(bytes):
+    """A lane's header template whose formatting, in the call of number ``at``, waits for the other
+    ranks' cues (they have timed out of that call) and adds the wait to ``clock``: a rank paused
+    inside its call after it began and before its message left (by the system, a SIGSTOP, a signal
+    handler that takes its time)."""
+
+    def __new__(cls, template: bytes, at: int, clock: _SteppedClock):
+        made = super().__new__(cls, template)
+        made.at, made.clock = at, clock
+        return made
+
+    def __mod__(self, seq):
+        if seq == self.at:
+            began = time.monotonic()
+            await_cues([r for r in range(col.size()) if r != col.rank()])
+            self.clock.stalled += time.monotonic() - began
+        return bytes.__mod__(self, seq)
+
+
+def stalled_in_a_lane_call() -> None:
+    """A tight loop of a small call on its express lane; rank 1 stalls inside its fourth call, after
+    the call began and before its message left, until every other rank has timed out of it (timeout 2 s;
+    rank 1's is 30). Rank 1 must fail that call too: a back-to-back call skips the look for a give-up
+    only where the look comes within 0.1 ms of the last call's start (before, it was judged at the
+    call's start, and rank 1 completed the call alone). argv[2]: "allreduce", "broadcast" or "allgather"."""
+    from collectives.calls import call as call_module
+    from collectives.ops import express, fused
+    collective, late = sys.argv[2], 1
+    x = _ints(4, col.rank())
+    do = {"allreduce": lambda: col.allreduce(x), "broadcast": lambda: col.broadcast(x, 0),
+          "allgather": lambda: col.allgather(x)}[collective]
+    col.init(timeout=30 if col.rank() == late else 2)
+    do()   # (the first of its kind: the next one takes the lane, which makes its exchange ready)
+    do()
+    w = col.world_group()
+    lane = express.allreduce_lane(w, x, "sum", None) or express.broadcast_lane(w, x, 0) or \
+        express.allgather_lane(w, x, None)
+    assert lane is not None, "the lane did not open"
+    if col.rank() == late:
+        clock = _SteppedClock()
+        for module in (call_module, express, fused):
+            module.monotonic = clock
+        lane.header = _StallingHeader(lane.header, w.seq + 4, clock)
+    for _ in range(3):
+        do()
+    if col.rank() == late:
+        try:
+            report("late call", do)
+        finally:
+            for r in range(col.size()):
+                if r != late:
+                    cue(r)
+        return
+    try:
+        report("call", do)
+    finally:
+        cue(late)
+        await_cue(late)
+
+
 def late_on_a_part() -> None:
     """A group of ranks 0 and 1 of 3: rank 1 comes to the group's second call only once rank 0 has
     timed out of it and ended its program, and rank 2, outside the group, has ended its program
@@ -994,7 +1067,7 @@ if __name__ == "__main__":
      "funneled": funneled, "async-absent": async_absent, "async-uncaught": async_uncaught,
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
      "late-other-call": late_other_call, "late-after-timeout": late_after_timeout,
-     "late-with-no-pause": late_with_no_pause,
+     "late-with-no-pause": late_with_no_pause, "stalled-in-a-lane-call": stalled_in_a_lane_call,
      "slow-but-moving": slow_but_moving, "never-starts-mpi": never_starts_mpi, "ends-without-mpi": ends_without_mpi,
      "late-on-a-part": late_on_a_part, "stuck-beside-a-part": stuck_beside_a_part,
      "timeline": timeline, "group-absent": group_absent, "world-call-during-a-groups": world_call_during_a_groups,
