@@ -388,6 +388,21 @@ def test_a_rank_stalled_inside_a_back_to_back_lane_call_until_the_others_timed_o
                      message), output
 
 
+def test_a_rank_stalled_in_a_call_after_its_partner_went_on_reads_every_word_at_its_end():
+    """At n = 3 rank 0 stalls inside a lane's all-reduce after its exchange with rank 1, before it
+    forwards the result to rank 2, until rank 2 timed out of the call; rank 1 has gone on to the next
+    call, whose message waits at rank 0 ahead of rank 2's word. Rank 0 fails the call too (its single
+    test at the end found rank 1's message, and it completed the call alone: a tester's profiler pause,
+    1 launch in 11). Rank 1, whose part ended before, fails the next call (docs/failures.md)."""
+    result = run_world(3, ["-m", "tests.programs.faults", "stalled-before-forwarding"], BOUND_S)
+    output = result.stdout
+    errors = reported_errors(output)
+    assert "rank 0: ok call" not in output and "rank 2: ok call" not in output, output
+    assert sorted(errors) == [0, 1, 2] and "rank 1: ok call" in output, output
+    assert re.search(r"allreduce #(\d+) on rank 0: rank 2 (gave up|left)", errors[0][1]), output
+    assert re.search(r"allreduce #\d+ on rank 1: rank [02] (gave up|left)", errors[1][1]), output
+
+
 def test_ranks_that_come_with_no_pause_to_a_call_a_rank_gave_up_fail_it_at_once():
     """With the check off a ring broadcast's root ends before the last rank; it gives up the next call
     while that rank is away. The two others come to it straight from the broadcast (no pause, so no

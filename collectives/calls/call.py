@@ -107,6 +107,16 @@ class Call(Bound):
         self.began, self.until = now, now + self.window
         return seq
 
+    def lasted_long(self, now: float | None = None) -> bool:
+        """Whether this call has lasted longer than PAUSE_SECONDS (by ``now``, or the clock): a rank
+        stalled inside it (its own work, the system, a signal's handler) or long kept waiting. The
+        look for a give-up at its end then reads every word that came meanwhile, as one after a
+        pause does at its start: MPICH moves one arrived message per test, and the others' words
+        may wait behind messages of a later call (a partner that completed this one and went on:
+        the single test of a rank stalled before it forwarded the result, at n = 3, found the
+        partner's next message and missed the give-up, and the call completed there alone)."""
+        return (monotonic() if now is None else now) - self.began > PAUSE_SECONDS
+
     def signature(self, op: str = "", dtype=None, shape: tuple | None = None, root: int = -1,
                   memory: str = "", compression: str = "", reproducible: bool = False) -> bytes:
         """This call's signature (see ``collectives.calls.signature``): these fields plus the collective,
@@ -234,7 +244,7 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
                 g.transport.control.check_gave_up(call.seq, True, name)   # away: fail before any message, at once)
             result = body(call, *args)
             if not g.destroyed:   # (a rank that gave this call up: this one fails it too)
-                g.transport.control.check_gave_up(call.seq)
+                g.transport.control.check_gave_up(call.seq, call.lasted_long(), name)
             if main:
                 interrupts.held.on = True
         except CollectiveUsageError as error:

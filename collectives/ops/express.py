@@ -114,9 +114,9 @@ class Lane:
                 if seq >= self.wider_at:
                     self.header, self.wider_at = doubling.header_template(self.template, seq)
                 result = self.move(self.header % seq, x, out)
-                control = self.control
-                if monotonic() > call.no_look_until or control.departed or control.gave_up:   # (the module's
-                    control.check_gave_up(seq)                                                # "One look fewer")
+                control, now = self.control, monotonic()
+                if now > call.no_look_until or control.departed or control.gave_up:   # (the module's "One look
+                    control.check_gave_up(seq, call.lasted_long(now), call.name)      # fewer"; Call.lasted_long)
                 held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
             except BaseException as e:
                 held.on = True

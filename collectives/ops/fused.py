@@ -159,9 +159,9 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                             wire.wait(call)
                     except BaseException as e:
                         wire.failed(e, call)
-                # (after the message: MPICH moves a word queued behind it then; express's "One look fewer")
-                if monotonic() > call.no_look_until or control.departed or control.gave_up:
-                    control.check_gave_up(seq)
+                now = monotonic()   # (after the message: MPICH moves a word behind it then; express: "One look fewer")
+                if now > call.no_look_until or control.departed or control.gave_up:
+                    control.check_gave_up(seq, call.lasted_long(now), name)
                 if recv_check.tobytes() != header:
                     lane.disagree(header)
                 if combine is None:

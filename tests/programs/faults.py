@@ -345,6 +345,47 @@ def stalled_in_a_lane_call() -> None:
         await_cue(late)
 
 
+def stalled_before_forwarding() -> None:
+    """Three ranks, a small all-reduce on its lane (recursive doubling: rank 2 sends to rank 0, ranks 0
+    and 1 exchange, rank 0 sends the result to rank 2). In the fourth call rank 0 stalls between its
+    exchange with rank 1 and its message to rank 2, with no MPI call (a pause of the system's), until
+    rank 2 has timed out of the call (timeout 2 s; the others' 30). Rank 1 has its result by then and
+    has gone on to the next call, whose message waits at rank 0 ahead of rank 2's word that it gave
+    up. Rank 0 must fail the call too: a call that lasted long reads every word at its end (one test
+    found rank 1's message and missed the word, and rank 0 completed the call alone). Rank 1's call is
+    over before anyone failed: it fails the next one, naming rank 0 or 2."""
+    pids = col.allgather(np.array([os.getpid()])).tolist()
+    failed_there = os.path.join(tempfile.gettempdir(), f"collectives-stalled-before-forwarding.{pids[0]}")
+    done_here = failed_there + ".done"
+    x = _ints(4, col.rank())
+    col.init(timeout=2 if col.rank() == 2 else 30)
+    col.allreduce(x)   # (the first of its kind: the next one takes the lane)
+    col.allreduce(x)
+    w = col.world_group()
+    if col.rank() == 0:
+        transport, target = w.transport, w.seq + 4
+        exchange = transport.exchange
+
+        def stalling(send, recv, bound, dest=None, source=None, reuse=None):
+            if bound.seq == target and dest == 2 and source is None:
+                await_file(failed_there, "rank 0", "rank 2's failure of the call")
+            return exchange(send, recv, bound, dest, source, reuse)
+        transport.exchange = stalling
+    for _ in range(3):
+        col.allreduce(x)
+    try:
+        report("call", col.allreduce, x)
+        report("next call", col.allreduce, x)
+    finally:
+        if col.rank() == 2:
+            open(failed_there, "w").close()
+            await_file(done_here, "rank 2", "rank 0's end of the call")
+            os.remove(failed_there)
+            os.remove(done_here)
+        elif col.rank() == 0:
+            open(done_here, "w").close()
+
+
 def late_on_a_part() -> None:
     """A group of ranks 0 and 1 of 3: rank 1 comes to the group's second call only once rank 0 has
     timed out of it and ended its program, and rank 2, outside the group, has ended its program
@@ -1068,6 +1109,7 @@ if __name__ == "__main__":
      "async-ctrl-c": async_ctrl_c, "async-dropped-at-exit": async_dropped_at_exit,
      "late-other-call": late_other_call, "late-after-timeout": late_after_timeout,
      "late-with-no-pause": late_with_no_pause, "stalled-in-a-lane-call": stalled_in_a_lane_call,
+     "stalled-before-forwarding": stalled_before_forwarding,
      "slow-but-moving": slow_but_moving, "never-starts-mpi": never_starts_mpi, "ends-without-mpi": ends_without_mpi,
      "late-on-a-part": late_on_a_part, "stuck-beside-a-part": stuck_beside_a_part,
      "timeline": timeline, "group-absent": group_absent, "world-call-during-a-groups": world_call_during_a_groups,
