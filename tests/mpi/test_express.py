@@ -648,6 +648,30 @@ def test_the_two_rank_broadcast_runs_as_one_function_with_mpi4pys_bits(shape, dt
     assert COMM.allgather((wrong, as_expected)) == [([], True)] * N   # (alike on every rank: none hangs)
 
 
+def _a_lanes_call(collective: str):
+    """A small call of ``collective`` with no options, made three times: the usual way, the lane making
+    its exchange ready, the lane (on two ranks, one function); the next ones take the lane."""
+    x = _contribution((3,), np.float32, 1)
+    call = {"allreduce": lambda: col.allreduce(x), "broadcast": lambda: col.broadcast(x, 0),
+            "allgather": lambda: col.allgather(x)}[collective]
+    for _ in range(3):
+        call()
+    return call
+
+
+def _looks(monkeypatch) -> list:
+    """From now on, each look of this rank for a give-up (``Control.check_gave_up``), as whether it drained."""
+    control = col.world_group().transport.control
+    seen = []
+    looked = type(control).check_gave_up
+
+    def counted(self, seq, drain=False, name=None):
+        seen.append(drain)
+        return looked(self, seq, drain, name)
+    monkeypatch.setattr(type(control), "check_gave_up", counted)
+    return seen
+
+
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast", "allgather"])
 def test_a_lanes_call_after_a_pause_reads_the_others_words_before_it_sends(collective, monkeypatch):
     """A lane reuses its ``Call``: the pause before its next call is measured from that same call's start
@@ -655,19 +679,8 @@ def test_a_lanes_call_after_a_pause_reads_the_others_words_before_it_sends(colle
     given it up meanwhile: docs/failures.md)."""
     if N < 2:
         pytest.skip("a world of one has no one to hear from")
-    x = _contribution((3,), np.float32, 1)
-    call = {"allreduce": lambda: col.allreduce(x), "broadcast": lambda: col.broadcast(x, 0),
-            "allgather": lambda: col.allgather(x)}[collective]
-    for _ in range(3):   # (the usual way, the lane making its exchange ready, the lane: on two ranks, one function)
-        call()
-    control = col.world_group().transport.control
-    drains = []
-    looked = type(control).check_gave_up
-
-    def counted(self, seq, drain=False, name=None):
-        drains.append(drain)
-        return looked(self, seq, drain, name)
-    monkeypatch.setattr(type(control), "check_gave_up", counted)
+    call = _a_lanes_call(collective)
+    drains = _looks(monkeypatch)
     # (the look at a call's end drains too where the call lasted long, as it may here on a busy machine,
     # waiting for the others: not under test)
     monkeypatch.setattr(call_module.Call, "lasted_long", lambda self, now=None: False)
@@ -685,22 +698,11 @@ def test_a_lanes_call_back_to_back_with_its_last_makes_no_look_for_a_new_give_up
     no look; one whose look comes later looks as the usual way does. The clock of the calls and the
     lanes is stepped by ``gap`` a reading, from the real one (their deadlines stay ahead), so that the
     test does not hang on this machine's speed."""
-    x = _contribution((3,), np.float32, 1)
-    call = {"allreduce": lambda: col.allreduce(x), "broadcast": lambda: col.broadcast(x, 0),
-            "allgather": lambda: col.allgather(x)}[collective]
-    for _ in range(3):   # (the usual way, the lane making its exchange ready, the lane: on two ranks, one function)
-        call()
+    call = _a_lanes_call(collective)
     started, steps = time.monotonic(), iter(range(1, 10 ** 6))
     for module in (call_module, express, fused_module):
         monkeypatch.setattr(module, "monotonic", lambda: started + next(steps) * gap)
-    control = col.world_group().transport.control
-    seen = []
-    looked = type(control).check_gave_up
-
-    def counted(self, seq, drain=False, name=None):
-        seen.append(drain)
-        return looked(self, seq, drain, name)
-    monkeypatch.setattr(type(control), "check_gave_up", counted)
+    seen = _looks(monkeypatch)
     call()   # (its last began before the clock was stepped: a pause)
     del seen[:]
     for _ in range(20):
