@@ -255,10 +255,18 @@ def late_after_timeout() -> None:
             await_ended([pid for r, pid in enumerate(pids) if r != late])
         else:
             await_cues([r for r in range(col.size()) if r != late])
+    _late_rank_and_the_others(do, late, cue_late=others != "ended", staying=others == "staying")
+
+
+def _late_rank_and_the_others(do, late: int, cue_late: bool = True, staying: bool = True) -> None:
+    """Run the call ``do`` as "late call" on rank ``late`` and as "call" on the others (``report``);
+    the others then cue the late rank (``cue_late``) and, ``staying``, live on until its call has
+    ended (it cues them back), so that their give-up message tells it, not their farewells."""
+    if col.rank() == late:
         try:
             report("late call", do)
         finally:
-            if others == "staying":
+            if staying:
                 for r in range(col.size()):
                     if r != late:
                         cue(r)
@@ -266,9 +274,9 @@ def late_after_timeout() -> None:
     try:
         report("call", do)
     finally:
-        if others != "ended":
+        if cue_late:
             cue(late)
-        if others == "staying":
+        if staying:
             await_cue(late)
 
 
@@ -330,19 +338,7 @@ def stalled_in_a_lane_call() -> None:
         lane.header = _StallingHeader(lane.header, w.seq + 4, clock)
     for _ in range(3):
         do()
-    if col.rank() == late:
-        try:
-            report("late call", do)
-        finally:
-            for r in range(col.size()):
-                if r != late:
-                    cue(r)
-        return
-    try:
-        report("call", do)
-    finally:
-        cue(late)
-        await_cue(late)
+    _late_rank_and_the_others(do, late)
 
 
 def stalled_before_forwarding() -> None:
