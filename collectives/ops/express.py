@@ -253,32 +253,42 @@ class BroadcastLane(Lane):
         return call.algorithm == "ring"
 
     def wired(self, ready: doubling.Prepared, wire: Any) -> None:
-        if self.zeros is None and not self.direct and getattr(wire, "holds_requests", False):
-            self.ends = ready.own.view(self.dtype) if self.from_here else \
-                ready.incoming[:self.dtype.itemsize * math.prod(self.shape)].view(self.dtype).reshape(self.shape)
+        if self.zeros is None and getattr(wire, "holds_requests", False):   # (direct: the check's exchange)
+            if not self.direct:
+                self.ends = ready.own.view(self.dtype) if self.from_here else \
+                    ready.incoming[:self.dtype.itemsize * math.prod(self.shape)].view(self.dtype).reshape(self.shape)
             self.fused = self.runtime.fused_broadcast = fused.two_rank_broadcast(self, ready, wire)
 
     def pack(self, x: np.ndarray) -> None:
         """The root's part of a call on two ranks, straight into the ready exchange's buffer (the one
-        function's way, ``collectives.ops.fused``): its bytes; the other rank sends the signature alone."""
-        if self.from_here:
+        function's way, ``collectives.ops.fused``): its bytes; the other rank sends the signature alone
+        (and so does the root, where the bytes go ``direct``, after the signatures)."""
+        if self.from_here and not self.direct:
             self.ends[...] = x if x.ndim == 1 else x.reshape(-1)
 
     def unpack(self, x: np.ndarray, out: None) -> np.ndarray:
-        """The result of such a call: ``x``, where the other rank writes the root's bytes as they came."""
+        """The result of such a call, once the signatures agree: ``x``, where the other rank writes the
+        root's bytes as they came with the signature, or (``direct``) as they come now."""
+        if self.direct:
+            return self._across(x)
         if not self.from_here:
             x[...] = self.ends
         return x
 
-    def move(self, header: bytes, x: np.ndarray, out: None) -> np.ndarray:
+    def _across(self, x: np.ndarray) -> np.ndarray:
+        """The root's bytes straight from its ``x`` into the other rank's (``direct``)."""
         mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
+        if self.from_here:
+            self.transport.exchange(mine, None, self.call, dest=self.peer)
+        else:
+            self.transport.exchange(None, mine, self.call, source=self.peer)
+        return x
+
+    def move(self, header: bytes, x: np.ndarray, out: None) -> np.ndarray:
         if self.direct:
             self.agree(header)
-            if self.from_here:
-                self.transport.exchange(mine, None, self.call, dest=self.peer)
-            else:
-                self.transport.exchange(None, mine, self.call, source=self.peer)
-            return x
+            return self._across(x)
+        mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
         if self.zeros is None:   # (two ranks)
             if self.from_here:
                 agreed = (self.exchange or self._exchange(mine.dtype, mine.nbytes))(self.call, header, mine, None)
@@ -347,24 +357,29 @@ class AllgatherLane(Lane):
         return self.finish(self.call, x, out, source, self.every, self.rows)
 
     def wired(self, ready: doubling.Prepared, wire: Any) -> None:
-        if self.pair and self.slot is not None and getattr(wire, "holds_requests", False):
-            self.sending = memoryview(ready.own)[:16], self.message[:16].tobytes(), ready.own[16:].view(self.dtype)
+        if self.pair and getattr(wire, "holds_requests", False):
+            rows = ready.own[16:].view(self.dtype) if self.slot is not None else None   # (None: direct)
+            self.sending = memoryview(ready.own)[:16], self.message[:16].tobytes(), rows
             self.fused = self.runtime.fused_allgather = fused.two_rank_allgather(self, ready, wire)
 
     def pack(self, x: np.ndarray) -> None:
         """Put the message of a call on two ranks straight into the ready exchange's buffer (the one
-        function's way, ``collectives.ops.fused``): this rank's counts, then its rows."""
+        function's way, ``collectives.ops.fused``): this rank's counts, then its rows (but ``direct``:
+        they go after the message)."""
         counts, mine, rows = self.sending   # (bytes into a memoryview: less than numpy's copy of 16 bytes)
         counts[:] = mine
-        rows[...] = x if x.ndim == 1 else x.reshape(-1)
+        if rows is not None:
+            rows[...] = x if x.ndim == 1 else x.reshape(-1)
 
     def unpack(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        """The result of a call on two ranks by the doubling, once the exchange has brought the other's
-        counts and rows: the two ranks' rows in rank order, where its counts are this one's; else
-        what they tell (:meth:`unalike`)."""
+        """The result of a call on two ranks, once the exchange has brought the other's counts (and
+        rows, by the doubling): the two ranks' rows in rank order, where its counts are this one's
+        (``direct``: moved now, :meth:`_across`); else what they tell (:meth:`unalike`)."""
         counts_in, _, theirs = self.theirs
         if counts_in.tobytes() != self.alike:
             return self.unalike(x, out)
+        if theirs is None:
+            return self._across(x, out)
         result = np.empty(self.whole, x.dtype) if out is None else out
         mine = x if x.ndim == 1 else x.reshape(-1)   # (one call of numpy: less than two slices assigned)
         np.concatenate((mine, theirs) if self.transport.rank == 0 else (theirs, mine),
@@ -396,23 +411,20 @@ class AllgatherLane(Lane):
             self.theirs = self.incoming[:16], rows_in, rows_in.view(x.dtype) if slot is not None else None
         if not exchange(self.call, header, message, None):
             self.disagree(header)
-        if slot is not None:   # (the doubling's message: the rows came with the counts)
-            return self.unpack(x, out)
-        if self.theirs[0].tobytes() != self.alike:
-            return self.unalike(x, out)
+        return self.unpack(x, out)
+
+    def _across(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """The rows of a ``direct`` call whose counts are alike: the ring's one message each way, sent
+        from ``x`` as it is and received into the result; this rank's own rows are copied into place
+        while the message moves (on two ranks the left and the right neighbour are the same rank)."""
+        source = x if x.ndim == 1 else x.reshape(-1)
         result = np.empty(self.whole, x.dtype) if out is None else out
         flat = result if result.ndim == 1 else result.reshape(-1)
-        k, rank = source.size, self.transport.rank
-        # Direct: the ring's one message each way, sent from x as it is and received into the result;
-        # this rank's own rows are copied into place while the message moves (on two ranks the left
-        # and the right neighbour are the same rank).
-        mine, theirs = (flat[:k], flat[k:]) if rank == 0 else (flat[k:], flat[:k])
-        transport, call = self.transport, self.call
-        receiving = transport.recv_from_left(theirs, call)
-        sending = transport.send_to_right(source, call)
+        k = source.size
+        mine, theirs = (flat[:k], flat[k:]) if self.transport.rank == 0 else (flat[k:], flat[:k])
         mine[...] = source
-        transport.wait(receiving, call)
-        transport.wait(sending, call)
+        peer = 1 - self.transport.rank
+        self.transport.exchange(source, theirs, self.call, dest=peer, source=peer)
         return result
 
 

@@ -11,7 +11,12 @@ signature alone back) on two ranks; their lanes (``express.AllreduceLane``, ``Al
 lane, a function that does in one frame what the lane's call does in five or more
 (``express.allreduce_lane``, ``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``,
 ``Persistent.run``), its objects in local cells: the same checks, the same engine turn, the same
-message (the signature in front of the data), the same bounded wait and the same errors. It sets the
+message (the signature in front of the data), the same bounded wait and the same errors. Where the
+ring carries a broadcast or an all-gather on two ranks in one message each way (the lanes'
+``direct``), the exchange it makes is the check's (the all-gather's counts with it), and the data
+then goes straight between the arrays as the lane sends it (``lane.unpack``), before the look: at
+64-512 KiB a rank, a bench's call (its caches emptied by the bench's own work between calls) spent
+as long in the five frames as in MPI's whole call. It sets the
 floating-point guard while the partner's message is on its way (the lane, before it sends). The look
 for a rank that gave the call up comes after the message, as the lane's (a give-up sent after the
 partner's data lands behind it in MPICH's queues: a look before the data moved would miss it), and
@@ -70,10 +75,8 @@ def two_rank_broadcast(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
 def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: bool = False,
                   broadcasting: bool = False) -> Callable:
     """The one function of :func:`two_rank_allreduce`, (``gathering``) :func:`two_rank_allgather` or
-    (``broadcasting``) :func:`two_rank_broadcast`: one body, since they differ only in their checks,
-    what goes into the message and what the result is made of. The all-reduce's are inline (its
-    calls are the hottest); the others' lanes put their message together and take their result
-    apart themselves (``lane.pack``, ``lane.unpack``: a frame each)."""
+    (``broadcasting``) :func:`two_rank_broadcast`: their checks, message and result differ; the
+    all-reduce's are inline (the hottest), the others' lanes pack and unpack (a frame each)."""
     group, runtime, call, control = lane.group, lane.runtime, lane.call, lane.control
     engine, dtype, shape, kind, forced = lane.engine, lane.dtype, lane.shape, lane.kind, lane.forced
     turn_lock, name, quick_polls = engine._lock, call.name, wire.quick_polls
@@ -82,15 +85,13 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
     first, second = (own, received) if ready.mine_first else (received, own)   # (run_wired's order)
     flat, combine = len(shape) == 1, None if gathering or broadcasting else lane.combine
     count = shape[0] if flat else -1
-    if combine is None:
-        pack, unpack = lane.pack, lane.unpack
+    pack, unpack = (lane.pack, lane.unpack) if combine is None else (None, None)
     from_here = broadcasting and lane.from_here
-    if gathering:
-        out_shape, rows_to = lane.out_shape, lane.kind
+    direct = lane.slot is None if gathering else broadcasting and lane.direct   # (the message: the check's alone)
+    out_shape, rows_to = (lane.out_shape, lane.kind) if gathering else (None, None)
 
     def one_call(g: Any, x: Any, op: Any, out: Any, algorithm: Any) -> Any:
-        # the lookup's checks (express.allreduce_lane's, broadcast_lane's, allgather_lane's), for this
-        # lane alone (a 1-D shape compared by its parts: ``shape`` makes a tuple)
+        # the lookup's checks (express.*_lane's), for this lane alone (a 1-D shape compared by its parts)
         if type(x) is not _ndarray or g is not group or x.dtype is not dtype or algorithm is not forced \
                 or (x.ndim != 1 or len(x) != count if flat else x.shape != shape) \
                 or get_ident() != MAIN_THREAD or on_behalf \
@@ -105,7 +106,8 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                     or not (x.base is None and out.base is None or not np.may_share_memory(x, out)):
                 return None
         elif broadcasting:   # (``op``: the root)
-            if type(op) is not int or op != kind or not (from_here or x.flags.writeable):
+            if type(op) is not int or op != kind or not (from_here or x.flags.writeable) \
+                    or direct and not x.flags.c_contiguous:   # (direct: the bytes go from and into x itself)
                 return None
         elif op is not kind:
             return None
@@ -159,15 +161,18 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                             wire.wait(call)
                     except BaseException as e:
                         wire.failed(e, call)
+                if direct:   # (the data, once the signatures agree; before the look, which comes after the last message)
+                    out = unpack(x, out) if recv_check.tobytes() == header else lane.disagree(header)
                 now = monotonic()   # (after the message: MPICH moves a word behind it then; express: "One look fewer")
                 if now > call.no_look_until or control.departed or control.gave_up:
                     control.check_gave_up(seq, call.lasted_long(now), name)
-                if recv_check.tobytes() != header:
-                    lane.disagree(header)
-                if combine is None:
-                    out = unpack(x, out)
-                else:
-                    combine(first, second, out if flat else out.reshape(-1))
+                if not direct:
+                    if recv_check.tobytes() != header:
+                        lane.disagree(header)
+                    if combine is None:
+                        out = unpack(x, out)
+                    else:
+                        combine(first, second, out if flat else out.reshape(-1))
                 held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
             except BaseException as e:
                 held.on = True

@@ -403,6 +403,24 @@ def test_a_strided_x_after_a_direct_allreduce_lane_opened_is_reduced_the_usual_w
     assert col.allreduce(np.ascontiguousarray(x)).tobytes() == got.tobytes()   # (in step again)
 
 
+@pytest.mark.parametrize("view", [lambda big: big[::2], lambda big: big.reshape(-1, 2)[:, :1]])
+def test_a_strided_x_after_a_direct_broadcast_lane_opened_is_broadcast_the_usual_way(view):
+    """The direct broadcast's lane (and one function) sends from and receives into x itself: a strided x
+    of the lane's kind takes the usual way, which writes the root's bits into it on every rank."""
+    count = 70_000
+    for step in range(4):   # (the lane opens, then its one function; then the strided one)
+        col.broadcast(_contribution((count,), np.float32, step), 0)
+    big = _contribution((2 * count,), np.float32, RANK + 1)
+    before, x = big.copy(), view(big)
+    expected = np.ascontiguousarray(x)
+    COMM.Bcast(expected, 0)
+    assert col.broadcast(x, 0) is x
+    assert x.tobytes() == expected.tobytes()
+    outside = np.ones(big.size, bool)
+    outside[view(np.arange(big.size)).reshape(-1)] = False   # (the elements that x does not view: as they were)
+    assert big[outside].tobytes() == before[outside].tobytes()
+
+
 @pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("count", [3, 1000, 80_000])   # (doubling; the pair's messages; the ring's, direct)
 def test_a_rank_on_the_lane_and_a_rank_on_the_usual_way_send_the_same_messages(count, check):
@@ -589,12 +607,13 @@ def test_the_two_rank_lane_runs_as_one_function_with_the_usual_bits_as_its_numbe
     assert served == [True] * (117 if N == 2 else 0)
 
 
-@pytest.mark.parametrize("shape, dtype", [((2,), np.float32), ((2, 3), np.int64), ((1,), np.float16), ((4,), np.bool_)])
+@pytest.mark.parametrize("shape, dtype", [((2,), np.float32), ((2, 3), np.int64), ((1,), np.float16), ((4,), np.bool_),
+                                          ((40_000,), np.float32)])   # (the last: the direct lane's, after the counts)
 @pytest.mark.parametrize("out_kind", ["new", "own out"])
 @pytest.mark.parametrize("rows", ["alike", "the last rank's change"])
 def test_the_two_rank_allgather_runs_as_one_function_with_mpi4pys_bits(shape, dtype, out_kind, rows):
-    """On two ranks a repeated small all-gather runs as one function too (``collectives.ops.fused``, from
-    its lane's third call): 60 calls on the same arrays, whose values change, each against mpi4py's,
+    """On two ranks a repeated all-gather runs as one function too (``collectives.ops.fused``, from
+    its lane's third call), small or direct: 60 calls on the same arrays, whose values change, each against mpi4py's,
     through the module function and the group's method alike. Where the last rank brings one row more
     from the 30th call on (another kind of call: the usual way there), the others' one function finds
     the counts it carries unlike its own, and the usual body finishes its call (where it brings no
@@ -624,10 +643,11 @@ def test_the_two_rank_allgather_runs_as_one_function_with_mpi4pys_bits(shape, dt
     assert COMM.allgather((wrong, as_expected)) == [([], True)] * N   # (alike on every rank: none hangs)
 
 
-@pytest.mark.parametrize("shape, dtype", [((2,), np.float32), ((2, 3), np.int64), ((1,), np.float16), ((4,), np.bool_)])
+@pytest.mark.parametrize("shape, dtype", [((2,), np.float32), ((2, 3), np.int64), ((1,), np.float16), ((4,), np.bool_),
+                                          ((70_000,), np.float32)])   # (the last: the direct lane's, after the check)
 @pytest.mark.parametrize("root", ["first", "last"])
 def test_the_two_rank_broadcast_runs_as_one_function_with_mpi4pys_bits(shape, dtype, root):
-    """On two ranks a repeated small broadcast runs as one function too (``collectives.ops.fused``, from
+    """On two ranks a repeated broadcast, small or direct, runs as one function too (``collectives.ops.fused``, from
     its lane's third call): 60 calls on the same array, whose values change on every rank, each against
     mpi4py's, through the module function and the group's method alike; the root's array stays as it
     was, the other's takes its bits."""
