@@ -259,10 +259,12 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
             print("# interrupted (Ctrl-C or SIGTERM): nothing fitted", flush=True)
         return INTERRUPTED
     if comm.Get_rank() == 0:
-        in_lanes = [r for r in rows if r["lane"]]
-        costs = fit([r for r in rows if not r["lane"]], segment_bytes, settings.check)
+        in_lanes, plain = [r for r in rows if r["lane"]], [r for r in rows if not r["lane"]]
         lanes = fit(in_lanes, segment_bytes, settings.check) if in_lanes else None
+        costs = fit(plain, segment_bytes, settings.check) if plain else lanes
         print(f"# {' '.join(['python -m bench', *args.argv])}")
+        if not plain:   # (two ranks, and only collectives whose every algorithm has an express lane there)
+            print("# every call measured ran in an express lane: the predictions for more ranks use the lanes' costs")
         print(f"# the first k ranks of {comm.Get_size()} for k = 2..{comm.Get_size()}; {args.dtype} {args.redop}; "
               f"{', '.join(args.model_ops)}; {format_size(args.min_bytes)}..{format_size(args.max_bytes)}")
         report(rows, costs, args, segment_bytes, settings.check, lanes)
