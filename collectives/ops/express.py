@@ -193,8 +193,14 @@ class AllreduceLane(Lane):
         return call.algorithm == "halving" or call.algorithm == "ring"   # (on two ranks the same messages)
 
     def wired(self, ready: doubling.Prepared, wire: Any) -> None:
-        if self.combine is not None and self.halves is None and getattr(wire, "holds_requests", False):
+        if self.combine is not None and getattr(wire, "holds_requests", False):   # (halves: the check's exchange)
             self.fused = self.runtime.fused_allreduce = fused.two_rank_allreduce(self, ready, wire)
+
+    def unpack(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The rest of a call whose halves go straight between the arrays (``halves``), once the
+        signatures agree (the one function's way, ``collectives.ops.fused``): ``out`` (``x`` in place)."""
+        self._halves_across(x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1), out is x)
+        return out
 
     def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         result = np.empty(self.shape, x.dtype) if out is None else out   # (x's dtype: equal to the lane's, maybe another object)
@@ -219,6 +225,10 @@ class AllreduceLane(Lane):
         straight between the arrays: each rank sends the other the half that one reduces, reduces
         its own (its own part first, as the usual way), and sends it back for the other's result."""
         self.agree(header)
+        self._halves_across(source, target, in_place)
+
+    def _halves_across(self, source: np.ndarray, target: np.ndarray, in_place: bool) -> None:
+        """:meth:`_halving`'s two messages, once the signatures agree."""
         (mine, theirs), transport, peer = self.halves, self.transport, self.peer
         if self.prescaled:
             source, in_place = np.true_divide(source, 2, out=target), True

@@ -12,9 +12,10 @@ lane, a function that does in one frame what the lane's call does in five or mor
 (``express.allreduce_lane``, ``Lane.run``, ``AllreduceLane.move``, ``Prepared.run_wired``,
 ``Persistent.run``), its objects in local cells: the same checks, the same engine turn, the same
 message (the signature in front of the data), the same bounded wait and the same errors. Where the
-ring carries a broadcast or an all-gather on two ranks in one message each way (the lanes'
-``direct``), the exchange it makes is the check's (the all-gather's counts with it), and the data
-then goes straight between the arrays as the lane sends it (``lane.unpack``), before the look: at
+ring carries a broadcast or an all-gather on two ranks in one message each way, or halving an
+all-reduce (the lanes' ``direct``), the exchange it makes is the check's (the all-gather's counts
+with it), and the data then goes straight between the arrays as the lane sends it (``lane.unpack``:
+one message, or halving's two), before the look: at
 64-512 KiB a rank, a bench's call (its caches emptied by the bench's own work between calls) spent
 as long in the five frames as in MPI's whole call. It sets the
 floating-point guard while the partner's message is on its way (the lane, before it sends). The look
@@ -85,9 +86,9 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
     first, second = (own, received) if ready.mine_first else (received, own)   # (run_wired's order)
     flat, combine = len(shape) == 1, None if gathering or broadcasting else lane.combine
     count = shape[0] if flat else -1
-    pack, unpack = (lane.pack, lane.unpack) if combine is None else (None, None)
     from_here = broadcasting and lane.from_here
-    direct = lane.slot is None if gathering else broadcasting and lane.direct   # (the message: the check's alone)
+    direct = lane.slot is None if gathering else lane.direct if broadcasting else lane.halves is not None
+    pack, unpack = lane.pack if combine is None else None, lane.unpack if combine is None or direct else None
     out_shape, rows_to = (lane.out_shape, lane.kind) if gathering else (None, None)
 
     def one_call(g: Any, x: Any, op: Any, out: Any, algorithm: Any) -> Any:
@@ -109,7 +110,7 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
             if type(op) is not int or op != kind or not (from_here or x.flags.writeable) \
                     or direct and not x.flags.c_contiguous:   # (direct: the bytes go from and into x itself)
                 return None
-        elif op is not kind:
+        elif op is not kind or direct and not x.flags.c_contiguous:   # (halves: sent from x itself)
             return None
         elif out is None:
             out = np.empty(shape, dtype)
@@ -142,7 +143,7 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                 send_check[:] = header   # Prepared.run_wired's, inline
                 if combine is None:
                     pack(x)
-                else:
+                elif not direct:
                     own[...] = x if flat else x.reshape(-1)
                 requests = wire.requests
                 if requests is None or wire.guarded:   # (made again after the transport freed it; another host)

@@ -583,12 +583,14 @@ def _count_served(runtime, collective: str, served: list) -> None:
 
 
 @pytest.mark.parametrize("shape, dtype, op", [((2,), np.float32, "sum"), ((2, 3), np.int64, "max"),
-                                              ((5,), np.float16, "prod")])
+                                              ((5,), np.float16, "prod"),
+                                              ((50_001,), np.float32, "sum"), ((300, 201), np.int64, "max")])
 @pytest.mark.parametrize("out_kind", ["new", "in place", "own out"])
 def test_the_two_rank_lane_runs_as_one_function_with_the_usual_bits_as_its_numbers_gain_digits(shape, dtype, op,
                                                                                              out_kind):
-    """On two ranks a repeated small all-reduce runs as one function (``collectives.ops.fused``, from
-    the lane's third call): 120 calls on the same arrays, whose values change, each against mpi4py's
+    """On two ranks a repeated all-reduce runs as one function (``collectives.ops.fused``, from
+    the lane's third call), small or (the last two kinds) halved straight between the arrays:
+    120 calls on the same arrays, whose values change, each against mpi4py's
     (the call's number gains digits at 10 and 100: its header's template is remade), through the
     module function and the group's method alike."""
     x, own_out = np.empty(shape, dtype), np.empty(shape, dtype)
