@@ -325,7 +325,7 @@ class AllgatherLane(Lane):
     other's result, as the ring's one message."""
 
     __slots__ = ("message", "slot", "gathered", "every", "rows", "finish", "counts", "alike", "whole", "out_shape",
-                 "pair", "theirs", "typed_rows", "sending")
+                 "pair", "theirs", "typed_rows", "sending", "mine_first")
     # (``slot`` and ``typed_rows`` are views in x's dtype: a copy between arrays of one dtype moves the
     # bytes as they are, and costs less than the byte views it would take otherwise)
     direct_for = BroadcastLane.direct_for   # (the ring's)
@@ -333,7 +333,7 @@ class AllgatherLane(Lane):
     def __init__(self, call: Call, x: np.ndarray, out_rows: int, finish: Callable):
         super().__init__(call, x, out_rows, floating=False)
         n, rank, rows = self.transport.size, self.transport.rank, x.shape[0]
-        self.pair = n == 2
+        self.pair, self.mine_first = n == 2, rank == 0   # (on two ranks: whose rows come first in the result)
         self.finish = finish
         self.whole = (n * rows,) + x.shape[1:]
         self.out_shape = (out_rows,) + x.shape[1:]   # (an ``out`` given: its shape)
@@ -368,7 +368,7 @@ class AllgatherLane(Lane):
 
     def wired(self, ready: doubling.Prepared, wire: Any) -> None:
         if self.pair and getattr(wire, "holds_requests", False):
-            rows = ready.own[16:].view(self.dtype) if self.slot is not None else None   # (None: direct)
+            rows = ready.own[16:].view(self.dtype).reshape(self.shape) if self.slot is not None else None   # (direct)
             self.sending = memoryview(ready.own)[:16], self.message[:16].tobytes(), rows
             self.fused = self.runtime.fused_allgather = fused.two_rank_allgather(self, ready, wire)
 
@@ -379,7 +379,7 @@ class AllgatherLane(Lane):
         counts, mine, rows = self.sending   # (bytes into a memoryview: less than numpy's copy of 16 bytes)
         counts[:] = mine
         if rows is not None:
-            rows[...] = x if x.ndim == 1 else x.reshape(-1)
+            rows[...] = x
 
     def unpack(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """The result of a call on two ranks, once the exchange has brought the other's counts (and
@@ -391,9 +391,11 @@ class AllgatherLane(Lane):
         if theirs is None:
             return self._across(x, out)
         result = np.empty(self.whole, x.dtype) if out is None else out
-        mine = x if x.ndim == 1 else x.reshape(-1)   # (one call of numpy: less than two slices assigned)
-        np.concatenate((mine, theirs) if self.transport.rank == 0 else (theirs, mine),
-                       out=result if result.ndim == 1 else result.reshape(-1))
+        rows = len(x)   # (two slices assigned along the rows: less than numpy's concatenate, 0.4 us against 0.65)
+        if self.mine_first:
+            result[:rows], result[rows:] = x, theirs
+        else:
+            result[:rows], result[rows:] = theirs, x
         return result
 
     def unalike(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -418,7 +420,8 @@ class AllgatherLane(Lane):
         if exchange is None:
             exchange = self._exchange(message.dtype, message.nbytes)
             rows_in = self.incoming[16:message.size]   # (the other's counts, and rows, also in x's dtype)
-            self.theirs = self.incoming[:16], rows_in, rows_in.view(x.dtype) if slot is not None else None
+            self.theirs = self.incoming[:16], rows_in, rows_in.view(x.dtype).reshape(x.shape) if slot is not None \
+                else None
         if not exchange(self.call, header, message, None):
             self.disagree(header)
         return self.unpack(x, out)
