@@ -264,9 +264,9 @@ class BroadcastLane(Lane):
 
     def wired(self, ready: doubling.Prepared, wire: Any) -> None:
         if self.zeros is None and getattr(wire, "holds_requests", False):   # (direct: the check's exchange)
-            if not self.direct:
-                self.ends = ready.own.view(self.dtype) if self.from_here else \
-                    ready.incoming[:self.dtype.itemsize * math.prod(self.shape)].view(self.dtype).reshape(self.shape)
+            if not self.direct:   # (in x's shape: x goes in or comes out in one assignment)
+                ends = ready.own if self.from_here else ready.incoming[:self.dtype.itemsize * math.prod(self.shape)]
+                self.ends = ends.view(self.dtype).reshape(self.shape)
             self.fused = self.runtime.fused_broadcast = fused.two_rank_broadcast(self, ready, wire)
 
     def pack(self, x: np.ndarray) -> None:
@@ -274,7 +274,7 @@ class BroadcastLane(Lane):
         function's way, ``collectives.ops.fused``): its bytes; the other rank sends the signature alone
         (and so does the root, where the bytes go ``direct``, after the signatures)."""
         if self.from_here and not self.direct:
-            self.ends[...] = x if x.ndim == 1 else x.reshape(-1)
+            self.ends[...] = x
 
     def unpack(self, x: np.ndarray, out: None) -> np.ndarray:
         """The result of such a call, once the signatures agree: ``x``, where the other rank writes the
