@@ -8,10 +8,9 @@ prints the median microseconds of each per size (the slowest rank's time per cal
     mpiexec -bind-to core -n 2 python scripts/direct_floor.py                      # 4 KiB .. 512 KiB a rank
     mpiexec -bind-to core -n 2 python scripts/direct_floor.py --sizes 131072 --calls 600
 
-What it measured (docs/performance.md, "The round of 2026-11-30, night"): where the runtime's direct
-lane ran in five frames, 128 KiB a rank took 50 us against the floor's 21 and MPI's 28; the same
-frames in a tight loop, 29 us. The bench's own work between calls leaves the caches cold, and the
-objects a Python call touches cost that much there.
+What it measured (docs/performance.md, "The round of 2026-11-30, night"), 128 KiB a rank: ours
+24.1-24.8 us while the runtime's direct lane ran in five frames, 21.2-21.5 in one function; MPI's
+20.3-21.2; the floor 14.8-15.0. Run it from each checkout in turn (``PYTHONPATH=<checkout>``).
 """
 import argparse
 import time

@@ -15,9 +15,9 @@ message (the signature in front of the data), the same bounded wait and the same
 ring carries a broadcast or an all-gather on two ranks in one message each way, or halving an
 all-reduce (the lanes' ``direct``), the exchange it makes is the check's (the all-gather's counts
 with it), and the data then goes straight between the arrays as the lane sends it (``lane.unpack``:
-one message, or halving's two), before the look: at
-64-512 KiB a rank, a bench's call (its caches emptied by the bench's own work between calls) spent
-as long in the five frames as in MPI's whole call. It sets the
+one message, or halving's two), before the look: a bench's call of 128 KiB a rank (its caches
+emptied by the bench's own work between calls) spent an eighth of its time in the five frames
+(``scripts/direct_floor.py``). It sets the
 floating-point guard while the partner's message is on its way (the lane, before it sends). The look
 for a rank that gave the call up comes after the message, as the lane's (a give-up sent after the
 partner's data lands behind it in MPICH's queues: a look before the data moved would miss it), and
