@@ -32,9 +32,10 @@ sender's own rows (N/2 moved; copied into the message, then both halves into the
 The ``+ 1`` of doubling is its copies into and out of the message; the ring's ``/ k`` is its
 pipeline (it reduces one segment while the next one moves; the others run in lockstep). The
 all-gather's ring waits for every rank's row counts (one doubling exchange) before its first
-message: a round of its own, priced as one call more (on two ranks, measured: 10 us more than
-the doubling at 8 B a rank, whose message carries counts and rows at once; the doubling stays
-ahead to 32 KiB a rank, the ring from 64). Two levels (H hosts of L ranks) add a local
+message: a round of its own, priced as one call more the usual way, and as its message alone in an
+express lane, whose one function makes it (``Costs.round``; on two ranks, measured in a tight loop:
+the doubling ahead at 8 B a rank, 9.4 us against the ring's 13.8, even at 16 KiB, the ring ahead
+from 32 KiB, 22.4 against 29.3). Two levels (H hosts of L ranks) add a local
 reduce-scatter and all-gather (the ring on L ranks, local link) to an all-reduce of N/L
 across hosts (network link).
 
@@ -84,14 +85,24 @@ DOUBLING_MAX_BYTES = doubling.MAX_PAYLOAD_BYTES
 
 @dataclass(frozen=True)
 class Costs:
-    """Seconds per call, per message, per byte moved and per byte reduced (see the module)."""
+    """Seconds per call, per message, per byte moved and per byte reduced (see the module), and per
+    round a call waits through before its data moves (``Terms.rounds``), beyond that round's messages:
+    None prices it as a call (the usual way: the all-gather's ring makes a call of the doubling for its
+    counts), 0 where the round is a message inside the call's own function (an express lane's).
+
+    >>> usual, lane = Costs(10e-6, 2e-6, 0, 0), Costs(10e-6, 2e-6, 0, 0, round=0)   # (us below)
+    >>> [round(costs.time(Terms(messages=2, moved=0, reduced=0, rounds=1)) * 1e6, 1) for costs in (usual, lane)]
+    [24.0, 14.0]
+    """
     call: float
     alpha: float
     beta: float
     gamma: float
+    round: float | None = None
 
     def time(self, terms: "Terms") -> float:
-        return (self.call * (1 + terms.rounds) + self.alpha * terms.messages + self.beta * terms.moved
+        per_round = self.call if self.round is None else self.round
+        return (self.call + per_round * terms.rounds + self.alpha * terms.messages + self.beta * terms.moved
                 + self.gamma * terms.reduced)
 
 
@@ -103,8 +114,10 @@ MEASURED = Costs(call=34.5e-6, alpha=10.8e-6, beta=0.250e-9, gamma=0.167e-9)   #
 #: blocking call; on two ranks every algorithm of the all-reduce, all-gather and broadcast has one, up
 #: to a segment): the same fit on the timings of those calls alone, which ``--model`` prints apart
 #: (medians of 3 fits, the same machine, 2026-11-29). Its ``alpha`` is a third of the usual way's, so
-#: on two ranks halving takes the all-reduce over from 64 KiB, not 128.
-LANES = Costs(call=5.63e-6, alpha=3.93e-6, beta=0.126e-9, gamma=0.090e-9)
+#: on two ranks halving takes the all-reduce over from 64 KiB, not 128. A lane's round costs its
+#: message alone: the all-gather's counts go inside the lane's one function (``collectives.ops.fused``),
+#: so on two ranks the ring's direct rows take over from the doubling's copies at 32 KiB a rank.
+LANES = Costs(call=5.63e-6, alpha=3.93e-6, beta=0.126e-9, gamma=0.090e-9, round=0.0)
 
 
 class Terms(NamedTuple):
