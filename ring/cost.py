@@ -116,14 +116,14 @@ MEASURED = Costs(call=34.5e-6, alpha=10.8e-6, beta=0.250e-9, gamma=0.167e-9)   #
 #: (medians of 3 fits, the same machine, 2026-11-29). Its ``alpha`` is a third of the usual way's, so
 #: on two ranks halving takes the all-reduce over from 64 KiB, not 128. A lane's round costs its
 #: message alone: the all-gather's counts go inside the lane's one function (``collectives.ops.fused``),
-#: so on two ranks the ring's direct rows take over from the doubling's copies at 32 KiB a rank.
+#: so on two ranks the ring's direct rows take over from the doubling's copies at 22 KiB a rank.
 LANES = Costs(call=5.63e-6, alpha=3.93e-6, beta=0.126e-9, gamma=0.090e-9, round=0.0)
 
 
 class Terms(NamedTuple):
     """What one call does on its slowest rank: messages, bytes sent, bytes reduced (or copied), and
-    ``rounds`` it waits through before its data moves, each priced as a call (the all-gather's ring,
-    whose row counts come first)."""
+    ``rounds`` it waits through before its data moves, each priced as ``Costs.round`` says (the
+    all-gather's ring, whose row counts come first)."""
     messages: float
     moved: float
     reduced: float

@@ -428,8 +428,9 @@ class AllgatherLane(Lane):
 
     def _across(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """The rows of a ``direct`` call whose counts are alike: the ring's one message each way, sent
-        from ``x`` as it is and received into the result; this rank's own rows are copied into place
-        while the message moves (on two ranks the left and the right neighbour are the same rank)."""
+        from ``x`` as it is and received into the result, this rank's own rows copied into place first
+        (then one exchange of the transport, fewer frames than posting and waiting for each message;
+        the copy before the messages or while they move measured alike)."""
         source = x if x.ndim == 1 else x.reshape(-1)
         result = np.empty(self.whole, x.dtype) if out is None else out
         flat = result if result.ndim == 1 else result.reshape(-1)
