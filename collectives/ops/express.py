@@ -169,7 +169,7 @@ class Lane:
 class AllreduceLane(Lane):
     """A small all-reduce by ``op`` of arrays of one ``dtype`` and ``shape`` ("avg" takes
     ``algorithms.allreduce_small``, which scales); or (``halves``, two ranks, where halving or the ring
-    carries the call, whose messages there are the same: :meth:`_halving`) a larger one."""
+    carries the call, whose messages there are the same: :meth:`unpack`) a larger one."""
 
     __slots__ = ("combine", "halves", "peer", "prescaled", "averaged")
 
@@ -196,19 +196,13 @@ class AllreduceLane(Lane):
         if self.combine is not None and getattr(wire, "holds_requests", False):   # (halves: the check's exchange)
             self.fused = self.runtime.fused_allreduce = fused.two_rank_allreduce(self, ready, wire)
 
-    def unpack(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """The rest of a call whose halves go straight between the arrays (``halves``), once the
-        signatures agree (the one function's way, ``collectives.ops.fused``): ``out`` (``x`` in place)."""
-        self._halves_across(x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1), out is x)
-        return out
-
     def move(self, header: bytes, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         result = np.empty(self.shape, x.dtype) if out is None else out   # (x's dtype: equal to the lane's, maybe another object)
+        if self.halves is not None:
+            self.agree(header)
+            return self.unpack(x, result)
         flat_in = x if x.ndim == 1 else x.reshape(-1)
         flat_out = result if result.ndim == 1 else result.reshape(-1)
-        if self.halves is not None:
-            self._halving(header, flat_in, flat_out, out is x)
-            return result
         if self.combine is None:
             agreed = algorithms.allreduce_small(self.transport, self.call, flat_in, flat_out, self.kind,
                                                 self.template % self.call.seq)
@@ -219,17 +213,16 @@ class AllreduceLane(Lane):
             self.disagree(header)
         return result
 
-    def _halving(self, header: bytes, source: np.ndarray, target: np.ndarray, in_place: bool) -> None:
-        """:meth:`move` where halving carries the call on two ranks
-        (``algorithms.allreduce_halving_doubling``): the check's exchange, then its two messages,
+    def unpack(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The rest of a call that halving carries on two ranks (``halves``;
+        ``algorithms.allreduce_halving_doubling``), once the check's exchange found the signatures
+        alike (:meth:`move`, or the one function's way, ``collectives.ops.fused``): its two messages,
         straight between the arrays: each rank sends the other the half that one reduces, reduces
-        its own (its own part first, as the usual way), and sends it back for the other's result."""
-        self.agree(header)
-        self._halves_across(source, target, in_place)
-
-    def _halves_across(self, source: np.ndarray, target: np.ndarray, in_place: bool) -> None:
-        """:meth:`_halving`'s two messages, once the signatures agree."""
+        its own (its own part first, as the usual way), and sends it back for the other's result.
+        Returns ``out`` (``x`` itself: in place)."""
         (mine, theirs), transport, peer = self.halves, self.transport, self.peer
+        source, in_place = x if x.ndim == 1 else x.reshape(-1), out is x
+        target = out if out.ndim == 1 else out.reshape(-1)
         if self.prescaled:
             source, in_place = np.true_divide(source, 2, out=target), True
         own = target[mine]
@@ -239,6 +232,7 @@ class AllreduceLane(Lane):
         if self.averaged:
             arrays.divide_(own, 2)
         transport.exchange(own, target[theirs], self.call, dest=peer, source=peer)
+        return out
 
 
 class BroadcastLane(Lane):
@@ -435,7 +429,7 @@ class AllgatherLane(Lane):
         result = np.empty(self.whole, x.dtype) if out is None else out
         flat = result if result.ndim == 1 else result.reshape(-1)
         k = source.size
-        mine, theirs = (flat[:k], flat[k:]) if self.transport.rank == 0 else (flat[k:], flat[:k])
+        mine, theirs = (flat[:k], flat[k:]) if self.mine_first else (flat[k:], flat[:k])
         mine[...] = source
         peer = 1 - self.transport.rank
         self.transport.exchange(source, theirs, self.call, dest=peer, source=peer)
