@@ -143,6 +143,66 @@ def test_two_threads_blocking_calls_never_run_each_others_turn():
     for k in "xy":   # each thread's calls ran, in the order it made them
         assert [name for name in log if name[0] == k] == [f"{k}{i}" for i in range(100)]
 
+@pytest.mark.timeout(60)   # (a lost turn deadlocks)
+def test_the_lanes_turn_taken_without_the_lock_never_overlaps_blocking_or_async_calls():
+    """The express lane takes the turn without the engine's lock (``turn_at_once``, one ``pop``), so
+    it races the threads that take it under the lock: a blocking caller's, and the async calls a
+    thread queues and the engine thread or its waiter runs. Each call holds its turn across a pause
+    and checks that no other runs; every call runs once, and no turn is lost (a hang)."""
+    engine, log, running, overlaps, errors = _engine(), [], [], [], []
+
+    def call(name):
+        def run():
+            running.append(name)
+            if len(running) > 1:
+                overlaps.append(tuple(running))
+            time.sleep(0.0002)   # (not a timing: a pause that hands the GIL to the other threads)
+            running.remove(name)
+            log.append(name)
+            return name, _Call
+        return run
+
+    def lane_caller():   # (Lane.run's way: the turn at once, else in its place)
+        for i in range(300):
+            job = call(f"l{i}")
+            if engine.turn_at_once():
+                try:
+                    job()
+                finally:
+                    engine.end_turn()
+            else:
+                engine.run_now(job)
+
+    def blocking_caller():
+        for i in range(300):
+            engine.run_now(call(f"b{i}"))
+
+    def async_caller():
+        for i in range(0, 300, 3):
+            works = [engine.submit(progress.Work("allreduce", call(f"a{i + j}"), engine)) for j in range(3)]
+            works[-1].wait() if i % 2 else [work.wait(timeout=30) for work in works]
+
+    def guarded(target):
+        def run():
+            try:
+                target()
+            except BaseException as error:   # noqa: BLE001 - reported by the test, not lost in a thread
+                errors.append(error)
+        return threading.Thread(target=run)
+
+    threads = [guarded(target) for target in (lane_caller, blocking_caller, async_caller)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(50)
+    assert not any(t.is_alive() for t in threads), "a call never got its turn"
+    assert not errors, errors
+    assert not overlaps, f"calls ran at once, in each other's turn: {overlaps[:5]}"
+    for k in "lba":   # each thread's calls ran once, in the order it made them
+        assert [name for name in log if name[0] == k] == [f"{k}{i}" for i in range(300)]
+    assert engine._free == [True] and engine._owner == 0, "the turn was not handed back"
+
+
 # A done-callback holds its call's turn, so the calls it issues come right after that call, whatever
 # another thread queued meanwhile (PowerSGD with several DDP buckets: a bucket's callbacks all-reduce
 # P and Q while backward issues the next bucket's all-reduce). Gates, not sleeps, decide what runs when.

@@ -244,7 +244,11 @@ class Engine:
         self._turns = threading.Condition(self._lock)   # waited on only when a call must wait its turn
         self._queue: deque[Work] = deque()   # issued, not yet started; a place with no job is a blocking
                                              # call's, which its caller runs itself (see _wait_for_turn)
-        self._busy, self._owner = False, 0   # a call is running, in the thread of this ident
+        #: The turn: one item while no call runs. A call takes it by ``pop`` (one C call: atomic under
+        #: the GIL, so the express lane takes it without the lock, ``turn_at_once``: a lock's acquire
+        #: and release cost an 8-byte call about 0.4 us more, docs/performance.md) and puts it back.
+        self._free = [True]
+        self._owner = 0   # the ident of the thread whose call runs (0: none, or not yet said)
         self._thread: threading.Thread | None = None
         self._closing = False
         self._asleep = False                 # the engine thread waits for a submit's notify
@@ -252,43 +256,47 @@ class Engine:
 
     def run_now(self, job: Callable[..., Any], *args) -> Any:
         """A blocking call: wait for the calls issued before it, then run ``job(*args)`` here."""
-        if self._busy and self._owner == threading.get_ident():   # (a done-callback's: see add_done_callback)
+        if not self._free and self._owner == threading.get_ident():   # (a done-callback's: add_done_callback)
             return job(*args)
         with self._lock:   # (a plain lock: the uncontended path is a few C calls)
-            while not self._busy and self._queue and self._queue[0]._job is not None:
+            while self._queue and self._queue[0]._job is not None and self._take():
                 self._run_head_locked()   # async calls issued before this one, not yet taken: run them here
-            if self._busy or self._queue:
+            if self._queue or not self._take():
                 self._wait_for_turn()
-            self._owner, self._busy = threading.get_ident(), True   # (owner first: both are read unlocked)
         try:
             return job(*args)
         finally:
-            self._busy = False   # (end_turn's two lines, inline: every blocking call passes here)
-            if self._queue or self._closing:
-                with self._lock:
-                    self._turns.notify_all()
+            self.end_turn()
 
     def turn_at_once(self) -> bool:
-        """Take the turn if no call holds it or waits for it, without waiting (the express lane's way
-        in: ``collectives.ops.express``); hand it back with :meth:`end_turn`. False: nothing taken
-        (take :meth:`run_now`'s way, which waits for the lock too, where another thread holds it
-        this moment)."""
-        lock = self._lock
-        if not lock.acquire(False):   # (not ``with``: plain C calls, half the time of a small call's turn)
+        """Take the turn if no call holds it or waits for it, without waiting and without the lock
+        (the express lane's way in: ``collectives.ops.express``); hand it back with :meth:`end_turn`.
+        False: nothing taken (take :meth:`run_now`'s way, which waits). A call queued meanwhile goes
+        first: the turn goes back at once, and its waiter is told (``end_turn``)."""
+        if not self._take():
             return False
+        if self._queue:
+            self.end_turn()
+            return False
+        return True
+
+    def _take(self) -> bool:
+        """Take the turn for this thread if it is free (with the lock or without it: see ``_free``)."""
         try:
-            if self._busy or self._queue:
-                return False
-            self._owner, self._busy = threading.get_ident(), True
-            return True
-        finally:
-            lock.release()
+            self._free.pop()
+        except IndexError:
+            return False
+        self._owner = threading.get_ident()
+        return True
 
     def end_turn(self) -> None:
         """Hand the turn back. It takes no lock unless someone waits: a thread that waits for the
-        turn queues its place (or sets _closing) under the lock before it waits, so either it is
-        seen here and notified under the lock, or it finds the turn free when it looks."""
-        self._busy = False
+        turn queues its place (or sets _closing) under the lock before it looks for the turn, and
+        waits under that lock if the turn is taken, so either it is seen here and notified under
+        the lock, or it finds the turn free when it looks. (The owner goes first: a thread that took
+        the turn and has not yet said so must not look like an earlier owner's call, ``run_now``.)"""
+        self._owner = 0
+        self._free.append(True)
         if self._queue or self._closing:
             with self._lock:
                 self._turns.notify_all()
@@ -300,8 +308,11 @@ class Engine:
         place = Work("(blocking call)", None, self)
         self._queue.append(place)
         try:
-            while self._busy or self._queue[0] is not place:
-                if not self._busy and self._queue[0]._job is not None:
+            while True:   # (the turn taken while the place is still queued: turn_at_once then gives it back)
+                head = self._queue[0]
+                if (head is place or head._job is not None) and self._take():
+                    if head is place:
+                        break
                     self._run_head_locked()
                 else:
                     self._turns.wait()
@@ -316,7 +327,7 @@ class Engine:
     def submit(self, work: Work, inline: bool = False) -> Work:
         """An async call: queue ``work`` and return it. ``inline``: its caller runs it when its turn
         comes (a GPU call), in its own thread; so is every call of an unthreaded engine."""
-        if inline or not self.threaded or (self._busy and self._owner == threading.get_ident()):
+        if inline or not self.threaded or (not self._free and self._owner == threading.get_ident()):
             self.run_now(work._run)
             return work
         with self._turns:
@@ -334,14 +345,13 @@ class Engine:
         are queued up to and including ``work``, run them here, in order (waiting at once for a
         handle then costs what the blocking call costs)."""
         with self._lock:
-            while not self._busy and work in self._queue and self._queue[0]._job is not None:
+            while work in self._queue and self._queue[0]._job is not None and self._take():
                 self._run_head_locked()
 
     def _run_head_locked(self) -> None:
-        """(Holding the lock, no call running, an async call at the head) run that call in this
-        thread, with the lock released meanwhile."""
+        """(Holding the lock and the turn, an async call at the head) run that call in this thread,
+        with the lock released meanwhile; then hand the turn back."""
         work = self._queue.popleft()
-        self._owner, self._busy = threading.get_ident(), True
         self._lock.release()
         try:
             work._run()   # (never raises: the handle keeps the call's error)
@@ -354,7 +364,8 @@ class Engine:
             self._release_locked()
 
     def _release_locked(self) -> None:
-        self._busy = False
+        self._owner = 0   # (end_turn's, under the lock)
+        self._free.append(True)
         if self._queue or self._closing:   # someone waits for the turn (see _wait_for_turn, _serve, close)
             self._turns.notify_all()
 
@@ -366,11 +377,14 @@ class Engine:
                     if self._closing and not self._queue:
                         return
                     head = self._queue[0] if self._queue else None
-                    if head is not None and head._job is not None and not self._busy:
+                    if head is not None and head._job is not None and self._free:
                         young = _PICKUP_SECONDS - (perf_counter() - head.issued_at)
-                        if young <= 0 or self._closing:
+                        if young > 0 and not self._closing:
+                            self._turns.wait(young)   # its caller may still take it (see _PICKUP_SECONDS)
+                        elif self._take():
                             break
-                        self._turns.wait(young)   # its caller may still take it (see _PICKUP_SECONDS)
+                        else:   # (a call took the turn this moment: its end tells, the queue not being empty)
+                            self._turns.wait()
                     elif perf_counter() - self._last_submit < _ACTIVE_SECONDS:
                         self._turns.wait(_PICKUP_SECONDS)
                     else:
@@ -378,7 +392,6 @@ class Engine:
                         self._turns.wait()
                         self._asleep = False
                 work = self._queue.popleft()
-                self._owner, self._busy = threading.get_ident(), True
             try:
                 work._run()   # (its waits nap: the caller computes meanwhile, see Bound.background)
             finally:
@@ -400,7 +413,7 @@ class Engine:
         with self._turns:
             self._closing = True
             self._turns.notify_all()
-            while self._busy or self._queue:
+            while not self._free or self._queue:
                 self._turns.wait()
         if self._thread is not None:
             self._thread.join(timeout=5.0)

@@ -75,12 +75,11 @@ def two_rank_broadcast(lane: Any, ready: doubling.Prepared, wire: Any) -> Callab
 
 def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: bool = False,
                   broadcasting: bool = False) -> Callable:
-    """The one function of :func:`two_rank_allreduce`, (``gathering``) :func:`two_rank_allgather` or
-    (``broadcasting``) :func:`two_rank_broadcast`: their checks, message and result differ; the
-    all-reduce's are inline (the hottest), the others' lanes pack and unpack (a frame each)."""
+    """The one function of :func:`two_rank_allreduce`, (``gathering``) :func:`two_rank_allgather` or (``broadcasting``)
+    :func:`two_rank_broadcast`: the all-reduce's message and result inline, the others' lanes pack and unpack."""
     group, runtime, call, control = lane.group, lane.runtime, lane.call, lane.control
     engine, dtype, shape, kind, forced = lane.engine, lane.dtype, lane.shape, lane.kind, lane.forced
-    turn_lock, name, quick_polls = engine._lock, call.name, wire.quick_polls
+    turn_lock, free_turn, name, quick_polls = engine._lock, engine._free, call.name, wire.quick_polls
     guard, unguard = (arrays.ieee_floating_point, arrays.restore_floating_point) if lane.floating else (None, None)
     send_check, recv_check, own, received = ready.send_check, ready.recv_check, ready.own, ready.received
     first, second = (own, received) if ready.mine_first else (received, own)   # (run_wired's order)
@@ -121,14 +120,14 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                 or (out.ndim != 1 or len(out) != count if flat else out.shape != shape) or not out.flags.carray \
                 or not (x.base is None and out.base is None or not np.may_share_memory(x, out)):
             return None
-        # engine.turn_at_once's, inline (its owner is the main thread: the lane's only caller)
-        if not turn_lock.acquire(False):
+        try:   # engine.turn_at_once's, inline (its owner is the main thread: the lane's only caller)
+            free_turn.pop()
+        except IndexError:   # (a call runs: Lane.run waits for the turn)
             return lane.run(x, out)
-        if engine._busy or engine._queue:
-            turn_lock.release()
+        if engine._queue:   # (a call waits for the turn, and goes first)
+            engine.end_turn()
             return lane.run(x, out)
-        engine._owner, engine._busy = MAIN_THREAD, True
-        turn_lock.release()
+        engine._owner = MAIN_THREAD
         try:
             if runtime.failure is not None:
                 raise stopped(name, runtime)
@@ -184,7 +183,8 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
             call.in_step = True
             return out
         finally:
-            engine._busy = False   # engine.end_turn's, inline
+            engine._owner = 0   # engine.end_turn's, inline
+            free_turn.append(True)
             if engine._queue or engine._closing:
                 with turn_lock:
                     engine._turns.notify_all()
