@@ -3,10 +3,11 @@ on a control plane the test plays: when a rank found gone ends a wait, and when 
 finish first (the drain). No MPI."""
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
-from ring.transport import base
+from ring.transport import base, host_waits
 from ring.transport.base import ROLL_CALL_GRACE, Bound, PeerLost
 from ring.transport.mpi.control import COLLECTIVE, Control
 from ring.transport.mpi import waiting
@@ -243,3 +244,22 @@ def test_a_rank_that_gave_up_on_its_own_account_is_named_before_one_that_left_af
     del control.gave_up[1]   # (only ranks that stopped after a failure: the farewell read first is named)
     with pytest.raises(PeerLost, match="^rank 0 left: it stopped after a failure"):
         control._raise_if_left(4)
+
+
+def test_a_wait_keeps_its_core_for_its_first_millisecond_then_gives_it_up_between_polls(monkeypatch):
+    """MPICH moves a large message between two ranks of a host in pieces, each as both ranks poll: a
+    rank that gave its core to another process after 50 us stalled a 1 MiB broadcast beside a
+    background job (docs/performance.md). A wait not yet 1 ms old spins; an older one yields; past
+    20 ms it naps. (Where ranks outnumber cores, ``spin_seconds`` is 0: it yields from the start.)"""
+    yields, naps = [], []
+    monkeypatch.setattr(host_waits, "os", SimpleNamespace(sched_yield=lambda: yields.append(1)))
+    monkeypatch.setattr(host_waits, "time", SimpleNamespace(sleep=naps.append))
+    for waited in (0.0, 60e-6, 900e-6):
+        host_waits.pause(waited, host_waits.SPIN_SECONDS)
+    assert not yields and not naps, "a wait younger than a millisecond gave up its core"
+    host_waits.pause(1.5e-3, host_waits.SPIN_SECONDS)
+    assert yields == [1] and not naps
+    host_waits.pause(30e-3, host_waits.SPIN_SECONDS)
+    assert yields == [1] and len(naps) == 1
+    host_waits.pause(0.0, 0.0)   # (oversubscribed: no spin)
+    assert yields == [1, 1]

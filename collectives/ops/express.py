@@ -414,8 +414,8 @@ class AllgatherLane(Lane):
         if exchange is None:
             exchange = self._exchange(message.dtype, message.nbytes)
             rows_in = self.incoming[16:message.size]   # (the other's counts, and rows, also in x's dtype)
-            self.theirs = self.incoming[:16], rows_in, rows_in.view(x.dtype).reshape(x.shape) if slot is not None \
-                else None
+            counts_in = memoryview(self.incoming[:16])   # (its bytes, compared: 0.1-0.3 us less than an array's)
+            self.theirs = counts_in, rows_in, rows_in.view(x.dtype).reshape(x.shape) if slot is not None else None
         if not exchange(self.call, header, message, None):
             self.disagree(header)
         return self.unpack(x, out)

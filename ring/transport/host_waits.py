@@ -11,7 +11,11 @@ from typing import Callable, TypeVar
 
 T = TypeVar("T")
 
-SPIN_SECONDS = 50e-6       # poll flat out this long (latency), then yield the core between polls
+SPIN_SECONDS = 1e-3        # poll flat out this long (latency, and a large message's copies), then yield
+# the core between polls. (MPICH moves a large message between ranks of one host in pieces, each as the
+# two ranks poll: a rank that yields its core to another process mid-message stalls the transfer. Beside a
+# nice-19 hog, a 1 MiB broadcast at n=2 took 290-760 us yielding after 50 us, 290-435 after 1 ms:
+# docs/performance.md.)
 _YIELD_SECONDS = 20e-3     # then yield between polls until the wait is this old, then nap
 _NAP_SHARE = 0.01          # a nap is this share of the time waited so far (so it adds at most 1%) ...
 _MAX_NAP = 10e-3           # ... and never longer than this
