@@ -72,56 +72,67 @@ def _through_the_lane(general: Callable) -> Callable:
     does) takes the lane as fast, and one that forces an algorithm takes a lane kept for it."""
     name = general.__name__
 
-    def usual(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return general(*args, **kwargs)
-        except KeyboardInterrupt:
-            held.on = True   # (see _interrupted)
-            _interrupted(name)
-            raise
+    def interrupted() -> None:   # (a KeyboardInterrupt leaves the call, by whichever way it went)
+        held.on = True   # (see _interrupted)
+        _interrupted(name)
 
     if name == "allreduce":
         def through(x: Any, op: str = "sum", out: Any = None, *, group: Group | None = None,
                     algorithm: str | None = None, **options: Any) -> Any:
-            world = startup.the_world
-            if group is None and not options and world is not None and (algorithm is None or type(algorithm) is str):
-                fused = world.runtime.fused_allreduce
-                if fused is not None:
-                    result = fused(world, x, op, out, algorithm)
-                    if result is not None:
-                        return result
-                lane = express.allreduce_lane(world, x, op, out, algorithm)
-                if lane is not None:
-                    return lane.run(x, out)
-            return usual(x, op, out, group=group, algorithm=algorithm, **options)
+            try:
+                world = startup.the_world
+                if group is None and not options and world is not None \
+                        and (algorithm is None or type(algorithm) is str):
+                    fused = world.runtime.fused_allreduce
+                    if fused is not None:
+                        result = fused(world, x, op, out, algorithm)
+                        if result is not None:
+                            return result
+                    lane = express.allreduce_lane(world, x, op, out, algorithm)
+                    if lane is not None:
+                        return lane.run(x, out)
+                return general(x, op, out, group=group, algorithm=algorithm, **options)
+            except KeyboardInterrupt:
+                interrupted()
+                raise
     elif name == "broadcast":
         def through(x: Any, root: int = 0, *, group: Group | None = None, algorithm: str | None = None,
                     **options: Any) -> Any:
-            world = startup.the_world
-            if group is None and not options and world is not None and (algorithm is None or type(algorithm) is str):
-                fused = world.runtime.fused_broadcast
-                if fused is not None:
-                    result = fused(world, x, root, None, algorithm)
-                    if result is not None:
-                        return result
-                lane = express.broadcast_lane(world, x, root, algorithm)
-                if lane is not None:
-                    return lane.run(x)
-            return usual(x, root, group=group, algorithm=algorithm, **options)
+            try:
+                world = startup.the_world
+                if group is None and not options and world is not None \
+                        and (algorithm is None or type(algorithm) is str):
+                    fused = world.runtime.fused_broadcast
+                    if fused is not None:
+                        result = fused(world, x, root, None, algorithm)
+                        if result is not None:
+                            return result
+                    lane = express.broadcast_lane(world, x, root, algorithm)
+                    if lane is not None:
+                        return lane.run(x)
+                return general(x, root, group=group, algorithm=algorithm, **options)
+            except KeyboardInterrupt:
+                interrupted()
+                raise
     else:
         def through(x: Any, out: Any = None, *, group: Group | None = None, algorithm: str | None = None,
                     **options: Any) -> Any:
-            world = startup.the_world
-            if group is None and not options and world is not None and (algorithm is None or type(algorithm) is str):
-                fused = world.runtime.fused_allgather
-                if fused is not None:
-                    result = fused(world, x, None, out, algorithm)
-                    if result is not None:
-                        return result
-                lane = express.allgather_lane(world, x, out, algorithm)
-                if lane is not None:
-                    return lane.run(x, out)
-            return usual(x, out, group=group, algorithm=algorithm, **options)
+            try:
+                world = startup.the_world
+                if group is None and not options and world is not None \
+                        and (algorithm is None or type(algorithm) is str):
+                    fused = world.runtime.fused_allgather
+                    if fused is not None:
+                        result = fused(world, x, None, out, algorithm)
+                        if result is not None:
+                            return result
+                    lane = express.allgather_lane(world, x, out, algorithm)
+                    if lane is not None:
+                        return lane.run(x, out)
+                return general(x, out, group=group, algorithm=algorithm, **options)
+            except KeyboardInterrupt:
+                interrupted()
+                raise
     return functools.update_wrapper(through, general)   # (its name, docstring and signature)
 
 

@@ -145,7 +145,7 @@ def test_two_threads_blocking_calls_never_run_each_others_turn():
 
 @pytest.mark.timeout(60)   # (a lost turn deadlocks)
 def test_the_lanes_turn_taken_without_the_lock_never_overlaps_blocking_or_async_calls():
-    """The express lane takes the turn without the engine's lock (``turn_at_once``, one ``pop``), so
+    """The express lane takes the turn without the engine's lock (``Engine.take``, one ``setdefault``), so
     it races the threads that take it under the lock: a blocking caller's, and the async calls a
     thread queues and the engine thread or its waiter runs. Each call holds its turn across a pause
     and checks that no other runs; every call runs once, and no turn is lost (a hang)."""
@@ -162,16 +162,19 @@ def test_the_lanes_turn_taken_without_the_lock_never_overlaps_blocking_or_async_
             return name, _Call
         return run
 
-    def lane_caller():   # (Lane.run's way: the turn at once, else in its place)
+    def lane_caller():   # (Lane.run's way: the turn at once where no call holds it or waits, else in its place)
         for i in range(300):
             job = call(f"l{i}")
-            if engine.turn_at_once():
-                try:
-                    job()
-                finally:
-                    engine.end_turn()
-            else:
+            if not engine.idle():
                 engine.run_now(job)
+                continue
+            try:
+                if engine.take():
+                    job()
+                else:
+                    engine.run_now(job)
+            finally:
+                engine.end_turn()
 
     def blocking_caller():
         for i in range(300):
@@ -200,7 +203,7 @@ def test_the_lanes_turn_taken_without_the_lock_never_overlaps_blocking_or_async_
     assert not overlaps, f"calls ran at once, in each other's turn: {overlaps[:5]}"
     for k in "lba":   # each thread's calls ran once, in the order it made them
         assert [name for name in log if name[0] == k] == [f"{k}{i}" for i in range(300)]
-    assert engine._free == [True] and engine._owner == 0, "the turn was not handed back"
+    assert engine.turn == {}, "the turn was not handed back"
 
 
 # A done-callback holds its call's turn, so the calls it issues come right after that call, whatever

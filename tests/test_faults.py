@@ -819,6 +819,24 @@ def test_a_ctrl_c_as_a_call_ends_stops_the_runtime_so_a_retry_never_pairs_with_t
     assert status == 0, output
 
 
+@pytest.mark.parametrize("way", ["lane", "usual"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_ctrl_c_right_after_a_call_took_the_engines_turn_hands_it_back_and_stops_the_runtime(n, way):
+    """A tester's Ctrl-C at random moments of a loop of small calls hung 7 launches of 150: it landed
+    right after the one function had taken the turn, before the try that hands it back, so the next
+    call and the exit waited for it for ever (and the runtime was not stopped)."""
+    status, output, _ = fault(n, "interrupted-as-the-turn-is-taken", way)
+    assert "WRONG DATA" not in output and "Traceback" not in output, output
+    assert "rank 1: KeyboardInterrupt in step 3" in output, output
+    assert re.search(r"rank 1: CollectiveError in step 3 \(again\): allreduce: the runtime stopped after an "
+                     r"earlier failure \(rank 1: allreduce was interrupted by KeyboardInterrupt\)", output), output
+    assert "rank 1: the turn is handed back" in output, output
+    for rank in set(range(n)) - {1}:   # (rank 1 never sent its part of step 3: the others fail it, naming rank 1)
+        assert re.search(rf"rank {rank}: CollectiveError in step 3 \(first\): allreduce #4 on rank {rank}: "
+                         rf"rank 1 (left|gave up)", output), output
+    assert status == 0, output
+
+
 def test_without_thread_support_only_the_main_thread_may_call():
     status, output, _ = fault(2, "funneled")
     assert status == 0, output

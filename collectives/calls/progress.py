@@ -184,6 +184,7 @@ _CALLBACKS = threading.Lock()   # (add_done_callback against the call finishing:
 
 
 MAIN_THREAD = main_thread().ident   # (the thread whose calls are signed with "")
+OWNER = "owner"   # (Engine.turn's one key)
 #: The threads running a done-callback now: thread ident -> the name of the thread that registered
 #: it, which the calls the callback issues are signed with (see issuer_name).
 on_behalf: dict[int, str] = {}
@@ -244,11 +245,12 @@ class Engine:
         self._turns = threading.Condition(self._lock)   # waited on only when a call must wait its turn
         self._queue: deque[Work] = deque()   # issued, not yet started; a place with no job is a blocking
                                              # call's, which its caller runs itself (see _wait_for_turn)
-        #: The turn: one item while no call runs. A call takes it by ``pop`` (one C call: atomic under
-        #: the GIL, so the express lane takes it without the lock, ``turn_at_once``: a lock's acquire
-        #: and release cost an 8-byte call about 0.4 us more, docs/performance.md) and puts it back.
-        self._free = [True]
-        self._owner = 0   # the ident of the thread whose call runs (0: none, or not yet said)
+        #: The turn: ``{OWNER: ident}`` while the call of that thread runs, else empty. A thread takes it
+        #: by ``setdefault`` (:meth:`take`: one C call, atomic under the GIL, so the express lane takes
+        #: it without the lock; a lock's acquire and release cost an 8-byte call about 0.4 us more,
+        #: docs/performance.md), which also says whose it is: a Ctrl-C right after the take finds it
+        #: handed back by the ``finally`` around it (:meth:`end_turn`, only by the thread that holds it).
+        self.turn: dict[str, int] = {}
         self._thread: threading.Thread | None = None
         self._closing = False
         self._asleep = False                 # the engine thread waits for a submit's notify
@@ -256,47 +258,40 @@ class Engine:
 
     def run_now(self, job: Callable[..., Any], *args) -> Any:
         """A blocking call: wait for the calls issued before it, then run ``job(*args)`` here."""
-        if not self._free and self._owner == threading.get_ident():   # (a done-callback's: add_done_callback)
+        if self.turn.get(OWNER) == threading.get_ident():   # (a done-callback's: add_done_callback)
             return job(*args)
-        with self._lock:   # (a plain lock: the uncontended path is a few C calls)
-            while self._queue and self._queue[0]._job is not None and self._take():
-                self._run_head_locked()   # async calls issued before this one, not yet taken: run them here
-            if self._queue or not self._take():
-                self._wait_for_turn()
-        try:
+        try:   # (the turn is taken inside: see ``turn``)
+            with self._lock:   # (a plain lock: the uncontended path is a few C calls)
+                while self._queue and self._queue[0]._job is not None and self.take():
+                    self._run_head_locked()   # async calls issued before this one, not yet taken: run them here
+                if self._queue or not self.take():
+                    self._wait_for_turn()
             return job(*args)
         finally:
             self.end_turn()
 
-    def turn_at_once(self) -> bool:
-        """Take the turn if no call holds it or waits for it, without waiting and without the lock
-        (the express lane's way in: ``collectives.ops.express``); hand it back with :meth:`end_turn`.
-        False: nothing taken (take :meth:`run_now`'s way, which waits). A call queued meanwhile goes
-        first: the turn goes back at once, and its waiter is told (``end_turn``)."""
-        if not self._take():
-            return False
-        if self._queue:
-            self.end_turn()
-            return False
-        return True
+    def idle(self) -> bool:
+        """Whether no call holds the turn or waits for it: the express lane's way in takes it then,
+        without the lock (:meth:`take`, inside the ``try`` whose ``finally`` is :meth:`end_turn`);
+        else :meth:`run_now`'s, which waits."""
+        return not self.turn and not self._queue
 
-    def _take(self) -> bool:
-        """Take the turn for this thread if it is free (with the lock or without it: see ``_free``)."""
-        try:
-            self._free.pop()
-        except IndexError:
-            return False
-        self._owner = threading.get_ident()
-        return True
+    def take(self) -> bool:
+        """Take the turn for this thread if no call holds it (with the lock or without it: ``turn``).
+        The caller does not hold it already (``run_now``'s first line), and calls it inside a ``try``
+        whose ``finally`` is :meth:`end_turn`. (A call that waits for the turn has its place queued:
+        one that took it without the lock meanwhile tells it when it ends.)"""
+        me = threading.get_ident()
+        return self.turn.setdefault(OWNER, me) == me
 
     def end_turn(self) -> None:
-        """Hand the turn back. It takes no lock unless someone waits: a thread that waits for the
-        turn queues its place (or sets _closing) under the lock before it looks for the turn, and
-        waits under that lock if the turn is taken, so either it is seen here and notified under
-        the lock, or it finds the turn free when it looks. (The owner goes first: a thread that took
-        the turn and has not yet said so must not look like an earlier owner's call, ``run_now``.)"""
-        self._owner = 0
-        self._free.append(True)
+        """Hand the turn back, if this thread holds it. It takes no lock unless someone waits: a
+        thread that waits for the turn queues its place (or sets _closing) under the lock before it
+        looks for the turn, and waits under that lock if the turn is taken, so either it is seen
+        here and notified under the lock, or it finds the turn free when it looks."""
+        if self.turn.get(OWNER) != threading.get_ident():
+            return
+        self.turn.clear()
         if self._queue or self._closing:
             with self._lock:
                 self._turns.notify_all()
@@ -308,26 +303,27 @@ class Engine:
         place = Work("(blocking call)", None, self)
         self._queue.append(place)
         try:
-            while True:   # (the turn taken while the place is still queued: turn_at_once then gives it back)
+            while True:   # (a lane that took the turn without the lock tells this wait when it ends: end_turn)
                 head = self._queue[0]
-                if (head is place or head._job is not None) and self._take():
+                if (head is place or head._job is not None) and self.take():
                     if head is place:
+                        self._queue.popleft()
                         break
                     self._run_head_locked()
                 else:
                     self._turns.wait()
         except BaseException:   # Ctrl-C while waiting: give the place up, and stop (out of step)
-            self._queue.remove(place)
+            if place in self._queue:
+                self._queue.remove(place)
             self._turns.notify_all()
             self.runtime.stop(f"rank {self.world_rank()}: interrupted while waiting for the calls before "
                               "this one to finish")
             raise
-        self._queue.popleft()
 
     def submit(self, work: Work, inline: bool = False) -> Work:
         """An async call: queue ``work`` and return it. ``inline``: its caller runs it when its turn
         comes (a GPU call), in its own thread; so is every call of an unthreaded engine."""
-        if inline or not self.threaded or (not self._free and self._owner == threading.get_ident()):
+        if inline or not self.threaded or self.turn.get(OWNER) == threading.get_ident():
             self.run_now(work._run)
             return work
         with self._turns:
@@ -344,8 +340,10 @@ class Engine:
         """Called by a thread about to wait for ``work``: while no call is running and async calls
         are queued up to and including ``work``, run them here, in order (waiting at once for a
         handle then costs what the blocking call costs)."""
+        if self.turn.get(OWNER) == threading.get_ident():   # (a done-callback's wait: its call holds the turn)
+            return
         with self._lock:
-            while work in self._queue and self._queue[0]._job is not None and self._take():
+            while work in self._queue and self._queue[0]._job is not None and self.take():
                 self._run_head_locked()
 
     def _run_head_locked(self) -> None:
@@ -364,8 +362,7 @@ class Engine:
             self._release_locked()
 
     def _release_locked(self) -> None:
-        self._owner = 0   # (end_turn's, under the lock)
-        self._free.append(True)
+        self.turn.clear()   # (end_turn's, under the lock)
         if self._queue or self._closing:   # someone waits for the turn (see _wait_for_turn, _serve, close)
             self._turns.notify_all()
 
@@ -377,11 +374,11 @@ class Engine:
                     if self._closing and not self._queue:
                         return
                     head = self._queue[0] if self._queue else None
-                    if head is not None and head._job is not None and self._free:
+                    if head is not None and head._job is not None and not self.turn:
                         young = _PICKUP_SECONDS - (perf_counter() - head.issued_at)
                         if young > 0 and not self._closing:
                             self._turns.wait(young)   # its caller may still take it (see _PICKUP_SECONDS)
-                        elif self._take():
+                        elif self.take():
                             break
                         else:   # (a call took the turn this moment: its end tells, the queue not being empty)
                             self._turns.wait()
@@ -413,7 +410,7 @@ class Engine:
         with self._turns:
             self._closing = True
             self._turns.notify_all()
-            while not self._free or self._queue:
+            while self.turn or self._queue:
                 self._turns.wait()
         if self._thread is not None:
             self._thread.join(timeout=5.0)

@@ -100,9 +100,11 @@ class Lane:
         ``_frame`` does around the body, with :meth:`move` as the body. (One frame for all of it:
         this is the hot path of a small call.)"""
         engine = self.engine
-        if not _handed and not engine.turn_at_once():
+        if not _handed and not engine.idle():
             return engine.run_now(self.run, x, out, True)
-        try:
+        try:   # (the turn taken inside the try whose finally hands it back: progress.Engine.turn)
+            if not _handed and not engine.take():   # (another thread's, this moment)
+                return engine.run_now(self.run, x, out, True)
             call = self.call
             if self.runtime.failure is not None:   # (as the frame begins: collectives.calls.call)
                 raise stopped(call.name, self.runtime)

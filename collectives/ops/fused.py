@@ -46,7 +46,7 @@ import numpy as np
 from collectives.calls import timeline
 from collectives.calls.call import ended, stopped
 from collectives.calls.interrupts import held, settle
-from collectives.calls.progress import MAIN_THREAD, on_behalf
+from collectives.calls.progress import MAIN_THREAD, OWNER, on_behalf
 from ring import arrays, doubling, execute
 
 _ndarray = np.ndarray
@@ -79,7 +79,8 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
     :func:`two_rank_broadcast`: the all-reduce's message and result inline, the others' lanes pack and unpack."""
     group, runtime, call, control = lane.group, lane.runtime, lane.call, lane.control
     engine, dtype, shape, kind, forced = lane.engine, lane.dtype, lane.shape, lane.kind, lane.forced
-    turn_lock, free_turn, name, quick_polls = engine._lock, engine._free, call.name, wire.quick_polls
+    turn_lock, turn, name, quick_polls = engine._lock, engine.turn, call.name, wire.quick_polls
+    take_turn, holder, hand_back = turn.setdefault, turn.get, turn.clear   # (bound once: Engine.turn's methods)
     guard, unguard = (arrays.ieee_floating_point, arrays.restore_floating_point) if lane.floating else (None, None)
     send_check, recv_check, own, received = ready.send_check, ready.recv_check, ready.own, ready.received
     first, second = (own, received) if ready.mine_first else (received, own)   # (run_wired's order)
@@ -120,15 +121,11 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                 or (out.ndim != 1 or len(out) != count if flat else out.shape != shape) or not out.flags.carray \
                 or not (x.base is None and out.base is None or not np.may_share_memory(x, out)):
             return None
-        try:   # engine.turn_at_once's, inline (its owner is the main thread: the lane's only caller)
-            free_turn.pop()
-        except IndexError:   # (a call runs: Lane.run waits for the turn)
+        if turn or engine._queue:   # (a call runs or waits for the turn: Lane.run's way, which waits)
             return lane.run(x, out)
-        if engine._queue:   # (a call waits for the turn, and goes first)
-            engine.end_turn()
-            return lane.run(x, out)
-        engine._owner = MAIN_THREAD
-        try:
+        try:   # (engine.take's, inline, inside the try whose finally hands the turn back: progress.Engine.turn)
+            if take_turn(OWNER, MAIN_THREAD) != MAIN_THREAD:   # (another thread's, this moment)
+                return lane.run(x, out)
             if runtime.failure is not None:
                 raise stopped(name, runtime)
             quiet = None
@@ -183,11 +180,11 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
             call.in_step = True
             return out
         finally:
-            engine._owner = 0   # engine.end_turn's, inline
-            free_turn.append(True)
-            if engine._queue or engine._closing:
-                with turn_lock:
-                    engine._turns.notify_all()
+            if holder(OWNER) == MAIN_THREAD:   # engine.end_turn's, inline
+                hand_back()
+                if engine._queue or engine._closing:
+                    with turn_lock:
+                        engine._turns.notify_all()
             if held.pending:
                 settle(call.interrupted)
             held.on = False

@@ -660,6 +660,40 @@ def interrupted_as_it_ends() -> None:
         assert express.allreduce_lane(col.world_group(), _ints(count, col.rank()), "sum", None) is not None, \
             "the lane did not open"
     armed.append(True)
+    _steps_retried_after_ctrl_c(count, options)
+
+
+def interrupted_as_the_turn_is_taken() -> None:
+    """Ctrl-C lands on rank 1 right after its 4th small allreduce takes the engine's turn (argv[2]
+    "lane": the express lane, on two ranks its one function, which takes it without the engine's
+    lock; "usual": with an option, in ``run_now``); rank 1 catches it and calls again. The turn must
+    go back (else its next call and its exit wait for ever) and the runtime stop (the next call
+    raises): the others fail that call, naming rank 1."""
+    lane = sys.argv[2] == "lane"
+    options = {} if lane else {"timeout": 60}
+    count = 1000 if lane else 100
+
+    class TakenThenInterrupted(dict):   # (the engine's turn, whose take is followed by a Ctrl-C once armed)
+        armed = False
+
+        def setdefault(self, key, default=None):
+            holder = super().setdefault(key, default)
+            if TakenThenInterrupted.armed and holder == default:
+                TakenThenInterrupted.armed = False
+                signal.raise_signal(signal.SIGINT)   # (handled at once: here, right after the take)
+            return holder
+    engine = col.world_group().runtime.engine
+    if col.rank() == 1:   # (before the lane's one function binds it)
+        engine.turn = TakenThenInterrupted()
+    _three_calls()
+    TakenThenInterrupted.armed = True
+    _steps_retried_after_ctrl_c(count, options)
+    say(f"rank {col.rank()}: the turn is {'handed back' if not engine.turn else f'held: {engine.turn}'}")
+
+
+def _steps_retried_after_ctrl_c(count: int, options: dict) -> None:
+    """Steps 3 to 5, each an allreduce of ``count`` integers called again after a KeyboardInterrupt;
+    the first CollectiveError ends them. Each says how it went."""
     for step in range(3, 6):
         x = _ints(count, col.rank(), step)
         for attempt in ("first", "again"):
@@ -1095,6 +1129,7 @@ if __name__ == "__main__":
      "killed-between-calls": killed_between_calls,
      "ctrl-c": ctrl_c, "ctrl-c-as-the-others-finish": ctrl_c_as_the_others_finish, "skipped": skipped, "skipped-named": skipped_named, "interrupted": interrupted,
      "interrupted-as-it-ends": interrupted_as_it_ends,
+     "interrupted-as-the-turn-is-taken": interrupted_as_the_turn_is_taken,
      "finalize": finalize, "settings": settings_differ, "rank-only": rank_only, "threads": threads,
      "first-from-threads": first_from_threads,
      "idle": idle, "crash-first": crash_first, "crash-first-late": crash_first_late,
