@@ -110,38 +110,58 @@ def test_a_blocking_call_waits_while_the_engine_thread_runs_an_earlier_call():
     assert [name for name, _ in log] == ["a", "blocking"] and first.wait() == "a"
 
 
+class _Exclusive:
+    """Calls that each hold their turn across a pause (where another thread gets the GIL: not a
+    timing) and note any other call running meanwhile; ``log``: the calls that ran, in order."""
+
+    def __init__(self, pause: float):
+        self.pause, self.log, self.running, self.overlaps = pause, [], [], []
+
+    def call(self, name: str):
+        def run():
+            self.running.append(name)
+            if len(self.running) > 1:
+                self.overlaps.append(tuple(self.running))
+            time.sleep(self.pause)
+            self.running.remove(name)
+            self.log.append(name)
+            return name, _Call
+        return run
+
+    def from_threads(self, callers: dict, calls_each: int) -> None:
+        """Run each of ``callers`` (the first letter of its calls' names -> a function making
+        ``calls_each`` calls) in a thread of its own. Every thread must end, none raise, no two
+        calls overlap, and each thread's calls run once, in the order it made them."""
+        errors = []
+
+        def guarded(target):
+            try:
+                target()
+            except BaseException as error:   # noqa: BLE001 - reported by the test, not lost in a thread
+                errors.append(error)
+        threads = [threading.Thread(target=guarded, args=(target,)) for target in callers.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(50)
+        assert not any(t.is_alive() for t in threads), "a call never got its turn"
+        assert not errors, errors
+        assert not self.overlaps, f"calls ran at once, in each other's turn: {self.overlaps[:5]}"
+        for k in callers:
+            assert [name for name in self.log if name[0] == k] == [f"{k}{i}" for i in range(calls_each)]
+
+
 def test_two_threads_blocking_calls_never_run_each_others_turn():
     """Each call holds its turn across a pause (where the other thread gets the GIL), and checks that
     no other call is running meanwhile: without the engine's turn, the two threads' calls overlap."""
-    engine, log, running, overlaps, errors = _engine(), [], [], [], []
-
-    def call(name):
-        def run():
-            running.append(name)
-            if len(running) > 1:
-                overlaps.append(tuple(running))
-            time.sleep(0.001)   # (not a timing: a pause that hands the GIL to the other thread)
-            running.remove(name)
-            log.append(name)
-        return run
+    engine, calls = _engine(), _Exclusive(0.001)
 
     def caller(k):
-        try:
-            for i in range(100):
-                engine.run_now(call(f"{k}{i}"))
-        except BaseException as error:   # noqa: BLE001 - reported by the test, not lost in a thread
-            errors.append(error)
+        for i in range(100):
+            engine.run_now(calls.call(f"{k}{i}"))
 
-    threads = [threading.Thread(target=caller, args=(k,)) for k in "xy"]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a blocking call never got its turn"
-    assert not errors, errors
-    assert not overlaps, f"calls ran at once, in each other's turn: {overlaps[:5]}"
-    for k in "xy":   # each thread's calls ran, in the order it made them
-        assert [name for name in log if name[0] == k] == [f"{k}{i}" for i in range(100)]
+    calls.from_threads({k: lambda k=k: caller(k) for k in "xy"}, 100)
+
 
 @pytest.mark.timeout(60)   # (a lost turn deadlocks)
 def test_the_lanes_turn_taken_without_the_lock_never_overlaps_blocking_or_async_calls():
@@ -149,22 +169,11 @@ def test_the_lanes_turn_taken_without_the_lock_never_overlaps_blocking_or_async_
     it races the threads that take it under the lock: a blocking caller's, and the async calls a
     thread queues and the engine thread or its waiter runs. Each call holds its turn across a pause
     and checks that no other runs; every call runs once, and no turn is lost (a hang)."""
-    engine, log, running, overlaps, errors = _engine(), [], [], [], []
-
-    def call(name):
-        def run():
-            running.append(name)
-            if len(running) > 1:
-                overlaps.append(tuple(running))
-            time.sleep(0.0002)   # (not a timing: a pause that hands the GIL to the other threads)
-            running.remove(name)
-            log.append(name)
-            return name, _Call
-        return run
+    engine, calls, each = _engine(), _Exclusive(0.0002), 300
 
     def lane_caller():   # (Lane.run's way: the turn at once where no call holds it or waits, else in its place)
-        for i in range(300):
-            job = call(f"l{i}")
+        for i in range(each):
+            job = calls.call(f"l{i}")
             if not engine.idle():
                 engine.run_now(job)
                 continue
@@ -177,34 +186,17 @@ def test_the_lanes_turn_taken_without_the_lock_never_overlaps_blocking_or_async_
                 engine.end_turn()
 
     def blocking_caller():
-        for i in range(300):
-            engine.run_now(call(f"b{i}"))
+        for i in range(each):
+            engine.run_now(calls.call(f"b{i}"))
 
     def async_caller():
-        for i in range(0, 300, 3):
-            works = [engine.submit(progress.Work("allreduce", call(f"a{i + j}"), engine)) for j in range(3)]
-            works[-1].wait() if i % 2 else [work.wait(timeout=30) for work in works]
+        for i in range(0, each, 3):
+            works = [engine.submit(progress.Work("allreduce", calls.call(f"a{i + j}"), engine)) for j in range(3)]
+            for work in works[-1:] if i % 2 else works:   # (the last one's wait runs the others first)
+                work.wait(timeout=None if i % 2 else 30)
 
-    def guarded(target):
-        def run():
-            try:
-                target()
-            except BaseException as error:   # noqa: BLE001 - reported by the test, not lost in a thread
-                errors.append(error)
-        return threading.Thread(target=run)
-
-    threads = [guarded(target) for target in (lane_caller, blocking_caller, async_caller)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(50)
-    assert not any(t.is_alive() for t in threads), "a call never got its turn"
-    assert not errors, errors
-    assert not overlaps, f"calls ran at once, in each other's turn: {overlaps[:5]}"
-    for k in "lba":   # each thread's calls ran once, in the order it made them
-        assert [name for name in log if name[0] == k] == [f"{k}{i}" for i in range(300)]
+    calls.from_threads({"l": lane_caller, "b": blocking_caller, "a": async_caller}, each)
     assert engine.turn == {}, "the turn was not handed back"
-
 
 # A done-callback holds its call's turn, so the calls it issues come right after that call, whatever
 # another thread queued meanwhile (PowerSGD with several DDP buckets: a bucket's callbacks all-reduce
