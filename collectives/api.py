@@ -72,10 +72,6 @@ def _through_the_lane(general: Callable) -> Callable:
     does) takes the lane as fast, and one that forces an algorithm takes a lane kept for it."""
     name = general.__name__
 
-    def interrupted() -> None:   # (a KeyboardInterrupt leaves the call, by whichever way it went)
-        held.on = True   # (see _interrupted)
-        _interrupted(name)
-
     if name == "allreduce":
         def through(x: Any, op: str = "sum", out: Any = None, *, group: Group | None = None,
                     algorithm: str | None = None, **options: Any) -> Any:
@@ -91,10 +87,11 @@ def _through_the_lane(general: Callable) -> Callable:
                     lane = express.allreduce_lane(world, x, op, out, algorithm)
                     if lane is not None:
                         return lane.run(x, out)
-                return general(x, op, out, group=group, algorithm=algorithm, **options)
-            except KeyboardInterrupt:
-                interrupted()
+            except KeyboardInterrupt:   # (the lanes' way; ``general``'s has its own, as on_group's)
+                held.on = True   # (see _interrupted)
+                _interrupted(name)
                 raise
+            return general(x, op, out, group=group, algorithm=algorithm, **options)
     elif name == "broadcast":
         def through(x: Any, root: int = 0, *, group: Group | None = None, algorithm: str | None = None,
                     **options: Any) -> Any:
@@ -110,10 +107,11 @@ def _through_the_lane(general: Callable) -> Callable:
                     lane = express.broadcast_lane(world, x, root, algorithm)
                     if lane is not None:
                         return lane.run(x)
-                return general(x, root, group=group, algorithm=algorithm, **options)
-            except KeyboardInterrupt:
-                interrupted()
+            except KeyboardInterrupt:   # (the lanes' way; ``general``'s has its own, as on_group's)
+                held.on = True   # (see _interrupted)
+                _interrupted(name)
                 raise
+            return general(x, root, group=group, algorithm=algorithm, **options)
     else:
         def through(x: Any, out: Any = None, *, group: Group | None = None, algorithm: str | None = None,
                     **options: Any) -> Any:
@@ -129,10 +127,11 @@ def _through_the_lane(general: Callable) -> Callable:
                     lane = express.allgather_lane(world, x, out, algorithm)
                     if lane is not None:
                         return lane.run(x, out)
-                return general(x, out, group=group, algorithm=algorithm, **options)
-            except KeyboardInterrupt:
-                interrupted()
+            except KeyboardInterrupt:   # (the lanes' way; ``general``'s has its own, as on_group's)
+                held.on = True   # (see _interrupted)
+                _interrupted(name)
                 raise
+            return general(x, out, group=group, algorithm=algorithm, **options)
     return functools.update_wrapper(through, general)   # (its name, docstring and signature)
 
 
