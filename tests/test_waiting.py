@@ -263,18 +263,3 @@ def test_a_wait_keeps_its_core_for_its_first_millisecond_then_gives_it_up_betwee
     assert yields == [1] and len(naps) == 1
     host_waits.pause(0.0, 0.0)   # (oversubscribed: no spin)
     assert yields == [1, 1]
-
-
-def test_a_spinning_wait_polls_in_a_row_between_its_looks_at_the_clock_and_the_control_plane(monkeypatch):
-    """MPICH moves a message past its eager size in steps that each need both ranks to poll; a wait
-    that looked at the clock and the control plane between every two polls added a look's time to
-    each step (a 64 KiB all-gather after a barrier, n=2: 41.6 us, 30.7 with SPIN_POLLS in a row).
-    While it spins (younger than ``spin_seconds``), it polls ``SPIN_POLLS`` times per look."""
-    clock, looks, polls = _Clock.installed(monkeypatch), [], []
-    monkeypatch.setattr(clock, "monotonic", lambda: looks.append(1) or clock.now)
-    bound = Bound(None, until=clock.now + 30, stop=threading.Event())
-    wait_for(lambda: polls.append(1) or len(polls) >= 100, bound, _Quiet(), 1.0, lambda: 3, None)
-    assert len(polls) == 100 and len(polls) >= 4 * len(looks), f"{len(polls)} polls, {len(looks)} clock reads"
-    looks.clear(), polls.clear()   # (past the spin, or where ranks outnumber cores: a look between polls)
-    wait_for(lambda: polls.append(1) or len(polls) >= 10, bound, _Quiet(), 0.0, lambda: 3, None)
-    assert len(polls) == 10 and len(looks) >= len(polls), f"{len(polls)} polls, {len(looks)} clock reads"

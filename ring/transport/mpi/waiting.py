@@ -44,11 +44,6 @@ DRAIN_SECONDS = 0.2
 DRAIN_POLLS = 20
 #: How often a wait past its deadline reads the census's answers (as ``Control.roll_call`` does).
 ANSWERS_READ_SECONDS = 5e-3
-#: Polls in a row while a wait spins, between two looks at the clock and the control plane. MPICH moves
-#: a message past its eager size (8 KiB between two ranks of a host, here) in steps that each need both
-#: ranks to poll, and one look costs as much as a few polls: a 12 KiB broadcast after a barrier took
-#: 12.9 us with a look between every two polls, 10.4 with 16 polls between looks (docs/performance.md).
-SPIN_POLLS = range(16)
 
 
 def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seconds: float,
@@ -78,14 +73,8 @@ def wait_for(done: Callable[[], bool], bound: Bound, control: Control, spin_seco
     drain_polls = 0
     drains = expecting is COLLECTIVE or not control.dead
     next_read, waited_for_answers, settled = 0.0, False, 0.0   # (past the deadline, while the census waits: below)
-    spins = spin_seconds > 0 and not bound.background
     while not _done(done, lost):
-        waited = time.monotonic() - started
-        if spins and waited < spin_seconds and lost is None:   # (polls in a row: SPIN_POLLS)
-            for _ in SPIN_POLLS:
-                if done():
-                    return
-        pause(waited, spin_seconds, bound.background)
+        pause(time.monotonic() - started, spin_seconds, bound.background)
         now = time.monotonic()   # (after the nap: read before it, a deadline passed in it was seen a nap late)
         if lost is not None:
             drain_polls += 1
