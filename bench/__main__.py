@@ -36,7 +36,7 @@ import collectives as col  # noqa: E402  (first: under srun it chooses MPI's net
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from cmdline.cores import THREAD_VARIABLES  # noqa: E402
+from cmdline.cores import THREAD_VARIABLES, usable_cpus  # noqa: E402
 from cmdline.parser import INTERRUPTED, launch_note  # noqa: E402
 from bench import model  # noqa: E402
 from bench.arguments import check_root, parse_args  # noqa: E402
@@ -71,12 +71,9 @@ def environment(comm: MPI.Comm, device: str) -> dict:
     """Where these figures come from (printed, and written into the JSON and CSV)."""
     settings = col.settings()
     hosts = sorted(set(comm.allgather(MPI.Get_processor_name())))
-    cpus = {}   # per host, the cpus its ranks may run on together (a rank bound to one core shares it with none)
-    for host, mine in comm.allgather((MPI.Get_processor_name(), os.sched_getaffinity(0))):
-        cpus.setdefault(host, set()).update(mine)
     return {
         "ranks_per_host": comm.allreduce(col.local_size(), op=MPI.MAX),
-        "usable_cpus": min(len(c) for c in cpus.values()),
+        "usable_cpus": usable_cpus(comm),
         "device": device,
         "n": comm.Get_size(),
         "hosts": ",".join(hosts),

@@ -26,6 +26,7 @@ from bench.cases import Case, bus_factor
 from bench.report import GB
 from bench.sizes import format_size, sweep
 from bench.timing import time_each
+from cmdline.cores import usable_cpus
 from cmdline.interrupt import stop_together
 from cmdline.parser import INTERRUPTED
 from ring import cost
@@ -141,9 +142,10 @@ def _costs_text(costs: cost.Costs) -> str:
 
 
 def report(rows: list[dict], costs: cost.Costs, args: argparse.Namespace, segment_bytes: int, check: bool,
-           lanes: cost.Costs | None = None) -> None:
+           lanes: cost.Costs | None = None, cpus: int | None = None) -> None:
     """Step 3: the printed tables (rank 0). ``costs``: fitted on the calls that took the usual way;
-    ``lanes``: on those an express lane carried (None: there were none)."""
+    ``lanes``: on those an express lane carried (None: there were none); ``cpus``: the cpus this host's
+    ranks may run on together (``cmdline.cores.usable_cpus``; None: this rank's own)."""
     usual = sum(not r["lane"] for r in rows)
     print(f"# fitted on this machine, the usual way ({usual} timings): {_costs_text(costs)}")
     if lanes is not None:
@@ -167,7 +169,8 @@ def report(rows: list[dict], costs: cost.Costs, args: argparse.Namespace, segmen
               f"{r['seconds'] * 1e6:>8.1f}us {predicted * 1e6:>8.1f}us {error:>+6.0f}% | {mark}")
     for n, e in sorted(errors.items()):
         print(f"# n={n}: median |error| {np.median(e):.0f}%, 90th percentile {np.percentile(e, 90):.0f}%")
-    for line in fit_warnings(errors, costs, col.local_size(), len(os.sched_getaffinity(0))):
+    cpus = len(os.sched_getaffinity(0)) if cpus is None else cpus
+    for line in fit_warnings(errors, costs, col.local_size(), cpus):
         print(f"# warning: {line}")
     wrong = sum(r["wrong"] for r in rows)
     print(f"# #wrong: {wrong} " + ("(every result exact)" if not wrong else "-- RESULTS ARE WRONG"))
@@ -259,6 +262,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
         if comm.Get_rank() == 0:
             print("# interrupted (Ctrl-C or SIGTERM): nothing fitted", flush=True)
         return INTERRUPTED
+    cpus = usable_cpus(comm)   # (every rank: a rank bound to a core of its own counts the others' too)
     if comm.Get_rank() == 0:
         in_lanes, plain = [r for r in rows if r["lane"]], [r for r in rows if not r["lane"]]
         lanes = fit(in_lanes, segment_bytes, settings.check, lanes=True) if in_lanes else None
@@ -268,5 +272,5 @@ def run(args: argparse.Namespace, comm: MPI.Comm) -> int:
             print("# every call measured ran in an express lane: the predictions for more ranks use the lanes' costs")
         print(f"# the first k ranks of {comm.Get_size()} for k = 2..{comm.Get_size()}; {args.dtype} {args.redop}; "
               f"{', '.join(args.model_ops)}; {format_size(args.min_bytes)}..{format_size(args.max_bytes)}")
-        report(rows, costs, args, segment_bytes, settings.check, lanes)
+        report(rows, costs, args, segment_bytes, settings.check, lanes, cpus)
     return 1 if any(r["wrong"] for r in rows) else 0

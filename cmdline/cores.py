@@ -8,6 +8,7 @@ import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -26,6 +27,22 @@ def share_cores_between_local_ranks() -> None:
         threads = str(max(1, (os.cpu_count() or 1) // local_ranks))
         for variable in THREAD_VARIABLES:
             os.environ[variable] = threads
+
+
+def usable_cpus(comm: Any) -> int:
+    """The cpus the ranks of one host may run on together (the union of their affinities: a rank bound
+    to a core of its own shares it with none), the fewest over the hosts of MPI communicator ``comm``.
+    Collective: every rank of ``comm`` calls it.
+
+    >>> from mpi4py import MPI
+    >>> usable_cpus(MPI.COMM_SELF) == len(os.sched_getaffinity(0))
+    True
+    """
+    from mpi4py import MPI   # (here: this module loads before MPI may be, see the module's note)
+    cpus: dict[str, set[int]] = {}
+    for host, mine in comm.allgather((MPI.Get_processor_name(), os.sched_getaffinity(0))):
+        cpus.setdefault(host, set()).update(mine)
+    return min(len(c) for c in cpus.values())
 
 
 def launch_environment() -> ModuleType:

@@ -155,9 +155,14 @@ def test_ranks_bound_to_a_core_each_are_not_called_oversubscribed():
     # run_world gives it): each may use 1 cpu, none shares it (the header counted 1 and warned; the
     # runtime polled as if oversubscribed). Asked to bind alike, both launchers.
     binding = ("--bind-to", "core") if mpi_name() == "Open MPI" else ("-bind-to", "core")
+    shared = len(os.sched_getaffinity(0)) < 2
     result = run_world(2, ["-m", "bench", *QUICK], TIMEOUT_S, launcher_args=binding)
     assert result.returncode == 0, result.stdout[-2000:]
-    assert ("# warning: 2 ranks share" in result.stdout) == (len(os.sched_getaffinity(0)) < 2), result.stdout
+    assert ("# warning: 2 ranks share" in result.stdout) == shared, result.stdout
+    # --model's warning under its fit counts the cpus alike (it counted the rank's own core and warned)
+    fitted = run_world(2, ["-m", "bench", "--model", "--max-bytes", "32"], TIMEOUT_S, launcher_args=binding)
+    assert fitted.returncode == 0 and "# fitted on this machine" in fitted.stdout, fitted.stdout[-2000:]
+    assert ("# warning: 2 ranks share" in fitted.stdout) == shared, fitted.stdout
 
 
 def test_the_cores_of_a_host_are_those_its_ranks_may_use_together():
