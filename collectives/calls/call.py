@@ -232,7 +232,9 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
     runtime = g.runtime
     if runtime.failure is not None:
         raise stopped(name, runtime)
-    main = get_ident() == MAIN_THREAD   # (where a Ctrl-C that comes as the call ends is held back: interrupts)
+    # (where a Ctrl-C that comes as the call ends is held back: interrupts; a blocking call that issue
+    # found on the main thread runs there)
+    main = issuer == "" and not detached or get_ident() == MAIN_THREAD
     call = Call(g, name, timeout, call_name, algorithm, issuer, detached and runtime.engine.in_background())
     quiet = arrays.ieee_floating_point() if name in _REDUCTIONS else None
     started = perf_counter() if timeline.current is not None else 0.0
@@ -264,7 +266,9 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
         if started and timeline.current is not None:
             _record(call, started)
         if main:
-            interrupts.settle(call.interrupted)
+            if interrupts.held.pending:   # (settle's rare case: a Ctrl-C came in the call's books)
+                interrupts.settle(call.interrupted)
+            interrupts.held.on = False
 
 
 def ended(call: Call, error: BaseException) -> NoReturn:

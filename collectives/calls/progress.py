@@ -257,18 +257,26 @@ class Engine:
         self._last_submit = float("-inf")
 
     def run_now(self, job: Callable[..., Any], *args) -> Any:
-        """A blocking call: wait for the calls issued before it, then run ``job(*args)`` here."""
-        if self.turn.get(OWNER) == threading.get_ident():   # (a done-callback's: add_done_callback)
+        """A blocking call: wait for the calls issued before it, then run ``job(*args)`` here. With no
+        call queued and the turn free, it takes the turn at once, as an express lane does (:meth:`take`
+        without the lock); else under the lock, where it runs or waits for the calls before it."""
+        me, turn = threading.get_ident(), self.turn
+        if turn.get(OWNER) == me:   # (a done-callback's: add_done_callback)
             return job(*args)
         try:   # (the turn is taken inside: see ``turn``)
-            with self._lock:   # (a plain lock: the uncontended path is a few C calls)
-                while self._queue and self._queue[0]._job is not None and self.take():
-                    self._run_head_locked()   # async calls issued before this one, not yet taken: run them here
-                if self._queue or not self.take():
-                    self._wait_for_turn()
+            if self._queue or turn.setdefault(OWNER, me) != me:   # (take's, inline)
+                with self._lock:
+                    while self._queue and self._queue[0]._job is not None and self.take():
+                        self._run_head_locked()   # async calls issued before this one, not yet taken: run them here
+                    if self._queue or not self.take():
+                        self._wait_for_turn()
             return job(*args)
         finally:
-            self.end_turn()
+            if turn.get(OWNER) == me:   # end_turn's, inline (every blocking call ends here: a call fewer)
+                turn.clear()
+                if self._queue or self._closing:
+                    with self._lock:
+                        self._turns.notify_all()
 
     def idle(self) -> bool:
         """Whether no call holds the turn or waits for it: the express lane's way in takes it then,
