@@ -206,22 +206,26 @@ def issue(g: CallGroup, name: str, body: Callable, args: tuple, async_op: object
         raise CollectiveUsageError(f"{name}: group: {g.label} was destroyed (Group.destroy())")
     if runtime.threads_checked:
         _check_thread(name, runtime.threads_checked)
-    issuer = "" if get_ident() == MAIN_THREAD and not on_behalf else issuer_name()   # (the main thread's
-    # name without a call: every blocking call passes here)
+    main = get_ident() == MAIN_THREAD   # (a blocking call runs its frame in this thread: told, not looked up again)
+    issuer = "" if main and not on_behalf else issuer_name()   # (the main thread's name without a call: every
+    # blocking call passes here)
     if async_op is False:
-        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)[0]
+        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer, False,
+                                      main)[0]
     if async_op is not True:
         body = refusal(CollectiveUsageError(f"{name}: async_op: expected True or False, got {async_op!r}"))
-        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer)[0]
+        return runtime.engine.run_now(_frame, g, name, body, args, timeout, call_name, algorithm, issuer, False,
+                                      main)[0]
     job = functools.partial(_frame, g, name, body, args, timeout, call_name, algorithm, issuer, True)
     return runtime.engine.submit(Work(name, job, runtime.engine), inline=_on_gpu(args))
 
 
 def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object, call_name: object, algorithm: object,
-           issuer: str, detached: bool = False) -> tuple[Any, Call]:
+           issuer: str, detached: bool = False, main: bool | None = None) -> tuple[Any, Call]:
     """Run one call (the engine's turn is held, in whichever thread); return its result and the
     call itself (its sequence number, the algorithm it ran). ``detached``: an async call, which
-    may run on the engine's thread (then its waits nap: see ``Bound.background``).
+    may run on the engine's thread (then its waits nap: see ``Bound.background``). ``main``: whether
+    this thread is the main one (a blocking call's ``issue`` looked, in this thread; None: look here).
 
     Each body checks its arguments first, then makes its signature (``Call.signature``); a usage
     error raised before that (a bad argument, here or in ``check_options``) is this rank's
@@ -232,9 +236,8 @@ def _frame(g: CallGroup, name: str, body: Callable, args: tuple, timeout: object
     runtime = g.runtime
     if runtime.failure is not None:
         raise stopped(name, runtime)
-    # (where a Ctrl-C that comes as the call ends is held back: interrupts; a blocking call that issue
-    # found on the main thread runs there)
-    main = issuer == "" and not detached or get_ident() == MAIN_THREAD
+    if main is None:   # (whether this thread is the main one, where a Ctrl-C that comes as the call ends is
+        main = get_ident() == MAIN_THREAD   # held back: interrupts; a blocking call's issue says)
     call = Call(g, name, timeout, call_name, algorithm, issuer, detached and runtime.engine.in_background())
     quiet = arrays.ieee_floating_point() if name in _REDUCTIONS else None
     started = perf_counter() if timeline.current is not None else 0.0
