@@ -9,6 +9,7 @@ import time
 import pytest
 
 from collectives.calls import progress
+from collectives.errors import CollectiveUsageError
 
 pytestmark = pytest.mark.quick   # (the progress engine's queue, no MPI: fast)
 
@@ -234,3 +235,28 @@ def test_a_callback_attached_after_the_call_is_done_runs_in_the_attaching_thread
     queued.wait()
     assert [name for name, _ in log] == ["U0", "U1", "P0"]
     assert log[2][1] == threading.get_ident()
+
+
+@pytest.mark.parametrize("timeout", [None, 1.0])
+def test_a_done_callback_waiting_for_a_later_call_is_refused_at_once(patient_engine_thread, timeout):
+    """A done-callback holds the turn of the call it follows: a call issued after that one runs only once
+    the callback returns, so waiting for it there is refused at once, as a usage error that leaves the
+    later call to run (it hung for ever, a ``wait(timeout=)`` too: the bound stopped the runtime, then
+    waited for the call without one)."""
+    engine, log, refused = _engine(), [], []
+    first = engine.submit(progress.Work("allreduce", _job(log, "a"), engine))
+    later = []
+
+    def callback(work):
+        try:
+            later[0].wait(timeout)
+        except CollectiveUsageError as error:
+            refused.append(str(error))
+
+    first.add_done_callback(callback)
+    later.append(engine.submit(progress.Work("barrier", _job(log, "b"), engine)))
+    waited = threading.Event()
+    threading.Thread(target=lambda: (first.wait(), waited.set()), daemon=True).start()
+    assert waited.wait(10), "the callback's wait hung"
+    assert refused and refused[0].startswith("wait: this barrier can run only once the done-callback"), refused
+    assert later[0].wait() == "b" and engine.runtime.failure is None

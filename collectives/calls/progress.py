@@ -93,7 +93,8 @@ class Work:
     def add_done_callback(self, callback: Callable[["Work"], None]) -> None:
         """Call ``callback(work)`` once the call is done (at once, here, if it is), else in the thread
         that finished it, holding its turn: a call it issues runs at once there, right after this one
-        on every rank, but it must not wait for a later one. What it raises becomes a RuntimeWarning."""
+        on every rank, but it must not wait for a later one (such a wait raises CollectiveUsageError at
+        once). What it raises becomes a RuntimeWarning."""
         registrant = issuer_name()
         with _CALLBACKS:
             if self._callbacks is not None:
@@ -112,6 +113,10 @@ class Work:
         if timeout is not None and not is_timeout(timeout):
             raise CollectiveUsageError(f"wait: timeout: expected a positive number of seconds or None, "
                                        f"got {timeout!r}")
+        if not self._done and self._engine.turn.get(OWNER) == get_ident():   # (it would wait for ever, a bound too)
+            raise CollectiveUsageError(f"wait: this {self.name} can run only once the done-callback waiting for it "
+                                       "returns (the callback holds the turn of the call it follows, and this one was "
+                                       "issued after that): wait for it after the callback")
         waiting = perf_counter()
         if not self._done and bounded(timeout) is None:   # (a bounded wait leaves the call to the engine
             self._engine.help(self)   # thread, so it can stop at the bound) still queued: run it here
