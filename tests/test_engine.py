@@ -20,6 +20,7 @@ class _Runtime:
     def __init__(self):
         self.failure = None
         self.world = None
+        self.retired = None   # (the world a change replaced: none here)
 
     def stop(self, failure, error=None, by_peer=False):
         self.failure = self.failure or failure
@@ -260,3 +261,29 @@ def test_a_done_callback_waiting_for_a_later_call_is_refused_at_once(patient_eng
     assert waited.wait(10), "the callback's wait hung"
     assert refused and refused[0].startswith("wait: this barrier can run only once the done-callback"), refused
     assert later[0].wait() == "b" and engine.runtime.failure is None
+
+
+def _interrupted():
+    raise KeyboardInterrupt   # (a Ctrl-C that landed in the call: its frame stops the runtime and raises it)
+
+
+def test_a_ctrl_c_in_a_queued_call_that_a_blocking_call_runs_comes_out_of_the_blocking_call(patient_engine_thread):
+    """The caller's thread runs the async calls queued before its blocking call: a Ctrl-C in one of them
+    is raised there, not the error of the runtime it stopped (it raised CollectiveError, and the Ctrl-C
+    came out only of the handle's wait, which a program may never make: a tester's case)."""
+    engine, log = _engine(), []
+    work = engine.submit(progress.Work("allreduce", _interrupted, engine))
+    with pytest.raises(KeyboardInterrupt):
+        engine.run_now(_job(log, "blocking"))
+    assert log == [] and not engine.turn
+    with pytest.raises(KeyboardInterrupt):
+        work.wait()
+
+
+def test_a_ctrl_c_in_an_earlier_call_that_a_wait_runs_comes_out_of_the_wait(patient_engine_thread):
+    engine, log = _engine(), []
+    engine.submit(progress.Work("allreduce", _interrupted, engine))
+    later = engine.submit(progress.Work("barrier", _job(log, "b"), engine))
+    with pytest.raises(KeyboardInterrupt):
+        later.wait()
+    assert log == [] and not engine.turn

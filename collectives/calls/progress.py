@@ -361,7 +361,9 @@ class Engine:
 
     def _run_head_locked(self) -> None:
         """(Holding the lock and the turn, an async call at the head) run that call in this thread,
-        with the lock released meanwhile; then hand the turn back."""
+        with the lock released meanwhile; then hand the turn back. A Ctrl-C in it is this thread's
+        too: its handle keeps it, and it goes on up from here (the blocking call or the wait that ran
+        the call, in place of the error the runtime it stopped would give them)."""
         work = self._queue.popleft()
         self._lock.release()
         try:
@@ -369,6 +371,8 @@ class Engine:
         finally:
             self._lock.acquire()
             self._release_locked()
+        if isinstance(work._error, KeyboardInterrupt):
+            raise KeyboardInterrupt
 
     def _release(self) -> None:
         with self._lock:
