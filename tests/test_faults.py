@@ -278,6 +278,32 @@ def test_ctrl_c_while_a_healthy_rank_waits_at_exit_ends_it_saying_so():
            "without MPI_Finalize" in output and "Traceback" not in output, output
 
 
+def test_ctrl_c_in_the_farewell_itself_ends_the_rank_as_in_the_wait_at_exit():
+    """A Ctrl-C that lands before the exit barrier (here in the farewell's first read of the control
+    channel, where a tester's random Ctrl-C landed once in 100 launches) ends the rank as one in the
+    barrier does: status 130 and one line, the other rank told. It escaped the exit handler, then
+    MPI_Finalize waited for the other rank, and the other rank for its farewell: the job hung."""
+    program = ("import os, signal, sys, collectives as col\n"
+               "from ring.transport.mpi import exits\n"
+               "col.barrier()\n"
+               "sys.stdout.write(f'rank {col.rank()} done\\n')\n"
+               "if col.rank() == 0:\n"
+               "    first_read = exits.Exits.gone_at_exit\n"
+               "    def interrupted(self):\n"
+               "        os.kill(os.getpid(), signal.SIGINT)\n"
+               "        return first_read(self)\n"
+               "    exits.Exits.gone_at_exit = interrupted\n")
+    started = time.monotonic()
+    result = run_world(2, ["-c", program], BOUND_S)
+    output = result.stdout
+    # (the launcher's status is either rank's: 130, or 1 from rank 1, which leaves without rank 0's MPI_Finalize)
+    assert result.returncode in (1, 130) and time.monotonic() - started < 30, output
+    assert "[rank 1] collectives: exiting with status 1 without MPI_Finalize" in output, output
+    assert output.count(" done") == 2 and "Traceback" not in output, output
+    assert "[rank 0] collectives: interrupted (Ctrl-C) at exit while waiting for rank(s) " in output, output
+    assert "exiting with status 130 without MPI_Finalize" in output, output
+
+
 def test_a_timeout_shorter_than_mpis_own_start_does_not_end_a_healthy_job_at_its_start():
     """COLLECTIVES_TIMEOUT=0.1 is a bound for calls (the program's own calls here take 60 s): MPI_Init
     takes longer than that, and its watch must not say that a process has ended, nor end the rank:

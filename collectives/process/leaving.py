@@ -38,26 +38,30 @@ def leave(w: Group, finishing: bool = True) -> None:
     ``finishing``: MPI_Finalize follows, which waits for every rank, for ever if one died (MPICH under
     ``-disable-auto-cleanup``). So first every rank waits for the others at exit in a barrier it polls (``exit_barrier``);
     if a rank is known dead, or said it will not finalize, this process prints one line and ends at once with
-    status 1, without MPI_Finalize and the exit handlers registered before the program first used ``collectives``."""
+    status 1, without MPI_Finalize and the exit handlers registered before the program first used ``collectives``.
+    A Ctrl-C anywhere in this (the farewell's reads and words, the barrier) ends it with status 130, saying
+    so, without MPI_Finalize (``_interrupted_at_exit``: one that escaped the farewell left MPI_Finalize
+    waiting for the others, and the others for its farewell, for ever)."""
     runtime = w.runtime
     if runtime.closed:
         return
     uncaught = life.why_ending
-    runtime.engine.close(f"rank {w.rank()} is ending ({uncaught})" if uncaught else "")
-    failure = runtime.leave()   # (what failed before leaving, if anything)
-    root = failure.root_cause if failure is not None else None
-    failed = failure is not None and failure.by_peer   # (what each farewell says: another rank's failure caused it)
-    why = root or uncaught or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
-    gone = w.transport.exits.gone_at_exit()
-    # (the ranks still at work are named too, but where the elastic job's work is finished)
-    absent = w.transport.exits.not_at_exit(gone) if gone and not life.work_finished else []
-    what = ending.AtExit(w.rank(), why, life.work_finished, tuple(gone), tuple(w.lost()) if gone else (),
-                         absent=tuple(absent), finishing=finishing, outlived=runtime.outlived)
-    verdict = ending.at_exit(what)
-    if gone:   # said before the farewell: the launcher may end this process once the others have left
-        ending.print_line(verdict.line)
+    why, failed, root = uncaught, False, None
     ended_well = False   # (whether every rank did: the transports' teardown must be the same on all, see close)
     try:
+        runtime.engine.close(f"rank {w.rank()} is ending ({uncaught})" if uncaught else "")
+        failure = runtime.leave()   # (what failed before leaving, if anything)
+        root = failure.root_cause if failure is not None else None
+        failed = failure is not None and failure.by_peer   # (what each farewell says: another rank's failure caused it)
+        why = root or uncaught or (f"it stopped after a failure: {failure.text}" if failure is not None else "")
+        gone = w.transport.exits.gone_at_exit()
+        # (the ranks still at work are named too, but where the elastic job's work is finished)
+        absent = w.transport.exits.not_at_exit(gone) if gone and not life.work_finished else []
+        what = ending.AtExit(w.rank(), why, life.work_finished, tuple(gone), tuple(w.lost()) if gone else (),
+                             absent=tuple(absent), finishing=finishing, outlived=runtime.outlived)
+        verdict = ending.at_exit(what)
+        if gone:   # said before the farewell: the launcher may end this process once the others have left
+            ending.print_line(verdict.line)
         for g in reversed(runtime.groups):   # each group's members count their calls on it; the world's
             # last: a rank that will not finalize ends once it has every world farewell, so none may follow
             g.transport.exits.farewell(g.completed, why, failed=failed,
@@ -68,10 +72,7 @@ def leave(w: Group, finishing: bool = True) -> None:
             _write_timeline(w, healthy=not why)
         if finishing and not gone and not runtime.outlived:
             patience = runtime.exit_patience(failure)
-            try:
-                gone, missing = _exit_barrier(w, patience, runtime.settings.timeout)
-            except KeyboardInterrupt:
-                _interrupted_at_exit(w, why, failed, root is not None)
+            gone, missing = _exit_barrier(w, patience, runtime.settings.timeout)
             late = () if gone else tuple(missing)
             absent = tuple(missing) if gone and not life.work_finished else ()   # (as above)
             verdict = ending.at_exit(replace(what, gone=tuple(gone), lost=tuple(w.lost()) if gone else (),
@@ -85,17 +86,17 @@ def leave(w: Group, finishing: bool = True) -> None:
         if finishing and life.work_finished and not why:   # (into MPI_Finalize, the elastic job done: a rank
             supervision.tell(supervision.Word.FINALIZING)     # that dies in there now would hold this one)
         ended_well = not why and w.transport.exits.all_left_well()
+    except KeyboardInterrupt:
+        _interrupted_at_exit(w, why, failed, root is not None)
     finally:
         for g in reversed(runtime.groups):   # (the world's communicator last: the others came from it)
             g.transports.close(failed=not ended_well)
         notices.ignore_failure_notices()
 
 
-
-
 def _interrupted_at_exit(w: Group, why: str, failed: bool, root: bool) -> NoReturn:
-    """Ctrl-C while this rank waits for the others at exit: the person at the keyboard wants it to
-    end, and MPI_Finalize would wait for them too. So it says so, tells the others it will not
+    """Ctrl-C while this rank says farewell or waits for the others at exit: the person at the keyboard
+    wants it to end, and MPI_Finalize would wait for them too. So it says so, tells the others it will not
     finalize (so none waits for it), and ends with status 130 without MPI_Finalize; a second Ctrl-C
     meanwhile changes nothing."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
