@@ -4,7 +4,8 @@ calls (cProfile) and, where valgrind is installed, the instructions, per call at
     python scripts/call_budget.py                 # the budget table, and what each guarantee costs
     python scripts/call_budget.py --no-valgrind   # counts only (valgrind takes about a minute)
 
-At n=1 nothing waits, so the counts are exact and the same on every run; the frame is the one
+At n=1 nothing waits, so the counts are exact and the same on every run (the median call's:
+see calls_per_call); the frame is the one
 that runs at any n (recursive doubling with no step: no shortcut for one rank). Budgets (issue
 26): an 8-byte allreduce at most 25 calls, every other collective at most 40. The second table
 shows what each guarantee or option adds to an 8-byte allreduce, in calls and microseconds (the
@@ -58,15 +59,20 @@ _TRACE = "/tmp/call_budget_trace.json"
 
 
 def calls_per_call(fn, repeats: int = 200) -> float:
-    """cProfile's count of function calls (Python and C) per call of ``fn``, after a warm-up."""
+    """cProfile's count of function calls (Python and C) in a call of ``fn``, the median of ``repeats``
+    calls after a warm-up: the usual call's (a call that the machine paused for a while also looks for
+    the others' words after its pause, a few calls more: a loaded machine makes some, and their mean
+    moved the count by one)."""
     for _ in range(20):
         fn()
-    profile = cProfile.Profile()
-    profile.enable()
+    counts = []
     for _ in range(repeats):
+        profile = cProfile.Profile()
+        profile.enable()
         fn()
-    profile.disable()
-    return (pstats.Stats(profile).total_calls - 1) / repeats   # (less the profiler's own disable)
+        profile.disable()
+        counts.append(pstats.Stats(profile).total_calls - 1)   # (less the profiler's own disable)
+    return float(np.median(counts))
 
 
 def microseconds(fn) -> float:
