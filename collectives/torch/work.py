@@ -102,6 +102,8 @@ class RingWork(dist.Work):
         try:
             result = self._call.wait(timeout or self._bound)
         except Exception as failed:   # noqa: BLE001 - kept for every door (KeyboardInterrupt goes through)
+            if not getattr(self._call, "is_completed", lambda: True)():   # (the wait refused, the call not yet
+                raise for_torch(failed) from failed   # run: a done-callback's wait for a later one; it is not the call's)
             error = failed
         with self._lock:
             if self._settled:

@@ -212,6 +212,38 @@ def test_a_callback_issues_the_same_call_whichever_thread_runs_it(groups):
     expected = sum(values((8,), torch.float32, rank=r) for r in range(N)) * 2 * N
     agree(torch.equal(nested, expected), "a nested call from the main thread and from a future's thread")
 
+def test_a_callbacks_refused_wait_for_a_later_call_leaves_that_call_whole(groups):
+    """A then-callback that waits for the work of a call issued after the one it follows is refused
+    (that call runs after the callback); the later call then completes, and its work says so at every
+    door (before, the refusal became the work's own error: wait, is_success, exception and its future
+    all failed, though its tensor held the sum: a tester's case)."""
+    ring, _ = groups
+    first, later_tensor = values((4,), torch.float32), values((4,), torch.float32, offset=10)
+    expected = sum(values((4,), torch.float32, rank=r, offset=10) for r in range(N))
+    late = RANK == N - 1   # (it comes once the others have attached their callbacks: their first call then
+    if late:               # completes in the engine's thread, whose turn their callbacks hold)
+        for peer in range(N - 1):
+            COMM.recv(source=peer, tag=61)
+    first_work = dist.all_reduce(first, group=ring, async_op=True)
+    later = dist.all_reduce(later_tensor, group=ring, async_op=True)
+    refused = []
+
+    def waits_for_the_later(f):
+        try:
+            later.wait()
+        except RuntimeError as error:
+            refused.append(str(error))
+        return f.value()
+    chained = first_work.get_future().then(waits_for_the_later)
+    if not late:
+        COMM.send("attached", dest=N - 1, tag=61)
+    chained.wait()
+    agree(late or len(refused) == 1 and "wait for it after the callback" in refused[0], f"refused: {refused}")
+    agree(later.wait() and later.is_success() and later.exception() is None, "the later work, after the callback")
+    agree(torch.equal(later.get_future().wait()[0], expected) and torch.equal(later_tensor, expected),
+          "the later call's sum")
+
+
 def test_a_tensor_the_backend_reduced_can_still_be_resized(groups):
     """batched_powerSGD_hook resizes DDP's bucket buffer (``input_tensor.resize_``) after the
     vanilla all-reduces of its first steps went through it. ``Tensor.numpy()`` marks a storage
