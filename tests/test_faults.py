@@ -300,8 +300,8 @@ def test_ctrl_c_in_the_farewell_itself_ends_the_rank_as_in_the_wait_at_exit():
     assert result.returncode in (1, 130) and time.monotonic() - started < 30, output
     assert "[rank 1] collectives: exiting with status 1 without MPI_Finalize" in output, output
     assert output.count(" done") == 2 and "Traceback" not in output, output
-    assert "[rank 0] collectives: interrupted (Ctrl-C) at exit while waiting for rank(s) " in output, output
-    assert "exiting with status 130 without MPI_Finalize" in output, output
+    assert "[rank 0] collectives: interrupted (Ctrl-C) at exit" in output, output   # (while waiting for rank 1, or
+    assert ": exiting with status 130 without MPI_Finalize" in output, output        # with every rank at exit)
 
 
 def test_a_timeout_shorter_than_mpis_own_start_does_not_end_a_healthy_job_at_its_start():

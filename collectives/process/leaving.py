@@ -101,9 +101,9 @@ def _interrupted_at_exit(w: Group, why: str, failed: bool, root: bool) -> NoRetu
     meanwhile changes nothing."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     missing = w.transport.exits.not_at_exit([])
-    ending.print_line(f"[rank {w.rank()}] collectives: interrupted (Ctrl-C) at exit while waiting for rank(s) "
-                      f"{', '.join(map(str, missing)) or '(none left)'}: exiting with status 130 without MPI_Finalize, "
-                      "which would wait for them")
+    waiting = (f" while waiting for rank(s) {', '.join(map(str, missing))}" if missing else " (every rank is at exit)")
+    ending.print_line(f"[rank {w.rank()}] collectives: interrupted (Ctrl-C) at exit{waiting}: exiting with status 130 "
+                      f"without MPI_Finalize{', which would wait for them' if missing else ''}")
     w.transport.exits.farewell(w.completed, why or "it was interrupted (Ctrl-C) at exit", failed=failed, root=root,
                                finalizing=False)
     _end_without_finalize(w, 130)
