@@ -98,6 +98,9 @@ def reduction(collective: str, t: torch.Tensor, op: Any) -> tuple[Any, str]:
         names = ", ".join(str(k).rsplit(".", 1)[-1] for k in OPS)
         raise col.CollectiveUsageError(f"{collective}: op: {str(kind).rsplit('.', 1)[-1]} is not supported by the "
                                        f"ring backend; expected one of {names}")
+    if name == "avg" and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):   # (named here in
+        raise col.CollectiveUsageError(f"{collective}: op: AVG of a {t.dtype} tensor has no result of its dtype; "
+                                       "use SUM and divide, or a floating-point tensor")   # torch's words, not the runtime's)
     if t.is_complex():
         if name not in ("sum", "avg"):
             raise col.CollectiveUsageError(f"{collective}: op: {name.upper()} has no meaning for complex numbers; "

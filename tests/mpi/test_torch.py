@@ -405,6 +405,8 @@ def test_unsupported_ops_are_refused_by_name_and_complex_numbers_are_summed(grou
     for op in ("BAND", "BOR", "BXOR"):
         with pytest.raises(Exception, match=f"{op} is not supported by the ring backend"):
             dist.all_reduce(torch.ones(2, dtype=torch.int32), op=getattr(dist.ReduceOp, op), group=ring)
+    with pytest.raises(Exception, match=r"^all_reduce: op: AVG of a torch.int64 tensor has no result of its dtype"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG, group=ring)   # (it said "allreduce:")
     z = torch.tensor([1 + 2j, RANK - 1j], dtype=torch.complex64)   # (torch sends complex numbers as pairs of floats)
     dist.all_reduce(z, group=ring)
     agree(z.tolist() == [N * (1 + 2j), sum(range(N)) - N * 1j], "complex all_reduce")
