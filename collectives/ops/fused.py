@@ -48,6 +48,7 @@ from collectives.calls.call import ended, stopped
 from collectives.calls.interrupts import held, settle
 from collectives.calls.progress import MAIN_THREAD, OWNER, on_behalf
 from ring import arrays, doubling, execute
+from ring.transport.base import PIECES_AT
 
 _ndarray = np.ndarray
 
@@ -79,10 +80,11 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
     :func:`two_rank_broadcast`: the all-reduce's message and result inline, the others' lanes pack and unpack."""
     group, runtime, call, control = lane.group, lane.runtime, lane.call, lane.control
     engine, dtype, shape, kind, forced = lane.engine, lane.dtype, lane.shape, lane.kind, lane.forced
-    turn_lock, turn, name, quick_polls = engine._lock, engine.turn, call.name, wire.quick_polls
-    take_turn, holder, hand_back = turn.setdefault, turn.get, turn.clear   # (bound once: Engine.turn's methods)
+    turn_lock, turn, name, quick_polls, take_turn, holder, hand_back = engine._lock, engine.turn, call.name, \
+        wire.quick_polls, engine.turn.setdefault, engine.turn.get, engine.turn.clear   # (the turn's methods bound once)
     guard, unguard = (arrays.ieee_floating_point, arrays.restore_floating_point) if lane.floating else (None, None)
     send_check, recv_check, own, received = ready.send_check, ready.recv_check, ready.own, ready.received
+    incoming, continued = ready.recv, wire.continued   # (the partner may send its message in pieces: wire.rest)
     first, second = (own, received) if ready.mine_first else (received, own)   # (run_wired's order)
     flat, combine = len(shape) == 1, None if gathering or broadcasting else lane.combine
     count = shape[0] if flat else -1
@@ -142,7 +144,7 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                 elif not direct:
                     own[...] = x if flat else x.reshape(-1)
                 requests = wire.requests
-                if requests is None or wire.guarded:   # (made again after the transport freed it; another host)
+                if requests is None or not wire.plain:   # (made again after being freed; another host; pieces)
                     quiet = guard() if guard is not None else None
                     wire.run(call)
                 else:   # Persistent.run's, inline; a quick exchange leaves the deadline where the call began
@@ -156,6 +158,8 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                                 break
                         else:
                             wire.wait(call)
+                        if continued and incoming[PIECES_AT]:
+                            wire.rest(call)
                     except BaseException as e:
                         wire.failed(e, call)
                 if direct:   # (the data, once the signatures agree; before the look, which comes after the last message)

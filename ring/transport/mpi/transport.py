@@ -13,6 +13,7 @@ transport; ``split`` makes the others.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, NoReturn, Sequence
 
@@ -21,7 +22,7 @@ from mpi4py import MPI
 
 from ring.schedule import left, right
 from ring.transport.mpi import liveness as liveness_watch
-from ring.transport.base import Bound, TransportError
+from ring.transport.base import PIECES_AT, Bound, TransportError
 from ring.transport.mpi.control import Control
 from ring.transport.mpi.exits import Exits
 from ring.transport.mpi.errors import error_text
@@ -31,7 +32,22 @@ from ring.transport.mpi.subsets import Subsets
 from ring.transport.mpi.waiting import wait_for
 
 _TAG = 7
+_MORE_TAG = 12             # the pieces of a message after its first (Persistent); 8-11 are the control plane's and setup's
 _QUICK_POLLS = 32          # polls before the first look at the clock (about 5 us)
+_MPICH = MPI.Get_library_version().startswith("MPICH")
+#: MPICH moves a message to a rank of its host from this size on by single copy (CMA: the receiver
+#: reads the sender's memory, a system call and a handshake each way), below it through shared cells.
+#: On the AMD EPYC VM of docs/performance.md the copy costs more than it saves up to about 20 KiB: a
+#: doubling message of 8-24 KiB (an 8-16 KiB call) goes faster in pieces below it (Persistent).
+_SINGLE_COPY_FROM = 8192 if os.environ.get("MPIR_CVAR_CH4_CMA_ENABLE", "1") != "0" else 0
+try:
+    _SINGLE_COPY_FROM = int(os.environ.get("MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD", "")) if _SINGLE_COPY_FROM else 0
+except ValueError:
+    pass
+#: A piece: a multiple of 64 bytes that one of MPICH's shared cells (8 KiB, its header included) carries
+#: eagerly (a piece of 8128 bytes waited for its receive, and took longer than the whole message).
+_PIECE_BYTES = 7936
+_MOST_PIECES = 3           # (past about 24 KiB the single copy is as fast: not cut)
 #: Open MPI frees a request that fails inside MPI_Testall (a persistent one goes inactive) and keeps its
 #: error only in the status: waits keep statuses there, so that the cause can be named (a message longer
 #: than expected, say). MPICH keeps the error in the request, and polls without them (0.3 us less a poll).
@@ -82,6 +98,11 @@ class MPITransport(Subsets):
         self.local_size = len(local)
         self.spans_hosts = len(local) < self.size   # (the runtime's segments are smaller across hosts)
         self._remote = self.control.remote   # (the ranks a send is guarded for: see sending_to)
+        # MPICH's ranks of this host, which may send a message made ready in pieces (Persistent): the
+        # receiver looks whatever its own settings; a sender cuts where MPICH would copy it singly
+        self._may_cut = frozenset(r for r in local if r != self.rank) if _MPICH else frozenset()
+        self._cuts = self._may_cut if _PIECE_BYTES < _SINGLE_COPY_FROM <= _MOST_PIECES * _PIECE_BYTES \
+            else frozenset()
         # More ranks than cores on this host: the peer we wait for may need our core, so give it
         # up at every poll instead of spinning first (MPI libraries do the same when oversubscribed).
         oversubscribed = self.local_size > usable_cores(self.control.local_pids.values())
@@ -178,10 +199,22 @@ class MPITransport(Subsets):
 
     def _free_persistent(self) -> None:
         for entry in self._persistent.values():
-            for request in entry.requests:
+            for request in entry.requests + (entry.more or []):
                 request.Free()
-            entry.requests = None
+            entry.requests, entry.more = None, None
         self._persistent.clear()
+
+    def pieces(self, dest: int, nbytes: int) -> list[tuple[int, int]]:
+        """Where a message of ``nbytes`` made ready for ``dest`` is cut (Persistent): at every
+        _PIECE_BYTES where MPICH would move it to this rank of its host by single copy, up to
+        _MOST_PIECES; none (``[]``: one message) elsewhere.
+
+        >>> transport.pieces(1, 8456), transport.pieces(1, 4360)   # rank 1 on this host, MPICH  # doctest: +SKIP
+        ([(0, 7936), (7936, 8456)], [])
+        """
+        if dest not in self._cuts or not _SINGLE_COPY_FROM <= nbytes <= _MOST_PIECES * _PIECE_BYTES:
+            return []
+        return [(start, min(start + _PIECE_BYTES, nbytes)) for start in range(0, nbytes, _PIECE_BYTES)]
 
     def allgather_bytes(self, data: bytes, bound: Bound) -> list[bytes]:
         mine = np.frombuffer(data, np.uint8)
@@ -316,11 +349,23 @@ class Persistent:
     ``exchange`` runs one it keeps; the express lane (``collectives.ops.express``), whose one-step
     exchange is always the same, holds one and runs it itself.
 
+    A message that MPICH would move to a rank of its host by single copy, and that pieces move faster
+    (8-24 KiB: ``MPITransport.pieces``), goes in pieces: its first under the exchange's tag, the others
+    under their own, and byte PIECES_AT of its first says how many follow (``base.PIECES_AT``, which
+    the message's owner leaves free: 0 between runs). A receiver from a rank of its host reads that
+    byte of every message and receives exactly those pieces, whatever its own message was, so that
+    none is left behind for a later call, even where the ranks disagree::
+
+        rank 0, 8456 bytes                          rank 1, 8456 bytes
+        byte 257 = 1; send [0, 7936) tag 7   --->   receive [0, ...) tag 7: byte 257 says 1 more
+        send [7936, 8456) tag 12             --->   receive [7936, 15872) tag 12
+
     >>> wire = transport.persistent(send, recv, 1, 1, reuse=key)      # doctest: +SKIP
     >>> wire.run(call)     # send to rank 1 while receiving from it, within the call's bound  # doctest: +SKIP
     """
 
-    __slots__ = ("transport", "key", "requests", "peers", "buffers", "guarded", "quick_polls")
+    __slots__ = ("transport", "key", "requests", "peers", "buffers", "guarded", "quick_polls", "pieces", "plain",
+                 "continued", "more", "waits_on")
 
     def __init__(self, transport: MPITransport, key: tuple, peers: tuple[int, int], buffers: tuple):
         self.transport, self.key, self.peers = transport, key, peers
@@ -329,6 +374,13 @@ class Persistent:
         self.guarded = peers[1] in transport._remote   # (the hosts are known from the start)
         #: The quick polls that end most small exchanges (none where the statuses are kept: _wait_all's)
         self.quick_polls = range(0 if _KEEP_STATUSES else transport._quick_polls)
+        self.pieces: list = []   # where this rank's message is cut ([]: one message; decided by make)
+        #: One message each way and no guard: a holder may start and test its two requests itself
+        self.plain = not self.guarded
+        #: The partner may send its message in pieces (a rank of this host, under MPICH): see :meth:`rest`
+        self.continued = peers[0] in transport._may_cut
+        self.more: list | None = None   # the receives of the pieces after the first (made at the first that come)
+        self.waits_on = list(peers)
 
     def make(self) -> list:
         """Make the requests, and keep this exchange among its transport's (freeing every kept one
@@ -336,9 +388,14 @@ class Persistent:
         transport, (send, recv), (source, dest) = self.transport, self.buffers, self.peers
         if len(transport._persistent) >= 64:
             transport._free_persistent()
+        comm = transport.comm
+        self.pieces = transport.pieces(dest, len(send))
+        self.plain = not self.guarded and not self.pieces
+        self.waits_on = [source] + [dest] * max(1, len(self.pieces))   # (each request's peer)
         try:
-            self.requests = [transport.comm.Recv_init([recv, MPI.BYTE], source, _TAG),
-                             transport.comm.Send_init([send, MPI.BYTE], dest, _TAG)]
+            sends = [comm.Send_init([send[start:end], MPI.BYTE], dest, _MORE_TAG if start else _TAG)
+                     for start, end in self.pieces] or [comm.Send_init([send, MPI.BYTE], dest, _TAG)]
+            self.requests = [comm.Recv_init([recv, MPI.BYTE], source, _TAG)] + sends
         except MPI.Exception as e:
             raise TransportError(f"exchange with ranks {transport.names[source]} and {transport.names[dest]} "
                                  f"failed: {error_text(e)}") from e
@@ -353,24 +410,77 @@ class Persistent:
         if self.guarded:   # (a send to another host: see MPITransport.sending_to)
             self.transport.control.guard(self.peers[1], bound.seq)
         try:
+            if self.pieces:
+                self._run_in_pieces(bound)
+                return
             receiving, sending = requests   # (started and tested one by one: a third less time than
             receiving.Start()               # Startall and Testall, which convert the list every call)
             sending.Start()
             for _ in self.quick_polls:   # (_wait_all's, inline: a small exchange mostly ends in them)
                 if receiving.Test() and sending.Test():   # (a done persistent request tests true)
                     bound.progressed()
-                    return
-            self.wait(bound)
+                    break
+            else:
+                self.wait(bound)
+            if self.continued and self.buffers[1][PIECES_AT]:
+                self.rest(bound)
         except BaseException as e:
             self.failed(e, bound)
 
-    #: Its requests are MPI's persistent ones, which a holder may start and test itself, as :meth:`run`
-    #: does (``collectives.ops.fused``), handing a longer wait to :meth:`wait` and an error to :meth:`failed`.
+    def _run_in_pieces(self, bound: Bound) -> None:
+        """:meth:`run`'s messages where this rank's goes in pieces, how many follow the first said in
+        it: the partner's first piece waited for before this rank's others, whose receives the
+        partner may post only once it has this rank's first (MPICH hands over a piece near its eager
+        limit only to a posted receive)."""
+        send, requests, waits_on = self.buffers[0], self.requests, self.waits_on
+        send[PIECES_AT] = len(self.pieces) - 1
+        try:
+            for request in requests:
+                request.Start()
+            receiving = requests[0]
+            for _ in self.quick_polls:   # (_wait_all's, inline, as run's)
+                if receiving.Test():
+                    break
+            else:
+                self.transport._wait_all(requests[:1], waits_on[:1], bound)
+            if self.continued and self.buffers[1][PIECES_AT]:
+                self.rest(bound)
+            for _ in self.quick_polls:
+                if _each_done(requests):
+                    bound.progressed()
+                    return
+            self.wait(bound)
+        finally:
+            send[PIECES_AT] = 0   # (the buffer's other messages go whole)
+
+    #: Its requests are MPI's persistent ones, which a holder may start and test itself where the
+    #: exchange is ``plain``, as :meth:`run` does (``collectives.ops.fused``), handing a longer wait to
+    #: :meth:`wait`, the partner's pieces to :meth:`rest` and an error to :meth:`failed`.
     holds_requests = True
 
     def wait(self, bound: Bound) -> None:
         """Wait for its started requests, after the quick polls, until done or ``bound`` passes."""
-        self.transport._wait_all(self.requests, self.peers, bound)
+        self.transport._wait_all(self.requests, self.waits_on, bound)
+
+    def rest(self, bound: Bound) -> None:
+        """Once the partner's first piece is in: receive the pieces it said follow (byte PIECES_AT), into
+        their places in the receive buffer. A count no sender makes is not from a message of these
+        (the ranks disagree, with the check off): nothing is received for it."""
+        count = self.buffers[1][PIECES_AT]
+        if count >= _MOST_PIECES:
+            return
+        more = self.more
+        if more is None:
+            recv, source, comm = self.buffers[1], self.peers[0], self.transport.comm
+            more = self.more = [comm.Recv_init([recv[i * _PIECE_BYTES:(i + 1) * _PIECE_BYTES], MPI.BYTE], source,
+                                               _MORE_TAG) for i in range(1, _MOST_PIECES)]
+        started = more[:count]
+        for request in started:
+            request.Start()
+        for _ in self.quick_polls:
+            if _each_done(started):
+                return
+        self.transport._wait_all(started, self.waits_on[:1] * count, bound)
 
     def failed(self, error: BaseException, bound: Bound) -> NoReturn:
         """Raise what ``error``, which ended a run of this exchange, means (MPI's own error: the
@@ -378,13 +488,13 @@ class Persistent:
         requests = self.requests
         self._forget()
         if isinstance(error, MPI.Exception):
-            self.transport._raise_failure(error, requests, self.peers, bound)
+            self.transport._raise_failure(error, requests, self.waits_on, bound)
         raise error
 
     def _forget(self) -> None:
         """After a failure, or an interruption with the messages in flight: never start these requests
         again (started and unfinished ones must be cancelled or kept, never freed in flight)."""
-        transport, requests = self.transport, self.requests
+        transport, requests, more = self.transport, self.requests, self.more or []
         transport._persistent.pop(self.key, None)
-        self.requests = None
-        transport.give_up(requests, self.buffers, requests[:1])
+        self.requests, self.more = None, None
+        transport.give_up(requests + more, self.buffers, requests[:1] + more)
