@@ -40,16 +40,16 @@ import numpy as np
 
 from ring import execute
 from ring.schedule import core_size
-from ring.transport.base import PIECES_AT, Bound, Transport
+from ring.transport.base import PIECES_AT, PIECES_BYTES, Bound, Transport
 
 #: Largest signature, in bytes; signatures are padded to this length.
 SIGNATURE_BYTES = 256
 #: Largest payload a doubling all-reduce may carry (the receive buffer is this big).
 MAX_PAYLOAD_BYTES = 256 << 10
-#: The header: the signature, an "all agree so far" byte, the transport's byte (how many pieces of the
-#: message follow its first: ``base.PIECES_AT``, never written here), padded so the payload is aligned.
+#: The header: the signature, an "all agree so far" byte, the transport's bytes (how many pieces of the
+#: message follow its first: ``base.PIECES_AT``, never written here), so that the payload is aligned.
 _HEADER = SIGNATURE_BYTES + 8
-assert PIECES_AT == SIGNATURE_BYTES + 1 < _HEADER
+assert PIECES_AT == SIGNATURE_BYTES + 1 and PIECES_AT + PIECES_BYTES == _HEADER
 
 
 @dataclass(frozen=True)

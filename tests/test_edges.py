@@ -41,6 +41,17 @@ def test_a_message_that_does_not_fit_its_buffer_is_refused_naming_both_ranks_siz
     assert "rank 1: buffer untouched" in output and "rank 0: ok send" in output, output
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_with_the_check_off_raw_bytes_that_look_like_a_count_of_pieces_take_no_piece_of_a_later_call(count):
+    """A cut doubling message says in its byte 257 how many pieces follow, its transport's mark after it
+    (ring.transport.mpi.transport.Persistent). With the check off, a rank's raw broadcast may meet the
+    other's doubling receive: its byte 257 alone must not make that rank take the pieces of the next
+    call, which stitched two calls into one wrong sum, returned without an error."""
+    status, output, wall = _edge(2, "raw-count", str(count), env={"COLLECTIVES_CHECK": "0"})
+    assert "WRONG" not in output and wall < 60, output
+    assert len(re.findall(r"rank \d: call \d (raised|right)", output)) == 6, output
+
+
 def _special_files(tmp_path: Path) -> dict[str, Path]:
     """A FIFO, a symbolic link to a user's file, a character device (root only) and a directory."""
     fifo = tmp_path / "fifo.json"

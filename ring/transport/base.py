@@ -18,11 +18,13 @@ from typing import Any, Protocol
 
 MAX_P2P_TAG = 30000   # the largest point-to-point tag a program may use (MPI promises 32767; ours start at 64)
 
-#: The byte of a message exchanged with ``reuse`` (``Transport.exchange``) that its owner leaves free
-#: (``ring.doubling``'s header: the one after the signature and its "all agree so far" byte): the
-#: transport may say there how many more pieces of the message follow its first
-#: (``ring.transport.mpi.transport.Persistent``). Nothing else writes it; it is 0 between exchanges.
+#: Where the bytes of a message exchanged with ``reuse`` (``Transport.exchange``) begin that its owner
+#: leaves free (``ring.doubling``'s header: after the signature and its "all agree so far" byte, up to
+#: the payload): the transport may say there how many more pieces of the message follow its first,
+#: and mark it as its own (``ring.transport.mpi.transport.Persistent``). Nothing else writes them;
+#: the first is 0 between exchanges.
 PIECES_AT = 257
+PIECES_BYTES = 7
 
 
 #: Seconds a roll call (after a timeout: which call is each rank in?) waits for answers after asking;
@@ -188,8 +190,8 @@ class Transport(Protocol):
         ``source`` (default: the left one), blocking until both are done; ``None``: nothing that way.
         ``reuse``: a key (hashable, the same object whenever it is given these very buffer objects,
         which keep their memory) under which the transport may keep the setup of the exchange with
-        these peers, and may send ``send`` in pieces, saying how many at byte PIECES_AT of both
-        buffers (their owner keeps it free); None: a one-off exchange."""
+        these peers, and may send ``send`` in pieces, saying so in PIECES_BYTES bytes at PIECES_AT of
+        both buffers (their owner keeps them free); None: a one-off exchange."""
 
     def wait(self, request: Any, bound: Bound) -> None:
         """Block until ``request`` (or ``None``: nothing) is complete."""

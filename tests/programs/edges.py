@@ -235,6 +235,28 @@ def vanished() -> None:
     say(f"rank {col.rank()}: program ended at {time.monotonic():.3f}")
 
 
+def raw_count() -> None:
+    """Run with the check off: rank 0 broadcasts 16000 raw bytes whose byte 257 is argv[2] (where a
+    doubling message cut in pieces says how many follow) while rank 1 all-reduces 4000 float32; then
+    both make three matching all-reduces of 4000 float32 (16 KiB: cut). Each rank says how each of
+    those ended: raised, right or WRONG."""
+    rank = col.rank()
+    raw = np.zeros(16000, np.uint8)
+    raw[257] = int(sys.argv[2])
+    try:
+        col.broadcast(raw, root=0, timeout=3) if rank == 0 else col.allreduce(np.ones(4000, np.float32), timeout=3)
+    except (col.CollectiveError, col.CollectiveUsageError):
+        pass
+    for k in range(3):
+        x = np.full(4000, 10.0 * k + rank, np.float32)
+        try:
+            total = col.allreduce(x, timeout=3)
+        except (col.CollectiveError, col.CollectiveUsageError) as e:
+            say(f"rank {rank}: call {k} raised {type(e).__name__}")
+            continue
+        say(f"rank {rank}: call {k} {'right' if np.all(total == 20.0 * k + 1) else 'WRONG'}")
+
+
 if __name__ == "__main__":
     {"p2p-mismatch": p2p_mismatch, "p2p-after-an-end": p2p_after_an_end, "p2p-in-flight": p2p_in_flight, "p2p-after-in-flight": p2p_after_in_flight, "killed": killed, "killed-async": killed_async, "terminated-before-setup": terminated_before_setup, "ended-early": ended_early, "never-used": never_used,
-     "groups-in-a-loop": groups_in_a_loop, "hosts": hosts, "vanished": vanished}[sys.argv[1]]()
+     "groups-in-a-loop": groups_in_a_loop, "hosts": hosts, "vanished": vanished, "raw-count": raw_count}[sys.argv[1]]()

@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from ring.schedule import left, right
 from ring.transport.mpi import liveness as liveness_watch
-from ring.transport.base import PIECES_AT, Bound, TransportError
+from ring.transport.base import PIECES_AT, PIECES_BYTES, Bound, TransportError
 from ring.transport.mpi.control import Control
 from ring.transport.mpi.exits import Exits
 from ring.transport.mpi.errors import error_text
@@ -32,7 +32,7 @@ from ring.transport.mpi.subsets import Subsets
 from ring.transport.mpi.waiting import wait_for
 
 _TAG = 7
-_MORE_TAG = 12             # the pieces of a message after its first (Persistent); 8-11 are the control plane's and setup's
+_MORE_TAG = 12             # the pieces of a message after its first (Persistent); 8-11: control and setup
 _QUICK_POLLS = 32          # polls before the first look at the clock (about 5 us)
 _MPICH = MPI.Get_library_version().startswith("MPICH")
 #: MPICH moves a message to a rank of its host from this size on by single copy (CMA: the receiver
@@ -48,6 +48,10 @@ except ValueError:
 #: eagerly (a piece of 8128 bytes waited for its receive, and took longer than the whole message).
 _PIECE_BYTES = 7936
 _MOST_PIECES = 3           # (past about 24 KiB the single copy is as fast: not cut)
+#: What follows the count of pieces in a cut message's first: a count in bytes that are not this
+#: transport's (a raw message of another collective, the check off) is not taken for one.
+_PIECES_MARK = b"pieces"
+assert len(_PIECES_MARK) == PIECES_BYTES - 1
 #: Open MPI frees a request that fails inside MPI_Testall (a persistent one goes inactive) and keeps its
 #: error only in the status: waits keep statuses there, so that the cause can be named (a message longer
 #: than expected, say). MPICH keeps the error in the request, and polls without them (0.3 us less a poll).
@@ -351,13 +355,15 @@ class Persistent:
 
     A message that MPICH would move to a rank of its host by single copy, and that pieces move faster
     (8-24 KiB: ``MPITransport.pieces``), goes in pieces: its first under the exchange's tag, the others
-    under their own, and byte PIECES_AT of its first says how many follow (``base.PIECES_AT``, which
-    the message's owner leaves free: 0 between runs). A receiver from a rank of its host reads that
-    byte of every message and receives exactly those pieces, whatever its own message was, so that
-    none is left behind for a later call, even where the ranks disagree::
+    under their own, and byte PIECES_AT of its first says how many follow, _PIECES_MARK after it
+    (``base.PIECES_AT``: bytes the message's owner leaves free, the count 0 between runs). A receiver
+    from a rank of its host reads that byte of every message and receives exactly those pieces,
+    whatever its own message was, so that none is left behind for a later call, even where the ranks
+    disagree::
 
         rank 0, 8456 bytes                          rank 1, 8456 bytes
-        byte 257 = 1; send [0, 7936) tag 7   --->   receive [0, ...) tag 7: byte 257 says 1 more
+        bytes 257-263 = 1, "pieces"
+        send [0, 7936) tag 7                 --->   receive [0, ...) tag 7: byte 257 says 1 more
         send [7936, 8456) tag 12             --->   receive [7936, 15872) tag 12
 
     >>> wire = transport.persistent(send, recv, 1, 1, reuse=key)      # doctest: +SKIP
@@ -433,7 +439,7 @@ class Persistent:
         partner may post only once it has this rank's first (MPICH hands over a piece near its eager
         limit only to a posted receive)."""
         send, requests, waits_on = self.buffers[0], self.requests, self.waits_on
-        send[PIECES_AT] = len(self.pieces) - 1
+        send[PIECES_AT:PIECES_AT + PIECES_BYTES] = bytes([len(self.pieces) - 1]) + _PIECES_MARK
         try:
             for request in requests:
                 request.Start()
@@ -451,7 +457,7 @@ class Persistent:
                     return
             self.wait(bound)
         finally:
-            send[PIECES_AT] = 0   # (the buffer's other messages go whole)
+            send[PIECES_AT:PIECES_AT + PIECES_BYTES] = bytes(PIECES_BYTES)   # (the buffer's other messages go whole)
 
     #: Its requests are MPI's persistent ones, which a holder may start and test itself where the
     #: exchange is ``plain``, as :meth:`run` does (``collectives.ops.fused``), handing a longer wait to
@@ -464,14 +470,15 @@ class Persistent:
 
     def rest(self, bound: Bound) -> None:
         """Once the partner's first piece is in: receive the pieces it said follow (byte PIECES_AT), into
-        their places in the receive buffer. A count no sender makes is not from a message of these
-        (the ranks disagree, with the check off): nothing is received for it."""
-        count = self.buffers[1][PIECES_AT]
-        if count >= _MOST_PIECES:
+        their places in the receive buffer. A count no sender makes, or without the mark, is not
+        from a message of these (the ranks disagree, with the check off): nothing is received for it."""
+        recv = self.buffers[1]
+        count = recv[PIECES_AT]
+        if count >= _MOST_PIECES or bytes(recv[PIECES_AT + 1:PIECES_AT + PIECES_BYTES]) != _PIECES_MARK:
             return
         more = self.more
         if more is None:
-            recv, source, comm = self.buffers[1], self.peers[0], self.transport.comm
+            source, comm = self.peers[0], self.transport.comm
             more = self.more = [comm.Recv_init([recv[i * _PIECE_BYTES:(i + 1) * _PIECE_BYTES], MPI.BYTE], source,
                                                _MORE_TAG) for i in range(1, _MOST_PIECES)]
         started = more[:count]
