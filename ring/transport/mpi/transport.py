@@ -35,15 +35,29 @@ _TAG = 7
 _MORE_TAG = 12             # the pieces of a message after its first (Persistent); 8-11: control and setup
 _QUICK_POLLS = 32          # polls before the first look at the clock (about 5 us)
 _MPICH = MPI.Get_library_version().startswith("MPICH")
-#: MPICH moves a message to a rank of its host from this size on by single copy (CMA: the receiver
-#: reads the sender's memory, a system call and a handshake each way), below it through shared cells.
-#: On the AMD EPYC VM of docs/performance.md the copy costs more than it saves up to about 20 KiB: a
-#: doubling message of 8-24 KiB (an 8-16 KiB call) goes faster in pieces below it (Persistent).
-_SINGLE_COPY_FROM = 8192 if os.environ.get("MPIR_CVAR_CH4_CMA_ENABLE", "1") != "0" else 0
-try:
-    _SINGLE_COPY_FROM = int(os.environ.get("MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD", "")) if _SINGLE_COPY_FROM else 0
-except ValueError:
-    pass
+
+
+def _single_copy_from(environment=os.environ) -> int:
+    """The size from which MPICH moves a message to a rank of its host by single copy (CMA: the
+    receiver reads the sender's memory, a system call and a handshake each way), below it through
+    shared cells, as its settings say (0: never; a value MPICH could not read: its default). On the
+    AMD EPYC VM of docs/performance.md the copy costs more than it saves up to about 20 KiB: a
+    doubling message of 8-24 KiB (an 8-16 KiB call) goes faster in pieces below it (Persistent).
+
+    >>> _single_copy_from({}), _single_copy_from({"MPIR_CVAR_CH4_CMA_ENABLE": "0"})
+    (8192, 0)
+    >>> _single_copy_from({"MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD": "24576"})
+    24576
+    """
+    if environment.get("MPIR_CVAR_CH4_CMA_ENABLE", "1") == "0":
+        return 0
+    try:
+        return int(environment.get("MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD", "8192"))
+    except ValueError:
+        return 8192
+
+
+_SINGLE_COPY_FROM = _single_copy_from()
 #: A piece: a multiple of 64 bytes that one of MPICH's shared cells (8 KiB, its header included) carries
 #: eagerly (a piece of 8128 bytes waited for its receive, and took longer than the whole message).
 _PIECE_BYTES = 7936
