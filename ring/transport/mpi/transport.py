@@ -182,12 +182,14 @@ class MPITransport(Subsets):
         # are the same on every call (about 1 us less per exchange here).
         self.persistent(send, recv, dest, source, reuse).run(bound)
 
-    def persistent(self, send: Any, recv: Any, dest: int, source: int, reuse: Any) -> Persistent:
+    def persistent(self, send: Any, recv: Any, dest: int, source: int, reuse: Any, framed: bool = True) -> Persistent:
         """The exchange of ``send`` with ``dest`` and ``recv`` with ``source``, made ready once under
-        ``reuse`` (see :meth:`exchange`) and kept until it fails or the transport closes (64 at most:
-        then every kept one is freed, and made again at its next run)."""
+        ``reuse`` (see :meth:`exchange`) and kept until it fails, is released (``Persistent.release``)
+        or the transport closes (64 at most: then every kept one is freed, and made again at its next
+        run). ``framed=False``: the buffers are the caller's own data (an express lane's arrays), which
+        the transport neither cuts nor reads for a count of pieces; either may be None (one way)."""
         key = (reuse, dest, source)
-        return self._persistent.get(key) or self._persist(send, recv, dest, source, key)
+        return self._persistent.get(key) or self._persist(send, recv, dest, source, key, framed)
 
     def _exchange_once(self, send: Any | None, recv: Any | None, bound: Bound, dest: int, source: int) -> None:
         """exchange() over requests of its own, for one call."""
@@ -209,18 +211,15 @@ class MPITransport(Subsets):
             self.give_up(requests, (send, recv), requests[:1] if recv is not None else [])
             raise
 
-    def _persist(self, send: Any, recv: Any, dest: int, source: int, key: tuple) -> Persistent:
+    def _persist(self, send: Any, recv: Any, dest: int, source: int, key: tuple, framed: bool) -> Persistent:
         """A new ready exchange of ``send`` and ``recv`` with these peers, kept under ``key``."""
-        entry = Persistent(self, key, (source, dest), (send, recv))
+        entry = Persistent(self, key, (source, dest), (send, recv), framed)
         entry.make()
         return entry
 
     def _free_persistent(self) -> None:
-        for entry in self._persistent.values():
-            for request in entry.requests + (entry.more or []):
-                request.Free()
-            entry.requests, entry.more = None, None
-        self._persistent.clear()
+        for entry in list(self._persistent.values()):
+            entry.release()
 
     def pieces(self, dest: int, nbytes: int) -> list[tuple[int, int]]:
         """Where a message of ``nbytes`` made ready for ``dest`` is cut (Persistent): at every
@@ -385,10 +384,11 @@ class Persistent:
     """
 
     __slots__ = ("transport", "key", "requests", "peers", "buffers", "guarded", "quick_polls", "pieces", "plain",
-                 "continued", "more", "waits_on")
+                 "continued", "more", "waits_on", "framed")
 
-    def __init__(self, transport: MPITransport, key: tuple, peers: tuple[int, int], buffers: tuple):
-        self.transport, self.key, self.peers = transport, key, peers
+    def __init__(self, transport: MPITransport, key: tuple, peers: tuple[int, int], buffers: tuple,
+                 framed: bool = True):
+        self.transport, self.key, self.peers, self.framed = transport, key, peers, framed
         self.buffers = buffers   # (kept with the requests: their memory must outlive them)
         self.requests: list | None = None
         self.guarded = peers[1] in transport._remote   # (the hosts are known from the start)
@@ -398,7 +398,7 @@ class Persistent:
         #: One message each way and no guard: a holder may start and test its two requests itself
         self.plain = not self.guarded
         #: The partner may send its message in pieces (a rank of this host, under MPICH): see :meth:`rest`
-        self.continued = peers[0] in transport._may_cut
+        self.continued = framed and peers[0] in transport._may_cut
         self.more: list | None = None   # the receives of the pieces after the first (made at the first that come)
         self.waits_on = list(peers)
 
@@ -409,16 +409,17 @@ class Persistent:
         if len(transport._persistent) >= 64:
             transport._free_persistent()
         comm = transport.comm
-        self.pieces = transport.pieces(dest, len(send))
-        self.plain = not self.guarded and not self.pieces
-        self.waits_on = [source] + [dest] * max(1, len(self.pieces))   # (each request's peer)
-        try:
+        self.pieces = transport.pieces(dest, len(send)) if self.framed else []
+        receiving, sending = recv is not None, send is not None   # (both, but where not framed)
+        self.plain = not self.guarded and not self.pieces and receiving and sending
+        self.waits_on = [source] * receiving + [dest] * (max(1, len(self.pieces)) if sending else 0)   # (each
+        try:                                                                                            # request's peer)
             sends = [comm.Send_init([send[start:end], MPI.BYTE], dest, _MORE_TAG if start else _TAG)
-                     for start, end in self.pieces] or [comm.Send_init([send, MPI.BYTE], dest, _TAG)]
-            self.requests = [comm.Recv_init([recv, MPI.BYTE], source, _TAG)] + sends
+                     for start, end in self.pieces] or [comm.Send_init([send, MPI.BYTE], dest, _TAG)] * sending
+            self.requests = [comm.Recv_init([recv, MPI.BYTE], source, _TAG)] * receiving + sends
         except MPI.Exception as e:
-            raise TransportError(f"exchange with ranks {transport.names[source]} and {transport.names[dest]} "
-                                 f"failed: {error_text(e)}") from e
+            named = " and ".join(str(transport.names[peer]) for peer in dict.fromkeys(self.waits_on))
+            raise TransportError(f"exchange with rank(s) {named} failed: {error_text(e)}") from e
         transport._persistent[self.key] = self
         return self.requests
 
@@ -433,6 +434,9 @@ class Persistent:
             if self.pieces:
                 self._run_in_pieces(bound)
                 return
+            if not self.plain:   # (one way, or a send guarded above)
+                self._run_each(bound)
+                return
             receiving, sending = requests   # (started and tested one by one: a third less time than
             receiving.Start()               # Startall and Testall, which convert the list every call)
             sending.Start()
@@ -446,6 +450,15 @@ class Persistent:
                 self.rest(bound)
         except BaseException as e:
             self.failed(e, bound)
+
+    def _run_each(self, bound: Bound) -> None:
+        """:meth:`run`'s messages where they are not one each way unguarded (one way, or a send to
+        another host): each started, then waited for together (the quick polls first: ``_wait_all``)."""
+        for request in self.requests:
+            request.Start()
+        self.wait(bound)
+        if self.continued and self.buffers[1][PIECES_AT]:
+            self.rest(bound)
 
     def _run_in_pieces(self, bound: Bound) -> None:
         """:meth:`run`'s messages where this rank's goes in pieces, how many follow the first said in
@@ -518,4 +531,13 @@ class Persistent:
         transport, requests, more = self.transport, self.requests, self.more or []
         transport._persistent.pop(self.key, None)
         self.requests, self.more = None, None
-        transport.give_up(requests + more, self.buffers, requests[:1] + more)
+        receives = requests[:1] if self.buffers[1] is not None else []
+        transport.give_up(requests + more, self.buffers, receives + more)
+
+    def release(self) -> None:
+        """Free its requests, which are not in flight (its runs have ended), and drop it from the
+        transport's: its buffers are no longer held. A run after it makes them again."""
+        for request in (self.requests or []) + (self.more or []):
+            request.Free()
+        self.requests, self.more = None, None
+        self.transport._persistent.pop(self.key, None)

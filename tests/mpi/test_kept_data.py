@@ -1,0 +1,174 @@
+"""Tier 2, issue 61: a direct lane's data (on two ranks, the ring's one message of a broadcast or an
+all-gather, straight between the arrays) goes over requests kept for the arrays of a loop's calls
+(``express.Lane.move_data``): the bits of mpi4py's as the arrays' contents change, as calls bring other
+arrays, after a disagreement and after the transport freed its kept exchanges; never the transport's
+framing in the caller's bytes; the arrays let go once calls bring others. Runs at every world size
+(kept requests on two ranks; elsewhere the same bits by the usual way)."""
+import gc
+import weakref
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives as col
+from collectives.ops import express
+
+pytestmark = pytest.mark.mpi
+
+COMM = MPI.COMM_WORLD
+N, RANK = COMM.Get_size(), COMM.Get_rank()
+COUNT = 20_000   # (80 KiB of float32: above the doubling's sizes, so the ring's direct lane on two ranks)
+
+
+def _count(dtype) -> int:
+    """Elements of ``dtype`` in COUNT float32's bytes."""
+    return COUNT * 4 // np.dtype(dtype).itemsize
+
+
+def _contribution(count, dtype, step, rank=RANK):
+    """Integer values that depend on the rank and the step."""
+    return ((np.arange(count) * (rank + 2) + step) % 97 + 1).astype(dtype)
+
+
+def _gathered(x):
+    return np.concatenate(COMM.allgather(x))
+
+
+def _lane(collective, x, out_or_root, algorithm=None):
+    g = col.world_group()
+    if collective == "broadcast":
+        return express.broadcast_lane(g, x, out_or_root, algorithm)
+    return express.allgather_lane(g, x, out_or_root, algorithm)
+
+
+def _kept(collective, x, out_or_root, algorithm=None) -> bool:
+    """Whether the lane of this call holds requests kept for these arrays (only on two ranks)."""
+    lane = _lane(collective, x, out_or_root, algorithm)
+    return lane is not None and lane.data is not None and lane.data.requests is not None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8])
+def test_an_allgather_into_its_own_out_keeps_requests_for_its_arrays_with_mpi4pys_bits_as_they_change(dtype):
+    count = _count(dtype)
+    x, out = np.empty(count, dtype), np.empty(count * N, dtype)
+    for step in range(6):
+        x[...] = _contribution(count, dtype, step)   # (new contents, the same arrays)
+        out.fill(0)
+        assert col.allgather(x, out=out) is out
+        assert out.tobytes() == _gathered(x).tobytes()
+        if step >= 2:
+            assert _kept("allgather", x, out) == (N == 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int16])
+def test_a_broadcast_of_one_array_keeps_requests_for_it_with_mpi4pys_bits_as_it_changes(dtype):
+    count = _count(dtype)
+    x = np.empty(count, dtype)
+    for step in range(6):
+        x[...] = _contribution(count, dtype, step, rank=RANK + step)   # (each rank's own: only the root's counts)
+        expected = COMM.bcast(x if RANK == 0 else None, root=0)
+        assert col.broadcast(x, 0) is x
+        assert x.tobytes() == expected.tobytes()
+        if step >= 2:
+            assert _kept("broadcast", x, 0) == (N == 2)
+
+
+@pytest.mark.parametrize("order", ["ABABAB", "AABBAA", "ABBBAA"])
+def test_calls_that_bring_other_arrays_let_the_kept_requests_go_and_keep_the_bits(order):
+    arrays = {name: (np.empty(COUNT, np.int32), np.empty(COUNT * N, np.int32)) for name in "AB"}
+    for step, name in enumerate(order):
+        x, out = arrays[name]
+        x[...] = _contribution(COUNT, np.int32, step)
+        out.fill(-1)
+        assert col.allgather(x, out=out).tobytes() == _gathered(x).tobytes()
+        mine = x.copy()
+        expected = COMM.bcast(mine if RANK == 0 else None, root=0)
+        assert col.broadcast(mine, 0).tobytes() == expected.tobytes()
+
+
+def test_an_allgather_that_makes_its_result_keeps_nothing_and_neither_do_views_made_for_each_call():
+    """A result new to each call (``out`` not given), or a new view of the same memory each call (as
+    torch's arrays over a tensor), is never the last call's array: the data goes by the transport's
+    exchange for one call, with the bits of mpi4py's."""
+    base, whole = np.empty(COUNT, np.float32), np.empty(COUNT * N, np.float32)
+    for step in range(5):
+        base[...] = _contribution(COUNT, np.float32, step)
+        got = col.allgather(base)
+        assert got.tobytes() == _gathered(base).tobytes()
+        assert not _kept("allgather", base, None)
+        x, out = base[:], whole[:]   # (new array objects over the same memory)
+        assert col.allgather(x, out=out).tobytes() == _gathered(base).tobytes()
+        assert not _kept("allgather", x, out)
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "allgather"])
+def test_the_arrays_of_kept_requests_are_let_go_once_calls_bring_others(collective):
+    def call(x, out):
+        return col.broadcast(x, 0) if collective == "broadcast" else col.allgather(x, out=out)
+
+    first, first_out = _contribution(COUNT, np.float32, 1), np.empty(COUNT * N, np.float32)
+    for _ in range(3):
+        call(first, first_out)
+    assert _kept(collective, first, 0 if collective == "broadcast" else first_out) == (N == 2)
+    gone = weakref.ref(first), weakref.ref(first_out)
+    second, second_out = first.copy(), np.empty_like(first_out)
+    del first, first_out
+    for _ in range(3):
+        call(second, second_out)
+    gc.collect()
+    assert gone[0]() is None and gone[1]() is None, "the kept requests still hold the arrays of earlier calls"
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "allgather"])
+def test_a_forced_ring_call_of_8_to_24_kib_goes_whole_and_the_callers_bytes_are_never_framed(collective):
+    """The transport cuts its own messages of 8-24 KiB in pieces and writes their count after byte 257
+    (``MPITransport.pieces``); a lane's data is the caller's: sent whole, never written, and its
+    byte 257 never read as a count, even where it holds one and the transport's mark."""
+    count = 16_000   # (bytes a rank: in the range the transport cuts)
+    x, out = np.zeros(count, np.uint8), np.empty(count * N, np.uint8)
+    for step in range(5):
+        x[...] = _contribution(count, np.uint8, step)
+        x[257:264] = np.frombuffer(b"\x02pieces", np.uint8)   # (a count and the mark, as the caller's data)
+        sent = x.copy()
+        if collective == "allgather":
+            assert col.allgather(x, out=out, algorithm="ring").tobytes() == _gathered(sent).tobytes()
+            assert x.tobytes() == sent.tobytes(), "the transport wrote into the caller's array"
+        else:
+            expected = COMM.bcast(sent if RANK == 0 else None, root=0)
+            assert col.broadcast(x, 0, algorithm="ring").tobytes() == expected.tobytes()
+        if step >= 2:
+            assert _kept(collective, x, 0 if collective == "broadcast" else out, "ring") == (N == 2)
+
+
+def test_a_call_that_differs_across_ranks_after_requests_were_kept_is_refused_and_the_next_has_the_bits():
+    if N < 2:
+        pytest.skip("needs two ranks to disagree")
+    x, out = _contribution(COUNT, np.float32, 3), np.empty(COUNT * N, np.float32)
+    for _ in range(3):
+        col.allgather(x, out=out)
+        col.broadcast(x, 0)
+    odd = RANK == N - 1
+    with pytest.raises(col.CollectiveUsageError, match="allgather: .*differs across ranks"):
+        col.allgather(x.astype(np.float64) if odd else x)
+    with pytest.raises(col.CollectiveUsageError, match="broadcast: root: root differs across ranks"):
+        col.broadcast(x, 1 if odd else 0)
+    x[...] = _contribution(COUNT, np.float32, 4)
+    assert col.allgather(x, out=out).tobytes() == _gathered(x).tobytes()
+    expected = COMM.bcast(x.copy() if RANK == 0 else None, root=0)
+    assert col.broadcast(x, 0).tobytes() == expected.tobytes()
+
+
+def test_kept_requests_that_the_transport_freed_are_made_again_with_the_bits():
+    """The transport keeps at most 64 ready exchanges and frees them all when a 65th comes: a lane's
+    kept data requests among them are made again at its next call."""
+    x, out = _contribution(COUNT, np.int32, 5), np.empty(COUNT * N, np.int32)
+    for _ in range(3):
+        col.allgather(x, out=out)
+    for count in range(1, 70):   # (each size its own ready exchange, by the usual way: an option opens no lane)
+        small = _contribution(count, np.int64, count)
+        assert col.allreduce(small, timeout=60).tobytes() == COMM.allreduce(small).tobytes()
+    for step in range(3):
+        x[...] = _contribution(COUNT, np.int32, step)
+        assert col.allgather(x, out=out).tobytes() == _gathered(x).tobytes()
+        assert _kept("allgather", x, out) == (N == 2)
