@@ -39,7 +39,6 @@ import math
 from threading import get_ident
 from time import monotonic
 from typing import Any, Callable, NoReturn
-from weakref import ref
 
 import numpy as np
 
@@ -53,7 +52,6 @@ from ring import algorithms, arrays, doubling, execute
 from ring.partition import chunk_bounds
 from ring.schedule import halving_plans
 
-_NOT_SEEN = (lambda: None, lambda: None)   # (Lane.data_seen before any call: no array)
 _MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making new shapes does not grow it;
 # a lane let go may live on as a runtime's ``last_<name>`` until another replaces it: it still works)
 # (names the hot path reads often, bound once: a module's attribute costs a lookup each time)
@@ -67,7 +65,7 @@ class Lane:
     arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
     __slots__ = ("group", "runtime", "engine", "control", "dtype", "shape", "kind", "forced", "transport", "template",
-                 "call", "floating", "exchange", "incoming", "header", "wider_at", "fused", "data", "data_of", "data_seen")
+                 "call", "floating", "exchange", "incoming", "header", "wider_at", "fused", "data", "data_at", "data_seen")
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
@@ -95,9 +93,9 @@ class Lane:
         #: Its calls as one function (``collectives.ops.fused``), once its exchange is wired on two
         #: ranks (an all-reduce's, a broadcast's or an all-gather's by the doubling).
         self.fused: Callable | None = None
-        #: A direct lane's data exchange made ready for the arrays ``data_of`` (see :meth:`move_data`),
-        #: and weak references to the arrays of the last call that moved its data without one.
-        self.data, self.data_of, self.data_seen = None, (None, None), _NOT_SEEN
+        #: A direct lane's data exchange made ready for the memory at ``data_at`` (see :meth:`move_data`),
+        #: and where the data of the last call that moved it without one lay.
+        self.data, self.data_at, self.data_seen = None, (0, 0), (0, 0)
 
     def run(self, x: np.ndarray, out: np.ndarray | None = None, _handed: bool = False) -> Any:
         """One call on ``x`` (``out``: where the collective has one): the engine's turn taken at once
@@ -152,32 +150,31 @@ class Lane:
                 not (self.exchange or self._exchange(None, 0))(self.call, header, None, None, None):
             self.disagree(header)
 
-    def move_data(self, send: np.ndarray | None, recv: np.ndarray | None, first: np.ndarray,
-                  second: np.ndarray) -> None:
+    def move_data(self, send: np.ndarray | None, recv: np.ndarray | None) -> None:
         """A direct call's data: ``send`` to the other of two ranks while ``recv`` comes from it (either
-        None: that way nothing), views of the call's arrays ``first`` and ``second`` (one array: the
-        same twice). Where a call brings the arrays of the call before it, as a loop's calls do, the
-        data goes over MPI's persistent requests for them, made then and kept, with the arrays, until
-        a call brings others: 3-5 us less a call of 32 KiB to 512 KiB than requests made for one call
-        (docs/performance.md, "The round of 2026-12-01, evening"). Elsewhere (arrays new to each call:
-        an all-gather's result made by the call) the data goes as the transport's exchange for one call."""
-        data, (kept_first, kept_second) = self.data, self.data_of
-        if data is not None and first is kept_first and second is kept_second:
-            data.run(self.call)
+        None: that way nothing), each contiguous. Where they lie where the last call's did (a loop's
+        arrays, or new ones that numpy placed there), the data goes over MPI's persistent requests for
+        that memory: made at the second call in a row there, kept until a call's data lies elsewhere,
+        and started only for buffers at their very addresses; they hold no array, so a program may
+        drop or resize its arrays as before (3-5 us less a call of 32 KiB to 512 KiB than requests made
+        for one call: docs/performance.md, "The round of 2026-12-01, evening")."""
+        transport = self.transport
+        at = transport.address(send), transport.address(recv)
+        data = self.data
+        if data is not None:
+            if at == self.data_at:
+                data.run_on(self.call, send, recv)
+                return
+            data.release()   # (the data lies elsewhere now: these requests go)
+            self.data = None
+        peer = 1 - transport.rank
+        if at != self.data_seen:
+            self.data_seen = at
+            transport.exchange(send, recv, self.call, dest=peer, source=peer)
             return
-        if data is not None:   # (other arrays: the kept ones go, and so do their requests)
-            data.release()
-            self.data, self.data_of = None, (None, None)
-        # The last call's arrays, held weakly: an array made for each call (torch's over a tensor) is gone
-        # by the next, where an id alone can come back and make requests for every other call.
-        peer, (seen_first, seen_second) = 1 - self.transport.rank, self.data_seen
-        if seen_first() is not first or seen_second() is not second:
-            self.data_seen = ref(first), ref(second)
-            self.transport.exchange(send, recv, self.call, dest=peer, source=peer)
-            return
-        self.data = self.transport.persistent(send, recv, peer, peer, object(), framed=False)   # (a key of its own)
-        self.data_of = first, second
-        self.data.run(self.call)
+        self.data = transport.persistent(send, recv, peer, peer, object(), framed=False)   # (a key of its own)
+        self.data_at = at
+        self.data.run_on(self.call, send, recv)
 
     def disagree(self, header: bytes) -> NoReturn:
         """The error of a call whose ranks' signatures differ, raised on every rank (``Call.disagree``)."""
@@ -317,9 +314,9 @@ class BroadcastLane(Lane):
         """The root's bytes straight from its ``x`` into the other rank's (``direct``)."""
         mine = (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
         if self.from_here:
-            self.move_data(mine, None, x, x)
+            self.move_data(mine, None)
         else:
-            self.move_data(None, mine, x, x)
+            self.move_data(None, mine)
         return x
 
     def move(self, header: bytes, x: np.ndarray, out: None) -> np.ndarray:
@@ -465,11 +462,7 @@ class AllgatherLane(Lane):
         k = source.size
         mine, theirs = (flat[:k], flat[k:]) if self.mine_first else (flat[k:], flat[:k])
         mine[...] = source
-        if out is None:   # (a result of its own each call: see move_data)
-            peer = 1 - self.transport.rank
-            self.transport.exchange(source, theirs, self.call, dest=peer, source=peer)
-        else:
-            self.move_data(source, theirs, x, out)
+        self.move_data(source, theirs)
         return result
 
 

@@ -98,7 +98,8 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
         if type(x) is not _ndarray or g is not group or x.dtype is not dtype or algorithm is not forced \
                 or (x.ndim != 1 or len(x) != count if flat else x.shape != shape) \
                 or get_ident() != MAIN_THREAD or on_behalf \
-                or timeline.current is not None or execute.observer is not None or group.destroyed:
+                or timeline.current is not None or execute.observer is not None or group.destroyed \
+                or direct and not x.flags.c_contiguous:   # (direct: the data goes from and into x itself)
             return None
         if gathering:
             if out is None:
@@ -109,10 +110,9 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                     or not (x.base is None and out.base is None or not np.may_share_memory(x, out)):
                 return None
         elif broadcasting:   # (``op``: the root)
-            if type(op) is not int or op != kind or not (from_here or x.flags.writeable) \
-                    or direct and not x.flags.c_contiguous:   # (direct: the bytes go from and into x itself)
+            if type(op) is not int or op != kind or not (from_here or x.flags.writeable):
                 return None
-        elif op is not kind or direct and not x.flags.c_contiguous:   # (halves: sent from x itself)
+        elif op is not kind:
             return None
         elif out is None:
             out = np.empty(shape, dtype)

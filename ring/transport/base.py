@@ -229,9 +229,15 @@ class MPIOnlyTransport(Transport, Protocol):
     def among(self, peers: Sequence[int], data: bytes, bound: Bound) -> list[bytes]:
         """Exchange ``data`` with each of ``peers``: an agreement among some ranks of this transport."""
 
-    def persistent(self, send: Any, recv: Any, dest: int, source: int, reuse: Any) -> Any:
+    def persistent(self, send: Any, recv: Any, dest: int, source: int, reuse: Any, framed: bool = True) -> Any:
         """``exchange(send, recv, bound, dest, source, reuse)`` made ready once and handed to the caller,
-        who repeats it (the express lane): an object whose ``run(bound)`` does that exchange."""
+        who repeats it (the express lane): an object whose ``run(bound)`` does that exchange, and
+        ``release()`` lets it go. ``framed=False``: the caller's own data (never cut in pieces), one way
+        allowed, over the buffers' memory rather than the objects: ``run_on(bound, send, recv)`` with
+        the buffers that lie there then."""
+
+    def address(self, buffer: Any) -> int:
+        """Where contiguous ``buffer`` lies in memory (None: 0): what ``persistent(framed=False)`` keys."""
 
 
 class OverHost:

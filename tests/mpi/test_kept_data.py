@@ -1,9 +1,10 @@
 """Tier 2, issue 61: a direct lane's data (on two ranks, the ring's one message of a broadcast or an
-all-gather, straight between the arrays) goes over requests kept for the arrays of a loop's calls
+all-gather, straight between the arrays) goes over requests kept for the memory of a loop's arrays
 (``express.Lane.move_data``): the bits of mpi4py's as the arrays' contents change, as calls bring other
-arrays, after a disagreement and after the transport freed its kept exchanges; never the transport's
-framing in the caller's bytes; the arrays let go once calls bring others. Runs at every world size
-(kept requests on two ranks; elsewhere the same bits by the usual way)."""
+arrays or new views of the same memory, for arrays of any layout, after a disagreement and after the
+transport freed its kept exchanges; never the transport's framing in the caller's bytes; no array held,
+so a program drops or resizes its arrays as before. Runs at every world size (kept requests on two
+ranks; elsewhere the same bits by the usual way)."""
 import gc
 import weakref
 
@@ -87,23 +88,42 @@ def test_calls_that_bring_other_arrays_let_the_kept_requests_go_and_keep_the_bit
         assert col.broadcast(mine, 0).tobytes() == expected.tobytes()
 
 
-def test_an_allgather_that_makes_its_result_keeps_nothing_and_neither_do_views_made_for_each_call():
-    """A result new to each call (``out`` not given), or a new view of the same memory each call (as
-    torch's arrays over a tensor), is never the last call's array: the data goes by the transport's
-    exchange for one call, with the bits of mpi4py's."""
+def test_new_views_of_the_same_memory_each_call_keep_requests_and_a_result_made_each_call_has_the_bits():
+    """A new array object each call over the same memory (as torch's arrays over a tensor) is where the
+    last call's data lay: its requests are kept. A result the call makes (no ``out``) lies wherever numpy
+    puts it: kept or not, its bits are mpi4py's."""
     base, whole = np.empty(COUNT, np.float32), np.empty(COUNT * N, np.float32)
     for step in range(5):
         base[...] = _contribution(COUNT, np.float32, step)
-        got = col.allgather(base)
-        assert got.tobytes() == _gathered(base).tobytes()
-        assert not _kept("allgather", base, None)
+        assert col.allgather(base).tobytes() == _gathered(base).tobytes()
         x, out = base[:], whole[:]   # (new array objects over the same memory)
         assert col.allgather(x, out=out).tobytes() == _gathered(base).tobytes()
-        assert not _kept("allgather", x, out)
+        if step >= 2:
+            assert _kept("allgather", x, out) == (N == 2)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "every other row", "every other element"])
+def test_an_allgather_of_x_in_any_layout_after_the_lane_opened_has_the_bits_as_its_contents_change(layout):
+    """A lane opened by a contiguous array; then the same array object in another layout, its contents
+    changing every call: the result is mpi4py's every time (the rows of such an x are copied to be sent;
+    a copy is never mistaken for the array it was made from)."""
+    if layout == "every other element":
+        x = np.empty(2 * 128 * 128, np.float32)[::2]
+    elif layout == "every other row":
+        x = np.empty((256, 128), np.float32)[::2]
+    else:
+        x = np.empty((128, 128), np.float32).T
+    out = np.empty((x.shape[0] * N,) + x.shape[1:], np.float32)
+    for _ in range(3):   # (a contiguous array of x's shape opens the lane and makes its requests)
+        col.allgather(_contribution(x.size, np.float32, 0).reshape(x.shape), out=out)
+    for step in range(6):
+        x[...] = _contribution(x.size, np.float32, step).reshape(x.shape)
+        expected = _gathered(np.ascontiguousarray(x))
+        assert col.allgather(x, out=out).tobytes() == expected.tobytes()
 
 
 @pytest.mark.parametrize("collective", ["broadcast", "allgather"])
-def test_the_arrays_of_kept_requests_are_let_go_once_calls_bring_others(collective):
+def test_kept_requests_hold_no_array_a_program_drops_or_resizes_its_arrays_as_before(collective):
     def call(x, out):
         return col.broadcast(x, 0) if collective == "broadcast" else col.allgather(x, out=out)
 
@@ -111,13 +131,20 @@ def test_the_arrays_of_kept_requests_are_let_go_once_calls_bring_others(collecti
     for _ in range(3):
         call(first, first_out)
     assert _kept(collective, first, 0 if collective == "broadcast" else first_out) == (N == 2)
+    first.resize(COUNT + 1, refcheck=True)   # (numpy refuses where anything else refers to the array)
+    first_out.resize(COUNT * N + 1, refcheck=True)
     gone = weakref.ref(first), weakref.ref(first_out)
-    second, second_out = first.copy(), np.empty_like(first_out)
     del first, first_out
-    for _ in range(3):
-        call(second, second_out)
     gc.collect()
-    assert gone[0]() is None and gone[1]() is None, "the kept requests still hold the arrays of earlier calls"
+    assert gone[0]() is None and gone[1]() is None, "the kept requests still hold the arrays"
+    second, second_out = _contribution(COUNT, np.float32, 2), np.empty(COUNT * N, np.float32)
+    for step in range(3):
+        second[...] = _contribution(COUNT, np.float32, step)
+        got = call(second, second_out)
+        if collective == "broadcast":
+            assert got.tobytes() == COMM.bcast(second if RANK == 0 else None, root=0).tobytes()
+        else:
+            assert got.tobytes() == _gathered(second).tobytes()
 
 
 @pytest.mark.parametrize("collective", ["broadcast", "allgather"])

@@ -70,7 +70,16 @@ assert len(_PIECES_MARK) == PIECES_BYTES - 1
 #: error only in the status: waits keep statuses there, so that the cause can be named (a message longer
 #: than expected, say). MPICH keeps the error in the request, and polls without them (0.3 us less a poll).
 _KEEP_STATUSES = MPI.Get_library_version().startswith("Open MPI")
+_NO_BUFFERS = (None, None)
 _testall = MPI.Request.Testall
+
+
+def _memory(buffer: Any) -> Any:
+    """``buffer``'s memory, as MPI's buffer at its address, which does not hold ``buffer`` (None: None)."""
+    if buffer is None:
+        return None
+    view = MPI.buffer(buffer)
+    return MPI.buffer.fromaddress(view.address, view.nbytes, readonly=view.readonly)
 
 
 def _each_done(requests: list[MPI.Request]) -> bool:
@@ -187,9 +196,21 @@ class MPITransport(Subsets):
         ``reuse`` (see :meth:`exchange`) and kept until it fails, is released (``Persistent.release``)
         or the transport closes (64 at most: then every kept one is freed, and made again at its next
         run). ``framed=False``: the buffers are the caller's own data (an express lane's arrays), which
-        the transport neither cuts nor reads for a count of pieces; either may be None (one way)."""
+        the transport neither cuts nor reads for a count of pieces; either may be None (one way). Its
+        requests then refer to the buffers' memory, not to the buffer objects, which it does not hold
+        between runs: run it with ``Persistent.run_on``, given the buffers that lie at that memory then
+        (:meth:`address` tells where a buffer lies)."""
         key = (reuse, dest, source)
         return self._persistent.get(key) or self._persist(send, recv, dest, source, key, framed)
+
+    @staticmethod
+    def address(buffer: Any) -> int:
+        """Where ``buffer`` (contiguous; None: 0) lies in memory.
+
+        >>> x = np.zeros(4, np.uint8); MPITransport.address(x) == x.ctypes.data, MPITransport.address(None)
+        (True, 0)
+        """
+        return 0 if buffer is None else MPI.buffer(buffer).address
 
     def _exchange_once(self, send: Any | None, recv: Any | None, bound: Bound, dest: int, source: int) -> None:
         """exchange() over requests of its own, for one call."""
@@ -215,6 +236,8 @@ class MPITransport(Subsets):
         """A new ready exchange of ``send`` and ``recv`` with these peers, kept under ``key``."""
         entry = Persistent(self, key, (source, dest), (send, recv), framed)
         entry.make()
+        if not framed:   # (the caller's buffers: not held between runs, see run_on)
+            entry.buffers = _NO_BUFFERS
         return entry
 
     def _free_persistent(self) -> None:
@@ -411,6 +434,8 @@ class Persistent:
         comm = transport.comm
         self.pieces = transport.pieces(dest, len(send)) if self.framed else []
         receiving, sending = recv is not None, send is not None   # (both, but where not framed)
+        if not self.framed:   # (their memory, not the objects: see MPITransport.persistent)
+            send, recv = _memory(send), _memory(recv)
         self.plain = not self.guarded and not self.pieces and receiving and sending
         self.waits_on = [source] * receiving + [dest] * (max(1, len(self.pieces)) if sending else 0)   # (each
         try:                                                                                            # request's peer)
@@ -531,8 +556,18 @@ class Persistent:
         transport, requests, more = self.transport, self.requests, self.more or []
         transport._persistent.pop(self.key, None)
         self.requests, self.more = None, None
-        receives = requests[:1] if self.buffers[1] is not None else []
+        receives = requests[:1] if self.peers[0] is not None else []
         transport.give_up(requests + more, self.buffers, receives + more)
+
+    def run_on(self, bound: Bound, send: Any, recv: Any) -> None:
+        """:meth:`run` of an exchange made ready for the caller's own buffers (``framed=False``), given
+        those that lie at its memory now (the same addresses, not necessarily the same objects), held
+        while the messages move: a run that fails keeps them with what MPI could not end."""
+        self.buffers = send, recv
+        try:
+            self.run(bound)
+        finally:
+            self.buffers = _NO_BUFFERS
 
     def release(self) -> None:
         """Free its requests, which are not in flight (its runs have ended), and drop it from the
