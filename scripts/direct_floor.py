@@ -32,7 +32,7 @@ import collectives as col
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--op", choices=["allgather", "broadcast"], default="allgather")
+    p.add_argument("--op", choices=list(WAYS), default="allgather")
     p.add_argument("--sizes", type=int, nargs="+", default=[4096, 32768, 131072, 524288], help="bytes a rank")
     p.add_argument("--calls", type=int, default=300, help="timed calls of each way per size")
     args = p.parse_args()
