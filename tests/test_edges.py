@@ -245,6 +245,19 @@ def test_a_rank_that_ends_before_its_first_collective_is_named_at_once():
         assert message == "init: rank 1 ended its program before its first collective", output
 
 
+def test_a_rank_interrupted_in_its_first_setup_before_it_sent_anything_is_named_at_once():
+    """A Ctrl-C that lands in the setup's first steps, before the rank's record goes out: at exit the
+    rank joins the setup as one that never set up, and the others are told at once (they waited their
+    whole timeout, 30 s here, while the interrupted rank counted as one that had taken part)."""
+    status, output, wall = _edge(3, "interrupted-in-setup")
+    errors = reported_errors(output)
+    assert status not in (0, -9) and sorted(errors) == [0, 2] and wall < 30, output
+    assert "rank 1: interrupted in its setup, ends" in output, output
+    for seconds, message in errors.values():
+        assert seconds < LEAVE_BOUND_S, output
+        assert message == "init: rank 1 ended its program before its first collective", output
+
+
 def test_a_program_that_never_uses_the_runtime_ends_cleanly():
     status, output, wall = _edge(3, "never-used")
     assert status == 0 and output.count("done at") == 3 and wall < 20, output

@@ -215,12 +215,14 @@ def set_up(found: dict, problem: str, left: str = "", timeout: float | None = No
     ``left``: this process is ending before it ever set up; it takes part only to tell the
     others why (see :func:`_leave_unset`). ``outlived``: MPI's world has processes that are gone
     or were not there at the start (see ``Runtime.outlived``)."""
-    life.took_part_in_setup()   # (a rank that took part in a setup never joins another at exit)
     MPI = mpi()
     from ring.transport.mpi import setup as mpi_setup   # (imported here: importing it starts MPI)
     notices.hear_failure_notices()   # (before the setup: a notice there would end this process unheard)
     heeded = 0 if comm is None else notices.failure_notices()   # (the first setup: every notice since MPI started)
     beside = launchers.started_under_proxy() if comm is None else 0   # (the world's ranks on this host, watched)
+    # A rank that took part in a setup never joins another at exit; it takes part from its first message
+    # on (a Ctrl-C in the lines above, which send nothing, once left the others waiting their whole timeout)
+    life.took_part_in_setup()
     try:
         transport, records = mpi_setup.connect(timeout or found.get("timeout", config.DEFAULT_TIMEOUT),
                                                    config.record(found, problem, left), comm, heeded, beside)

@@ -176,6 +176,26 @@ def ended_early() -> None:
     report("first call", col.allreduce, np.ones(10), timeout=30)
 
 
+def interrupted_in_setup() -> None:
+    """Rank 1's first collective is interrupted inside the setup, after MPI started and before the rank
+    sent anything (a Ctrl-C landing there: the launcher's query raises KeyboardInterrupt, once); its
+    program catches it and ends. The others call one."""
+    if col.rank() == 1:
+        from collectives.process import startup
+        asked = startup.launchers.started_under_proxy
+
+        def interrupted() -> int:
+            startup.launchers.started_under_proxy = asked
+            raise KeyboardInterrupt
+        startup.launchers.started_under_proxy = interrupted
+        try:
+            col.allreduce(np.ones(10), timeout=30)
+        except KeyboardInterrupt:
+            say("rank 1: interrupted in its setup, ends")
+        return
+    report("first call", col.allreduce, np.ones(10), timeout=30)
+
+
 def never_used() -> None:
     """No rank makes a collective: each asks only its rank (which counts as a use: the exit hooks are
     installed, and every rank joins one setup exchange at exit, which must end cleanly)."""
@@ -258,5 +278,6 @@ def raw_count() -> None:
 
 
 if __name__ == "__main__":
-    {"p2p-mismatch": p2p_mismatch, "p2p-after-an-end": p2p_after_an_end, "p2p-in-flight": p2p_in_flight, "p2p-after-in-flight": p2p_after_in_flight, "killed": killed, "killed-async": killed_async, "terminated-before-setup": terminated_before_setup, "ended-early": ended_early, "never-used": never_used,
+    {"p2p-mismatch": p2p_mismatch, "p2p-after-an-end": p2p_after_an_end, "p2p-in-flight": p2p_in_flight, "p2p-after-in-flight": p2p_after_in_flight, "killed": killed, "killed-async": killed_async, "terminated-before-setup": terminated_before_setup, "ended-early": ended_early,
+     "interrupted-in-setup": interrupted_in_setup, "never-used": never_used,
      "groups-in-a-loop": groups_in_a_loop, "hosts": hosts, "vanished": vanished, "raw-count": raw_count}[sys.argv[1]]()
