@@ -52,6 +52,7 @@ from ring import algorithms, arrays, doubling, execute
 from ring.partition import chunk_bounds
 from ring.schedule import halving_plans
 
+_KEPT = 4   # memories a direct lane keeps its data's requests for (Lane.move_data)
 _MOST_LANES = 64   # kinds of call kept per runtime (a program that keeps making new shapes does not grow it;
 # a lane let go may live on as a runtime's ``last_<name>`` until another replaces it: it still works)
 # (names the hot path reads often, bound once: a module's attribute costs a lookup each time)
@@ -65,7 +66,7 @@ class Lane:
     arithmetic is floating point; each collective's lane adds what it moves (:meth:`move`)."""
 
     __slots__ = ("group", "runtime", "engine", "control", "dtype", "shape", "kind", "forced", "transport", "template",
-                 "call", "floating", "exchange", "incoming", "header", "wider_at", "fused", "data", "data_at", "data_seen")
+                 "call", "floating", "exchange", "incoming", "header", "wider_at", "fused", "data", "data_seen")
 
     @staticmethod
     def direct_for(call: Call, kind: Any) -> bool:
@@ -93,9 +94,10 @@ class Lane:
         #: Its calls as one function (``collectives.ops.fused``), once its exchange is wired on two
         #: ranks (an all-reduce's, a broadcast's or an all-gather's by the doubling).
         self.fused: Callable | None = None
-        #: A direct lane's data exchange made ready for the memory at ``data_at`` (see :meth:`move_data`),
-        #: and where the data of the last call that moved it without one lay.
-        self.data, self.data_at, self.data_seen = None, (0, 0), (0, 0)
+        #: A direct lane's data exchanges made ready, by the memory they serve (the last _KEPT: see
+        #: :meth:`move_data`), and where the data of the last _KEPT exchanges made without one lay.
+        self.data: dict = {}
+        self.data_seen: tuple = ((0, 0),) * _KEPT
 
     def run(self, x: np.ndarray, out: np.ndarray | None = None, _handed: bool = False) -> Any:
         """One call on ``x`` (``out``: where the collective has one): the engine's turn taken at once
@@ -152,29 +154,29 @@ class Lane:
 
     def move_data(self, send: np.ndarray | None, recv: np.ndarray | None) -> None:
         """A direct call's data: ``send`` to the other of two ranks while ``recv`` comes from it (either
-        None: that way nothing), each contiguous. Where they lie where the last call's did (a loop's
+        None: that way nothing), each contiguous. Where they lie where an earlier call's did (a loop's
         arrays, or new ones that numpy placed there), the data goes over MPI's persistent requests for
-        that memory: made at the second call in a row there, kept until a call's data lies elsewhere,
-        and started only for buffers at their very addresses; they hold no array, so a program may
-        drop or resize its arrays as before (an all-gather of 32-128 KiB a rank saves about 4 us a call, a
-        broadcast, one request, 0.2-0.6: docs/performance.md, "The round of 2026-12-01, evening")."""
-        transport = self.transport
+        that memory: made at the second call there, kept for the last _KEPT memories (halving's two
+        exchanges a call, each into a result that a loop holds while it makes the next, which
+        alternates between two places), and started only for buffers at their very addresses; they
+        hold no array, so a program may drop or resize its arrays as before (an all-gather of 32-128
+        KiB a rank saves about 4 us a call, a broadcast, one request, 0.2-0.6: docs/performance.md,
+        "The round of 2026-12-01, evening")."""
+        transport, kept = self.transport, self.data
         at = transport.address(send), transport.address(recv)
-        data = self.data
-        if data is not None:
-            if at == self.data_at:
-                data.run_on(self.call, send, recv)
-                return
-            data.release()   # (the data lies elsewhere now: these requests go)
-            self.data = None
+        ready = kept.get(at)
+        if ready is not None:
+            ready.run_on(self.call, send, recv)
+            return
         peer = 1 - transport.rank
-        if at != self.data_seen:
-            self.data_seen = at
+        if at not in self.data_seen:
+            self.data_seen = self.data_seen[1:] + (at,)
             transport.exchange(send, recv, self.call, dest=peer, source=peer)
             return
-        self.data = transport.persistent(send, recv, peer, peer, object(), framed=False)   # (a key of its own)
-        self.data_at = at
-        self.data.run_on(self.call, send, recv)
+        if len(kept) == _KEPT:   # (the memory made ready longest ago: its requests go)
+            kept.pop(next(iter(kept))).release()
+        ready = kept[at] = transport.persistent(send, recv, peer, peer, object(), framed=False)   # (a key of its own)
+        ready.run_on(self.call, send, recv)
 
     def disagree(self, header: bytes) -> NoReturn:
         """The error of a call whose ranks' signatures differ, raised on every rank (``Call.disagree``)."""
@@ -202,7 +204,7 @@ class AllreduceLane(Lane):
     ``algorithms.allreduce_small``, which scales); or (``halves``, two ranks, where halving or the ring
     carries the call, whose messages there are the same: :meth:`unpack`) a larger one."""
 
-    __slots__ = ("combine", "halves", "peer", "prescaled", "averaged")
+    __slots__ = ("combine", "halves", "prescaled", "averaged")
 
     def __init__(self, call: Call, x: np.ndarray, op: str):
         super().__init__(call, x, op, floating=x.dtype.kind in "fc")
@@ -215,7 +217,7 @@ class AllreduceLane(Lane):
             segment, rank = call.runtime.segment_elems(x.dtype, self.transport), self.transport.rank
             owned = [slice(*halving_plans(r, 2, x.size, segment)[2]) for r in (0, 1)] \
                 if call.algorithm == "halving" else [slice(*chunk) for chunk in chunk_bounds(x.size, 2)]
-            self.halves, self.peer = (owned[rank], owned[1 - rank]), 1 - rank
+            self.halves = owned[rank], owned[1 - rank]
             self.prescaled = op == "avg" and x.dtype == np.float16   # (each contribution first)
             self.averaged = op == "avg" and not self.prescaled       # (the sum of its own half, once)
 
@@ -251,18 +253,18 @@ class AllreduceLane(Lane):
         straight between the arrays: each rank sends the other the half that one reduces, reduces
         its own (its own part first, as the usual way), and sends it back for the other's result.
         Returns ``out`` (``x`` itself: in place)."""
-        (mine, theirs), transport, peer = self.halves, self.transport, self.peer
+        mine, theirs = self.halves
         source, in_place = x if x.ndim == 1 else x.reshape(-1), out is x
         target = out if out.ndim == 1 else out.reshape(-1)
         if self.prescaled:
             source, in_place = np.true_divide(source, 2, out=target), True
         own = target[mine]
         received = arrays.scratch(target, own.size, 0) if in_place else own
-        transport.exchange(source[theirs], received, self.call, dest=peer, source=peer)
+        self.move_data(source[theirs], received)
         self.combine(source[mine], received, out=own)
         if self.averaged:
             arrays.divide_(own, 2)
-        transport.exchange(own, target[theirs], self.call, dest=peer, source=peer)
+        self.move_data(own, target[theirs])
         return out
 
 
@@ -273,14 +275,13 @@ class BroadcastLane(Lane):
     the ring carries the call) the check's exchange, then the root's bytes straight from its array
     into the other's."""
 
-    __slots__ = ("from_here", "zeros", "direct", "peer", "ends")
+    __slots__ = ("from_here", "zeros", "direct", "ends")
     # (``ends``: where its bytes go from, on the root, or come to, elsewhere, in the ready exchange's buffers)
 
     def __init__(self, call: Call, x: np.ndarray, root: int):
         super().__init__(call, x, root, floating=False)
         self.from_here = self.transport.rank == root
         self.direct = call.algorithm != "doubling"
-        self.peer = 1 - self.transport.rank
         self.zeros = np.zeros(x.nbytes, np.uint8) if self.transport.size != 2 else None
 
     @staticmethod

@@ -173,7 +173,7 @@ def _one_function(lane: Any, ready: doubling.Prepared, wire: Any, gathering: boo
                     if combine is None:
                         out = unpack(x, out)
                     else:
-                        combine(first, second, out if flat else out.reshape(-1))
+                        combine(first, second, out=out if flat else out.reshape(-1))
                 held.on = True   # (from here to its end the call holds a Ctrl-C back: interrupts)
             except BaseException as e:
                 held.on = True

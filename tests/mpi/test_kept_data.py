@@ -36,17 +36,19 @@ def _gathered(x):
     return np.concatenate(COMM.allgather(x))
 
 
-def _lane(collective, x, out_or_root, algorithm=None):
+def _lane(collective, x, out_or_root, algorithm=None, op="sum"):
     g = col.world_group()
     if collective == "broadcast":
         return express.broadcast_lane(g, x, out_or_root, algorithm)
+    if collective == "allreduce":
+        return express.allreduce_lane(g, x, op, out_or_root, algorithm)
     return express.allgather_lane(g, x, out_or_root, algorithm)
 
 
-def _kept(collective, x, out_or_root, algorithm=None) -> bool:
-    """Whether the lane of this call holds requests kept for these arrays (only on two ranks)."""
-    lane = _lane(collective, x, out_or_root, algorithm)
-    return lane is not None and lane.data is not None and lane.data.requests is not None
+def _kept(collective, x, out_or_root, algorithm=None, op="sum") -> bool:
+    """Whether the lane of this call holds requests kept for some memory (only on two ranks)."""
+    lane = _lane(collective, x, out_or_root, algorithm, op)
+    return lane is not None and any(ready.requests is not None for ready in lane.data.values())
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8])
@@ -86,6 +88,53 @@ def test_calls_that_bring_other_arrays_let_the_kept_requests_go_and_keep_the_bit
         mine = x.copy()
         expected = COMM.bcast(mine if RANK == 0 else None, root=0)
         assert col.broadcast(mine, 0).tobytes() == expected.tobytes()
+
+
+def test_a_loop_that_alternates_between_two_results_keeps_requests_for_both_and_makes_none_again():
+    """A loop that holds its last result while it makes the next puts its data in two places by turns
+    (``r = col.allgather(x)``: numpy places the new result beside the one still held): the requests of
+    both are kept, made once each, not made again at every call as each place comes back."""
+    x, outs = np.empty(COUNT, np.int32), [np.empty(COUNT * N, np.int32) for _ in range(2)]
+    kept_for = {}   # (each place's kept requests, as first seen)
+    for step in range(10):
+        out = outs[step % 2]
+        x[...] = _contribution(COUNT, np.int32, step)
+        assert col.allgather(x, out=out).tobytes() == _gathered(x).tobytes()
+        lane = _lane("allgather", x, out)
+        if N == 2 and step >= 4:   # (the first call opens the lane; each place is kept from its second)
+            theirs = out[COUNT:] if RANK == 0 else out[:COUNT]
+            ready = lane.data[(x.ctypes.data, theirs.ctypes.data)]
+            assert ready.requests is not None and kept_for.setdefault(step % 2, ready) is ready
+    assert len(kept_for) == (2 if N == 2 else 0)
+
+
+@pytest.mark.parametrize("where", ["in place", "out", "a new result"])
+@pytest.mark.parametrize("op,dtype", [("sum", np.float32), ("sum", np.int32), ("avg", np.float32),
+                                      ("avg", np.float16), ("max", np.float64)])
+@pytest.mark.parametrize("algorithm", [None, "halving", "ring"])
+def test_a_two_rank_allreduce_that_halving_carries_keeps_requests_for_its_two_messages_with_the_bits(
+        where, op, dtype, algorithm):
+    """On two ranks halving (or the ring, the same two messages) sends each rank the half the other
+    reduces, then the reduced half back, straight between the arrays: over requests kept for that
+    memory from the second call, the contents changing every call (integer values, multiples of the
+    world's size for "avg": every way of summing and dividing them is exact, so the bits are those of
+    numpy's own reduction of mpi4py's gather)."""
+    count = _count(dtype)
+    x, given = np.empty(count, dtype), np.empty(count, dtype)
+    reduce = {"sum": np.add, "avg": np.add, "max": np.maximum}[op]
+    for step in range(6):
+        x[...] = _contribution(count, dtype, step) * (N if op == "avg" else 1)   # (avg: a multiple of N, exact)
+        every = COMM.allgather(x.copy())
+        expected = every[0].copy()
+        for other in every[1:]:
+            expected = reduce(expected, other)
+        if op == "avg":
+            expected = (expected / N).astype(dtype)
+        out = {"in place": x, "out": given, "a new result": None}[where]
+        got = col.allreduce(x, op, out=out, algorithm=algorithm)
+        assert got.tobytes() == expected.tobytes()
+        if step >= 2 and where != "a new result":
+            assert _kept("allreduce", x, out, algorithm, op) == (N == 2)
 
 
 def test_new_views_of_the_same_memory_each_call_keep_requests_and_a_result_made_each_call_has_the_bits():
