@@ -236,15 +236,34 @@ def test_a_call_that_differs_across_ranks_after_requests_were_kept_is_refused_an
 
 
 def test_kept_requests_that_the_transport_freed_are_made_again_with_the_bits():
-    """The transport keeps at most 64 ready exchanges and frees them all when a 65th comes: a lane's
-    kept data requests among them are made again at its next call."""
+    """The transport frees every exchange it keeps at its bound (and at its close): a lane's kept data
+    requests among them are made again at its next call."""
     x, out = _contribution(COUNT, np.int32, 5), np.empty(COUNT * N, np.int32)
     for _ in range(3):
         col.allgather(x, out=out)
-    for count in range(1, 70):   # (each size its own ready exchange, by the usual way: an option opens no lane)
-        small = _contribution(count, np.int64, count)
-        assert col.allreduce(small, timeout=60).tobytes() == COMM.allreduce(small).tobytes()
+    col.world_group().transport._free_persistent()
     for step in range(3):
         x[...] = _contribution(COUNT, np.int32, step)
         assert col.allgather(x, out=out).tobytes() == _gathered(x).tobytes()
         assert _kept("allgather", x, out) == (N == 2)
+
+
+def test_a_loop_over_more_kinds_of_large_call_than_the_ready_exchanges_keeps_its_requests():
+    """A loop over 40 kinds of large all-reduce (halving's two messages each on two ranks: 80 kept
+    exchanges of the arrays' memory) and 70 sizes of small one (as many ready exchanges, past their
+    bound of 64): the lanes' requests are made once, not again at every call, and the bits are right."""
+    arrays = [_contribution(COUNT + 64 * k, np.int32, k) for k in range(40)]
+    made = {}
+    for sweep in range(4):   # (the first opens the lanes, the second is seen, the third makes the requests)
+        for k, x in enumerate(arrays):
+            expected = COMM.allreduce(x)
+            assert col.allreduce(x, out=x).tobytes() == expected.tobytes()
+            small = _contribution(k + 1, np.int64, sweep)
+            assert col.allreduce(small, timeout=60).tobytes() == COMM.allreduce(small).tobytes()
+        if sweep == 2 and N == 2:   # (the last must find the very same)
+            made = {k: [ready.requests for ready in _lane("allreduce", x, x).data.values()]
+                    for k, x in enumerate(arrays)}
+    for k, x in enumerate(arrays):
+        if N == 2:
+            now = [ready.requests for ready in _lane("allreduce", x, x).data.values()]
+            assert len(now) == 2 and all(a is not None and a is b for a, b in zip(now, made[k]))

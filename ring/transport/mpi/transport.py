@@ -61,6 +61,8 @@ _SINGLE_COPY_FROM = _single_copy_from()
 #: A piece: a multiple of 64 bytes that one of MPICH's shared cells (8 KiB, its header included) carries
 #: eagerly (a piece of 8128 bytes waited for its receive, and took longer than the whole message).
 _PIECE_BYTES = 7936
+_MOST_READY = 64           # ready exchanges a transport keeps (their buffers with them: Persistent)
+_MOST_MEMORY = 256         # exchanges of the caller's memory a transport keeps (no buffer: Persistent)
 _MOST_PIECES = 3           # (past about 24 KiB the single copy is as fast: not cut)
 #: What follows the count of pieces in a cut message's first: a count in bytes that are not this
 #: transport's (a raw message of another collective, the check off) is not taken for one.
@@ -135,7 +137,8 @@ class MPITransport(Subsets):
         oversubscribed = self.local_size > usable_cores(self.control.local_pids.values())
         self.spin_seconds = 0.0 if oversubscribed else SPIN_SECONDS   # (see host_waits.pause)
         self._quick_polls = 1 if oversubscribed else _QUICK_POLLS
-        self._persistent: dict = {}
+        self._persistent: dict = {}    # ready exchanges with buffers of their own (at most _MOST_READY)
+        self._memory_kept: dict = {}   # those of the caller's memory (framed=False; at most _MOST_MEMORY)
         self._inflight: list = []      # (request, peer) posted and not yet waited for, with its buffer
         self._abandoned: list = []     # requests that could not be cancelled, kept with their buffers for good
         self.p2p = PointToPoint(self)
@@ -194,12 +197,15 @@ class MPITransport(Subsets):
     def persistent(self, send: Any, recv: Any, dest: int, source: int, reuse: Any, framed: bool = True) -> Persistent:
         """The exchange of ``send`` with ``dest`` and ``recv`` with ``source``, made ready once under
         ``reuse`` (see :meth:`exchange`) and kept until it fails, is released (``Persistent.release``)
-        or the transport closes (64 at most: then every kept one is freed, and made again at its next
-        run). ``framed=False``: the buffers are the caller's own data (an express lane's arrays), which
+        or the transport closes (_MOST_READY at most: then every kept one is freed, and made again at
+        its next run). ``framed=False``: the buffers are the caller's own data (an express lane's arrays), which
         the transport neither cuts nor reads for a count of pieces; either may be None (one way). Its
         requests then refer to the buffers' memory, not to the buffer objects, which it does not hold
         between runs: run it with ``Persistent.run_on``, given the buffers that lie at that memory then
-        (:meth:`address` tells where a buffer lies)."""
+        (:meth:`address` tells where a buffer lies). Those hold no buffer and are kept apart, up to
+        _MOST_MEMORY (the express lanes': 64 kinds of call, each for up to 4 memories): counted with
+        the ready exchanges, a loop over 40 kinds of a large two-rank all-reduce made its requests
+        again at every call, which took twice the time."""
         key = (reuse, dest, source)
         return self._persistent.get(key) or self._persist(send, recv, dest, source, key, framed)
 
@@ -241,7 +247,7 @@ class MPITransport(Subsets):
         return entry
 
     def _free_persistent(self) -> None:
-        for entry in list(self._persistent.values()):
+        for entry in list(self._persistent.values()) + list(self._memory_kept.values()):
             entry.release()
 
     def pieces(self, dest: int, nbytes: int) -> list[tuple[int, int]]:
@@ -407,11 +413,12 @@ class Persistent:
     """
 
     __slots__ = ("transport", "key", "requests", "peers", "buffers", "guarded", "quick_polls", "pieces", "plain",
-                 "continued", "more", "waits_on", "framed")
+                 "continued", "more", "waits_on", "framed", "home")
 
     def __init__(self, transport: MPITransport, key: tuple, peers: tuple[int, int], buffers: tuple,
                  framed: bool = True):
         self.transport, self.key, self.peers, self.framed = transport, key, peers, framed
+        self.home = transport._persistent if framed else transport._memory_kept   # (where it is kept, when made)
         self.buffers = buffers   # (kept with the requests: their memory must outlive them)
         self.requests: list | None = None
         self.guarded = peers[1] in transport._remote   # (the hosts are known from the start)
@@ -426,11 +433,13 @@ class Persistent:
         self.waits_on = list(peers)
 
     def make(self) -> list:
-        """Make the requests, and keep this exchange among its transport's (freeing every kept one
-        first where there are already 64)."""
+        """Make the requests, and keep this exchange among its transport's of its kind (freeing every
+        one of them first where there are already as many as it keeps: _MOST_READY, _MOST_MEMORY)."""
         transport, (send, recv), (source, dest) = self.transport, self.buffers, self.peers
-        if len(transport._persistent) >= 64:
-            transport._free_persistent()
+        home = self.home
+        if len(home) >= (_MOST_READY if self.framed else _MOST_MEMORY):
+            for entry in list(home.values()):
+                entry.release()
         comm = transport.comm
         self.pieces = transport.pieces(dest, len(send)) if self.framed else []
         receiving, sending = recv is not None, send is not None   # (both, but where not framed)
@@ -445,7 +454,7 @@ class Persistent:
         except MPI.Exception as e:
             named = " and ".join(str(transport.names[peer]) for peer in dict.fromkeys(self.waits_on))
             raise TransportError(f"exchange with rank(s) {named} failed: {error_text(e)}") from e
-        transport._persistent[self.key] = self
+        home[self.key] = self
         return self.requests
 
     def run(self, bound: Bound) -> None:
@@ -554,7 +563,7 @@ class Persistent:
         """After a failure, or an interruption with the messages in flight: never start these requests
         again (started and unfinished ones must be cancelled or kept, never freed in flight)."""
         transport, requests, more = self.transport, self.requests, self.more or []
-        transport._persistent.pop(self.key, None)
+        self.home.pop(self.key, None)
         self.requests, self.more = None, None
         receives = requests[:1] if self.peers[0] is not None else []
         transport.give_up(requests + more, self.buffers, receives + more)
@@ -575,4 +584,4 @@ class Persistent:
         for request in (self.requests or []) + (self.more or []):
             request.Free()
         self.requests, self.more = None, None
-        self.transport._persistent.pop(self.key, None)
+        self.home.pop(self.key, None)
