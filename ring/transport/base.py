@@ -236,8 +236,9 @@ class MPIOnlyTransport(Transport, Protocol):
         allowed, over the buffers' memory rather than the objects: ``run_on(bound, send, recv)`` with
         the buffers that lie there then."""
 
-    def address(self, buffer: Any) -> int:
-        """Where contiguous ``buffer`` lies in memory (None: 0): what ``persistent(framed=False)`` keys."""
+    def span(self, buffer: Any) -> tuple[int, int]:
+        """The memory contiguous ``buffer`` spans, ``(address, bytes)`` (None: ``(0, 0)``): what an exchange
+        of ``persistent(framed=False)`` serves."""
 
 
 class OverHost:

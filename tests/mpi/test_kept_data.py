@@ -103,7 +103,7 @@ def test_a_loop_that_alternates_between_two_results_keeps_requests_for_both_and_
         lane = _lane("allgather", x, out)
         if N == 2 and step >= 4:   # (the first call opens the lane; each place is kept from its second)
             theirs = out[COUNT:] if RANK == 0 else out[:COUNT]
-            ready = lane.data[(x.ctypes.data, theirs.ctypes.data)]
+            ready = lane.data[((x.ctypes.data, x.nbytes), (theirs.ctypes.data, theirs.nbytes))]
             assert ready.requests is not None and kept_for.setdefault(step % 2, ready) is ready
     assert len(kept_for) == (2 if N == 2 else 0)
 
@@ -135,6 +135,36 @@ def test_a_two_rank_allreduce_that_halving_carries_keeps_requests_for_its_two_me
         assert got.tobytes() == expected.tobytes()
         if step >= 2 and where != "a new result":
             assert _kept("allreduce", x, out, algorithm, op) == (N == 2)
+
+
+@pytest.mark.parametrize("layout", ["one way", "mirrored", "each rank its own"])
+@pytest.mark.parametrize("algorithm,count", [("halving", 4097), ("ring", 4097), (None, 16385)])
+def test_a_call_whose_message_lies_where_another_calls_other_message_lay_has_the_bits_and_writes_only_out(
+        layout, algorithm, count):
+    """Halving on two ranks of an odd count: its two messages differ in length by one element (each
+    rank's half to the other, then the reduced half back). Where a program's arrays put one call's
+    second message where another's first lay (x and out slices of one buffer, sharing no element, as
+    the API allows), a kept exchange of the other length was reused: a wrong element on one rank, or
+    one past ``out`` written, or a call refused as a disagreement (a tester's three layouts). Each
+    buffer's address and length key the kept requests: the bits of mpi4py's, nothing outside ``out``."""
+    n, h0 = count, (count + 1) // 2   # (h0: the elements of rank 0's half)
+    buf, y = np.zeros(4 * n + 1, np.float64), np.empty(n, np.float64)
+    mirrored = layout == "mirrored" or layout == "each rank its own" and RANK % 2 == 1
+    first_x, first_out = (slice(2 * h0, 2 * h0 + n), slice(0, n)) if mirrored else (slice(0, n), slice(2 * h0, 2 * h0 + n))
+    for step in range(4):   # (the first call's exchanges kept)
+        buf[first_x] = _contribution(n, np.float64, step)
+        expected = COMM.allreduce(buf[first_x].copy())
+        assert col.allreduce(buf[first_x], out=buf[first_out], algorithm=algorithm).tobytes() == expected.tobytes()
+    out = slice(h0, h0 + n)
+    for step in range(4):
+        y[...] = _contribution(n, np.float64, step + 10)
+        buf[out] = -1.0
+        before = buf.copy()
+        expected = COMM.allreduce(y)
+        assert col.allreduce(y, out=buf[out], algorithm=algorithm).tobytes() == expected.tobytes()
+        outside = np.ones(buf.size, bool)
+        outside[out] = False
+        assert buf[outside].tobytes() == before[outside].tobytes(), "the call wrote outside its out"
 
 
 def test_new_views_of_the_same_memory_each_call_keep_requests_and_a_result_made_each_call_has_the_bits():

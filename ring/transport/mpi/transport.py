@@ -201,8 +201,8 @@ class MPITransport(Subsets):
         its next run). ``framed=False``: the buffers are the caller's own data (an express lane's arrays), which
         the transport neither cuts nor reads for a count of pieces; either may be None (one way). Its
         requests then refer to the buffers' memory, not to the buffer objects, which it does not hold
-        between runs: run it with ``Persistent.run_on``, given the buffers that lie at that memory then
-        (:meth:`address` tells where a buffer lies). Those hold no buffer and are kept apart, up to
+        between runs: run it with ``Persistent.run_on``, given the buffers that span that memory then
+        (:meth:`span` tells what a buffer spans). Those hold no buffer and are kept apart, up to
         _MOST_MEMORY (the express lanes': 64 kinds of call, each for up to 4 memories): counted with
         the ready exchanges, a loop over 40 kinds of a large two-rank all-reduce made its requests
         again at every call, which took twice the time."""
@@ -210,13 +210,16 @@ class MPITransport(Subsets):
         return self._persistent.get(key) or self._persist(send, recv, dest, source, key, framed)
 
     @staticmethod
-    def address(buffer: Any) -> int:
-        """Where ``buffer`` (contiguous; None: 0) lies in memory.
+    def span(buffer: Any) -> tuple[int, int]:
+        """The memory ``buffer`` (contiguous; None: none) spans: its address and its length in bytes.
 
-        >>> x = np.zeros(4, np.uint8); MPITransport.address(x) == x.ctypes.data, MPITransport.address(None)
-        (True, 0)
+        >>> x = np.zeros(4, np.int16); MPITransport.span(x) == (x.ctypes.data, 8), MPITransport.span(None)
+        (True, (0, 0))
         """
-        return 0 if buffer is None else MPI.buffer(buffer).address
+        if buffer is None:
+            return 0, 0
+        view = MPI.buffer(buffer)
+        return view.address, view.nbytes
 
     def _exchange_once(self, send: Any | None, recv: Any | None, bound: Bound, dest: int, source: int) -> None:
         """exchange() over requests of its own, for one call."""
