@@ -253,19 +253,21 @@ class AllreduceLane(Lane):
         alike (:meth:`move`, or the one function's way, ``collectives.ops.fused``): its two messages,
         straight between the arrays: each rank sends the other the half that one reduces, reduces
         its own (its own part first, as the usual way), and sends it back for the other's result.
-        Returns ``out`` (``x`` itself: in place)."""
+        An empty half (one element in all) is no message, as in the usual way's plan, which the other
+        rank may be running (its call passed ``timeout=``): a message of nothing there was taken for
+        the other's real one. Returns ``out`` (``x`` itself: in place)."""
         mine, theirs = self.halves
         source, in_place = x if x.ndim == 1 else x.reshape(-1), out is x
         target = out if out.ndim == 1 else out.reshape(-1)
         if self.prescaled:
             source, in_place = np.true_divide(source, 2, out=target), True
-        own = target[mine]
+        own, back = target[mine], target[theirs]
         received = arrays.scratch(target, own.size, 0) if in_place else own
-        self.move_data(source[theirs], received)
+        self.move_data(source[theirs] if back.size else None, received if own.size else None)
         self.combine(source[mine], received, out=own)
         if self.averaged:
             arrays.divide_(own, 2)
-        self.move_data(own, target[theirs])
+        self.move_data(own if own.size else None, back if back.size else None)
         return out
 
 

@@ -447,6 +447,25 @@ def test_a_rank_on_the_lane_and_a_rank_on_the_usual_way_send_the_same_messages(c
         col.init(check=was)
 
 
+@pytest.mark.parametrize("algorithm", ["halving", "ring"])
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_a_forced_allreduce_of_a_few_elements_sends_the_usual_messages_from_its_lane(count, algorithm):
+    """Halving (or the ring) of one element on two ranks has an empty half, for which the usual way
+    sends no message. The lane sent a message of nothing there, which a rank on the usual way (its call
+    passed ``timeout=``) took for the other's real one: a wrong sum on one rank and a disagreement, or
+    a wait to the timeout, on the other (a tester's)."""
+    x = _contribution((count,), np.float64, 2)
+    for _ in range(3):   # (the lane opens, then is wired)
+        assert col.allreduce(x, algorithm=algorithm).tobytes() == _reference(x, "sum").tobytes()
+    for step in range(6):
+        usual = {"timeout": 60} if (RANK + step) % 3 == 0 else {}
+        x = _contribution((count,), np.float64, step)
+        assert col.allreduce(x, algorithm=algorithm, **usual).tobytes() == _reference(x, "sum").tobytes()
+        out = np.empty_like(x)
+        assert col.allreduce(x, "max", out=out, algorithm=algorithm, **usual) is out
+        assert out.tobytes() == _reference(x, "max").tobytes()
+
+
 @pytest.mark.parametrize("rows", [2, 5000])   # (the pair's message; the direct lane, on two ranks)
 def test_an_allgather_whose_rows_differ_across_ranks_goes_round_the_ring_from_either_lane(rows):
     x = _contribution((rows, 3), np.float32, 6)
