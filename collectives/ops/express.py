@@ -156,12 +156,12 @@ class Lane:
         """A direct call's data: ``send`` to the other of two ranks while ``recv`` comes from it (either
         None: that way nothing), each contiguous. Where they lie where an earlier call's did (a loop's
         arrays, or new ones that numpy placed there), the data goes over MPI's persistent requests for
-        that memory (each buffer's address and length): made at the second call there, kept for the last _KEPT memories (halving's two
-        exchanges a call, each into a result that a loop holds while it makes the next, which
-        alternates between two places), and started only for buffers at their very addresses; they
-        hold no array, so a program may drop or resize its arrays as before (an all-gather of 32-128
-        KiB a rank saves about 4 us a call, a broadcast, one request, 0.2-0.6: docs/performance.md,
-        "The round of 2026-12-01, evening")."""
+        that memory (each buffer's address and length): made at the second call there, kept for the
+        last _KEPT memories (halving's two exchanges a call, each into a result that a loop holds
+        while it makes the next, which alternates between two places), and started only for buffers
+        at their very addresses; they hold no array, so a program may drop or resize its arrays as
+        before (an all-gather of 32-128 KiB a rank saves about 4 us a call, a broadcast 0.2-0.6, a
+        halving all-reduce 1.5: docs/performance.md, "The round of 2026-12-01", evening and night)."""
         transport, kept = self.transport, self.data
         at = transport.span(send), transport.span(recv)   # (the lengths too: halving's two messages of an odd
         # count swap theirs, and a program's arrays may place one call's message where another's other lies)

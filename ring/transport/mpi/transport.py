@@ -249,9 +249,11 @@ class MPITransport(Subsets):
             entry.buffers = _NO_BUFFERS
         return entry
 
-    def _free_persistent(self) -> None:
-        for entry in list(self._persistent.values()) + list(self._memory_kept.values()):
-            entry.release()
+    def _free_persistent(self, kinds: tuple | None = None) -> None:
+        """Release every exchange it keeps (of ``kinds``, its dicts of them: None, both kinds)."""
+        for kept in kinds or (self._persistent, self._memory_kept):
+            for entry in list(kept.values()):
+                entry.release()
 
     def pieces(self, dest: int, nbytes: int) -> list[tuple[int, int]]:
         """Where a message of ``nbytes`` made ready for ``dest`` is cut (Persistent): at every
@@ -441,8 +443,7 @@ class Persistent:
         transport, (send, recv), (source, dest) = self.transport, self.buffers, self.peers
         home = self.home
         if len(home) >= (_MOST_READY if self.framed else _MOST_MEMORY):
-            for entry in list(home.values()):
-                entry.release()
+            transport._free_persistent((home,))
         comm = transport.comm
         self.pieces = transport.pieces(dest, len(send)) if self.framed else []
         receiving, sending = recv is not None, send is not None   # (both, but where not framed)
